@@ -1,0 +1,3 @@
+from ebb.cli import main
+
+main()

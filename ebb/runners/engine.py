@@ -1,0 +1,65 @@
+"""The seam between a runner and the inference engine it drives.
+
+`EngineAdapter` is what the runner loop calls; `engine_vllm.VllmEngine` wraps vLLM and
+`engine_fake.FakeEngine` stands in for it in unit and integration tests. Only modules named
+`engine*.py` in this package may import vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from ebb.queue.schema import ChoiceDelta, SamplingSpec
+
+
+class EngineRequestError(ValueError):
+    """The engine refused a request (bad parameters it alone could detect)."""
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one engine step produced for one request.
+
+    `choices` holds only choices with new output in this step. `finished` is True exactly
+    once per request, on its last output; token counts are the engine's own running totals.
+    """
+
+    request_id: str
+    choices: list[ChoiceDelta]
+    finished: bool
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    model_path: Path | None
+    max_model_len: int
+    max_num_seqs: int = 32
+    kv_cache_gib: int = 1
+    seed: int = 0
+
+
+class EngineAdapter(Protocol):
+    """A continuous-batching engine driven by one thread.
+
+    Contract: every method is called from the runner's loop thread only. `add_request`
+    returns at once (the request joins the running batch on the next `step`); `step` runs
+    one scheduling iteration and returns the outputs it produced, possibly none; `abort`
+    frees a request's resources (KV cache) and produces no further output for it.
+    """
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec
+    ) -> None: ...
+
+    def abort(self, request_ids: Iterable[str]) -> None: ...
+
+    def step(self) -> list[StepOutput]: ...
+
+    def has_unfinished(self) -> bool: ...
+
+    def shutdown(self) -> None: ...
