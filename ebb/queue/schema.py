@@ -7,6 +7,7 @@ deltas, then exactly one terminal event, `Finished` or `Failed`.
 
 from __future__ import annotations
 
+import enum
 from typing import Literal
 
 import msgspec
@@ -102,3 +103,75 @@ def decode_event(data: bytes) -> RequestEvent:
 
 def decode_work(data: bytes) -> WorkItem:
     return _work_decoder.decode(data)
+
+
+# --- platform records kept in Redis ------------------------------------------------------
+
+
+class DeploymentSpec(msgspec.Struct, kw_only=True):
+    """What an operator asked for; runtime state (runners, queue) is derived, not stored."""
+
+    name: str
+    source: str
+    min_replicas: int = 0
+    max_replicas: int = 1
+    idle_timeout_s: float = 60.0
+    # Requests one runner feeds into its engine's continuous batch at once.
+    max_concurrency: int = 32
+    # None: the platform default (EBB_QUEUE_DEPTH_LIMIT / EBB_ADMISSION_TIMEOUT_S).
+    queue_depth_limit: int | None = None
+    admission_timeout_s: float | None = None
+    # None: the model's own context length.
+    max_model_len: int | None = None
+    created_at_s: float = 0.0
+
+
+class RunnerState(str, enum.Enum):
+    STARTING = "starting"  # process launched, importing libraries
+    PREWARMED = "prewarmed"  # libraries imported, no model, waiting for an assignment
+    LOADING = "loading"  # assigned: fetching weights, building the engine
+    READY = "ready"  # claiming and serving
+    DRAINING = "draining"  # no more claims; finishing what it holds
+    EXITED = "exited"
+    FAILED = "failed"
+
+    @property
+    def is_live(self) -> bool:
+        return self not in (RunnerState.EXITED, RunnerState.FAILED)
+
+    @property
+    def will_serve(self) -> bool:
+        """Counts toward a deployment's capacity now or soon (not draining or gone)."""
+        return self in (RunnerState.STARTING, RunnerState.LOADING, RunnerState.READY)
+
+
+class RunnerRecord(msgspec.Struct, kw_only=True):
+    runner_id: str
+    state: RunnerState
+    deployment: str = ""  # "" while a pre-warmed stem has no assignment
+    pid: int = 0
+    tier: str = ""  # the cold-start tier it came up through
+    launched_ms: int = 0
+    ready_ms: int = 0
+    heartbeat_ms: int = 0
+    exited_ms: int = 0
+    error: str = ""
+
+
+class ApiKeyRecord(msgspec.Struct, kw_only=True):
+    key_id: str  # public prefix shown in listings, e.g. "ebb-sk-ab12"
+    tenant: str
+    name: str = ""
+    created_at_s: float = 0.0
+    revoked: bool = False
+
+
+class UsageRecord(msgspec.Struct, kw_only=True):
+    request_id: str
+    deployment: str
+    tenant: str
+    prompt_tokens: int
+    completion_tokens: int
+    state: str  # finished | cancelled | failed
+    runner_id: str
+    finished_at_s: float

@@ -1,0 +1,209 @@
+"""Platform state in Redis as seen by the frontdoor and the controller (asyncio side).
+
+Deployments, runners and their pre-warmed pool, the controller's wake-up list, lease
+reaping, cold-start statistics and API keys. Runner processes use `runner_side` instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+import msgspec
+import redis.asyncio as aioredis
+
+from ebb.queue import keys
+from ebb.queue.records import decode_runner, encode_runner, parse_cold_start
+from ebb.queue.schema import (
+    ApiKeyRecord,
+    DeploymentSpec,
+    Failed,
+    RunnerRecord,
+    UsageRecord,
+    encode,
+)
+from ebb.queue.scripts import Scripts
+
+_LOST = encode(
+    Failed(
+        message="The runner serving this request stopped responding; the request was lost "
+        "mid-generation. Retry it.",
+        code="runner_lost",
+        retryable=True,
+    )
+)
+
+
+@dataclass(frozen=True)
+class QueueSnapshot:
+    depth: int
+    oldest_wait_s: float
+
+
+class PlatformState:
+    def __init__(self, client: aioredis.Redis, *, result_ttl_s: int = 600):
+        self.redis = client
+        self._scripts = Scripts.register(client)
+        self._result_ttl_s = result_ttl_s
+
+    # --- deployments -----------------------------------------------------------------
+
+    async def put_deployment(self, spec: DeploymentSpec, *, create_only: bool = False) -> bool:
+        data = msgspec.json.encode(spec)
+        if create_only:
+            return bool(await self.redis.hsetnx(keys.DEPLOYMENTS, spec.name, data))
+        await self.redis.hset(keys.DEPLOYMENTS, spec.name, data)
+        return True
+
+    async def get_deployment(self, name: str) -> DeploymentSpec | None:
+        raw = await self.redis.hget(keys.DEPLOYMENTS, name)
+        return msgspec.json.decode(raw, type=DeploymentSpec) if raw else None
+
+    async def list_deployments(self) -> list[DeploymentSpec]:
+        raw = await self.redis.hgetall(keys.DEPLOYMENTS)
+        specs = [msgspec.json.decode(v, type=DeploymentSpec) for v in raw.values()]
+        return sorted(specs, key=lambda s: s.name)
+
+    async def delete_deployment(self, name: str) -> bool:
+        pipe = self.redis.pipeline()
+        pipe.hdel(keys.DEPLOYMENTS, name)
+        pipe.delete(keys.deployment_status(name), keys.coldstart(name))
+        removed, _ = await pipe.execute()
+        return bool(removed)
+
+    async def set_deployment_status(self, name: str, **fields: object) -> None:
+        await self.redis.hset(
+            keys.deployment_status(name), mapping={k: str(v) for k, v in fields.items()}
+        )
+
+    async def deployment_status(self, name: str) -> dict[str, str]:
+        raw = await self.redis.hgetall(keys.deployment_status(name))
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    async def queue_snapshot(self, deployment: str) -> QueueSnapshot:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zcard(keys.queue(deployment))
+        pipe.zrange(keys.queue(deployment), 0, 0, withscores=True)
+        pipe.time()
+        depth, oldest, (now_s, now_us) = await pipe.execute()
+        wait_s = 0.0
+        if oldest:
+            wait_s = max(0.0, (now_s * 1000 + now_us / 1000 - oldest[0][1]) / 1000)
+        return QueueSnapshot(depth=depth, oldest_wait_s=wait_s)
+
+    async def cold_start_ms(self, deployment: str) -> dict[str, dict[str, float]]:
+        return parse_cold_start(await self.redis.hgetall(keys.coldstart(deployment)))
+
+    # --- runners and the pre-warmed pool -------------------------------------------------
+
+    async def put_runner(self, record: RunnerRecord) -> None:
+        pipe = self.redis.pipeline()
+        pipe.hset(keys.runner(record.runner_id), mapping=encode_runner(record))
+        pipe.sadd(keys.RUNNERS, record.runner_id)
+        await pipe.execute()
+
+    async def update_runner(self, runner_id: str, **fields: object) -> None:
+        await self.redis.hset(keys.runner(runner_id), mapping=encode_runner(fields))
+
+    async def runners(self) -> list[RunnerRecord]:
+        ids = await self.redis.smembers(keys.RUNNERS)
+        if not ids:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for runner_id in ids:
+            pipe.hgetall(keys.runner(runner_id.decode()))
+        records = [decode_runner(raw) for raw in await pipe.execute()]
+        return sorted((r for r in records if r), key=lambda r: r.launched_ms)
+
+    async def forget_runner(self, runner_id: str) -> None:
+        pipe = self.redis.pipeline()
+        pipe.srem(keys.RUNNERS, runner_id)
+        pipe.srem(keys.STEMS, runner_id)
+        pipe.delete(
+            keys.runner(runner_id),
+            keys.runner_assignment(runner_id),
+            keys.runner_cancels(runner_id),
+            keys.runner_log(runner_id),
+        )
+        await pipe.execute()
+
+    async def runner_log(self, runner_id: str) -> list[str]:
+        return [line.decode() for line in await self.redis.lrange(keys.runner_log(runner_id), 0, -1)]
+
+    async def take_stem(self) -> str | None:
+        """Take one pre-warmed runner out of the pool (atomic: no stem is assigned twice)."""
+        runner_id = await self.redis.spop(keys.STEMS)
+        return runner_id.decode() if runner_id else None
+
+    async def assign(self, runner_id: str, deployment: str) -> None:
+        pipe = self.redis.pipeline()
+        pipe.hset(keys.runner(runner_id), "deployment", deployment)
+        pipe.rpush(keys.runner_assignment(runner_id), deployment)
+        await pipe.execute()
+
+    # --- the controller's wake-up and the lease reaper -------------------------------------
+
+    async def wait_for_wake(self, timeout_s: float) -> set[str]:
+        """Deployment names that asked for attention, waiting up to timeout_s for the first."""
+        first = await self.redis.blpop([keys.WAKE], timeout=timeout_s)
+        if not first:
+            return set()
+        pipe = self.redis.pipeline()
+        pipe.lrange(keys.WAKE, 0, -1)
+        pipe.delete(keys.WAKE)
+        rest, _ = await pipe.execute()
+        return {first[1].decode(), *(name.decode() for name in rest)}
+
+    async def wake(self, deployment: str) -> None:
+        await self.redis.rpush(keys.WAKE, deployment)
+
+    async def reap_expired_leases(self) -> list[str]:
+        expired = await self._scripts.reap(
+            keys=[keys.LEASES],
+            args=[keys.REQUEST_PREFIX, keys.EVENTS_PREFIX, _LOST, self._result_ttl_s],
+        )
+        return [request_id.decode() for request_id in expired]
+
+    # --- API keys ----------------------------------------------------------------------
+
+    async def create_api_key(self, secret: str, record: ApiKeyRecord) -> None:
+        await self.redis.hset(keys.API_KEYS, _key_hash(secret), msgspec.json.encode(record))
+
+    async def lookup_api_key(self, secret: str) -> ApiKeyRecord | None:
+        raw = await self.redis.hget(keys.API_KEYS, _key_hash(secret))
+        return msgspec.json.decode(raw, type=ApiKeyRecord) if raw else None
+
+    async def list_api_keys(self) -> list[ApiKeyRecord]:
+        raw = await self.redis.hgetall(keys.API_KEYS)
+        records = [msgspec.json.decode(v, type=ApiKeyRecord) for v in raw.values()]
+        return sorted(records, key=lambda r: r.created_at_s)
+
+    async def revoke_api_key(self, key_id: str) -> bool:
+        raw = await self.redis.hgetall(keys.API_KEYS)
+        for digest, data in raw.items():
+            record = msgspec.json.decode(data, type=ApiKeyRecord)
+            if record.key_id == key_id and not record.revoked:
+                record.revoked = True
+                await self.redis.hset(keys.API_KEYS, digest, msgspec.json.encode(record))
+                return True
+        return False
+
+    # --- usage -------------------------------------------------------------------------
+
+    async def usage_records(self, since_s: float = 0.0) -> list[UsageRecord]:
+        start = f"{int(since_s * 1000)}-0" if since_s else "-"
+        entries = await self.redis.xrange(keys.USAGE, min=start, max="+")
+        return [msgspec.json.decode(fields[b"r"], type=UsageRecord) for _, fields in entries]
+
+    async def ping(self) -> bool:
+        return bool(await self.redis.ping())
+
+
+def _key_hash(secret: str) -> str:
+    # Keys are long random strings, so a plain SHA-256 is enough: no dictionary to attack.
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,120 @@
+"""The frontdoor's side of the queue: admit, watch, withdraw and cancel requests.
+
+Output travels from runner to frontdoor through one Redis stream per request rather than
+pub/sub: a stream keeps what was written before the reader started reading (the `Claimed`
+event can land before the frontdoor's first XREAD), survives a reconnect of the reader
+(it resumes from its last id), and expires with the request. Pub/sub would drop all of
+that on the floor.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from ebb.queue import keys
+from ebb.queue.schema import Failed, RequestEvent, WorkItem, decode_event, encode
+from ebb.queue.scripts import Scripts
+
+log = logging.getLogger(__name__)
+
+# Events buffered per XREAD: a runner writes one per engine step.
+_READ_BATCH = 256
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Admission:
+    request_id: str
+    deadline_ms: int
+
+
+class RequestQueue:
+    def __init__(self, client: aioredis.Redis, *, request_ttl_s: int):
+        self._redis = client
+        self._scripts = Scripts.register(client)
+        self._request_ttl_s = request_ttl_s
+
+    async def enqueue(
+        self, work: WorkItem, *, admission_window_s: float, depth_limit: int
+    ) -> Admission:
+        """Queue `work`; raises QueueFull when the deployment's queue is at its limit."""
+        dep = work.deployment
+        ok, detail = await self._scripts.enqueue(
+            keys=[keys.queue(dep), keys.request(work.request_id), keys.queue_signal(dep), keys.WAKE],
+            args=[
+                work.request_id,
+                encode(work),
+                dep,
+                int(admission_window_s * 1000),
+                depth_limit,
+                self._request_ttl_s,
+                keys.SIGNAL_LIST_MAX,
+            ],
+        )
+        if not ok:
+            if detail == b"full":
+                raise QueueFull(dep)
+            raise ValueError(f"request id {work.request_id} already exists")
+        return Admission(work.request_id, int(detail))
+
+    async def withdraw(self, work: WorkItem) -> bool:
+        """Take back a request nobody claimed; True means it will never run."""
+        return bool(
+            await self._scripts.withdraw(
+                keys=[keys.queue(work.deployment), keys.request(work.request_id)],
+                args=[work.request_id, "withdrawn"],
+            )
+        )
+
+    async def cancel(self, work: WorkItem) -> str:
+        """The client left: withdraw if queued, else have the runner abort it."""
+        result = await self._scripts.cancel(
+            keys=[keys.queue(work.deployment), keys.request(work.request_id)],
+            args=[work.request_id, keys.RUNNER_CANCELS_PREFIX],
+        )
+        return result.decode()
+
+    async def request_state(self, request_id: str) -> dict[str, str]:
+        raw = await self._redis.hgetall(keys.request(request_id))
+        return {k.decode(): v.decode() for k, v in raw.items() if k != b"work"}
+
+    async def depth(self, deployment: str) -> int:
+        return await self._redis.zcard(keys.queue(deployment))
+
+    def events(self, request_id: str) -> EventReader:
+        return EventReader(self._redis, request_id)
+
+
+class EventReader:
+    """Reads one request's event stream in order, resuming from the last id seen."""
+
+    def __init__(self, client: aioredis.Redis, request_id: str):
+        self._redis = client
+        self._key = keys.events(request_id)
+        self._last_id = b"0-0"
+        self._buffer: list[RequestEvent] = []
+
+    async def next(self, timeout_s: float) -> RequestEvent | None:
+        """The next event, or None if none arrived within timeout_s."""
+        if not self._buffer:
+            block_ms = max(1, int(timeout_s * 1000))
+            reply = await self._redis.xread(
+                {self._key: self._last_id}, count=_READ_BATCH, block=block_ms
+            )
+            if not reply:
+                return None
+            for entry_id, fields in reply[0][1]:
+                self._last_id = entry_id
+                try:
+                    self._buffer.append(decode_event(fields[b"e"]))
+                except Exception as e:  # a malformed event must not hang the client
+                    log.exception("queue: undecodable event on %s", self._key)
+                    self._buffer.append(Failed(message=f"internal error: {e}", code="internal"))
+            self._buffer.reverse()
+        return self._buffer.pop()

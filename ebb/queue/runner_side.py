@@ -1,0 +1,195 @@
+"""The runner's side of the queue: wait for work, claim, stream output, finish, heartbeat.
+
+Blocking redis-py on purpose: the runner's loop thread alternates between engine steps
+(CPU-bound, holding that thread) and short Redis round trips; an event loop would add
+nothing but a hop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import msgspec
+import redis
+
+from ebb.queue import keys
+from ebb.queue.records import (
+    COLD_START_EMA_WEIGHT,
+    cold_start_field,
+    decode_runner,
+    encode_runner,
+)
+from ebb.queue.schema import (
+    Claimed,
+    DeploymentSpec,
+    Progress,
+    RequestEvent,
+    RunnerRecord,
+    RunnerState,
+    UsageRecord,
+    WorkItem,
+    decode_work,
+    encode,
+)
+from ebb.queue.scripts import Scripts
+
+# The runner's log tail kept in Redis for `ebb status` and the console.
+_LOG_LINES_KEPT = 50
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    claimed: list[WorkItem]
+    cancelled: list[str]
+
+
+class RunnerQueue:
+    def __init__(self, client: redis.Redis, runner_id: str, *, lease_ttl_s: float, result_ttl_s: int):
+        self._redis = client
+        self._scripts = Scripts.register(client)
+        self.runner_id = runner_id
+        self._lease_ttl_ms = int(lease_ttl_s * 1000)
+        self._result_ttl_s = result_ttl_s
+        self._claimed_event = encode(Claimed(runner_id=runner_id))
+
+    # --- registration and lifecycle -------------------------------------------------
+
+    def register(self, record: RunnerRecord) -> None:
+        pipe = self._redis.pipeline()
+        pipe.hset(keys.runner(self.runner_id), mapping=encode_runner(record))
+        pipe.sadd(keys.RUNNERS, self.runner_id)
+        pipe.execute()
+
+    def set_fields(self, **fields: object) -> None:
+        self._redis.hset(keys.runner(self.runner_id), mapping=encode_runner(fields))
+
+    def record(self) -> RunnerRecord | None:
+        return decode_runner(self._redis.hgetall(keys.runner(self.runner_id)))
+
+    def offer_as_stem(self) -> None:
+        self._redis.sadd(keys.STEMS, self.runner_id)
+
+    def wait_for_assignment(self, timeout_s: float) -> str | None:
+        reply = self._redis.blpop([keys.runner_assignment(self.runner_id)], timeout=timeout_s)
+        return reply[1].decode() if reply else None
+
+    def withdraw_stem(self) -> bool:
+        """Leave the pool; False when the controller already picked this stem."""
+        return bool(self._redis.srem(keys.STEMS, self.runner_id))
+
+    def deployment(self, name: str) -> DeploymentSpec | None:
+        raw = self._redis.hget(keys.DEPLOYMENTS, name)
+        return msgspec.json.decode(raw, type=DeploymentSpec) if raw else None
+
+    def append_log(self, line: str) -> None:
+        pipe = self._redis.pipeline()
+        pipe.rpush(keys.runner_log(self.runner_id), line)
+        pipe.ltrim(keys.runner_log(self.runner_id), -_LOG_LINES_KEPT, -1)
+        pipe.execute()
+
+    def try_drain(self, deployment: str) -> bool:
+        return bool(
+            self._scripts.try_drain(keys=[keys.queue(deployment), keys.runner(self.runner_id)])
+        )
+
+    # --- work ------------------------------------------------------------------------
+
+    def wait_for_work(self, deployment: str, timeout_s: float) -> None:
+        """Block until a request was queued for `deployment` (or timeout_s passed)."""
+        self._redis.blpop([keys.queue_signal(deployment)], timeout=max(timeout_s, 0.01))
+
+    def claim(self, deployment: str, max_count: int) -> ClaimResult:
+        claimed, cancelled = self._scripts.claim(
+            keys=[
+                keys.queue(deployment),
+                keys.LEASES,
+                keys.runner_cancels(self.runner_id),
+                keys.runner(self.runner_id),
+            ],
+            args=[
+                self.runner_id,
+                max_count,
+                self._lease_ttl_ms,
+                keys.REQUEST_PREFIX,
+                keys.EVENTS_PREFIX,
+                self._claimed_event,
+            ],
+        )
+        work = [decode_work(claimed[i + 1]) for i in range(0, len(claimed), 2)]
+        return ClaimResult(work, [c.decode() for c in cancelled])
+
+    def publish(self, progress: dict[str, Progress]) -> None:
+        """One round trip for every request that produced output in an engine step."""
+        if not progress:
+            return
+        pipe = self._redis.pipeline(transaction=False)
+        for request_id, event in progress.items():
+            pipe.xadd(keys.events(request_id), {"e": encode(event)})
+        pipe.execute()
+
+    def finish(
+        self,
+        work: WorkItem,
+        *,
+        state: str,
+        event: RequestEvent,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> bool:
+        """End a held request once; usage is recorded in the same atomic step."""
+        usage = UsageRecord(
+            request_id=work.request_id,
+            deployment=work.deployment,
+            tenant=work.tenant,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            state=state,
+            runner_id=self.runner_id,
+            finished_at_s=time.time(),
+        )
+        return bool(
+            self._scripts.finish(
+                keys=[
+                    keys.request(work.request_id),
+                    keys.events(work.request_id),
+                    keys.LEASES,
+                    keys.USAGE,
+                ],
+                args=[
+                    work.request_id,
+                    self.runner_id,
+                    state,
+                    encode(event),
+                    prompt_tokens,
+                    completion_tokens,
+                    self._result_ttl_s,
+                    encode(usage),
+                ],
+            )
+        )
+
+    def heartbeat(self, held_request_ids: Iterable[str]) -> None:
+        """Prove liveness and extend the leases of what this runner holds."""
+        self._scripts.heartbeat(
+            keys=[keys.runner(self.runner_id), keys.LEASES],
+            args=[self._lease_ttl_ms, *held_request_ids],
+        )
+
+    def exit(self, state: RunnerState, error: str = "") -> None:
+        now_ms = int(time.time() * 1000)
+        pipe = self._redis.pipeline()
+        pipe.hset(
+            keys.runner(self.runner_id),
+            mapping=encode_runner({"state": state, "exited_ms": now_ms, "error": error}),
+        )
+        pipe.srem(keys.STEMS, self.runner_id)
+        pipe.execute()
+
+    def record_cold_start(self, deployment: str, tier: str, phases_ms: dict[str, float]) -> None:
+        """Fold this start's phase times into the deployment's moving averages."""
+        fields: list[object] = []
+        for phase, ms in phases_ms.items():
+            fields += [cold_start_field(tier, phase), ms]
+        self._scripts.fold_ema(keys=[keys.coldstart(deployment)], args=[COLD_START_EMA_WEIGHT, *fields])
