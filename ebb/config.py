@@ -35,6 +35,8 @@ class Settings(BaseSettings):
     prewarm: int = 1
     # Upper bound on `n` (choices per request).
     max_n: int = 8
+    # The controller reconciles at least this often; queued work wakes it sooner.
+    controller_poll_s: float = 0.5
     # vLLM's CPU KV cache, in GiB (VLLM_CPU_KVCACHE_SPACE); ignored on GPUs.
     kv_cache_gib: int = 1
     # How long a request's output stream and record are kept after it finished.

@@ -14,6 +14,9 @@ class EbbError(Exception):
     code: str = "internal_error"
     retryable: bool = False
 
+    # Set by the frontdoor once a request id exists, so a refusal can be traced.
+    request_id: str | None = None
+
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.message = message

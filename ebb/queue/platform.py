@@ -129,7 +129,9 @@ class PlatformState:
         await pipe.execute()
 
     async def runner_log(self, runner_id: str) -> list[str]:
-        return [line.decode() for line in await self.redis.lrange(keys.runner_log(runner_id), 0, -1)]
+        return [
+            line.decode() for line in await self.redis.lrange(keys.runner_log(runner_id), 0, -1)
+        ]
 
     async def take_stem(self) -> str | None:
         """Take one pre-warmed runner out of the pool (atomic: no stem is assigned twice)."""

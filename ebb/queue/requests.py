@@ -46,7 +46,12 @@ class RequestQueue:
         """Queue `work`; raises QueueFull when the deployment's queue is at its limit."""
         dep = work.deployment
         ok, detail = await self._scripts.enqueue(
-            keys=[keys.queue(dep), keys.request(work.request_id), keys.queue_signal(dep), keys.WAKE],
+            keys=[
+                keys.queue(dep),
+                keys.request(work.request_id),
+                keys.queue_signal(dep),
+                keys.WAKE,
+            ],
             args=[
                 work.request_id,
                 encode(work),

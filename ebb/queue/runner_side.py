@@ -46,7 +46,9 @@ class ClaimResult:
 
 
 class RunnerQueue:
-    def __init__(self, client: redis.Redis, runner_id: str, *, lease_ttl_s: float, result_ttl_s: int):
+    def __init__(
+        self, client: redis.Redis, runner_id: str, *, lease_ttl_s: float, result_ttl_s: int
+    ):
         self._redis = client
         self._scripts = Scripts.register(client)
         self.runner_id = runner_id
@@ -192,4 +194,18 @@ class RunnerQueue:
         fields: list[object] = []
         for phase, ms in phases_ms.items():
             fields += [cold_start_field(tier, phase), ms]
-        self._scripts.fold_ema(keys=[keys.coldstart(deployment)], args=[COLD_START_EMA_WEIGHT, *fields])
+        self._scripts.fold_ema(
+            keys=[keys.coldstart(deployment)], args=[COLD_START_EMA_WEIGHT, *fields]
+        )
+
+    def serving_runner_count(self, deployment: str) -> int:
+        """Runners of `deployment` that are serving or about to (not draining, not gone)."""
+        ids = self._redis.smembers(keys.RUNNERS)
+        pipe = self._redis.pipeline(transaction=False)
+        for runner_id in ids:
+            pipe.hmget(keys.runner(runner_id.decode()), "deployment", "state")
+        count = 0
+        for dep, state in pipe.execute():
+            if dep and dep.decode() == deployment and state:
+                count += RunnerState(state.decode()).will_serve
+        return count

@@ -126,7 +126,7 @@ class DeploymentSpec(msgspec.Struct, kw_only=True):
     created_at_s: float = 0.0
 
 
-class RunnerState(str, enum.Enum):
+class RunnerState(enum.StrEnum):
     STARTING = "starting"  # process launched, importing libraries
     PREWARMED = "prewarmed"  # libraries imported, no model, waiting for an assignment
     LOADING = "loading"  # assigned: fetching weights, building the engine

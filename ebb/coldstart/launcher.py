@@ -1,0 +1,113 @@
+"""Launchers start and stop runner processes; the controller decides when.
+
+`Launcher` is the seam for other placements (Kubernetes pods in infra/); the local one
+runs runners as child processes of the controller, each logging to its own file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from ebb.config import Settings
+from ebb.runners.process import LAUNCHED_AT_ENV
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Exit:
+    runner_id: str
+    code: int
+
+
+class Launcher(Protocol):
+    """Contract: `launch` returns once the runner was started (not once it is ready);
+    `poll` reports each runner that exited exactly once; `stop_all` asks every runner to
+    drain and waits up to `grace_s` before killing the rest."""
+
+    def launch(self, runner_id: str, deployment: str | None, tier: str) -> None: ...
+
+    def poll(self) -> list[Exit]: ...
+
+    def alive(self, runner_id: str) -> bool: ...
+
+    def stop_all(self, grace_s: float) -> None: ...
+
+
+def child_environment(settings: Settings) -> dict[str, str]:
+    """The environment a child process needs to build the same Settings as its parent."""
+    env = dict(os.environ)
+    env.update(
+        EBB_HOME=str(settings.home.resolve()),
+        EBB_REDIS_URL=settings.redis_url or "",
+        EBB_LEASE_TTL_S=str(settings.lease_ttl_s),
+        EBB_HEARTBEAT_INTERVAL_S=str(settings.heartbeat_interval_s),
+        EBB_KV_CACHE_GIB=str(settings.kv_cache_gib),
+        EBB_RESULT_TTL_S=str(settings.result_ttl_s),
+        EBB_ADMIN_KEY=settings.admin_key or "",
+    )
+    return env
+
+
+class LocalProcessLauncher:
+    def __init__(self, settings: Settings):
+        self._settings = settings
+        self._procs: dict[str, subprocess.Popen] = {}
+        settings.logs_dir.mkdir(parents=True, exist_ok=True)
+
+    def log_path(self, runner_id: str) -> Path:
+        return self._settings.logs_dir / f"runner-{runner_id}.log"
+
+    def launch(self, runner_id: str, deployment: str | None, tier: str) -> None:
+        cmd = [sys.executable, "-m", "ebb", "runner", "--runner-id", runner_id, "--tier", tier]
+        if deployment is not None:
+            cmd += ["--deployment", deployment]
+        env = child_environment(self._settings)
+        env[LAUNCHED_AT_ENV] = str(time.time() * 1000)
+        with open(self.log_path(runner_id), "ab") as log_file:
+            self._procs[runner_id] = subprocess.Popen(
+                cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        log.info("coldstart: launched runner %s (%s) for %r", runner_id, tier, deployment or "")
+
+    def poll(self) -> list[Exit]:
+        exits = []
+        for runner_id, proc in list(self._procs.items()):
+            code = proc.poll()
+            if code is not None:
+                del self._procs[runner_id]
+                exits.append(Exit(runner_id, code))
+        return exits
+
+    def alive(self, runner_id: str) -> bool:
+        proc = self._procs.get(runner_id)
+        return proc is not None and proc.poll() is None
+
+    def kill(self, runner_id: str) -> None:
+        proc = self._procs.get(runner_id)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+
+    def stop_all(self, grace_s: float) -> None:
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for runner_id, proc in self._procs.items():
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning(
+                    "coldstart: runner %s did not drain in %.0fs, killing", runner_id, grace_s
+                )
+                proc.kill()
+                proc.wait()
+        self._procs.clear()

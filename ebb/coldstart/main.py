@@ -1,0 +1,34 @@
+"""The controller process: a Controller over local processes, stopped by SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from ebb.coldstart.controller import Controller
+from ebb.coldstart.launcher import LocalProcessLauncher
+from ebb.config import Settings
+from ebb.process_guard import exit_when_orphaned
+from ebb.queue.connection import async_client
+from ebb.queue.platform import PlatformState
+
+
+def run_controller(settings: Settings) -> None:
+    exit_when_orphaned()
+    asyncio.run(_main(settings))
+
+
+async def _main(settings: Settings) -> None:
+    client = async_client(settings.redis_url)
+    controller = Controller(
+        settings,
+        PlatformState(client, result_ttl_s=settings.result_ttl_s),
+        LocalProcessLauncher(settings),
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, controller.stop)
+    try:
+        await controller.run()
+    finally:
+        await client.aclose()

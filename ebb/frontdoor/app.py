@@ -1,0 +1,126 @@
+"""The frontdoor's FastAPI application: services, routers and the OpenAI error shape."""
+
+from __future__ import annotations
+
+import logging
+import math
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ebb.config import Settings
+from ebb.errors import CapacityError, EbbError, InvalidRequest, NotFound, RateLimited
+from ebb.frontdoor import routes_admin, routes_deployments, routes_openai, routes_usage
+from ebb.frontdoor.catalog import ModelCatalog
+from ebb.frontdoor.execution import Executor
+from ebb.frontdoor.metrics import Metrics
+from ebb.home import resolve_admin_key
+from ebb.queue.connection import async_client
+from ebb.queue.platform import PlatformState
+from ebb.queue.requests import RequestQueue
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Services:
+    settings: Settings
+    admin_key: str
+    redis: aioredis.Redis
+    state: PlatformState
+    queue: RequestQueue
+    executor: Executor
+    catalog: ModelCatalog
+    metrics: Metrics
+
+
+def build_services(settings: Settings) -> Services:
+    client = async_client(settings.redis_url)
+    state = PlatformState(client, result_ttl_s=settings.result_ttl_s)
+    # A request record must outlive its admission window and generation.
+    queue = RequestQueue(client, request_ttl_s=max(settings.result_ttl_s, 3600))
+    return Services(
+        settings=settings,
+        admin_key=resolve_admin_key(settings),
+        redis=client,
+        state=state,
+        queue=queue,
+        executor=Executor(settings, queue, state),
+        catalog=ModelCatalog(settings.weights_dir, state),
+        metrics=Metrics(),
+    )
+
+
+def create_app(settings: Settings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        services = build_services(settings)
+        app.state.services = services
+        # Warm the tokenizers of existing deployments so first requests don't pay for it.
+        for spec in await services.state.list_deployments():
+            services.catalog.prepare(spec)
+        log.info("frontdoor: serving on %s", settings.base_url)
+        yield
+        await services.redis.aclose()
+
+    app = FastAPI(title="ebb", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.include_router(routes_openai.router)
+    app.include_router(routes_deployments.router)
+    app.include_router(routes_usage.router)
+    app.include_router(routes_admin.router)
+    _install_error_handlers(app)
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next):
+        response = await call_next(request)
+        route = request.scope.get("route")
+        services = getattr(request.app.state, "services", None)
+        if services is not None:
+            services.metrics.count(getattr(route, "path", "unmatched"), response.status_code)
+        return response
+
+    return app
+
+
+def _error_response(error: EbbError) -> JSONResponse:
+    headers = {"X-Request-Id": error.request_id} if error.request_id else {}
+    if isinstance(error, CapacityError | RateLimited):
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+    return JSONResponse(error.to_body(), status_code=error.status_code, headers=headers)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(EbbError)
+    async def ebb_error(request: Request, exc: EbbError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        message = first.get("msg", "invalid request")
+        if first.get("type") == "extra_forbidden":
+            message = f"Unrecognized request argument supplied: {param}"
+        elif param:
+            message = f"{param}: {message}"
+        return _error_response(InvalidRequest(message, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return _error_response(NotFound(f"No route {request.method} {request.url.path}."))
+        error = EbbError(str(exc.detail))
+        error.status_code = exc.status_code
+        error.error_type = "invalid_request_error"
+        return _error_response(error)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("frontdoor: unhandled error on %s", request.url.path)
+        return _error_response(EbbError("Internal error; it has been logged."))

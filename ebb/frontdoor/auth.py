@@ -1,0 +1,55 @@
+"""Bearer-key authentication: the admin key, or a tenant's API key (hashed at rest)."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from ebb.errors import AuthenticationFailed, PermissionDenied
+
+ADMIN_TENANT = "admin"
+
+
+@dataclass(frozen=True)
+class Caller:
+    tenant: str
+    key_id: str
+    is_admin: bool
+
+
+def _bearer(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthenticationFailed(
+            "Missing API key. Send it as an HTTP header: 'Authorization: Bearer YOUR_KEY'.",
+            code="missing_api_key",
+        )
+    return token.strip()
+
+
+async def authenticate(request: Request) -> Caller:
+    token = _bearer(request)
+    services = request.app.state.services
+    if hmac.compare_digest(token.encode(), services.admin_key.encode()):
+        return Caller(tenant=ADMIN_TENANT, key_id="admin", is_admin=True)
+    record = await services.state.lookup_api_key(token)
+    if record is None or record.revoked:
+        raise AuthenticationFailed(
+            "Incorrect or revoked API key. Create one with 'ebb keys create' "
+            "or in the console's Keys view."
+        )
+    return Caller(tenant=record.tenant, key_id=record.key_id, is_admin=False)
+
+
+async def require_admin(caller: Annotated[Caller, Depends(authenticate)]) -> Caller:
+    if not caller.is_admin:
+        raise PermissionDenied("This endpoint needs the admin key.")
+    return caller
+
+
+CallerDep = Annotated[Caller, Depends(authenticate)]
+AdminDep = Annotated[Caller, Depends(require_admin)]

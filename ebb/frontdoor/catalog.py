@@ -1,0 +1,81 @@
+"""What the frontdoor must know of each deployment's model before admitting a request:
+its tokenizer (to render chats, count and check prompt tokens) and its context length.
+
+Weights are prepared (fetched or converted into the weight cache) once per source, in a
+worker thread, when a deployment is created or first used; the deployment's status shows
+the progress. Requests that arrive meanwhile wait for it within their admission window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from ebb.errors import CapacityError, WeightsError
+from ebb.frontdoor.tokenizer import ByteTokenizer, HfPromptTokenizer, PromptTokenizer
+from ebb.queue.platform import PlatformState
+from ebb.queue.schema import DeploymentSpec
+from ebb.runners.engine_fake import FakeModel, is_fake_source
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    tokenizer: PromptTokenizer
+    max_model_len: int
+
+
+class ModelCatalog:
+    def __init__(self, weights_dir: Path, state: PlatformState):
+        self._weights_dir = weights_dir
+        self._state = state
+        self._loading: dict[str, asyncio.Task[tuple[PromptTokenizer, int]]] = {}
+
+    def prepare(self, spec: DeploymentSpec) -> asyncio.Task:
+        """Start (or join) preparing the deployment's model; idempotent per source."""
+        task = self._loading.get(spec.source)
+        if task is None or (task.done() and task.exception() is not None):
+            task = asyncio.create_task(self._load(spec))
+            self._loading[spec.source] = task
+        return task
+
+    async def info(self, spec: DeploymentSpec, wait_s: float) -> ModelInfo:
+        task = self.prepare(spec)
+        try:
+            tokenizer, model_len = await asyncio.wait_for(asyncio.shield(task), wait_s)
+        except TimeoutError as e:
+            raise CapacityError(
+                f"The weights of {spec.name!r} are still being prepared; retry shortly.",
+                retry_after_s=5,
+                code="weights_preparing",
+            ) from e
+        return ModelInfo(tokenizer, spec.max_model_len or model_len)
+
+    async def _load(self, spec: DeploymentSpec) -> tuple[PromptTokenizer, int]:
+        if is_fake_source(spec.source):
+            return ByteTokenizer(), FakeModel.parse(spec.source).max_model_len
+        await self._state.set_deployment_status(spec.name, weights="preparing")
+        try:
+            result = await asyncio.to_thread(self._load_blocking, spec.source)
+        except WeightsError as e:
+            await self._state.set_deployment_status(
+                spec.name, weights="failed", weights_error=e.message
+            )
+            raise
+        except Exception as e:
+            log.exception("frontdoor: preparing %s failed", spec.source)
+            await self._state.set_deployment_status(
+                spec.name, weights="failed", weights_error=str(e)
+            )
+            raise WeightsError(f"Preparing the weights of {spec.name!r} failed: {e}") from e
+        await self._state.set_deployment_status(spec.name, weights="ready", weights_error="")
+        return result
+
+    def _load_blocking(self, source: str) -> tuple[PromptTokenizer, int]:
+        from ebb.weights_cache import ensure
+
+        model = ensure(source, self._weights_dir)
+        return HfPromptTokenizer.from_dir(model.path), model.max_model_len

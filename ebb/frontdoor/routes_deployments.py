@@ -1,0 +1,166 @@
+"""Deployments: create, list, inspect, scale and delete (admin key)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import msgspec
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from ebb.errors import Conflict, InvalidRequest, NotFound
+from ebb.frontdoor.auth import AdminDep, CallerDep
+from ebb.queue.schema import DeploymentSpec, RunnerState
+from ebb.runners.engine_fake import is_fake_source
+
+router = APIRouter(prefix="/v1/deployments")
+
+DeploymentName = Annotated[
+    str,
+    StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$"),
+]
+
+
+class DeploymentPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    min_replicas: int | None = Field(None, ge=0, le=64)
+    max_replicas: int | None = Field(None, ge=1, le=64)
+    idle_timeout_s: float | None = Field(None, gt=0, le=86400)
+    max_concurrency: int | None = Field(None, ge=1, le=1024)
+    queue_depth_limit: int | None = Field(None, ge=1, le=100_000)
+    admission_timeout_s: float | None = Field(None, gt=0, le=600)
+    max_model_len: int | None = Field(None, ge=16)
+
+
+class DeploymentCreate(DeploymentPatch):
+    name: DeploymentName = Field(
+        description="lowercase letters, digits, '.', '_' or '-'; at most 63 characters"
+    )
+    source: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _defaults(self) -> DeploymentCreate:
+        self.min_replicas = 0 if self.min_replicas is None else self.min_replicas
+        self.max_replicas = 1 if self.max_replicas is None else self.max_replicas
+        return self
+
+
+def _check_bounds(spec: DeploymentSpec) -> None:
+    if spec.min_replicas > spec.max_replicas:
+        raise InvalidRequest(
+            f"min_replicas ({spec.min_replicas}) must not exceed max_replicas "
+            f"({spec.max_replicas}).",
+            param="min_replicas",
+        )
+
+
+def _check_source(source: str) -> None:
+    if is_fake_source(source):
+        return
+    from ebb.weights_cache import parse_source
+
+    parse_source(source)  # raises InvalidRequest naming the accepted forms
+
+
+async def deployment_view(request: Request, spec: DeploymentSpec) -> dict:
+    state = request.app.state.services.state
+    runners = [r for r in await state.runners() if r.deployment == spec.name]
+    counts = {s.value: 0 for s in RunnerState if s.is_live}
+    for r in runners:
+        if r.state.is_live:
+            counts[r.state.value] += 1
+    status = await state.deployment_status(spec.name)
+    queue = await state.queue_snapshot(spec.name)
+    return {
+        "object": "deployment",
+        **msgspec.structs.asdict(spec),
+        "status": _summary(counts, status),
+        "replicas": counts,
+        "queue_depth": queue.depth,
+        "oldest_wait_s": round(queue.oldest_wait_s, 3),
+        "weights": status.get("weights", "unknown"),
+        "error": status.get("error") or status.get("weights_error") or None,
+        "error_log": status.get("error_log") or None,
+        "cold_start_ms": await state.cold_start_ms(spec.name),
+        "runners": [
+            {
+                "id": r.runner_id,
+                "state": r.state.value,
+                "tier": r.tier,
+                "pid": r.pid,
+                "launched_ms": r.launched_ms,
+                "ready_ms": r.ready_ms,
+                "error": r.error or None,
+            }
+            for r in runners
+        ],
+    }
+
+
+def _summary(counts: dict[str, int], status: dict[str, str]) -> str:
+    if status.get("error") or status.get("weights") == "failed":
+        return "failing"
+    if status.get("weights") == "preparing":
+        return "preparing"
+    if counts["ready"]:
+        return "ready"
+    if counts["starting"] or counts["loading"] or counts["prewarmed"]:
+        return "starting"
+    return "scaled_to_zero"
+
+
+@router.post("", status_code=201)
+async def create_deployment(request: Request, body: DeploymentCreate, caller: AdminDep) -> dict:
+    services = request.app.state.services
+    _check_source(body.source)
+    spec = DeploymentSpec(**body.model_dump(exclude_none=True), created_at_s=time.time())
+    _check_bounds(spec)
+    if not await services.state.put_deployment(spec, create_only=True):
+        raise Conflict(
+            f"A deployment named {spec.name!r} already exists. Change it with PATCH "
+            f"/v1/deployments/{spec.name} ('ebb scale') or delete it first.",
+            param="name",
+        )
+    # Prefetch now, so the first cold start finds the weights in the cache.
+    services.catalog.prepare(spec)
+    await services.state.wake(spec.name)
+    return await deployment_view(request, spec)
+
+
+@router.get("")
+async def list_deployments(request: Request, caller: CallerDep) -> dict:
+    specs = await request.app.state.services.state.list_deployments()
+    return {"object": "list", "data": [await deployment_view(request, s) for s in specs]}
+
+
+async def _get(request: Request, name: str) -> DeploymentSpec:
+    spec = await request.app.state.services.state.get_deployment(name)
+    if spec is None:
+        raise NotFound(f"No deployment named {name!r}. 'ebb deployments' lists them.", param="name")
+    return spec
+
+
+@router.get("/{name}")
+async def get_deployment(request: Request, name: str, caller: CallerDep) -> dict:
+    return await deployment_view(request, await _get(request, name))
+
+
+@router.patch("/{name}")
+async def patch_deployment(
+    request: Request, name: str, body: DeploymentPatch, caller: AdminDep
+) -> dict:
+    services = request.app.state.services
+    spec = msgspec.structs.replace(await _get(request, name), **body.model_dump(exclude_none=True))
+    _check_bounds(spec)
+    await services.state.put_deployment(spec)
+    await services.state.wake(spec.name)
+    return await deployment_view(request, spec)
+
+
+@router.delete("/{name}")
+async def delete_deployment(request: Request, name: str, caller: AdminDep) -> dict:
+    await _get(request, name)
+    await request.app.state.services.state.delete_deployment(name)
+    return {"object": "deployment.deleted", "name": name, "deleted": True}

@@ -1,0 +1,160 @@
+"""OpenAI-compatible inference endpoints: /v1/models, /v1/chat/completions, /v1/completions."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+import msgspec
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ebb.errors import EbbError, InvalidRequest, JobError, NotFound
+from ebb.frontdoor.auth import Caller, CallerDep
+from ebb.frontdoor.execution import ClientGone, Running, unless_disconnected
+from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
+from ebb.frontdoor.translate import (
+    SSE_DONE,
+    EndpointKind,
+    Prepared,
+    ResponseBuilder,
+    new_request_id,
+    prepare_chat,
+    prepare_completion,
+    sse_line,
+)
+from ebb.queue.schema import Failed, Finished, Progress, WorkItem
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1")
+
+
+@router.get("/models")
+async def list_models(request: Request, caller: CallerDep) -> dict:
+    specs = await request.app.state.services.state.list_deployments()
+    return {
+        "object": "list",
+        "data": [
+            {"id": s.name, "object": "model", "created": int(s.created_at_s), "owned_by": "ebb"}
+            for s in specs
+        ],
+    }
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request, caller: CallerDep) -> Response:
+    return await _serve(request, caller, EndpointKind.CHAT, parse_chat_request, prepare_chat)
+
+
+@router.post("/completions")
+async def completions(request: Request, caller: CallerDep) -> Response:
+    return await _serve(
+        request, caller, EndpointKind.COMPLETION, parse_completion_request, prepare_completion
+    )
+
+
+async def _serve(
+    request: Request, caller: Caller, kind: EndpointKind, parse: Callable, prepare: Callable
+) -> Response:
+    services = request.app.state.services
+    body = await _json_body(request)
+    parsed = parse(body)
+    spec = await services.state.get_deployment(parsed.model)
+    if spec is None:
+        raise NotFound(
+            f"The model {parsed.model!r} does not exist. GET /v1/models lists the deployed "
+            "models; deploy one with 'ebb deploy'.",
+            param="model",
+            code="model_not_found",
+        )
+    window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
+    model = await services.catalog.info(spec, wait_s=window_s)
+    # Rendering and tokenizing a long prompt is CPU work: keep it off the event loop.
+    prepared: Prepared = await asyncio.to_thread(
+        prepare,
+        parsed,
+        model.tokenizer,
+        max_model_len=model.max_model_len,
+        max_n=services.settings.max_n,
+    )
+    request_id = new_request_id(kind)
+    work = WorkItem(
+        request_id=request_id,
+        deployment=spec.name,
+        prompt_token_ids=prepared.prompt_token_ids,
+        sampling=prepared.sampling,
+        tenant=caller.tenant,
+        enqueued_at_s=time.time(),
+    )
+    builder = prepared.builder(request_id, int(time.time()))
+    executor = services.executor
+    try:
+        running = await unless_disconnected(request, work, executor, executor.admit(work, spec))
+        services.metrics.observe_admitted(spec.name, running.queued_s)
+        if prepared.stream:
+            return StreamingResponse(
+                _stream(services, running, builder),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
+            )
+        result = await unless_disconnected(
+            request, work, executor, _collect(services, running, builder)
+        )
+        return JSONResponse(result, headers={"X-Request-Id": request_id})
+    except ClientGone:
+        # Nobody is listening; 499 is what proxies log for a client that closed first.
+        return Response(status_code=499)
+    except EbbError as e:
+        e.request_id = request_id
+        raise
+
+
+async def _collect(services, running: Running, builder: ResponseBuilder) -> dict:
+    async for event in services.executor.events(running):
+        if isinstance(event, Progress):
+            builder.add(event)
+        elif isinstance(event, Finished):
+            return builder.response(event)
+        elif isinstance(event, Failed):
+            raise JobError(f"The request failed while running: {event.message}", code=event.code)
+    raise JobError("the request ended without a result")
+
+
+async def _stream(services, running: Running, builder: ResponseBuilder) -> AsyncIterator[bytes]:
+    """SSE body; if the client leaves mid-stream, the request is aborted in the engine."""
+    finished = False
+    try:
+        async for event in services.executor.events(running):
+            if isinstance(event, Progress):
+                for chunk in builder.chunks_for(event):
+                    yield sse_line(chunk)
+            elif isinstance(event, Finished):
+                for chunk in builder.final_chunks(event):
+                    yield sse_line(chunk)
+                finished = True
+            elif isinstance(event, Failed):
+                finished = True
+                error = JobError(
+                    f"The request failed while running: {event.message}", code=event.code
+                )
+                yield sse_line(error.to_body())
+        yield SSE_DONE
+    finally:
+        if not finished:
+            # Shielded: this runs while the response task is being cancelled.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(services.executor.cancel(running.work))
+
+
+async def _json_body(request: Request) -> object:
+    raw = await request.body()
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError as e:
+        raise InvalidRequest(
+            f"The request body is not valid JSON ({e}). Send a JSON object with "
+            "'Content-Type: application/json'."
+        ) from e

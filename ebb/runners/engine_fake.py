@@ -1,0 +1,150 @@
+"""A deterministic stand-in for vLLM, for unit and integration tests only.
+
+Selected by a deployment source `fake://NAME?ctx=2048&step_ms=5&load_s=0&fail=0`. Tokens are
+UTF-8 bytes (the frontdoor pairs it with `ByteTokenizer`); every step emits one byte of a
+fixed reply per running choice, so tests can predict text and token counts exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs, urlsplit
+
+from ebb.queue.schema import ChoiceDelta, SamplingSpec, TokenLogprob, TopLogprob
+from ebb.runners.engine import EngineOptions, EngineRequestError, StepOutput
+
+FAKE_SCHEME = "fake"
+FAKE_REPLY = "The capital of France is Paris. "
+FAKE_JSON_REPLY = '{"answer": "Paris"}'
+
+
+@dataclass(frozen=True)
+class FakeModel:
+    name: str
+    max_model_len: int = 2048
+    step_ms: float = 2.0
+    load_s: float = 0.0
+    fail: bool = False  # the engine raises while loading
+
+    @classmethod
+    def parse(cls, source: str) -> FakeModel:
+        parts = urlsplit(source)
+        if parts.scheme != FAKE_SCHEME:
+            raise ValueError(f"not a fake source: {source}")
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        return cls(
+            name=parts.netloc or parts.path,
+            max_model_len=int(query.get("ctx", 2048)),
+            step_ms=float(query.get("step_ms", 2.0)),
+            load_s=float(query.get("load_s", 0.0)),
+            fail=query.get("fail", "0") == "1",
+        )
+
+
+def is_fake_source(source: str) -> bool:
+    return source.startswith(FAKE_SCHEME + "://")
+
+
+@dataclass
+class _Choice:
+    index: int
+    reply: bytes
+    produced: int = 0
+    done: bool = False
+
+
+@dataclass
+class _Request:
+    prompt_tokens: int
+    sampling: SamplingSpec
+    choices: list[_Choice] = field(default_factory=list)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.produced for c in self.choices)
+
+
+class FakeEngine:
+    def __init__(self, model: FakeModel):
+        self.model = model
+        self._requests: dict[str, _Request] = {}
+        self.aborted: list[str] = []
+
+    @classmethod
+    def load(cls, source: str, options: EngineOptions) -> FakeEngine:
+        model = FakeModel.parse(source)
+        if model.load_s:
+            time.sleep(model.load_s)  # simulates weight loading
+        if model.fail:
+            raise RuntimeError(f"fake engine {model.name} failed to load (fail=1)")
+        return cls(model)
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec
+    ) -> None:
+        if sampling.max_tokens < 1:
+            raise EngineRequestError("max_tokens must be at least 1")
+        json_mode = sampling.json_object or sampling.json_schema is not None
+        reply = (FAKE_JSON_REPLY if json_mode else FAKE_REPLY * 8).encode()
+        request = _Request(prompt_tokens=len(prompt_token_ids), sampling=sampling)
+        request.choices = [_Choice(i, reply) for i in range(sampling.n)]
+        self._requests[request_id] = request
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        for request_id in request_ids:
+            if self._requests.pop(request_id, None) is not None:
+                self.aborted.append(request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def step(self) -> list[StepOutput]:
+        if self.model.step_ms:
+            time.sleep(self.model.step_ms / 1000)  # simulates one forward pass
+        outputs = []
+        for request_id, request in list(self._requests.items()):
+            deltas = [self._advance(c, request.sampling) for c in request.choices if not c.done]
+            finished = all(c.done for c in request.choices)
+            outputs.append(
+                StepOutput(
+                    request_id=request_id,
+                    choices=[d for d in deltas if d is not None],
+                    finished=finished,
+                    prompt_tokens=request.prompt_tokens,
+                    completion_tokens=request.completion_tokens,
+                )
+            )
+            if finished:
+                del self._requests[request_id]
+        return outputs
+
+    def _advance(self, choice: _Choice, sampling: SamplingSpec) -> ChoiceDelta | None:
+        at = choice.produced % len(choice.reply)
+        token = choice.reply[at : at + 1]
+        choice.produced += 1
+        text_so_far = (choice.reply * 8)[: choice.produced].decode(errors="ignore")
+        finish = None
+        if any(text_so_far.endswith(s) for s in sampling.stop):
+            finish, token = "stop", b""
+        elif choice.produced >= len(choice.reply) and choice.reply.startswith(b"{"):
+            finish = "stop"
+        elif choice.produced >= sampling.max_tokens:
+            finish = "length"
+        choice.done = finish is not None
+        logprobs = None
+        if sampling.logprobs is not None and token:
+            text = token.decode(errors="replace")
+            top = [TopLogprob(text, -0.5, list(token))] * sampling.logprobs
+            logprobs = [TokenLogprob(text, -0.5, list(token), top)]
+        return ChoiceDelta(
+            index=choice.index,
+            text=token.decode(errors="replace"),
+            token_count=1,
+            logprobs=logprobs,
+            finish_reason=finish,
+        )
+
+    def shutdown(self) -> None:
+        self._requests.clear()

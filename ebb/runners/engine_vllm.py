@@ -1,0 +1,304 @@
+"""vLLM behind the `EngineAdapter` seam: the synchronous, in-process `LLMEngine`.
+
+`preload()` sets the environment vLLM reads and pays for its imports, so that a pre-warmed
+stem process can do both before it knows its model; `VllmEngine.load()` then builds the
+engine for one local HF-layout checkpoint. vLLM is imported only inside functions, after
+`preload()` has set the environment, because some of its settings are read at import.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ebb.queue.schema import ChoiceDelta, FinishReason, SamplingSpec, TokenLogprob, TopLogprob
+from ebb.runners.engine import EngineOptions, EngineRequestError, StepOutput
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+    from vllm.outputs import CompletionOutput, RequestOutput
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+logger = logging.getLogger(__name__)
+
+# Defaults only (setdefault): an operator's own value wins.
+_PRELOAD_ENV = {
+    # The engine core runs in this process: ~12 s to a ready engine instead of ~31 s for
+    # three processes that each import vLLM again.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    # Runners are offline and disposable; usage reporting would only try the network.
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_DO_NOT_TRACK": "1",
+    # Weights are always a local directory; a hub lookup can only stall on an offline host.
+    "HF_HUB_OFFLINE": "1",
+}
+
+_preloaded = False
+
+
+@contextmanager
+def _phase(name: str) -> Iterator[None]:
+    started = time.perf_counter()
+    yield
+    logger.info("engine: %s took %.2f s", name, time.perf_counter() - started)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def preload() -> None:
+    """Set vLLM's environment and import its heavy modules; idempotent."""
+    global _preloaded
+    if _preloaded:
+        return
+    for key, value in _PRELOAD_ENV.items():
+        os.environ.setdefault(key, value)
+    with _phase("preload (vllm imports)"):
+        import vllm.engine.arg_utils
+        import vllm.inputs
+        import vllm.sampling_params
+        import vllm.v1.engine.llm_engine  # noqa: F401
+
+        # The worker module is otherwise imported during engine init (~0.7 s on CPU).
+        if _has_cuda():
+            import vllm.v1.worker.gpu_worker  # noqa: F401
+        else:
+            import vllm.v1.worker.cpu_worker  # noqa: F401
+    _preloaded = True
+
+
+def _call_here(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
+def _inspect_models_in_process() -> None:
+    """Let vLLM inspect the model class in this process instead of a fresh interpreter.
+
+    vLLM runs that inspection in a subprocess so that importing a model module cannot
+    initialize CUDA before workers fork. The answer is cached under VLLM_CACHE_ROOT, but a
+    fresh runner has no cache and waits ~11 s (2 cores) for the subprocess to import vLLM
+    again. On CPU there is no CUDA to protect and the model module is imported here anyway.
+    """
+    from vllm.model_executor.models import registry
+
+    if not callable(getattr(registry, "_run_in_subprocess", None)):
+        logger.warning("engine: vLLM moved _run_in_subprocess; model inspection stays slow")
+        return
+    registry._run_in_subprocess = _call_here
+
+
+def _engine_args(options: EngineOptions, cuda: bool) -> Any:
+    from vllm.engine.arg_utils import EngineArgs
+
+    if options.model_path is None:
+        raise ValueError("VllmEngine needs a local model directory (options.model_path)")
+    return EngineArgs(
+        model=str(options.model_path),
+        max_model_len=options.max_model_len,
+        max_num_seqs=options.max_num_seqs,
+        seed=options.seed,
+        # torch.compile on CPU: slower start and wrong answers here; eager is correct.
+        enforce_eager=not cuda,
+        # The runner keeps its own metrics; vLLM's periodic stat logging is per-step work.
+        disable_log_stats=True,
+    )
+
+
+def _structured_outputs(spec: SamplingSpec) -> Any:
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if spec.json_schema is not None:
+        return StructuredOutputsParams(json=spec.json_schema)
+    if spec.json_object:
+        return StructuredOutputsParams(json_object=True)
+    return None
+
+
+def _sampling_params(spec: SamplingSpec) -> SamplingParams:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        n=spec.n,
+        max_tokens=spec.max_tokens,
+        temperature=spec.temperature,
+        top_p=spec.top_p,
+        stop=list(spec.stop) or None,
+        seed=spec.seed,
+        presence_penalty=spec.presence_penalty,
+        frequency_penalty=spec.frequency_penalty,
+        logprobs=spec.logprobs,
+        structured_outputs=_structured_outputs(spec),
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def _finish_reason(vllm_reason: str | None) -> FinishReason | None:
+    if vllm_reason is None or vllm_reason in ("stop", "length"):
+        return vllm_reason  # type: ignore[return-value]
+    # "abort", "error" and "repetition" need features ebb does not enable (client aborts
+    # never reach step(), KV connectors, repetition detection); "stop" is the closest
+    # answer the schema has, and the log keeps the real one.
+    logger.warning("engine: choice finished with vLLM reason %r, reported as stop", vllm_reason)
+    return "stop"
+
+
+def _token_logprobs(completion: CompletionOutput, top_k: int) -> list[TokenLogprob]:
+    """The sampled tokens' logprobs with their top_k alternatives, most likely first.
+
+    vLLM returns, per position, a dict {token_id: Logprob} holding the top k tokens plus
+    the sampled one (which may rank below k, then it is not an alternative).
+    """
+    result = []
+    for token_id, position in zip(completion.token_ids, completion.logprobs or [], strict=False):
+        sampled = position[token_id]
+        ranked = sorted(
+            (lp for lp in position.values() if lp.rank is not None and lp.rank <= top_k),
+            key=lambda lp: lp.rank,
+        )
+        top = [TopLogprob(_text(lp), lp.logprob, _utf8(lp)) for lp in ranked[:top_k]]
+        result.append(TokenLogprob(_text(sampled), sampled.logprob, _utf8(sampled), top))
+    return result
+
+
+def _text(logprob: Any) -> str:
+    return logprob.decoded_token or ""
+
+
+def _utf8(logprob: Any) -> list[int]:
+    return list(_text(logprob).encode("utf-8"))
+
+
+@dataclass
+class _Request:
+    logprobs: int | None
+    prompt_tokens: int = 0
+    # Completion tokens per choice index, summed over the deltas seen so far.
+    tokens_by_choice: dict[int, int] = field(default_factory=dict)
+
+    def completion_tokens(self) -> int:
+        return sum(self.tokens_by_choice.values())
+
+
+class VllmEngine:
+    def __init__(self, engine: LLMEngine):
+        self._engine = engine
+        self._requests: dict[str, _Request] = {}
+        self._closed = False
+
+    @classmethod
+    def load(cls, options: EngineOptions) -> VllmEngine:
+        started = time.perf_counter()
+        preload()
+        cuda = _has_cuda()
+        if not cuda:
+            # vLLM's CPU platform reads this (GiB) instead of a memory-utilization share.
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(options.kv_cache_gib)
+            _inspect_models_in_process()
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        with _phase("config"):
+            config = _engine_args(options, cuda).create_engine_config()
+        with _phase("engine init (weights, KV cache, warmup)"):
+            engine = LLMEngine.from_vllm_config(config, disable_log_stats=True)
+        logger.info(
+            "engine: loaded %s on %s in %.2f s",
+            options.model_path,
+            "cuda" if cuda else "cpu",
+            time.perf_counter() - started,
+        )
+        return cls(engine)
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec
+    ) -> None:
+        from vllm.exceptions import VLLMClientError
+        from vllm.inputs import TokensPrompt
+
+        if request_id in self._requests:
+            raise EngineRequestError(f"request {request_id} is already running")
+        try:
+            params = _sampling_params(sampling)
+            # The renderer turns token ids into the engine input (and checks their length);
+            # handing add_request a raw prompt is deprecated in vLLM.
+            (engine_input,) = self._engine.renderer.render_cmpl(
+                [TokensPrompt(prompt_token_ids=list(prompt_token_ids))]
+            )
+            self._engine.add_request(request_id, engine_input, params)
+        except (VLLMClientError, ValueError) as error:
+            raise EngineRequestError(str(error)) from error
+        self._requests[request_id] = _Request(sampling.logprobs, len(prompt_token_ids))
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        known = [rid for rid in request_ids if self._requests.pop(rid, None) is not None]
+        if known:
+            # By the id given to add_request, vLLM aborts every child of an n>1 request.
+            self._engine.abort_request(known)
+
+    def has_unfinished(self) -> bool:
+        return self._engine.has_unfinished_requests()
+
+    def step(self) -> list[StepOutput]:
+        """One engine iteration, regrouped per request.
+
+        With n > 1 vLLM runs each choice as a child request and, in DELTA mode, returns one
+        RequestOutput per child that produced output, all under the parent's id and each
+        holding one CompletionOutput; only the last child to finish carries finished=True.
+        """
+        grouped: dict[str, tuple[list[ChoiceDelta], bool]] = {}
+        for output in self._engine.step():
+            request = self._requests.get(output.request_id)
+            if request is None:
+                continue  # aborted while this step ran
+            deltas, finished = grouped.get(output.request_id, ([], False))
+            deltas.extend(self._deltas(request, output))
+            grouped[output.request_id] = (deltas, finished or output.finished)
+        return [self._step_output(rid, deltas, done) for rid, (deltas, done) in grouped.items()]
+
+    def _deltas(self, request: _Request, output: RequestOutput) -> Iterator[ChoiceDelta]:
+        request.prompt_tokens = len(output.prompt_token_ids or ()) or request.prompt_tokens
+        counts = request.tokens_by_choice
+        for completion in output.outputs:
+            new_tokens = len(completion.token_ids)
+            counts[completion.index] = counts.get(completion.index, 0) + new_tokens
+            reason = _finish_reason(completion.finish_reason)
+            if not (completion.text or new_tokens or reason):
+                continue
+            logprobs = None
+            if request.logprobs is not None:
+                logprobs = _token_logprobs(completion, request.logprobs)
+            yield ChoiceDelta(
+                index=completion.index,
+                text=completion.text,
+                token_count=new_tokens,
+                logprobs=logprobs,
+                finish_reason=reason,
+            )
+
+    def _step_output(self, request_id: str, deltas: list[ChoiceDelta], done: bool) -> StepOutput:
+        request = self._requests[request_id]
+        if done:
+            del self._requests[request_id]
+        return StepOutput(
+            request_id=request_id,
+            choices=sorted(deltas, key=lambda d: d.index),
+            finished=done,
+            prompt_tokens=request.prompt_tokens,
+            completion_tokens=request.completion_tokens(),
+        )
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._requests.clear()
+        with _phase("shutdown"):
+            self._engine.engine_core.shutdown()

@@ -1,0 +1,199 @@
+"""A runner process from launch to exit: STARTING -> (PREWARMED) -> LOADING -> READY ->
+DRAINING -> EXITED, or FAILED.
+
+Launched by the controller either with a deployment (a fresh start) or without one (a
+pre-warmed stem: it imports the engine libraries, joins the pool and waits for the
+controller to assign it a deployment). Every phase of the cold start is timed and folded
+into the deployment's cold-start statistics.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ebb.config import Settings
+from ebb.queue.connection import sync_client
+from ebb.queue.runner_side import RunnerQueue
+from ebb.queue.schema import DeploymentSpec, RunnerState
+from ebb.runners.engine import EngineAdapter, EngineOptions
+from ebb.runners.engine_fake import FakeEngine, is_fake_source
+from ebb.runners.serve import ServingLoop
+
+log = logging.getLogger(__name__)
+
+LAUNCHED_AT_ENV = "EBB_RUNNER_LAUNCHED_MS"
+
+
+@dataclass
+class ColdStartClock:
+    """Phase durations of one cold start, measured from `start_ms`."""
+
+    start_ms: float
+    phases_ms: dict[str, float] = field(default_factory=dict)
+    _mark: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._mark = self.start_ms
+
+    def lap(self, phase: str) -> None:
+        now = time.time() * 1000
+        self.phases_ms[phase] = self.phases_ms.get(phase, 0.0) + now - self._mark
+        self._mark = now
+
+    def total(self) -> float:
+        return self._mark - self.start_ms
+
+
+class Heartbeat(threading.Thread):
+    """Keeps the runner's liveness and its leases fresh while the main thread computes.
+
+    It also stops the runner when its parent (the controller) is gone, so no runner
+    outlives the platform that launched it.
+    """
+
+    def __init__(self, queue: RunnerQueue, interval_s: float, stop: threading.Event):
+        super().__init__(name="heartbeat", daemon=True)
+        self._queue = queue
+        self._interval_s = interval_s
+        self._stop = stop
+        self.done = threading.Event()
+        self._parent = os.getppid()
+        self.held_ids = lambda: []
+
+    def run(self) -> None:
+        while not self.done.wait(self._interval_s):
+            if os.getppid() != self._parent and not self._stop.is_set():
+                log.warning("runner: parent %d is gone, draining", self._parent)
+                self._stop.set()
+            try:
+                self._queue.heartbeat(self.held_ids())
+            except Exception:  # a Redis blip must not kill the runner; leases outlast one
+                log.exception("runner: heartbeat failed")
+
+
+def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier: str) -> int:
+    """The runner process body; returns its exit code."""
+    launched_ms = float(os.environ.get(LAUNCHED_AT_ENV, time.time() * 1000))
+    clock = ColdStartClock(launched_ms)
+    clock.lap("spawn")
+    queue = RunnerQueue(
+        sync_client(settings.redis_url),
+        runner_id,
+        lease_ttl_s=settings.lease_ttl_s,
+        result_ttl_s=settings.result_ttl_s,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    queue.set_fields(pid=os.getpid())
+    heartbeat = Heartbeat(queue, settings.heartbeat_interval_s, stop)
+    heartbeat.start()
+    try:
+        return _lifecycle(settings, queue, deployment, tier, clock, stop, heartbeat)
+    except Exception as e:
+        log.exception("runner: %s failed", runner_id)
+        queue.append_log(f"failed: {e!r}")
+        queue.exit(RunnerState.FAILED, error=str(e)[:500])
+        return 1
+    finally:
+        heartbeat.done.set()
+
+
+def _lifecycle(settings, queue, deployment, tier, clock, stop, heartbeat) -> int:
+    if deployment is None:
+        _import_engine_libraries()
+        clock.lap("import")
+        deployment = _wait_as_stem(queue, stop)
+        if deployment is None:
+            queue.exit(RunnerState.EXITED)
+            return 0
+        clock = ColdStartClock(time.time() * 1000)  # a stem's cold start begins now
+    spec = queue.deployment(deployment)
+    if spec is None:
+        raise RuntimeError(f"deployment {deployment!r} does not exist")
+    _transition(queue, RunnerState.LOADING, deployment=deployment, tier=tier)
+    engine, tier = _load_engine(settings, spec, clock, tier)
+    clock.lap("engine")
+    _transition(queue, RunnerState.READY, ready_ms=int(time.time() * 1000))
+    clock.phases_ms["total"] = clock.total()
+    queue.record_cold_start(deployment, tier, clock.phases_ms)
+    log.info(
+        "runner: %s ready for %s via %s in %.0f ms %s",
+        queue.runner_id,
+        deployment,
+        tier,
+        clock.total(),
+        {k: round(v) for k, v in clock.phases_ms.items()},
+    )
+    loop = ServingLoop(queue, engine, spec, stop)
+    heartbeat.held_ids = loop.held_ids
+    try:
+        loop.run()
+    except Exception as e:
+        loop.fail_all(f"the engine failed: {e}")
+        raise
+    finally:
+        engine.shutdown()
+    _transition(queue, RunnerState.EXITED, exited_ms=int(time.time() * 1000))
+    return 0
+
+
+def _transition(queue: RunnerQueue, state: RunnerState, **fields: object) -> None:
+    queue.set_fields(state=state, **fields)
+    queue.append_log(f"{time.strftime('%H:%M:%S')} {state.value}")
+    log.info("runner: %s -> %s", queue.runner_id, state.value)
+
+
+def _wait_as_stem(queue: RunnerQueue, stop: threading.Event) -> str | None:
+    _transition(queue, RunnerState.PREWARMED)
+    queue.offer_as_stem()
+    while not stop.is_set():
+        assigned = queue.wait_for_assignment(timeout_s=0.5)
+        if assigned:
+            return assigned
+    if queue.withdraw_stem():
+        return None
+    # The controller took this stem at the instant it was told to stop: serve that one.
+    return queue.wait_for_assignment(timeout_s=5.0)
+
+
+def _import_engine_libraries() -> None:
+    from ebb.runners import engine_vllm
+
+    engine_vllm.preload()
+
+
+def _load_engine(
+    settings: Settings, spec: DeploymentSpec, clock: ColdStartClock, tier: str
+) -> tuple[EngineAdapter, str]:
+    if is_fake_source(spec.source):
+        from ebb.runners.engine_fake import FakeModel
+
+        max_len = spec.max_model_len or FakeModel.parse(spec.source).max_model_len
+        clock.lap("weights")
+        options = EngineOptions(model_path=None, max_model_len=max_len)
+        return FakeEngine.load(spec.source, options), tier
+    from ebb.runners import engine_vllm
+    from ebb.weights_cache import ensure
+
+    engine_vllm.preload()
+    clock.lap("import")
+    fetched: list[str] = []
+    model = ensure(
+        spec.source, settings.weights_dir, progress=lambda phase, _: fetched.append(phase)
+    )
+    clock.lap("weights")
+    if fetched and tier == "fresh":
+        tier = "fresh_fetch"
+    options = EngineOptions(
+        model_path=model.path,
+        max_model_len=spec.max_model_len or model.max_model_len,
+        max_num_seqs=spec.max_concurrency,
+        kv_cache_gib=settings.kv_cache_gib,
+    )
+    return engine_vllm.VllmEngine.load(options), tier

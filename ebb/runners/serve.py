@@ -1,0 +1,182 @@
+"""The serving loop of a READY runner: claim, batch, step, stream, finish, drain.
+
+One thread runs it, numbered steps per iteration:
+  1. claim up to the free batch slots (blocking briefly on the queue signal when idle)
+     and collect cancellations meant for this runner;
+  2. add claimed requests to the engine, abort cancelled ones;
+  3. run one engine step and publish every request's new output in one round trip;
+  4. finish requests that completed (terminal event + usage, atomically, once);
+  5. drain when idle past the deployment's timeout, or when asked to stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from ebb.queue.runner_side import RunnerQueue
+from ebb.queue.schema import (
+    DeploymentSpec,
+    Failed,
+    Finished,
+    Progress,
+    RunnerState,
+    WorkItem,
+)
+from ebb.runners.engine import EngineAdapter, EngineRequestError, StepOutput
+
+log = logging.getLogger(__name__)
+
+# How long an idle runner blocks on its queue signal before re-checking timeouts and stops.
+_IDLE_WAIT_S = 0.5
+# How often an idle runner re-reads its deployment (idle timeout, min replicas, deletion).
+_SPEC_REFRESH_S = 2.0
+
+
+@dataclass
+class Held:
+    work: WorkItem
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class ServingLoop:
+    def __init__(
+        self,
+        queue: RunnerQueue,
+        engine: EngineAdapter,
+        spec: DeploymentSpec,
+        stop: threading.Event,
+        clock=time.monotonic,
+    ):
+        self._queue = queue
+        self._engine = engine
+        self._spec = spec
+        self._stop = stop
+        self._clock = clock
+        self.held: dict[str, Held] = {}
+        self._draining = False
+        self._last_active = clock()
+        self._spec_read_at = clock()
+
+    def held_ids(self) -> list[str]:
+        return list(self.held)
+
+    def run(self) -> None:
+        """Serve until drained; returns normally only after everything held is finished."""
+        log.info("runner: %s serving %s", self._queue.runner_id, self._spec.name)
+        while True:
+            if self._stop.is_set() and not self._draining:
+                self._start_draining("asked to stop")
+            self._claim_and_cancel()
+            if self._engine.has_unfinished():
+                self._step()
+            elif self._draining and not self.held:
+                return
+            elif not self.held:
+                self._maybe_drain_idle()
+
+    # 1 + 2: claims and cancellations --------------------------------------------------
+
+    def _claim_and_cancel(self) -> None:
+        free = 0 if self._draining else self._spec.max_concurrency - len(self.held)
+        if free > 0 and not self.held:
+            self._queue.wait_for_work(self._spec.name, _IDLE_WAIT_S)
+        result = self._queue.claim(self._spec.name, max(free, 0))
+        for work in result.claimed:
+            self._admit(work)
+        for request_id in result.cancelled:
+            self._abort(request_id)
+
+    def _admit(self, work: WorkItem) -> None:
+        log.debug("runner: claimed %s", work.request_id)
+        held = Held(work, prompt_tokens=len(work.prompt_token_ids))
+        self.held[work.request_id] = held
+        self._last_active = self._clock()
+        try:
+            self._engine.add_request(work.request_id, work.prompt_token_ids, work.sampling)
+        except EngineRequestError as e:
+            self._end(held, "failed", Failed(message=str(e), code="invalid_request"))
+
+    def _abort(self, request_id: str) -> None:
+        held = self.held.get(request_id)
+        if held is None:
+            return
+        self._engine.abort([request_id])
+        log.info(
+            "runner: aborted %s after %d tokens (client left)", request_id, held.completion_tokens
+        )
+        self._end(held, "cancelled", Failed(message="cancelled by the client", code="cancelled"))
+
+    # 3 + 4: engine step, output, completion ------------------------------------------------
+
+    def _step(self) -> None:
+        outputs = self._engine.step()
+        self._last_active = self._clock()
+        progress: dict[str, Progress] = {}
+        finished: list[StepOutput] = []
+        for out in outputs:
+            held = self.held.get(out.request_id)
+            if held is None:
+                continue  # aborted while the step ran
+            held.prompt_tokens = out.prompt_tokens
+            held.completion_tokens = out.completion_tokens
+            if out.choices:
+                progress[out.request_id] = Progress(choices=out.choices)
+            if out.finished:
+                finished.append(out)
+        self._queue.publish(progress)
+        for out in finished:
+            held = self.held[out.request_id]
+            self._end(held, "finished", Finished(out.prompt_tokens, out.completion_tokens))
+
+    def _end(self, held: Held, state: str, event) -> None:
+        self.held.pop(held.work.request_id, None)
+        done = self._queue.finish(
+            held.work,
+            state=state,
+            event=event,
+            prompt_tokens=held.prompt_tokens,
+            completion_tokens=held.completion_tokens,
+        )
+        if not done:
+            log.warning(
+                "runner: %s was no longer ours to finish (lease expired)", held.work.request_id
+            )
+
+    def fail_all(self, message: str) -> None:
+        """The engine broke: every held request ends with an error, none hangs."""
+        for held in list(self.held.values()):
+            self._end(held, "failed", Failed(message=message, code="engine_error", retryable=True))
+
+    # 5: idle drain ----------------------------------------------------------------------
+
+    def _maybe_drain_idle(self) -> None:
+        now = self._clock()
+        if now - self._spec_read_at >= _SPEC_REFRESH_S:
+            self._spec_read_at = now
+            spec = self._queue.deployment(self._spec.name)
+            if spec is None:
+                self._start_draining("deployment deleted")
+                return
+            self._spec = spec
+        if now - self._last_active < self._spec.idle_timeout_s:
+            return
+        if self._queue.serving_runner_count(self._spec.name) <= self._spec.min_replicas:
+            return
+        if self._queue.try_drain(self._spec.name):
+            self._draining = True
+            log.info(
+                "runner: %s idle for %.1fs, draining",
+                self._queue.runner_id,
+                now - self._last_active,
+            )
+
+    def _start_draining(self, why: str) -> None:
+        self._draining = True
+        self._queue.set_fields(state=RunnerState.DRAINING)
+        log.info(
+            "runner: %s draining (%s), %d in flight", self._queue.runner_id, why, len(self.held)
+        )

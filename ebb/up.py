@@ -1,0 +1,219 @@
+"""`ebb up`: the whole platform on this machine, supervised.
+
+Starts redis-server (append-only file under EBB_HOME) unless EBB_REDIS_URL is set, prepares
+and deploys the default model, then runs the frontdoor and the coldstart controller as
+child processes, restarting either if it dies. Ctrl-C or SIGTERM stops everything in
+order: the frontdoor first (no new work), then the controller (its runners drain), then
+Redis (which flushes its append-only file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import redis
+from rich.console import Console
+
+from ebb.coldstart.launcher import child_environment
+from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE, Settings
+from ebb.home import resolve_admin_key, write_run_info
+from ebb.queue.connection import async_client
+from ebb.queue.platform import PlatformState
+from ebb.queue.schema import DeploymentSpec, RunnerState
+
+log = logging.getLogger(__name__)
+console = Console(stderr=True)
+
+_RESTART_BACKOFF_MAX_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_redis(settings: Settings) -> tuple[subprocess.Popen, str]:
+    settings.redis_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    cmd = [
+        "redis-server",
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(settings.redis_dir.resolve()),
+        "--appendonly",
+        "yes",
+        "--save",
+        "",
+        "--daemonize",
+        "no",
+        "--logfile",
+        str((settings.logs_dir / "redis.log").resolve()),
+    ]
+    settings.logs_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"redis-server did not start; see {settings.logs_dir / 'redis.log'}"
+                ) from None
+            time.sleep(0.05)
+    return proc, url
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    next_start_s: float = 0.0
+    log_path: str = ""
+
+
+@dataclass
+class Supervisor:
+    settings: Settings
+    children: list[Child] = field(default_factory=list)
+
+    def start(self, child: Child) -> None:
+        env = child_environment(self.settings)
+        child.log_path = str(self.settings.logs_dir / f"{child.name}.log")
+        with open(child.log_path, "ab") as log_file:
+            # Own session: a terminal's Ctrl-C reaches only `ebb up`, which stops the
+            # children in order instead of all at once.
+            child.proc = subprocess.Popen(
+                child.argv,
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def watch(self) -> None:
+        """Restart any child that died, with backoff."""
+        for child in self.children:
+            if child.proc is None or child.proc.poll() is None:
+                continue
+            now = time.monotonic()
+            if child.next_start_s == 0.0:
+                child.restarts += 1
+                delay = min(2.0**child.restarts, _RESTART_BACKOFF_MAX_S)
+                child.next_start_s = now + delay
+                console.print(
+                    f"[yellow]{child.name} exited ({child.proc.returncode}); "
+                    f"restarting in {delay:.0f}s (log: {child.log_path})"
+                )
+            elif now >= child.next_start_s:
+                child.next_start_s = 0.0
+                self.start(child)
+
+    def stop(self, grace_s: float = 40.0) -> None:
+        for child in self.children:  # in start order: frontdoor first
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+                try:
+                    child.proc.wait(timeout=grace_s)
+                except subprocess.TimeoutExpired:
+                    child.proc.kill()
+                    child.proc.wait()
+
+
+async def _deploy_default(settings: Settings) -> None:
+    state = PlatformState(async_client(settings.redis_url))
+    spec = DeploymentSpec(
+        name=DEFAULT_MODEL_NAME, source=DEFAULT_MODEL_SOURCE, created_at_s=time.time()
+    )
+    if await state.put_deployment(spec, create_only=True):
+        console.print(f"deployed [bold]{DEFAULT_MODEL_NAME}[/] from {DEFAULT_MODEL_SOURCE}")
+    await state.redis.aclose()
+
+
+def _prepare_default_weights(settings: Settings) -> None:
+    from ebb.weights_cache import ensure
+
+    with console.status("preparing the default model's weights (first run converts GGUF)"):
+        model = ensure(DEFAULT_MODEL_SOURCE, settings.weights_dir)
+    console.print(f"weights ready: {model.path}")
+
+
+async def _pool_filled(settings: Settings) -> bool:
+    state = PlatformState(async_client(settings.redis_url))
+    try:
+        runners = await state.runners()
+    finally:
+        await state.redis.aclose()
+    stems = sum(r.state is RunnerState.PREWARMED and not r.deployment for r in runners)
+    return stems >= settings.prewarm
+
+
+def _wait_ready(settings: Settings, stop: threading.Event, timeout_s: float = 300.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    with console.status("starting the frontdoor, controller and pre-warmed runner pool"):
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                ready = httpx.get(settings.base_url + "/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                ready = False
+            if ready and asyncio.run(_pool_filled(settings)):
+                return True
+            stop.wait(0.2)
+    return False
+
+
+def run_up(settings: Settings, *, default_model: bool = True) -> int:
+    settings.home.mkdir(parents=True, exist_ok=True)
+    admin_key = resolve_admin_key(settings)
+    settings = settings.model_copy(update={"admin_key": admin_key})
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    redis_proc = None
+    if not settings.redis_url:
+        redis_proc, url = start_redis(settings)
+        settings = settings.model_copy(update={"redis_url": url})
+    supervisor = Supervisor(settings)
+    try:
+        if default_model:
+            _prepare_default_weights(settings)
+            asyncio.run(_deploy_default(settings))
+        supervisor.children = [
+            Child("frontdoor", [sys.executable, "-m", "ebb", "frontdoor"]),
+            Child("coldstart", [sys.executable, "-m", "ebb", "coldstart"]),
+        ]
+        for child in supervisor.children:
+            supervisor.start(child)
+        if not _wait_ready(settings, stop):
+            console.print(f"[red]the platform did not become ready; logs in {settings.logs_dir}")
+            return 1
+        write_run_info(settings, base_url=settings.base_url, redis_url=settings.redis_url)
+        print(f"ready: {settings.base_url}/v1  admin key: {admin_key}", flush=True)
+        while not stop.wait(0.5):
+            supervisor.watch()
+        console.print("stopping: frontdoor, controller (runners drain), redis")
+        return 0
+    finally:
+        supervisor.stop()
+        if redis_proc is not None:
+            redis_proc.terminate()
+            redis_proc.wait(timeout=30)

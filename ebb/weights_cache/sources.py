@@ -1,0 +1,175 @@
+"""Model source URIs: parse and validate them without touching the filesystem.
+
+The frontdoor calls `parse_source` when a deployment is created, so this module imports
+nothing heavy and does no I/O: whether the weights exist is `ensure()`'s question.
+
+Accepted forms (see `ACCEPTED_FORMS`):
+- `gguf:<package>/<file.gguf>` a GGUF file shipped inside an installed Python package;
+- `gguf:/abs/path/file.gguf`   a GGUF file on local disk;
+- `file:///abs/dir` or `/abs/dir`  a local directory already in Hugging Face layout;
+- `fake://<name>`              a fake test model, served by the runner without weights.
+
+A new scheme (s3://, hf://) plugs in by adding its parser to `_SCHEME_PARSERS` and its
+backend to `ebb.weights_cache.cache`.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import PurePosixPath
+from typing import ClassVar
+from urllib.parse import unquote, urlsplit
+
+from ebb.errors import InvalidRequest
+
+ACCEPTED_FORMS = (
+    "gguf:<package>/<file.gguf>",
+    "gguf:/abs/path/file.gguf",
+    "file:///abs/dir",
+    "/abs/dir",
+    "fake://<name>",
+)
+
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+_PACKAGE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+class SourceKind(StrEnum):
+    GGUF = "gguf"
+    LOCAL = "local"
+    FAKE = "fake"
+
+
+@dataclass(frozen=True)
+class GgufSource:
+    """A GGUF file, either inside an installed package (`package` set) or at an absolute path.
+
+    `file` is the path relative to the package directory, or the absolute path.
+    """
+
+    kind: ClassVar[SourceKind] = SourceKind.GGUF
+    uri: str
+    file: str
+    package: str | None = None
+
+    @property
+    def name(self) -> str:
+        return PurePosixPath(self.file).stem
+
+
+@dataclass(frozen=True)
+class LocalDirSource:
+    """A directory in Hugging Face layout, used in place."""
+
+    kind: ClassVar[SourceKind] = SourceKind.LOCAL
+    uri: str
+    path: str
+
+    @property
+    def name(self) -> str:
+        return PurePosixPath(self.path).name
+
+
+@dataclass(frozen=True)
+class FakeSource:
+    """A fake test model: the runner's fake engine serves it; there are no weights."""
+
+    kind: ClassVar[SourceKind] = SourceKind.FAKE
+    uri: str
+    model: str
+
+    @property
+    def name(self) -> str:
+        return self.model
+
+
+Source = GgufSource | LocalDirSource | FakeSource
+
+
+def parse_source(source: str) -> Source:
+    """Validate a model source URI and return its typed form, with a canonical `uri`.
+
+    Two spellings of the same source (`/abs/dir` and `file:///abs/dir`) get the same
+    canonical `uri`, which is what the weight cache keys on. Raises `InvalidRequest`
+    naming the accepted forms.
+    """
+    if not isinstance(source, str) or not source:
+        raise _invalid("the model source is empty")
+    if source != source.strip() or any(ch in source for ch in "\r\n\t\0"):
+        raise _invalid(f"the model source {source!r} contains whitespace or control characters")
+    if source.startswith("/"):
+        return _parse_local_path(source, source)
+    match = _SCHEME_RE.match(source)
+    if match is None:
+        raise _invalid(f"{source!r} is not a recognised model source (relative paths are refused)")
+    scheme = match.group(1).lower()
+    parser = _SCHEME_PARSERS.get(scheme)
+    if parser is None:
+        raise _invalid(f"unsupported model source scheme {scheme!r} in {source!r}")
+    return parser(source)
+
+
+def _parse_gguf(source: str) -> GgufSource:
+    rest = source[len("gguf:") :]
+    if not rest.lower().endswith(".gguf"):
+        raise _invalid(f"{source!r} must name a file ending in .gguf")
+    if rest.startswith("/"):
+        path = _normalize_abs(rest)
+        return GgufSource(uri=f"gguf:{path}", file=path)
+    package, slash, file = rest.partition("/")
+    if not slash:
+        raise _invalid(f"{source!r} must name the package and the file in it, or an absolute path")
+    if not _PACKAGE_RE.match(package):
+        raise _invalid(f"{package!r} in {source!r} is not an importable Python package name")
+    parts = PurePosixPath(file).parts
+    if file.startswith("/") or any(part in ("..", ".") for part in parts) or "//" in file:
+        raise _invalid(f"{source!r}: the file must be a plain path inside the package {package!r}")
+    return GgufSource(uri=f"gguf:{package}/{file}", file=file, package=package)
+
+
+def _parse_file_uri(source: str) -> LocalDirSource:
+    parts = urlsplit(source)
+    if parts.netloc not in ("", "localhost") or parts.query or parts.fragment:
+        raise _invalid(f"{source!r}: a file URI must look like file:///abs/dir (no host, no query)")
+    path = unquote(parts.path)
+    if not path.startswith("/"):
+        raise _invalid(f"{source!r}: a file URI needs an absolute path")
+    return _parse_local_path(source, path)
+
+
+def _parse_local_path(source: str, path: str) -> LocalDirSource:
+    if "\\" in path:
+        raise _invalid(f"{source!r}: use forward slashes in local paths")
+    normalized = _normalize_abs(path)
+    if normalized == "/":
+        raise _invalid(f"{source!r}: the root directory is not a model directory")
+    return LocalDirSource(uri=f"file://{normalized}", path=normalized)
+
+
+def _parse_fake(source: str) -> FakeSource:
+    rest = source[len("fake:") :]
+    if not rest.startswith("//") or len(rest) == 2:
+        raise _invalid(f"{source!r}: a fake model source looks like fake://<name>")
+    return FakeSource(uri=f"fake:{rest}", model=rest[2:])
+
+
+def _normalize_abs(path: str) -> str:
+    # normpath keeps a leading '//' (POSIX leaves it implementation-defined); fold it so
+    # both spellings key the same cache entry.
+    return "/" + posixpath.normpath(path).lstrip("/")
+
+
+_SCHEME_PARSERS: dict[str, Callable[[str], Source]] = {
+    "gguf": _parse_gguf,
+    "file": _parse_file_uri,
+    "fake": _parse_fake,
+}
+
+
+def _invalid(reason: str) -> InvalidRequest:
+    accepted = ", ".join(ACCEPTED_FORMS)
+    return InvalidRequest(f"{reason}; accepted model sources: {accepted}", param="source")

