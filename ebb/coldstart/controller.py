@@ -68,12 +68,17 @@ class Controller:
     async def run(self) -> None:
         log.info("coldstart: controller up (prewarm=%d)", self._settings.prewarm)
         await self._forget_previous_runners()
+        next_reconcile = 0.0
         while not self._stopping.is_set():
-            await self._state.wait_for_wake(self._settings.controller_poll_s)
             try:
-                await self.reconcile()
+                woken = await self._state.wait_for_wake(self._settings.controller_poll_s)
+                if woken or time.monotonic() >= next_reconcile:
+                    await self.reconcile()
+                    next_reconcile = time.monotonic() + self._settings.controller_poll_s
             except Exception:
+                # Redis restarting or a bug in one pass: log, breathe, and go on.
                 log.exception("coldstart: reconcile failed")
+                await asyncio.sleep(1.0)
         self._launcher.stop_all(grace_s=30.0)
 
     async def _forget_previous_runners(self) -> None:

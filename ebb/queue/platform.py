@@ -14,6 +14,7 @@ import msgspec
 import redis.asyncio as aioredis
 
 from ebb.queue import keys
+from ebb.queue.connection import MAX_BLOCK_S
 from ebb.queue.records import decode_runner, encode_runner, parse_cold_start
 from ebb.queue.schema import (
     ApiKeyRecord,
@@ -148,7 +149,7 @@ class PlatformState:
 
     async def wait_for_wake(self, timeout_s: float) -> set[str]:
         """Deployment names that asked for attention, waiting up to timeout_s for the first."""
-        first = await self.redis.blpop([keys.WAKE], timeout=timeout_s)
+        first = await self.redis.blpop([keys.WAKE], timeout=min(timeout_s, MAX_BLOCK_S))
         if not first:
             return set()
         pipe = self.redis.pipeline()

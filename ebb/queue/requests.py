@@ -10,11 +10,13 @@ that on the floor.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
 from ebb.queue import keys
+from ebb.queue.connection import MAX_BLOCK_S
 from ebb.queue.schema import Failed, RequestEvent, WorkItem, decode_event, encode
 from ebb.queue.scripts import Scripts
 
@@ -107,13 +109,17 @@ class EventReader:
 
     async def next(self, timeout_s: float) -> RequestEvent | None:
         """The next event, or None if none arrived within timeout_s."""
-        if not self._buffer:
-            block_ms = max(1, int(timeout_s * 1000))
+        deadline = time.monotonic() + timeout_s
+        while not self._buffer:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                return None
+            block_ms = max(1, int(min(remaining_s, MAX_BLOCK_S) * 1000))
             reply = await self._redis.xread(
                 {self._key: self._last_id}, count=_READ_BATCH, block=block_ms
             )
             if not reply:
-                return None
+                continue
             for entry_id, fields in reply[0][1]:
                 self._last_id = entry_id
                 try:

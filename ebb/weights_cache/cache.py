@@ -159,12 +159,18 @@ def _lookup(store: Store, job: _Job) -> tuple[LocalModel | None, str | None]:
     """(the published model, None) or (None, why there is no usable entry, if one exists)."""
     manifest = store.read(job.key)
     if manifest is None:
-        return None, None
+        exists = store.entry_dir(job.key).exists()
+        return None, ("its manifest is missing or unreadable" if exists else None)
     root = Path(manifest.root) if manifest.root else store.entry_dir(job.key)
     problem = missing_or_resized(root, manifest, check_mtime=job.backend.in_place)
     if problem is not None:
         return None, problem
-    return job.model(root, manifest, store.entry_dir(job.key)), None
+    try:
+        return job.model(root, manifest, store.entry_dir(job.key)), None
+    except WeightsError as e:
+        # Discarded under our feet, or a local config.json gone bad: rebuilding under
+        # the lock either finds the new entry or raises a precise error.
+        return None, e.message
 
 
 def _build(store: Store, job: _Job, problem: str | None, progress: Progress | None) -> LocalModel:
@@ -177,7 +183,8 @@ def _build(store: Store, job: _Job, problem: str | None, progress: Progress | No
             if not job.backend.in_place:
                 job.backend.fetch(job.source, staged, progress)
             check_hf_layout(root)
-            files = hash_files(root, model_files(root, exclude=(MANIFEST_NAME,)), progress)
+            names = model_files(root, exclude=(MANIFEST_NAME,))
+            files = hash_files(root, names, progress, durable=not job.backend.in_place)
             manifest = Manifest(
                 source=job.source.uri,
                 key=job.key,
@@ -188,8 +195,8 @@ def _build(store: Store, job: _Job, problem: str | None, progress: Progress | No
             )
             write_manifest(staged, manifest)
             _report(progress, "publish", 0.0)
-            if problem is not None:
-                store.discard(job.key, problem)
+            # A no-op unless a broken entry is in the way; rename cannot replace a full dir.
+            store.discard(job.key, problem or "replaced by a fresh build")
             entry = store.publish(job.key, staged)
     except EbbError:
         raise

@@ -118,9 +118,17 @@ def model_files(root: Path, *, exclude: Iterable[str] = ()) -> list[str]:
     return sorted(names)
 
 
-def hash_files(root: Path, names: list[str], progress: Progress | None, phase: str = "hash"):
-    """FileEntry for each name, hashing everything once; fsyncs as it reads, so that a
-    published entry survives a power cut."""
+def hash_files(
+    root: Path,
+    names: list[str],
+    progress: Progress | None,
+    *,
+    phase: str = "hash",
+    durable: bool = False,
+) -> tuple[FileEntry, ...]:
+    """FileEntry for each name, reading everything once. With `durable`, each file is also
+    fsynced as it is read, so an entry about to be published survives a power cut (files
+    used in place are not ours to sync, and may sit on a read-only mount)."""
     total = sum((root / name).stat().st_size for name in names) or 1
     done = 0
     entries = []
@@ -133,7 +141,8 @@ def hash_files(root: Path, names: list[str], progress: Progress | None, phase: s
                 digest.update(chunk)
                 done += len(chunk)
                 _report(progress, phase, min(done / total, 1.0))
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
             stat = os.fstat(f.fileno())
         entries.append(FileEntry(name, stat.st_size, digest.hexdigest(), stat.st_mtime_ns))
     _report(progress, phase, 1.0)

@@ -66,7 +66,7 @@ class Store:
         self._make_dirs()
         with open(self.locks_dir / f"{key}.lock", "a+") as f:
             try:
-                pass
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 logger.info("weights: waiting for another process preparing %s", key)
                 started = time.monotonic()

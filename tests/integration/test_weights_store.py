@@ -328,6 +328,19 @@ def test_truncated_store_file_is_rebuilt_by_ensure(tmp_path, fake_gguf):
     assert leftovers(cache_dir) == []
 
 
+def test_entry_with_an_unreadable_manifest_is_rebuilt(tmp_path, fake_gguf):
+    source, counter = fake_gguf
+    cache_dir = tmp_path / "cache"
+    model = ensure(source, cache_dir)
+    model.manifest_path.write_text("{not json")
+
+    rebuilt = ensure(source, cache_dir)
+
+    assert rebuilt.path == model.path
+    verify(rebuilt, full=True)
+    assert conversions(counter) == 2
+
+
 # --- several processes ---------------------------------------------------------------------
 
 
@@ -335,8 +348,10 @@ def _ensure_in_child(source: str, cache_dir: str, counter: str, barrier, results
     # Spawned children do not inherit the parent's monkeypatch: install the slow stand-in.
     gguf_source.convert_gguf = lambda g, d, p: counting_convert(Path(counter), 1.0, g, d, p)
     barrier.wait()
-    model = ensure(source, Path(cache_dir))
-    results.put(str(model.path))
+    try:
+        results.put(str(ensure(source, Path(cache_dir)).path))
+    except Exception as e:  # reported, so the parent fails fast instead of timing out
+        results.put(f"error: {e!r}")
 
 
 def test_concurrent_processes_convert_once(tmp_path, fake_gguf):
@@ -358,6 +373,7 @@ def test_concurrent_processes_convert_once(tmp_path, fake_gguf):
         worker.join(timeout=30)
         assert worker.exitcode == 0
 
+    assert not [p for p in paths if p.startswith("error")], paths
     assert conversions(counter) == 1
     assert len(set(paths)) == 1
     assert published(cache_dir) == [Path(paths[0]).name]

@@ -1,0 +1,204 @@
+"""VllmEngine on the default model (SmolLM2-135M-Instruct), through the EngineAdapter seam.
+
+One engine serves the whole module (loading costs ~10 s on 2 cores); every test leaves it
+with nothing running.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import pytest
+
+from ebb.queue.schema import ChoiceDelta, SamplingSpec
+from ebb.runners.engine import EngineOptions, EngineRequestError, StepOutput
+
+pytestmark = pytest.mark.e2e
+
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def engine(default_local_model):
+    from ebb.runners.engine_vllm import VllmEngine
+
+    options = EngineOptions(
+        model_path=default_local_model.path,
+        max_model_len=min(default_local_model.max_model_len, 2048),
+        max_num_seqs=8,
+        kv_cache_gib=1,
+    )
+    engine = VllmEngine.load(options)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(default_local_model):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(default_local_model.path)
+
+    def build(question: str) -> list[int]:
+        messages = [{"role": "user", "content": question}]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    return build
+
+
+@pytest.fixture(autouse=True)
+def _engine_left_idle(engine):
+    yield
+    assert not engine.has_unfinished()
+
+
+def drain(engine, max_steps: int = 400) -> dict[str, list[StepOutput]]:
+    """Step until the engine is idle; each request's outputs, in order."""
+    outputs: dict[str, list[StepOutput]] = defaultdict(list)
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            return outputs
+        for output in engine.step():
+            outputs[output.request_id].append(output)
+    raise AssertionError(f"engine still busy after {max_steps} steps")
+
+
+def run(engine, prompt: list[int], sampling: SamplingSpec, request_id: str) -> list[StepOutput]:
+    engine.add_request(request_id, prompt, sampling)
+    outputs = drain(engine)[request_id]
+    check_stream(outputs, len(prompt), sampling.n)
+    return outputs
+
+
+def check_stream(outputs: list[StepOutput], prompt_tokens: int, n: int) -> None:
+    """The contract every request's stream keeps, whatever its sampling."""
+    assert [o.finished for o in outputs] == [False] * (len(outputs) - 1) + [True]
+    assert all(o.prompt_tokens == prompt_tokens for o in outputs)
+    running = 0
+    finished_choices = []
+    for output in outputs:
+        assert output.choices, "a step output without new choices"
+        running += sum(d.token_count for d in output.choices)
+        assert output.completion_tokens == running
+        finished_choices += [d.index for d in output.choices if d.finish_reason]
+    assert sorted(finished_choices) == list(range(n))
+
+
+def choices(outputs: list[StepOutput]) -> dict[int, list[ChoiceDelta]]:
+    by_index: dict[int, list[ChoiceDelta]] = defaultdict(list)
+    for output in outputs:
+        for delta in output.choices:
+            by_index[delta.index].append(delta)
+    return by_index
+
+
+def text(deltas: list[ChoiceDelta]) -> str:
+    return "".join(d.text for d in deltas)
+
+
+def test_greedy_answer_names_paris(engine, prompt_ids):
+    prompt = prompt_ids(QUESTION)
+    outputs = run(engine, prompt, SamplingSpec(max_tokens=24, temperature=0.0), "paris")
+    deltas = choices(outputs)[0]
+    assert "Paris" in text(deltas)
+    assert deltas[-1].finish_reason == "stop"
+    assert all(d.finish_reason is None for d in deltas[:-1])
+    assert all(d.logprobs is None for d in deltas)
+    assert 0 < outputs[-1].completion_tokens < 24
+    assert outputs[-1].completion_tokens == sum(d.token_count for d in deltas)
+
+
+def test_max_tokens_ends_with_length(engine, prompt_ids):
+    prompt = prompt_ids("Write a long poem about the sea.")
+    outputs = run(engine, prompt, SamplingSpec(max_tokens=5, temperature=0.0), "length")
+    deltas = choices(outputs)[0]
+    assert deltas[-1].finish_reason == "length"
+    assert outputs[-1].completion_tokens == 5
+    assert text(deltas)
+
+
+def test_n_choices_arrive_under_one_request(engine, prompt_ids):
+    prompt = prompt_ids("Tell me a fun fact.")
+    sampling = SamplingSpec(max_tokens=6, temperature=1.0, n=2, seed=7)
+    outputs = run(engine, prompt, sampling, "two")
+    by_index = choices(outputs)
+    assert sorted(by_index) == [0, 1]
+    for deltas in by_index.values():
+        assert deltas[-1].finish_reason in ("stop", "length")
+    per_choice = [sum(d.token_count for d in by_index[i]) for i in (0, 1)]
+    assert outputs[-1].completion_tokens == sum(per_choice)
+
+
+def test_logprobs_have_top_alternatives(engine, prompt_ids):
+    prompt = prompt_ids(QUESTION)
+    sampling = SamplingSpec(max_tokens=4, temperature=0.0, logprobs=2)
+    deltas = choices(run(engine, prompt, sampling, "logprobs"))[0]
+    tokens = [lp for d in deltas for lp in (d.logprobs or [])]
+    assert len(tokens) == sum(d.token_count for d in deltas) == 4
+    for token in tokens:
+        assert token.logprob <= 0.0
+        assert token.bytes == list(token.token.encode("utf-8"))
+        assert len(token.top) == 2
+        assert token.top[0].logprob >= token.top[1].logprob
+        assert all(alt.bytes == list(alt.token.encode("utf-8")) for alt in token.top)
+        # Greedy: the sampled token is (one of) the most likely.
+        assert token.logprob == pytest.approx(token.top[0].logprob, abs=1e-4)
+    assert "".join(t.token for t in tokens) == text(deltas)
+
+
+def test_json_object_output_parses(engine, prompt_ids):
+    prompt = prompt_ids('Answer in JSON with the key "capital": ' + QUESTION)
+    sampling = SamplingSpec(max_tokens=48, temperature=0.0, json_object=True)
+    deltas = choices(run(engine, prompt, sampling, "json"))[0]
+    assert deltas[-1].finish_reason == "stop"
+    assert isinstance(json.loads(text(deltas)), dict)
+
+
+def test_json_schema_is_followed(engine, prompt_ids):
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    prompt = prompt_ids("Answer in JSON: " + QUESTION)
+    sampling = SamplingSpec(max_tokens=32, temperature=0.0, json_schema=schema)
+    deltas = choices(run(engine, prompt, sampling, "schema"))[0]
+    assert deltas[-1].finish_reason == "stop"
+    assert list(json.loads(text(deltas))) == ["city"]
+
+
+def test_stop_string_is_excluded(engine, prompt_ids):
+    prompt = prompt_ids(QUESTION)
+    sampling = SamplingSpec(max_tokens=24, temperature=0.0, stop=["Paris"])
+    deltas = choices(run(engine, prompt, sampling, "stop"))[0]
+    assert deltas[-1].finish_reason == "stop"
+    assert "Paris" not in text(deltas)
+    assert "France" in text(deltas)
+
+
+def test_abort_frees_the_request(engine, prompt_ids):
+    prompt = prompt_ids("Write a long poem about the sea.")
+    engine.add_request("doomed", prompt, SamplingSpec(max_tokens=200, temperature=0.0))
+    engine.add_request("kept", prompt, SamplingSpec(max_tokens=3, temperature=0.0))
+    for _ in range(3):
+        engine.step()
+    engine.abort(["doomed", "never-seen"])
+    engine.abort(["doomed"])
+    outputs = drain(engine)
+    assert "doomed" not in outputs
+    assert not engine.has_unfinished()
+
+
+def test_invalid_sampling_is_a_request_error(engine, prompt_ids):
+    prompt = prompt_ids(QUESTION)
+    with pytest.raises(EngineRequestError, match="greedy"):
+        engine.add_request("greedy-n", prompt, SamplingSpec(max_tokens=4, temperature=0.0, n=2))
+    with pytest.raises(EngineRequestError):
+        engine.add_request("too-long", prompt * 200, SamplingSpec(max_tokens=4))
+    assert not engine.has_unfinished()
+    # The engine still serves after refusing.
+    outputs = run(engine, prompt, SamplingSpec(max_tokens=2, temperature=0.0), "after")
+    assert outputs[-1].completion_tokens == 2

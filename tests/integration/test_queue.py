@@ -1,0 +1,232 @@
+"""The queue's atomic state changes against a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+
+import msgspec
+import pytest
+import redis
+from support import wait_until
+
+from ebb.queue import keys
+from ebb.queue.connection import async_client, sync_client
+from ebb.queue.platform import PlatformState
+from ebb.queue.requests import QueueFull, RequestQueue
+from ebb.queue.runner_side import RunnerQueue
+from ebb.queue.schema import (
+    Claimed,
+    Failed,
+    Finished,
+    SamplingSpec,
+    UsageRecord,
+    WorkItem,
+)
+
+pytestmark = pytest.mark.integration
+
+DEP = "dep-a"
+
+
+def work(i: int | str) -> WorkItem:
+    return WorkItem(
+        request_id=f"req-{i}",
+        deployment=DEP,
+        prompt_token_ids=[1, 2, 3],
+        sampling=SamplingSpec(max_tokens=4),
+    )
+
+
+def runner_queue(url: str, runner_id: str, lease_ttl_s: float = 5.0) -> RunnerQueue:
+    return RunnerQueue(sync_client(url), runner_id, lease_ttl_s=lease_ttl_s, result_ttl_s=60)
+
+
+async def test_claim_withdraw_race_every_request_runs_once_or_is_refused(redis_url):
+    """Many withdraws race many claims: each request is claimed xor withdrawn."""
+    client = async_client(redis_url)
+    queue = RequestQueue(client, request_ttl_s=60)
+    items = [work(i) for i in range(400)]
+    for item in items:
+        await queue.enqueue(item, admission_window_s=60, depth_limit=10_000)
+
+    claimed: dict[str, list[str]] = {}
+    go, stop = threading.Event(), threading.Event()
+
+    def claimer(runner_id: str) -> None:
+        rq = runner_queue(redis_url, runner_id)
+        mine = claimed.setdefault(runner_id, [])
+        go.wait()
+        while not stop.is_set():
+            mine += [w.request_id for w in rq.claim(DEP, random.randint(1, 5)).claimed]
+
+    threads = [threading.Thread(target=claimer, args=(f"r{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+
+    async def withdraw(item: WorkItem) -> bool:
+        ok = await queue.withdraw(item)
+        go.set()  # claimers start once withdraws are flowing, so the two interleave
+        return ok
+
+    order = random.sample(items, len(items))
+    results = await asyncio.gather(*(withdraw(item) for item in order))
+    withdrawn = dict(zip((i.request_id for i in order), results, strict=True))
+    # Whatever the withdraws left in the queue is claimed before the claimers stop.
+    wait_until(
+        lambda: redis.Redis.from_url(redis_url).zcard(keys.queue(DEP)) == 0,
+        10,
+        "the queue to empty",
+    )
+    stop.set()
+    for t in threads:
+        t.join()
+
+    all_claims = [rid for ids in claimed.values() for rid in ids]
+    assert len(all_claims) == len(set(all_claims)), "a request was claimed twice"
+    claimed_ids = set(all_claims)
+    withdrawn_ids = {request_id for request_id, ok in withdrawn.items() if ok}
+    assert not claimed_ids & withdrawn_ids, "a request was both claimed and withdrawn"
+    assert claimed_ids | withdrawn_ids == {item.request_id for item in items}
+    assert claimed_ids and withdrawn_ids, "the race did not interleave; make it harder"
+    for item in items:
+        state = (await queue.request_state(item.request_id))["state"]
+        assert state == ("withdrawn" if withdrawn[item.request_id] else "claimed")
+    await client.aclose()
+
+
+async def test_claim_after_deadline_expires_the_request_instead(redis_url):
+    client = async_client(redis_url)
+    queue = RequestQueue(client, request_ttl_s=60)
+    item = work("late")
+    admission = await queue.enqueue(item, admission_window_s=0.05, depth_limit=10)
+    r = redis.Redis.from_url(redis_url)
+    wait_until(lambda: _redis_now_ms(r) > admission.deadline_ms, 5, "the deadline to pass")
+    rq = runner_queue(redis_url, "r1")
+    assert rq.claim(DEP, 1).claimed == []
+    assert _state(redis_url, item) == "expired"
+    assert await queue.withdraw(item), "an expired request must be withdrawable (503)"
+    await client.aclose()
+
+
+async def test_queue_full_refuses_at_once(redis_url):
+    client = async_client(redis_url)
+    queue = RequestQueue(client, request_ttl_s=60)
+    await queue.enqueue(work(1), admission_window_s=10, depth_limit=2)
+    await queue.enqueue(work(2), admission_window_s=10, depth_limit=2)
+    with pytest.raises(QueueFull):
+        await queue.enqueue(work(3), admission_window_s=10, depth_limit=2)
+    assert await queue.depth(DEP) == 2
+    await client.aclose()
+
+
+async def test_lease_expiry_ends_the_request_with_runner_lost(redis_url):
+    client = async_client(redis_url)
+    queue = RequestQueue(client, request_ttl_s=60)
+    state = PlatformState(client)
+    item = work("lost")
+    await queue.enqueue(item, admission_window_s=10, depth_limit=10)
+    rq = runner_queue(redis_url, "r-dead", lease_ttl_s=1.0)
+    assert [w.request_id for w in rq.claim(DEP, 1).claimed] == [item.request_id]
+    reader = queue.events(item.request_id)
+    assert isinstance(await reader.next(1), Claimed)
+    # The runner never heartbeats: its lease runs out and the reaper reports the loss.
+    reaped: list[str] = []
+
+    async def reap_until_expired():
+        while item.request_id not in reaped:
+            reaped.extend(await state.reap_expired_leases())
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(reap_until_expired(), 10)
+    event = await reader.next(1)
+    assert isinstance(event, Failed) and event.code == "runner_lost"
+    # A late finish from the lost runner is refused: the client was already told.
+    assert not rq.finish(
+        item, state="finished", event=Finished(3, 4), prompt_tokens=3, completion_tokens=4
+    )
+    assert redis.Redis.from_url(redis_url).xlen(keys.USAGE) == 0
+    await client.aclose()
+
+
+async def test_heartbeat_keeps_a_lease_alive(redis_url):
+    client = async_client(redis_url)
+    queue = RequestQueue(client, request_ttl_s=60)
+    state = PlatformState(client)
+    item = work("alive")
+    await queue.enqueue(item, admission_window_s=10, depth_limit=10)
+    rq = runner_queue(redis_url, "r-live", lease_ttl_s=1.0)
+    rq.claim(DEP, 1)
+    r = redis.Redis.from_url(redis_url)
+    first_expiry = r.zscore(keys.LEASES, item.request_id)
+    wait_until(
+        lambda: (
+            rq.heartbeat([item.request_id]) or r.zscore(keys.LEASES, item.request_id) > first_expiry
+        ),
+        5,
+        "the lease to move",
+    )
+    assert item.request_id not in await state.reap_expired_leases()
+    assert _state(redis_url, item) == "claimed"
+    await client.aclose()
+
+
+async def test_cancel_withdraws_queued_and_aborts_running(redis_url):
+    client = async_client(redis_url)
+    queue = RequestQueue(client, request_ttl_s=60)
+    queued, running = work("q"), work("r")
+    await queue.enqueue(running, admission_window_s=10, depth_limit=10)
+    rq = runner_queue(redis_url, "r1")
+    assert rq.claim(DEP, 1).claimed[0].request_id == running.request_id
+    await queue.enqueue(queued, admission_window_s=10, depth_limit=10)
+
+    assert await queue.cancel(queued) == "withdrawn"
+    assert await queue.cancel(running) == "aborting"
+    result = rq.claim(DEP, 5)
+    assert result.claimed == [], "a cancelled queued request must never be claimed"
+    assert result.cancelled == [running.request_id]
+    assert rq.finish(
+        running,
+        state="cancelled",
+        event=Failed("cancelled", "cancelled"),
+        prompt_tokens=3,
+        completion_tokens=2,
+    )
+    assert await queue.cancel(running) == "none"
+
+
+async def test_finish_records_usage_exactly_once(redis_url):
+    client = async_client(redis_url)
+    queue = RequestQueue(client, request_ttl_s=60)
+    item = work("once")
+    await queue.enqueue(item, admission_window_s=10, depth_limit=10)
+    rq = runner_queue(redis_url, "r1")
+    rq.claim(DEP, 1)
+    for _ in range(3):  # a retried finish (say, after a Redis timeout) bills nothing more
+        rq.finish(
+            item, state="finished", event=Finished(3, 4), prompt_tokens=3, completion_tokens=4
+        )
+    entries = redis.Redis.from_url(redis_url).xrange(keys.USAGE)
+    assert len(entries) == 1
+    record = msgspec.json.decode(entries[0][1][b"r"], type=UsageRecord)
+    assert (record.request_id, record.prompt_tokens, record.completion_tokens) == (
+        item.request_id,
+        3,
+        4,
+    )
+    reader = queue.events(item.request_id)
+    events = [await reader.next(1) for _ in range(2)]
+    assert isinstance(events[0], Claimed) and events[1] == Finished(3, 4)
+    assert await reader.next(0.1) is None, "exactly one terminal event"
+    await client.aclose()
+
+
+def _state(url: str, item: WorkItem) -> str:
+    raw = redis.Redis.from_url(url).hget(keys.request(item.request_id), "state")
+    return raw.decode() if raw else ""
+
+
+def _redis_now_ms(r: redis.Redis) -> int:
+    seconds, micros = r.time()
+    return seconds * 1000 + micros // 1000
