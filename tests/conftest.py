@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-# Converted weights survive between local runs (the directory is git-ignored), so only the
-# first run on a machine pays for the GGUF -> safetensors conversion.
-TEST_WEIGHTS_DIR = REPO_ROOT / ".ebb" / "test-weights"
+from support import TEST_WEIGHTS_DIR
 
 
 @pytest.fixture(scope="session")

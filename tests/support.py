@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -17,6 +18,9 @@ import httpx
 import redis
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# Converted weights survive between local runs (the directory is git-ignored), so only the
+# first run on a machine pays for the GGUF -> safetensors conversion.
+TEST_WEIGHTS_DIR = REPO_ROOT / ".ebb" / "test-weights"
 
 
 def free_port() -> int:
@@ -133,7 +137,7 @@ class Platform:
     def _ready(self) -> bool:
         if self.proc.poll() is not None:
             raise AssertionError(f"ebb up exited early:\n{self.log_path.read_text()[-4000:]}")
-        return b"ready:" in self.log_path.read_bytes()
+        return re.search(rb"^ready: http", self.log_path.read_bytes(), re.MULTILINE) is not None
 
     def stop(self, timeout_s: float = 60) -> int:
         if self.proc is None or self.proc.poll() is not None:

@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 _SILENT_LEASES = 3
 # Exited and failed runner records stay visible this long (ebb status, the console).
 _FORGET_AFTER_S = 300.0
+# A runner in these states is on its way to serving (a PREWARMED one with a deployment was
+# just assigned).
+_STARTING_STATES = (RunnerState.STARTING, RunnerState.PREWARMED, RunnerState.LOADING)
 # Consecutive failed starts after which a deployment shows an error state.
 MAX_START_FAILURES = 3
 
@@ -157,10 +160,7 @@ class Controller:
 
     async def _scale(self, spec: DeploymentSpec, runners: list[RunnerRecord]) -> None:
         queue = await self._state.queue_snapshot(spec.name)
-        starting = sum(
-            r.state in (RunnerState.STARTING, RunnerState.PREWARMED, RunnerState.LOADING)
-            for r in runners
-        )
+        starting = sum(r.state in _STARTING_STATES for r in runners)
         ready = sum(r.state is RunnerState.READY for r in runners)
         snap = DemandSnapshot(
             queue_depth=queue.depth,
@@ -200,6 +200,10 @@ class Controller:
         await self._launch(deployment, tier="fresh")
 
     async def _refill_pool(self, runners: list[RunnerRecord]) -> None:
+        # A new stem's imports compete for the same cores as a model that is loading to
+        # serve a waiting request: refill only once no runner is starting for real work.
+        if any(r.deployment and r.state in _STARTING_STATES for r in runners):
+            return
         stems = sum(
             r.deployment == "" and r.state in (RunnerState.STARTING, RunnerState.PREWARMED)
             for r in runners

@@ -47,6 +47,7 @@ def child_environment(settings: Settings) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         EBB_HOME=str(settings.home.resolve()),
+        EBB_WEIGHTS_CACHE_DIR=str(settings.weights_dir.resolve()),
         EBB_REDIS_URL=settings.redis_url or "",
         EBB_LEASE_TTL_S=str(settings.lease_ttl_s),
         EBB_HEARTBEAT_INTERVAL_S=str(settings.heartbeat_interval_s),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import redis
 import redis.asyncio as aioredis
 
-
 # In-flight requests one frontdoor process can follow at once.
 ASYNC_POOL_MAX = 8192
 # A reply slower than this means Redis is gone. Every blocking command (BLPOP, XREAD

@@ -21,7 +21,10 @@ from ebb.runners.engine import EngineOptions, EngineRequestError, StepOutput
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.logprobs import Logprob
     from vllm.outputs import CompletionOutput, RequestOutput
+    from vllm.sampling_params import StructuredOutputsParams
     from vllm.v1.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
@@ -37,6 +40,11 @@ _PRELOAD_ENV = {
     # Weights are always a local directory; a hub lookup can only stall on an offline host.
     "HF_HUB_OFFLINE": "1",
 }
+
+# A step that produces nothing has (nearly always) run nothing: its requests wait on a
+# structured-output grammar that vLLM compiles in a worker thread. A caller looping on step()
+# would spin a core, and the GIL, against that thread; a short pause lets it finish sooner.
+_EMPTY_STEP_PAUSE_S = 0.001
 
 _preloaded = False
 
@@ -95,7 +103,7 @@ def _inspect_models_in_process() -> None:
     registry._run_in_subprocess = _call_here
 
 
-def _engine_args(options: EngineOptions, cuda: bool) -> Any:
+def _engine_args(options: EngineOptions, cuda: bool) -> EngineArgs:
     from vllm.engine.arg_utils import EngineArgs
 
     if options.model_path is None:
@@ -112,7 +120,7 @@ def _engine_args(options: EngineOptions, cuda: bool) -> Any:
     )
 
 
-def _structured_outputs(spec: SamplingSpec) -> Any:
+def _structured_outputs(spec: SamplingSpec) -> StructuredOutputsParams | None:
     from vllm.sampling_params import StructuredOutputsParams
 
     if spec.json_schema is not None:
@@ -169,11 +177,11 @@ def _token_logprobs(completion: CompletionOutput, top_k: int) -> list[TokenLogpr
     return result
 
 
-def _text(logprob: Any) -> str:
+def _text(logprob: Logprob) -> str:
     return logprob.decoded_token or ""
 
 
-def _utf8(logprob: Any) -> list[int]:
+def _utf8(logprob: Logprob) -> list[int]:
     return list(_text(logprob).encode("utf-8"))
 
 
@@ -253,8 +261,11 @@ class VllmEngine:
         RequestOutput per child that produced output, all under the parent's id and each
         holding one CompletionOutput; only the last child to finish carries finished=True.
         """
+        outputs = self._engine.step()
+        if not outputs:
+            time.sleep(_EMPTY_STEP_PAUSE_S)
         grouped: dict[str, tuple[list[ChoiceDelta], bool]] = {}
-        for output in self._engine.step():
+        for output in outputs:
             request = self._requests.get(output.request_id)
             if request is None:
                 continue  # aborted while this step ran

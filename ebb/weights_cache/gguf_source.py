@@ -116,7 +116,7 @@ def convert_gguf(gguf_path: Path, dest: Path, progress: Progress | None) -> None
         _write_weights(model, dest)
         _report(progress, 0.9)
         _write_config(model, dest)
-        _write_tokenizer(tokenizer, model.config.max_position_embeddings, dest)
+        _write_tokenizer(tokenizer, max_model_len(model.config.to_dict(), dest), dest)
     except WeightsError:
         raise
     except Exception as e:

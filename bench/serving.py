@@ -1,0 +1,184 @@
+"""Serving benchmark: ebb against vLLM's own OpenAI server, same model, same machine, same run.
+
+    .venv/bin/python -m bench.serving [--levels 1 8 32] [--requests 64] [--max-tokens 32]
+
+Both servers run the default model (SmolLM2-135M-Instruct) in eager mode with the same KV
+cache. They are measured alternately, level by level, so machine noise hits both alike;
+each is idle while the other is measured. Prints requests/s, output tokens/s and median
+time to first token per level, and ebb's ratios to vLLM. Results go to bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.loadgen import LevelResult, run_level
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from support import TEST_WEIGHTS_DIR, Platform, free_port, temp_home, wait_until  # noqa: E402
+
+from ebb.config import DEFAULT_MODEL_SOURCE  # noqa: E402
+from ebb.weights_cache import ensure  # noqa: E402
+
+MAX_MODEL_LEN = 2048
+KV_CACHE_GIB = "1"
+
+
+def start_vllm_server(model_dir: Path, port: int, log_path: Path) -> subprocess.Popen:
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=KV_CACHE_GIB)
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        "smol",
+        "--enforce-eager",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--max-num-seqs",
+        "32",
+    ]
+    log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the server
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM server exited; see {log_path}")
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, 600, "vLLM's server to answer", poll_s=0.5)
+    return proc
+
+
+def start_ebb(home: Path) -> Platform:
+    platform = Platform(
+        home=home,
+        redis_url=None,
+        default_model=False,
+        env_extra={
+            "EBB_WEIGHTS_CACHE_DIR": str(TEST_WEIGHTS_DIR),
+            "EBB_KV_CACHE_GIB": KV_CACHE_GIB,
+        },
+    ).start()
+    with platform.admin() as admin:
+        created = admin.post(
+            "/v1/deployments",
+            json={
+                "name": "smol",
+                "source": DEFAULT_MODEL_SOURCE,
+                "min_replicas": 1,
+                "max_concurrency": 32,
+                "max_model_len": MAX_MODEL_LEN,
+                "idle_timeout_s": 3600,
+            },
+        )
+        created.raise_for_status()
+        wait_until(
+            lambda: admin.get("/v1/deployments/smol").json()["status"] == "ready",
+            600,
+            "ebb's runner to be ready",
+            poll_s=0.5,
+        )
+    return platform
+
+
+def _warm(base_url: str, key: str) -> None:
+    asyncio.run(run_level(base_url, key, "smol", concurrency=2, requests=4, max_tokens=8))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument(
+        "--requests", type=int, default=64, help="requests per level (at least 2x the concurrency)"
+    )
+    parser.add_argument("--max-tokens", type=int, default=32)
+    args = parser.parse_args()
+
+    model = ensure(DEFAULT_MODEL_SOURCE, TEST_WEIGHTS_DIR)
+    work = temp_home("ebb-bench-")
+    vllm_port = free_port()
+    vllm = start_vllm_server(model.path, vllm_port, work / "vllm-server.log")
+    ebb = start_ebb(work / "ebb")
+    targets = {
+        "vllm": (f"http://127.0.0.1:{vllm_port}/v1", "none"),
+        "ebb": (ebb.base_url + "/v1", ebb.admin_key),
+    }
+    results: dict[str, list[LevelResult]] = {"vllm": [], "ebb": []}
+    try:
+        for base_url, key in targets.values():
+            _warm(base_url, key)
+        for level in args.levels:
+            requests = max(args.requests, 2 * level)
+            order = ["vllm", "ebb"] if level % 2 else ["ebb", "vllm"]
+            for name in order:
+                base_url, key = targets[name]
+                results[name].append(
+                    asyncio.run(
+                        run_level(
+                            base_url,
+                            key,
+                            "smol",
+                            concurrency=level,
+                            requests=requests,
+                            max_tokens=args.max_tokens,
+                        )
+                    )
+                )
+    finally:
+        ebb.stop()
+        vllm.terminate()
+        vllm.wait(timeout=60)
+    report(results, args)
+
+
+def report(results: dict[str, list[LevelResult]], args: argparse.Namespace) -> None:
+    rows = []
+    print(
+        f"{'conc':>4} | {'vLLM req/s':>10} {'ebb req/s':>10} {'ratio':>6} | "
+        f"{'vLLM tok/s':>10} {'ebb tok/s':>10} | {'vLLM TTFT':>9} {'ebb TTFT':>9} {'Δ ms':>7}"
+    )
+    for v, e in zip(results["vllm"], results["ebb"], strict=True):
+        row = {
+            "concurrency": v.concurrency,
+            "vllm": v.summary(),
+            "ebb": e.summary(),
+            "throughput_ratio": round(e.requests_per_s / v.requests_per_s, 3),
+            "ttft_delta_ms": round(e.median_ttft_ms - v.median_ttft_ms, 1),
+        }
+        rows.append(row)
+        print(
+            f"{v.concurrency:>4} | {v.requests_per_s:>10.2f} {e.requests_per_s:>10.2f} "
+            f"{row['throughput_ratio']:>6.2f} | {v.output_tokens_per_s:>10.1f} "
+            f"{e.output_tokens_per_s:>10.1f} | {v.median_ttft_ms:>8.0f}ms "
+            f"{e.median_ttft_ms:>8.0f}ms {row['ttft_delta_ms']:>+7.1f}"
+        )
+    out = REPO / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"serving-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps({"args": vars(args), "levels": rows}, indent=2))
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()

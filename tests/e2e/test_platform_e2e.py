@@ -1,0 +1,185 @@
+"""The real platform end to end: `ebb up` with the default model on the real vLLM engine,
+driven by the official `openai` client and plain HTTP."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+import redis
+from support import TEST_WEIGHTS_DIR, Platform, temp_home, wait_until
+
+from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE
+from ebb.queue import keys
+
+pytestmark = pytest.mark.e2e
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def platform(default_local_model):
+    # The weight cache converted once for the session is shared; the rest is fresh.
+    p = Platform(
+        home=temp_home("ebb-e2e-"),
+        redis_url=None,
+        default_model=True,
+        env_extra={"EBB_PREWARM": "1", "EBB_WEIGHTS_CACHE_DIR": str(TEST_WEIGHTS_DIR)},
+    ).start(timeout_s=600)
+    yield p
+    assert p.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def admin(platform):
+    with platform.admin() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def client(platform):
+    return platform.openai(timeout=120)
+
+
+@pytest.fixture(scope="module")
+def platform_redis(platform):
+    run_info = json.loads((platform.home / "run.json").read_text())
+    return redis.Redis.from_url(run_info["redis_url"])
+
+
+def deployment(admin: httpx.Client, name: str) -> dict:
+    return admin.get(f"/v1/deployments/{name}").json()
+
+
+def test_models_list_has_the_default_model(client):
+    assert DEFAULT_MODEL_NAME in [m.id for m in client.models.list().data]
+
+
+def test_paris_non_streamed_from_zero(client, admin):
+    reply = client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME, messages=QUESTION, temperature=0, max_tokens=32
+    )
+    assert "Paris" in reply.choices[0].message.content
+    assert reply.usage.completion_tokens > 0
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    runners = deployment(admin, DEFAULT_MODEL_NAME)["runners"]
+    assert [r["tier"] for r in runners if r["state"] == "ready"] == ["prewarmed"], (
+        "the first request at zero must be served by the pre-warmed stem"
+    )
+
+
+def test_paris_streamed_with_usage(client):
+    stream = client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME,
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=32,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "Paris" in text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+
+def test_json_mode_returns_parseable_json(client):
+    reply = client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME,
+        messages=[{"role": "user", "content": "Give the capital of France as JSON."}],
+        temperature=0,
+        max_tokens=256,
+        response_format={"type": "json_object"},
+    )
+    assert isinstance(json.loads(reply.choices[0].message.content), dict)
+
+
+def test_json_schema_is_followed(client):
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    reply = client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME,
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=256,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "answer", "schema": schema},
+        },
+    )
+    assert set(json.loads(reply.choices[0].message.content)) == {"city"}
+
+
+def test_completions_with_logprobs_and_stop(client):
+    reply = client.completions.create(
+        model=DEFAULT_MODEL_NAME,
+        prompt="The capital of France is",
+        max_tokens=8,
+        temperature=0,
+        logprobs=2,
+        stop=["."],
+    )
+    choice = reply.choices[0]
+    assert "." not in choice.text
+    assert len(choice.logprobs.tokens) == reply.usage.completion_tokens
+    assert all(len(top) <= 2 for top in choice.logprobs.top_logprobs)
+
+
+def test_scale_from_zero_and_back_to_zero(client, admin):
+    created = admin.post(
+        "/v1/deployments",
+        json={
+            "name": "smol-brief",
+            "source": DEFAULT_MODEL_SOURCE,
+            "idle_timeout_s": 3,
+        },
+    )
+    assert created.status_code == 201, created.text
+    assert deployment(admin, "smol-brief")["status"] == "scaled_to_zero"
+    reply = client.chat.completions.create(
+        model="smol-brief", messages=QUESTION, temperature=0, max_tokens=24
+    )
+    assert "Paris" in reply.choices[0].message.content
+    view = wait_until(
+        lambda: (d := deployment(admin, "smol-brief"))["status"] == "scaled_to_zero" and d,
+        120,
+        "the runner to drain after its idle timeout",
+    )
+    assert {r["state"] for r in view["runners"]} == {"exited"}
+
+
+def test_runner_not_ready_in_time_gives_503_and_the_request_never_runs(
+    client, admin, platform_redis
+):
+    # A real engine cannot load in 1 s: the request must be refused, not run late.
+    created = admin.post(
+        "/v1/deployments",
+        json={
+            "name": "smol-impatient",
+            "source": DEFAULT_MODEL_SOURCE,
+            "admission_timeout_s": 1,
+            "idle_timeout_s": 5,
+        },
+    )
+    assert created.status_code == 201, created.text
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.chat.completions.create(model="smol-impatient", messages=QUESTION, max_tokens=8)
+    assert refused.value.status_code == 503
+    assert int(refused.value.response.headers["retry-after"]) >= 1
+    request_id = refused.value.response.headers["x-request-id"]
+    wait_until(
+        lambda: deployment(admin, "smol-impatient")["status"] == "ready",
+        180,
+        "the runner to become ready after the refusal",
+    )
+    # The runner claims from the moment it is ready; the refused request is not there.
+    assert platform_redis.hget(keys.request(request_id), "state") == b"withdrawn"
+    assert platform_redis.zcard(keys.queue("smol-impatient")) == 0
+    usage = admin.get("/v1/usage").json()
+    assert "smol-impatient" not in [row["deployment"] for row in usage["data"]]

@@ -1,0 +1,59 @@
+"""Retry-After estimates and the error taxonomy's HTTP shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from ebb.errors import CapacityError, InvalidRequest, NotFound, RateLimited
+from ebb.frontdoor.admission import DEFAULT_COLD_START_S, retry_after_s
+
+
+def test_retry_soon_when_a_runner_is_ready():
+    assert retry_after_s(ready_runners=1, cold_starts_ms={}, stems_available=False) == 1
+
+
+def test_retry_after_the_measured_cold_start_of_the_tier_it_will_get():
+    measured = {"prewarmed": {"total": 2400.0}, "fresh": {"total": 12600.0}}
+    assert retry_after_s(ready_runners=0, cold_starts_ms=measured, stems_available=True) == 3
+    assert retry_after_s(ready_runners=0, cold_starts_ms=measured, stems_available=False) == 13
+
+
+def test_time_already_waited_counts_toward_the_cold_start():
+    measured = {"fresh": {"total": 12600.0}}
+    assert (
+        retry_after_s(
+            ready_runners=0, cold_starts_ms=measured, stems_available=False, waited_s=10.0
+        )
+        == 3
+    )
+    assert (
+        retry_after_s(
+            ready_runners=0, cold_starts_ms=measured, stems_available=False, waited_s=60.0
+        )
+        == 1
+    )
+
+
+def test_without_measurements_the_default_estimate_is_used():
+    assert retry_after_s(ready_runners=0, cold_starts_ms={}, stems_available=True) == int(
+        DEFAULT_COLD_START_S
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "kind", "retryable"),
+    [
+        (InvalidRequest("bad", param="n"), 400, "invalid_request_error", False),
+        (NotFound("gone"), 404, "invalid_request_error", False),
+        (RateLimited("slow down", retry_after_s=3), 429, "rate_limit_error", True),
+        (CapacityError("busy", retry_after_s=5), 503, "server_error", True),
+    ],
+)
+def test_errors_map_to_status_and_openai_shape(error, status, kind, retryable):
+    body = error.to_body()["error"]
+    assert error.status_code == status and error.retryable is retryable
+    assert (
+        body["type"] == kind
+        and body["message"]
+        and set(body) == {"message", "type", "param", "code"}
+    )
