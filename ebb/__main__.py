@@ -1,3 +1,3 @@
-from ebb.cli import main
+from ebb.cli.main import main
 
 main()

@@ -7,7 +7,9 @@ import sys
 
 import typer
 
-from ebb.cli_ops import deployments_app, keys_app, register_ops
+from ebb.cli.deployments import deploy, deployments_app, scale, status
+from ebb.cli.keys import keys_app
+from ebb.cli.usage import usage
 from ebb.config import Settings
 
 app = typer.Typer(
@@ -18,7 +20,8 @@ app = typer.Typer(
 )
 app.add_typer(keys_app, name="keys")
 app.add_typer(deployments_app, name="deployments")
-register_ops(app)
+for command in (deploy, scale, status, usage):
+    app.command()(command)
 
 
 def _logging() -> None:

@@ -1,62 +1,15 @@
-"""CLI commands that operate a running platform through its HTTP API (admin key).
-
-Exit codes scripts can trust: 0 success, 1 the platform refused (the message says why),
-2 bad usage, 3 the platform could not be reached.
-"""
+"""CLI: deploy, list, scale and remove deployments; platform status."""
 
 from __future__ import annotations
 
-import json
 import time
-from typing import Any
 
-import httpx
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from ebb.config import Settings
-from ebb.home import resolve_admin_key
+from ebb.cli.api import EXIT_REFUSED, Api, JsonOpt, console, err_console, print_json
 
-console = Console()
-err_console = Console(stderr=True)
-
-EXIT_REFUSED = 1
-EXIT_UNREACHABLE = 3
-
-keys_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
 deployments_app = typer.Typer(help="List deployments, or remove one.", invoke_without_command=True)
-
-JsonOpt = typer.Option(False, "--json", help="Print the API's JSON instead of a table.")
-
-
-class Api:
-    def __init__(self) -> None:
-        settings = Settings()
-        self.base_url = settings.base_url
-        self._headers = {"Authorization": f"Bearer {resolve_admin_key(settings)}"}
-
-    def call(self, method: str, path: str, **kwargs: Any) -> dict:
-        try:
-            response = httpx.request(
-                method, self.base_url + path, headers=self._headers, timeout=60, **kwargs
-            )
-        except httpx.HTTPError as e:
-            err_console.print(
-                f"[red]cannot reach ebb at {self.base_url}: {e}. "
-                "Is 'ebb up' running (EBB_HOST/EBB_PORT)?"
-            )
-            raise typer.Exit(EXIT_UNREACHABLE) from e
-        body = response.json() if response.content else {}
-        if response.status_code >= 400:
-            message = body.get("error", {}).get("message", response.text)
-            err_console.print(f"[red]error {response.status_code}:[/] {message}")
-            raise typer.Exit(EXIT_REFUSED)
-        return body
-
-
-def _print_json(body: Any) -> None:
-    typer.echo(json.dumps(body, indent=2))
 
 
 def _deployments_table(rows: list[dict]) -> Table:
@@ -104,7 +57,7 @@ def deploy(
     if wait:
         body = _wait_for_weights(api, name)
     if as_json:
-        _print_json(body)
+        print_json(body)
     else:
         console.print(f"deployed [bold]{name}[/] ({body['status']}); call it as model={name!r}")
 
@@ -139,7 +92,7 @@ def scale(
         "PATCH", f"/v1/deployments/{name}", json={k: v for k, v in patch.items() if v is not None}
     )
     if as_json:
-        _print_json(body)
+        print_json(body)
     else:
         console.print(_deployments_table([body]))
 
@@ -151,7 +104,7 @@ def deployments(ctx: typer.Context, as_json: bool = JsonOpt) -> None:
         return
     body = Api().call("GET", "/v1/deployments")
     if as_json:
-        _print_json(body)
+        print_json(body)
     else:
         console.print(_deployments_table(body["data"]))
 
@@ -167,7 +120,7 @@ def status(as_json: bool = JsonOpt) -> None:
     """The platform at a glance: deployments, runners, cold starts."""
     body = Api().call("GET", "/v1/deployments")
     if as_json:
-        _print_json(body)
+        print_json(body)
         return
     console.print(_deployments_table(body["data"]))
     runners = Table("deployment", "runner", "state", "tier", "pid", "error")
@@ -181,64 +134,3 @@ def status(as_json: bool = JsonOpt) -> None:
         if d["error"]:
             console.print(f"[red]{d['name']}: {d['error']}")
     console.print(runners)
-
-
-def usage(as_json: bool = JsonOpt) -> None:
-    """Tokens used, per deployment."""
-    body = Api().call("GET", "/v1/usage")
-    if as_json:
-        _print_json(body)
-        return
-    table = Table("deployment", "requests", "prompt tokens", "completion tokens")
-    for row in [*body["data"], {"deployment": "total", **body["total"]}]:
-        table.add_row(
-            row["deployment"],
-            str(row["requests"]),
-            str(row["prompt_tokens"]),
-            str(row["completion_tokens"]),
-        )
-    console.print(table)
-
-
-@keys_app.command("create")
-def keys_create(
-    tenant: str = typer.Option(..., help="The tenant the key bills to."),
-    name: str = typer.Option("", help="A label to recognise the key by."),
-    as_json: bool = JsonOpt,
-) -> None:
-    """Create an API key; the secret is shown this once."""
-    body = Api().call("POST", "/v1/keys", json={"tenant": tenant, "name": name})
-    if as_json:
-        _print_json(body)
-    else:
-        console.print(f"key {body['id']} for tenant {tenant}: [bold]{body['key']}[/]")
-        console.print("store it now: it cannot be shown again.")
-
-
-@keys_app.command("list")
-def keys_list(as_json: bool = JsonOpt) -> None:
-    body = Api().call("GET", "/v1/keys")
-    if as_json:
-        _print_json(body)
-        return
-    table = Table("id", "tenant", "name", "created", "revoked")
-    for k in body["data"]:
-        table.add_row(
-            k["id"],
-            k["tenant"],
-            k["name"],
-            time.strftime("%Y-%m-%d %H:%M", time.localtime(k["created"])),
-            "yes" if k["revoked"] else "",
-        )
-    console.print(table)
-
-
-@keys_app.command("revoke")
-def keys_revoke(key_id: str) -> None:
-    Api().call("DELETE", f"/v1/keys/{key_id}")
-    console.print(f"revoked {key_id}")
-
-
-def register_ops(app: typer.Typer) -> None:
-    for command in (deploy, scale, status, usage):
-        app.command()(command)
