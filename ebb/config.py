@@ -44,6 +44,20 @@ class Settings(BaseSettings):
     # How long a request's output stream and record are kept after it finished.
     result_ttl_s: int = 600
 
+    # Billing. EBB_METERING=0 records no usage and no GPU time (to measure its overhead).
+    metering: bool = True
+    # A live runner's GPU time reaches the ledger at least this often.
+    gpu_meter_interval_s: float = 30.0
+    # A ledger hour closes (final, exported) this long after it ends: room for GPU
+    # segments still on their way; anything later is booked into the next open hour.
+    billing_close_grace_s: float = 120.0
+    # Hourly JSONL export of the ledger to S3 (boto3 credentials as usual); no bucket: none.
+    billing_s3_bucket: str | None = None
+    billing_s3_prefix: str = "usage"
+    billing_s3_endpoint_url: str | None = None
+    # What one GPU-second costs the operator (micros), for unit economics; 0: not shown.
+    gpu_second_cost_micros: int = 0
+
     @field_validator("admission_timeout_s")
     @classmethod
     def _admission_positive(cls, value: float) -> float:
@@ -56,6 +70,20 @@ class Settings(BaseSettings):
     def _lease_positive(cls, value: float) -> float:
         if value < 1:
             raise ValueError("EBB_LEASE_TTL_S must be at least 1 second")
+        return value
+
+    @field_validator("gpu_meter_interval_s")
+    @classmethod
+    def _meter_interval(cls, value: float) -> float:
+        if value < 1:
+            raise ValueError("EBB_GPU_METER_INTERVAL_S must be at least 1 second")
+        return value
+
+    @field_validator("billing_close_grace_s", "gpu_second_cost_micros")
+    @classmethod
+    def _not_negative(cls, value, info):
+        if value < 0:
+            raise ValueError(f"EBB_{info.field_name.upper()} must not be negative")
         return value
 
     @field_validator("port")

@@ -1,10 +1,11 @@
 """`ebb up`: the whole platform on this machine, supervised.
 
 Starts redis-server (append-only file under EBB_HOME) unless EBB_REDIS_URL is set, prepares
-and deploys the default model, then runs the frontdoor and the coldstart controller as
-child processes, restarting either if it dies. Ctrl-C or SIGTERM stops everything in
-order: the frontdoor first (no new work), then the controller (its runners drain), then
-Redis (which flushes its append-only file).
+and deploys the default model, then runs the frontdoor, the coldstart controller and the
+billing consumer (unless EBB_METERING=0) as child processes, restarting any that dies.
+Ctrl-C or SIGTERM stops everything in order: the frontdoor first (no new work), then the
+controller (its runners drain), then billing, then Redis (which flushes its append-only
+file).
 """
 
 from __future__ import annotations
@@ -201,6 +202,8 @@ def run_up(settings: Settings, *, default_model: bool = True) -> int:
             Child("frontdoor", [sys.executable, "-m", "ebb", "frontdoor"]),
             Child("coldstart", [sys.executable, "-m", "ebb", "coldstart"]),
         ]
+        if settings.metering:
+            supervisor.children.append(Child("billing", [sys.executable, "-m", "ebb", "billing"]))
         for child in supervisor.children:
             supervisor.start(child)
         if not _wait_ready(settings, stop):

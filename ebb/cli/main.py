@@ -9,7 +9,7 @@ import typer
 
 from ebb.cli.deployments import deploy, deployments_app, scale, status
 from ebb.cli.keys import keys_app
-from ebb.cli.usage import usage
+from ebb.cli.usage import price, usage_app
 from ebb.config import Settings
 
 app = typer.Typer(
@@ -20,7 +20,8 @@ app = typer.Typer(
 )
 app.add_typer(keys_app, name="keys")
 app.add_typer(deployments_app, name="deployments")
-for command in (deploy, scale, status, usage):
+app.add_typer(usage_app, name="usage")
+for command in (deploy, scale, status, price):
     app.command()(command)
 
 
@@ -70,6 +71,15 @@ def coldstart() -> None:
 
     _logging()
     run_controller(Settings())
+
+
+@app.command(hidden=True)
+def billing() -> None:
+    """Run the ledger consumer (started by `ebb up`)."""
+    from ebb.billing.main import run_billing
+
+    _logging()
+    run_billing(Settings())
 
 
 @app.command(hidden=True)

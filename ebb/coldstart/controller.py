@@ -20,9 +20,11 @@ from dataclasses import dataclass
 
 import msgspec
 
+from ebb.billing.gpu import meter_for
 from ebb.coldstart.launcher import Launcher
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
 from ebb.config import Settings
+from ebb.queue.metering import GpuMeterScript
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
 
@@ -64,6 +66,7 @@ class Controller:
         self._policy = policy
         self._backoff: dict[str, _Backoff] = {}
         self._stopping = asyncio.Event()
+        self._gpu_meter = GpuMeterScript(state.redis)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -95,6 +98,7 @@ class Controller:
                     error="platform restarted",
                     exited_ms=int(time.time() * 1000),
                 )
+                await self._close_gpu_meter(r)
 
     async def reconcile(self) -> None:
         reaped = await self._state.reap_expired_leases()
@@ -126,6 +130,7 @@ class Controller:
         return live
 
     async def _runner_gone(self, r: RunnerRecord, code: int | None) -> RunnerRecord:
+        await self._close_gpu_meter(r)
         if r.state.is_live:
             why = f"process exited with code {code}" if code is not None else "stopped heartbeating"
             log.warning(
@@ -144,6 +149,16 @@ class Controller:
         if r.state is RunnerState.FAILED and r.deployment and not r.ready_ms:
             await self._start_failed(r)
         return r
+
+    async def _close_gpu_meter(self, r: RunnerRecord) -> None:
+        """Bill a dead runner's GPU time up to its last heartbeat. A runner that exited
+        cleanly closed its own metering at its exit, which makes this a no-op."""
+        if not self._settings.metering:
+            return
+        spec = await self._state.get_deployment(r.deployment) if r.deployment else None
+        await self._gpu_meter.close(
+            r.runner_id, meter_for(r.runner_id, spec, gpus=1), end="heartbeat_ms"
+        )
 
     async def _start_failed(self, r: RunnerRecord) -> None:
         backoff = self._backoff.setdefault(r.deployment, _Backoff())

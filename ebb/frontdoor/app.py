@@ -15,13 +15,22 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ebb.config import Settings
 from ebb.errors import CapacityError, EbbError, InvalidRequest, NotFound, RateLimited
-from ebb.frontdoor import routes_admin, routes_deployments, routes_openai, routes_usage
+from ebb.frontdoor import (
+    routes_admin,
+    routes_deployments,
+    routes_limits,
+    routes_openai,
+    routes_usage,
+)
 from ebb.frontdoor.catalog import ModelCatalog
 from ebb.frontdoor.execution import Executor
 from ebb.frontdoor.metrics import Metrics
+from ebb.frontdoor.ratelimit import RateLimiter
 from ebb.home import resolve_admin_key
 from ebb.queue.connection import async_client
+from ebb.queue.ledger import LedgerStore
 from ebb.queue.platform import PlatformState
+from ebb.queue.ratelimits import RateLimitStore
 from ebb.queue.requests import RequestQueue
 
 log = logging.getLogger(__name__)
@@ -37,6 +46,9 @@ class Services:
     executor: Executor
     catalog: ModelCatalog
     metrics: Metrics
+    limiter: RateLimiter
+    ratelimits: RateLimitStore
+    ledger: LedgerStore
 
 
 def build_services(settings: Settings) -> Services:
@@ -44,6 +56,7 @@ def build_services(settings: Settings) -> Services:
     state = PlatformState(client, result_ttl_s=settings.result_ttl_s)
     # A request record must outlive its admission window and generation.
     queue = RequestQueue(client, request_ttl_s=max(settings.result_ttl_s, 3600))
+    ratelimits = RateLimitStore(client)
     return Services(
         settings=settings,
         admin_key=resolve_admin_key(settings),
@@ -53,6 +66,9 @@ def build_services(settings: Settings) -> Services:
         executor=Executor(settings, queue, state),
         catalog=ModelCatalog(settings.weights_dir, state),
         metrics=Metrics(),
+        limiter=RateLimiter(ratelimits),
+        ratelimits=ratelimits,
+        ledger=LedgerStore(client),
     )
 
 
@@ -72,6 +88,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_openai.router)
     app.include_router(routes_deployments.router)
     app.include_router(routes_usage.router)
+    app.include_router(routes_limits.router)
     app.include_router(routes_admin.router)
     _install_error_handlers(app)
 

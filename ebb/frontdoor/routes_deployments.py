@@ -11,10 +11,14 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 from ebb.errors import Conflict, InvalidRequest, NotFound
 from ebb.frontdoor.auth import AdminDep, CallerDep
+from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.queue.schema import DeploymentSpec, RunnerState
 from ebb.runners.engine_fake import is_fake_source
 
 router = APIRouter(prefix="/v1/deployments")
+
+# 1,000,000.00 per unit: far above any real price, far below overflowing a 64-bit sum.
+MAX_PRICE_MICROS = 10**12
 
 DeploymentName = Annotated[
     str,
@@ -32,6 +36,11 @@ class DeploymentPatch(BaseModel):
     queue_depth_limit: int | None = Field(None, ge=1, le=100_000)
     admission_timeout_s: float | None = Field(None, gt=0, le=600)
     max_model_len: int | None = Field(None, ge=16)
+    # Billing: the tenant billed for the GPU time, and prices in micros (1_000_000 = 1.00).
+    owner: str | None = Field(None, pattern=TENANT_PATTERN)
+    input_micros_per_1m_tokens: int | None = Field(None, ge=0, le=MAX_PRICE_MICROS)
+    output_micros_per_1m_tokens: int | None = Field(None, ge=0, le=MAX_PRICE_MICROS)
+    micros_per_gpu_second: int | None = Field(None, ge=0, le=MAX_PRICE_MICROS)
 
 
 class DeploymentCreate(DeploymentPatch):

@@ -69,3 +69,35 @@ def coldstart(deployment: str) -> str:
 def deployment_status(deployment: str) -> str:
     """Hash: weights state, failure counts, last error of a deployment."""
     return f"{PREFIX}dstatus:{deployment}"
+
+
+# --- billing: ledger, aggregates, export, rate limits, GPU metering ----------------------
+
+GPU_USAGE = PREFIX + "gpu_usage"  # stream: GPU-time segments of runners + hour-close markers
+LEDGER_STATE = PREFIX + "ledger:state"  # hash: consumer cursors per stream, closed_through_ms
+LEDGER_HOURS = PREFIX + "ledger:hours"  # zset: hour start ms of every hour with aggregates
+LEDGER_PENDING = PREFIX + "ledger:pending"  # zset: closed hours whose file is not exported yet
+LEDGER_EXPORTED = PREFIX + "ledger:exported"  # hash: hour start ms -> sha256 of its file
+LEDGER_AGG_PREFIX = PREFIX + "ledger:agg:"  # hash per hour: "tenant|deployment|metric" -> int
+LEDGER_LINES_PREFIX = PREFIX + "ledger:lines:"  # list per hour: booked entries (json), to export
+LEDGER_SEEN_PREFIX = PREFIX + "ledger:seen:"  # hash per UTC day: request id -> 1 (billed once)
+RATE_LIMITS = PREFIX + "ratelimits"  # hash: "key:ID:rpm" / "tenant:T:tpm" ... -> int
+RATE_BUCKET_PREFIX = PREFIX + "rl:"  # hash per subject: token-bucket levels and times
+
+# A rate-limit bucket left alone this long has refilled completely: let it expire.
+RATE_BUCKET_TTL_S = 120
+# Request ids are remembered this long for the billed-once check (two UTC days are read).
+LEDGER_SEEN_TTL_S = 3 * 86400
+
+
+def ledger_aggregates(hour_ms: int) -> str:
+    return f"{LEDGER_AGG_PREFIX}{hour_ms}"
+
+
+def ledger_lines(hour_ms: int) -> str:
+    return f"{LEDGER_LINES_PREFIX}{hour_ms}"
+
+
+def rate_bucket(subject: str) -> str:
+    """Token buckets of one rate-limited subject, "key:ID" or "tenant:NAME"."""
+    return RATE_BUCKET_PREFIX + subject

@@ -47,9 +47,16 @@ class ClaimResult:
 
 class RunnerQueue:
     def __init__(
-        self, client: redis.Redis, runner_id: str, *, lease_ttl_s: float, result_ttl_s: int
+        self,
+        client: redis.Redis,
+        runner_id: str,
+        *,
+        lease_ttl_s: float,
+        result_ttl_s: int,
+        record_usage: bool = True,
     ):
         self._redis = client
+        self._record_usage = record_usage
         self._scripts = Scripts.register(client)
         self.runner_id = runner_id
         self._lease_ttl_ms = int(lease_ttl_s * 1000)
@@ -150,6 +157,9 @@ class RunnerQueue:
             state=state,
             runner_id=self.runner_id,
             finished_at_s=time.time(),
+            key_id=work.key_id,
+            input_micros_per_1m_tokens=work.input_micros_per_1m_tokens,
+            output_micros_per_1m_tokens=work.output_micros_per_1m_tokens,
         )
         return bool(
             self._scripts.finish(
@@ -167,7 +177,7 @@ class RunnerQueue:
                     prompt_tokens,
                     completion_tokens,
                     self._result_ttl_s,
-                    encode(usage),
+                    encode(usage) if self._record_usage else "",
                 ],
             )
         )

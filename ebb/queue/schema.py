@@ -38,6 +38,10 @@ class WorkItem(msgspec.Struct, kw_only=True, frozen=True):
     sampling: SamplingSpec
     tenant: str = "admin"
     enqueued_at_s: float = 0.0
+    # Billing: the key that sent it and the token prices in force when it was admitted.
+    key_id: str = ""
+    input_micros_per_1m_tokens: int = 0
+    output_micros_per_1m_tokens: int = 0
 
 
 class TopLogprob(msgspec.Struct, frozen=True):
@@ -124,6 +128,12 @@ class DeploymentSpec(msgspec.Struct, kw_only=True):
     # None: the model's own context length.
     max_model_len: int | None = None
     created_at_s: float = 0.0
+    # Billing: the tenant billed for the deployment's GPU time, and its prices in integer
+    # micro-units of currency (1_000_000 = 1.00).
+    owner: str = "admin"
+    input_micros_per_1m_tokens: int = 0
+    output_micros_per_1m_tokens: int = 0
+    micros_per_gpu_second: int = 0
 
 
 class RunnerState(enum.StrEnum):
@@ -164,6 +174,8 @@ class ApiKeyRecord(msgspec.Struct, kw_only=True):
     name: str = ""
     created_at_s: float = 0.0
     revoked: bool = False
+    # The first characters of the secret, shown in listings so a key's holder can find it.
+    prefix: str = ""
 
 
 class UsageRecord(msgspec.Struct, kw_only=True):
@@ -175,3 +187,6 @@ class UsageRecord(msgspec.Struct, kw_only=True):
     state: str  # finished | cancelled | failed
     runner_id: str
     finished_at_s: float
+    key_id: str = ""
+    input_micros_per_1m_tokens: int = 0
+    output_micros_per_1m_tokens: int = 0
