@@ -5,7 +5,8 @@ pre-warmed runner is assigned a deployment (its pool time ends there), every
 `interval_s` while it lives (so usage shows up while it runs, and a price change applies
 from then on), and once at exit. Live segments end at the runner's last heartbeat, so a
 runner that is SIGKILLed is closed by the controller from that same heartbeat: nothing
-is lost but the time since it, which is under a heartbeat interval.
+is lost but the time since it, which is under a heartbeat interval (a runner killed before
+its first heartbeat is closed where it was last seen: ready, or launched).
 """
 
 from __future__ import annotations

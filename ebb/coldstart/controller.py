@@ -24,7 +24,7 @@ from ebb.billing.gpu import meter_for
 from ebb.coldstart.launcher import Launcher
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
 from ebb.config import Settings
-from ebb.queue.metering import GpuMeterScript
+from ebb.queue.metering import LAST_SIGN_OF_LIFE, GpuMeterScript
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
 
@@ -151,13 +151,14 @@ class Controller:
         return r
 
     async def _close_gpu_meter(self, r: RunnerRecord) -> None:
-        """Bill a dead runner's GPU time up to its last heartbeat. A runner that exited
-        cleanly closed its own metering at its exit, which makes this a no-op."""
+        """Bill a dead runner's GPU time up to its last heartbeat (or, without one, up to
+        its last sign of life). A runner that exited cleanly closed its own metering at its
+        exit, which makes this a no-op."""
         if not self._settings.metering:
             return
         spec = await self._state.get_deployment(r.deployment) if r.deployment else None
         await self._gpu_meter.close(
-            r.runner_id, meter_for(r.runner_id, spec, gpus=1), end="heartbeat_ms"
+            r.runner_id, meter_for(r.runner_id, spec, gpus=1), end=LAST_SIGN_OF_LIFE
         )
 
     async def _start_failed(self, r: RunnerRecord) -> None:

@@ -20,8 +20,11 @@ from ebb.queue.scripts import load_script
 
 # The deployment a pre-warmed runner's time is billed to until it is assigned one.
 POOL_DEPLOYMENT = "(pool)"
-# End a segment at the runner's last heartbeat or at its recorded exit (fields of its hash).
-EndField = Literal["heartbeat_ms", "exited_ms"]
+# Where a segment ends, from the runner's hash: its last heartbeat, its recorded exit, or
+# its last sign of life (a runner killed before its first heartbeat ends where it was last
+# seen: ready, or launched).
+EndField = Literal["heartbeat_ms", "exited_ms", "heartbeat_ms,ready_ms,launched_ms"]
+LAST_SIGN_OF_LIFE: EndField = "heartbeat_ms,ready_ms,launched_ms"
 
 
 class GpuMeter(msgspec.Struct, kw_only=True, frozen=True):

@@ -103,9 +103,7 @@ async def test_two_consumers_at_once_fold_every_record_exactly_once(client, redi
     await add_gpu(client, NOW_HOUR, NOW_HOUR + 7_000)
     other = aioredis.Redis.from_url(redis_url)
     try:
-        consumers = [
-            LedgerConsumer(LedgerStore(c), grace_s=3600, batch=7) for c in (client, other)
-        ]
+        consumers = [LedgerConsumer(LedgerStore(c), grace_s=3600, batch=7) for c in (client, other)]
         await asyncio.gather(*(c.drain() for c in consumers))
     finally:
         await other.aclose()

@@ -8,7 +8,13 @@ import redis
 import redis.asyncio as aioredis
 
 from ebb.queue import keys
-from ebb.queue.metering import GpuMeter, GpuMeterScript, GpuSegment, decode_gpu_entry
+from ebb.queue.metering import (
+    LAST_SIGN_OF_LIFE,
+    GpuMeter,
+    GpuMeterScript,
+    GpuSegment,
+    decode_gpu_entry,
+)
 from ebb.queue.ratelimits import RateLimits, RateLimitStore, key_subject, tenant_subject
 
 pytestmark = pytest.mark.integration
@@ -67,6 +73,13 @@ def test_closing_without_a_known_end_waits_for_one(sync_redis):
     assert script.close("r-1", meter("m"), end=LAUNCHED_MS + 60_000) == 3_000
     [only] = segments(sync_redis)
     assert only.meter.deployment == "m" and only.end_ms == LAUNCHED_MS + 3_000
+
+
+def test_a_runner_killed_before_its_first_heartbeat_ends_where_last_seen(sync_redis):
+    script = GpuMeterScript(sync_redis)
+    script.switch("r-1", meter("m"), end="heartbeat_ms")
+    sync_redis.hset(keys.runner("r-1"), "ready_ms", LAUNCHED_MS + 800)
+    assert script.close("r-1", meter("m"), end=LAST_SIGN_OF_LIFE) == 800
 
 
 @pytest.fixture

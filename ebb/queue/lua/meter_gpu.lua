@@ -4,8 +4,9 @@
 -- the interval of a runner that was SIGKILLed (from its last heartbeat). Once closed, a
 -- runner is never metered again.
 -- KEYS: 1 runner hash, 2 gpu usage stream
--- ARGV: 1 segment end: ms, or a field of the runner hash holding it ('heartbeat_ms',
---          'exited_ms'); never past the runner's recorded exit
+-- ARGV: 1 segment end: ms, or fields of the runner hash holding times, the latest of which
+--          is the end ('heartbeat_ms', 'exited_ms', 'heartbeat_ms,ready_ms,launched_ms');
+--          never past the runner's recorded exit
 --       2 attribution (json GpuMeter) or ''
 --       3 'switch': the segment is billed to the stored attribution (ARGV[2] when none is
 --          stored yet), then ARGV[2] is stored for what follows;
@@ -23,7 +24,10 @@ end
 local start = tonumber(f[2] or '') or tonumber(f[3] or '') or 0
 local stop = tonumber(ARGV[1])
 if not stop then
-  stop = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '') or 0
+  stop = 0
+  for name in string.gmatch(ARGV[1], '[^,]+') do
+    stop = math.max(stop, tonumber(redis.call('HGET', KEYS[1], name) or '') or 0)
+  end
 end
 local exited = tonumber(f[5] or '') or 0
 if exited > 0 and stop > exited then
