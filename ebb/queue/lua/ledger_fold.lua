@@ -15,27 +15,31 @@ if (st[1] or '0-0') ~= ARGV[1] or (st[2] or '0-0') ~= ARGV[2] or (st[3] or '') ~
   return {0, 0, 0}
 end
 local folded, duplicates = 0, 0
+local days, hours = {}, {}
 for _, op in ipairs(cjson.decode(ARGV[10])) do
   local fresh = true
   if op.id ~= '' then
-    if redis.call('HEXISTS', ARGV[8] .. op.pd, op.id) == 1
-      or redis.call('HSETNX', ARGV[8] .. op.d, op.id, '1') == 0 then
-      fresh = false
-    else
-      redis.call('EXPIRE', ARGV[8] .. op.d, tonumber(ARGV[9]))
-    end
+    fresh = redis.call('HEXISTS', ARGV[8] .. op.pd, op.id) == 0
+      and redis.call('HSETNX', ARGV[8] .. op.d, op.id, '1') == 1
+    days[op.d] = true
   end
   if fresh then
     local agg = ARGV[6] .. op.h
     for _, inc in ipairs(op.inc) do
       redis.call('HINCRBY', agg, inc[1], inc[2])
     end
-    redis.call('ZADD', KEYS[2], op.h, op.h)
     redis.call('RPUSH', ARGV[7] .. op.h, op.l)
+    hours[op.h] = true
     folded = folded + 1
   else
     duplicates = duplicates + 1
   end
+end
+for day in pairs(days) do
+  redis.call('EXPIRE', ARGV[8] .. day, tonumber(ARGV[9]))
+end
+for hour in pairs(hours) do
+  redis.call('ZADD', KEYS[2], hour, hour)
 end
 redis.call('HSET', KEYS[1], 'usage_cursor', ARGV[4], 'gpu_cursor', ARGV[5])
 return {1, folded, duplicates}

@@ -1,0 +1,140 @@
+"""Metering overhead: requests/s with billing on against off, same machine, same run.
+
+    .venv/bin/python -m bench.metering [--rounds 6] [--requests 400] [--concurrency 16]
+
+Two platforms on the fake engine (the overhead is the frontdoor's, Redis's and the ledger
+consumer's; a fast fake engine makes it as visible as it can be): one with metering on
+(usage records, GPU-time segments, the ledger consumer folding them, and rate-limit
+reservations for a key with limits), one with EBB_METERING=0 and a key without limits.
+Each round measures both, in ABBA order so drift in machine load hits both alike; the
+result is the median requests/s of each and their ratio. Results go to bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from bench.loadgen import LevelResult, run_level
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from support import Platform, temp_home, wait_until  # noqa: E402
+
+SOURCE = "fake://bench?ctx=4096&step_ms=1"
+
+
+def start(metering: bool) -> tuple[Platform, str]:
+    """A platform with one ready runner, and a tenant key for it."""
+    platform = Platform(
+        home=temp_home("ebb-bench-metering-"),
+        redis_url=None,
+        env_extra={"EBB_METERING": "1" if metering else "0", "EBB_GPU_METER_INTERVAL_S": "5"},
+    ).start()
+    limits = {"requests_per_minute": 10**7, "tokens_per_minute": 10**9} if metering else {}
+    with platform.admin() as admin:
+        admin.post(
+            "/v1/deployments",
+            json={
+                "name": "bench",
+                "source": SOURCE,
+                "min_replicas": 1,
+                "max_concurrency": 64,
+                "idle_timeout_s": 3600,
+                "input_micros_per_1m_tokens": 150_000,
+                "output_micros_per_1m_tokens": 600_000,
+                "micros_per_gpu_second": 278,
+            },
+        ).raise_for_status()
+        created = admin.post("/v1/keys", json={"tenant": "bench", **limits})
+        created.raise_for_status()
+        wait_until(
+            lambda: admin.get("/v1/deployments/bench").json()["status"] == "ready",
+            120,
+            "the bench runner to be ready",
+        )
+    return platform, created.json()["key"]
+
+
+def measure(platform: Platform, key: str, args: argparse.Namespace, requests: int) -> LevelResult:
+    return asyncio.run(
+        run_level(
+            platform.base_url + "/v1",
+            key,
+            "bench",
+            concurrency=args.concurrency,
+            requests=requests,
+            max_tokens=args.max_tokens,
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--requests", type=int, default=400, help="requests per measurement")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    args = parser.parse_args()
+
+    platforms = {"on": start(metering=True), "off": start(metering=False)}
+    results: dict[str, list[LevelResult]] = {"on": [], "off": []}
+    try:
+        for platform, key in platforms.values():
+            measure(platform, key, args, requests=2 * args.concurrency)  # warm-up
+        for i in range(args.rounds):
+            order = ("on", "off") if i % 2 == 0 else ("off", "on")
+            for name in order:
+                result = measure(*platforms[name], args, requests=args.requests)
+                if result.errors:
+                    raise SystemExit(f"{result.errors} requests failed with metering {name}")
+                results[name].append(result)
+                print(f"round {i + 1} metering {name:>3}: {result.requests_per_s:8.1f} req/s")
+    finally:
+        for platform, _ in platforms.values():
+            platform.stop()
+    report(results, args)
+
+
+def report(results: dict[str, list[LevelResult]], args: argparse.Namespace) -> None:
+    on = statistics.median(r.requests_per_s for r in results["on"])
+    off = statistics.median(r.requests_per_s for r in results["off"])
+    # Each round's two measurements ran back to back: their ratio cancels slow drift in the
+    # machine's load, which the ratio of medians does not.
+    ratios = [
+        a.requests_per_s / b.requests_per_s
+        for a, b in zip(results["on"], results["off"], strict=True)
+    ]
+    ratio = statistics.median(ratios)
+    summary = {
+        "requests_per_s_on": round(on, 2),
+        "requests_per_s_off": round(off, 2),
+        "ratio_of_medians": round(on / off, 4),
+        "median_round_ratio": round(ratio, 4),
+        "round_ratios": [round(r, 4) for r in ratios],
+        "overhead_pct": round((1 - ratio) * 100, 2),
+        "rounds": [
+            {"on": a.summary(), "off": b.summary()}
+            for a, b in zip(results["on"], results["off"], strict=True)
+        ],
+    }
+    print(
+        f"median requests/s: metering on {on:.1f}, off {off:.1f} "
+        f"(ratio of medians {on / off:.3f}); median per-round ratio {ratio:.3f} "
+        f"(overhead {summary['overhead_pct']:+.1f}%)"
+    )
+    out = REPO / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"metering-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps({"args": vars(args), **summary}, indent=2))
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()
