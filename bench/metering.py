@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
-from bench.loadgen import LevelResult, run_level
+from bench.loadgen import LevelResult, run_level, save_results
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -129,11 +127,7 @@ def report(results: dict[str, list[LevelResult]], args: argparse.Namespace) -> N
         f"(ratio of medians {on / off:.3f}); median per-round ratio {ratio:.3f} "
         f"(overhead {summary['overhead_pct']:+.1f}%)"
     )
-    out = REPO / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"metering-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"args": vars(args), **summary}, indent=2))
-    print(f"results: {path}")
+    save_results("metering", {"args": vars(args), **summary})
 
 
 if __name__ == "__main__":

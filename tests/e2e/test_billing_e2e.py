@@ -4,12 +4,9 @@ the runner's GPU time reaches the ledger."""
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import msgspec
 import pytest
-import redis
 from support import TEST_WEIGHTS_DIR, Platform, temp_home, wait_until
 
 from ebb.config import DEFAULT_MODEL_NAME
@@ -40,8 +37,7 @@ def platform(default_local_model):
 
 @pytest.fixture(scope="module")
 def platform_redis(platform):
-    run_info = json.loads((platform.home / "run.json").read_text())
-    return redis.Redis.from_url(run_info["redis_url"])
+    return platform.redis()
 
 
 def raw_records(platform_redis) -> dict[str, UsageRecord]:

@@ -48,8 +48,7 @@ def admin(platform):
 
 @pytest.fixture(scope="module")
 def platform_redis(platform):
-    run_info = json.loads((platform.home / "run.json").read_text())
-    return redis.Redis.from_url(run_info["redis_url"])
+    return platform.redis()
 
 
 def deploy(admin: httpx.Client, name: str, source: str, **fields) -> None:
