@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 # Records folded per atomic step (per stream).
 BATCH = 500
 # After a step that found less than a batch, wait this long for more to fold at once.
-LINGER_S = 0.05
+LINGER_S = 0.25
 # After a failed export, wait this long before the next try.
 _EXPORT_RETRY_S = 30.0
 # An hour that is not over yet by Redis's clock (this host's may differ): ask again after.

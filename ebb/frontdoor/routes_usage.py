@@ -74,7 +74,7 @@ def parse_time(text: str, param: str) -> int:
     """Unix seconds or an ISO 8601 date/time (UTC unless it says otherwise), as ms."""
     try:
         return int(float(text) * 1000)
-    except ValueError:
+    except (ValueError, OverflowError):
         pass
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))

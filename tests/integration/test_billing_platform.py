@@ -316,11 +316,7 @@ def test_a_thousand_mixed_requests_reconcile_exactly(platform, admin, platform_r
                "the controller to close the killed runner's GPU time")  # fmt: skip
     launched, heartbeat = (int(v) for v in platform_redis.hmget(
         runner_key, "launched_ms", "heartbeat_ms"))  # fmt: skip
-    pieces = [
-        decode_gpu_entry(f)
-        for _, f in platform_redis.xrange(keys.GPU_USAGE)
-        if b"g" in f and json.loads(f[b"g"])["runner_id"] == victim["id"]
-    ]
+    pieces = gpu_segments(platform_redis, victim["id"])
     assert pieces[0].start_ms == launched and pieces[-1].end_ms == heartbeat
     assert all(a.end_ms == b.start_ms for a, b in zip(pieces, pieces[1:], strict=False))
     victim_gpu_ms = heartbeat - launched
@@ -428,6 +424,8 @@ def test_keys_are_hashed_at_rest_shown_once_and_found_by_prefix(platform, admin,
         assert [k["id"] for k in found] == [created["id"]], prefix
     by_tenant = admin.get("/v1/keys", params={"tenant": "keys-t"}).json()["data"]
     assert [k["id"] for k in by_tenant] == [created["id"]]
+    listed_by_cli = run_cli(platform, "keys", "list", "--prefix", created["prefix"], "--json")
+    assert [k["id"] for k in json.loads(listed_by_cli.stdout)["data"]] == [created["id"]]
     assert admin.delete(f"/v1/keys/{created['id']}").status_code == 200
     assert tenant_client(platform, secret).get("/v1/models").status_code == 401
 
@@ -486,3 +484,50 @@ def test_prices_are_set_exactly_and_validated(platform, admin):
     assert negative.json()["error"]["param"] == "micros_per_gpu_second"
     bad_owner = admin.patch("/v1/deployments/priced", json={"owner": "a b"})
     assert bad_owner.status_code == 400 and bad_owner.json()["error"]["param"] == "owner"
+
+
+def gpu_segments(platform_redis, runner_id: str) -> list:
+    return [
+        decode_gpu_entry(fields)
+        for _, fields in platform_redis.xrange(keys.GPU_USAGE)
+        if b"g" in fields and json.loads(fields[b"g"])["runner_id"] == runner_id
+    ]
+
+
+def test_a_runner_is_billed_from_launch_to_exit_to_its_owner(platform, admin, platform_redis):
+    deploy(admin, "brief", "fake://b", idle_timeout_s=1, owner="gpu-t", micros_per_gpu_second=500)
+    client = tenant_client(platform, new_key(admin, "gpu-t"))
+    reply = client.post("/v1/completions", json={"model": "brief", "prompt": "Hi"})
+    assert reply.status_code == 200
+    [runner] = wait_until(
+        lambda: (
+            (rs := admin.get("/v1/deployments/brief").json()["runners"])
+            and rs[0]["state"] == "exited"
+            and rs
+        ),
+        60,
+        "the runner to drain and exit",
+    )
+    runner_key = keys.runner(runner["id"])
+    wait_until(lambda: platform_redis.hget(runner_key, "meter_closed") == b"1", 30, "its close")
+    times = platform_redis.hmget(runner_key, "launched_ms", "exited_ms")
+    launched, exited = (int(v) for v in times)
+    pieces = gpu_segments(platform_redis, runner["id"])
+    assert pieces[0].start_ms == launched and pieces[-1].end_ms == exited
+    assert all(a.end_ms == b.start_ms for a, b in zip(pieces, pieces[1:], strict=False))
+    assert {(p.meter.deployment, p.meter.tenant) for p in pieces} == {("brief", "gpu-t")}
+    gpu_ms = exited - launched
+    usage = wait_until(
+        lambda: (u := usage_total(client))["total"]["gpu_ms"] == gpu_ms and u,
+        30,
+        "the runner's GPU time in its owner's usage",
+    )
+    assert usage["total"]["gpu_cost_micros"] == (gpu_ms * 500 + 500) // 1000
+    [economics] = usage["unit_economics"]
+    assert economics["deployment"] == "brief"
+    assert economics["gpu_seconds_per_1m_output_tokens"] == round(
+        gpu_ms / 1000 / usage["total"]["completion_tokens"] * 1_000_000, 3
+    )
+    shown = run_cli(platform, "usage", "--tenant", "gpu-t", "--group-by", "tenant,deployment")
+    assert shown.returncode == 0, shown.stderr
+    assert "gpu-t" in shown.stdout and "brief" in shown.stdout

@@ -27,11 +27,12 @@ end
 if last_id(KEYS[2]) ~= (st[1] or '0-0') or last_id(KEYS[3]) ~= (st[2] or '0-0') then
   return {0, 'behind'}
 end
-local marker = redis.call('XADD', KEYS[3], '*', 'c', tostring(next_open))
-redis.call('HSET', KEYS[1], 'gpu_cursor', marker, 'closed_through_ms', tostring(next_open))
+local next_text = string.format('%d', next_open)
+local marker = redis.call('XADD', KEYS[3], '*', 'c', next_text)
+redis.call('HSET', KEYS[1], 'gpu_cursor', marker, 'closed_through_ms', next_text)
 if ARGV[5] == '1' then
   redis.call('ZADD', KEYS[4], closing, ARGV[1])
 else
   redis.call('DEL', ARGV[4] .. ARGV[1])
 end
-return {1, tostring(next_open)}
+return {1, next_text}
