@@ -179,15 +179,8 @@ class RunnerQueue:
             args=[self._lease_ttl_ms, *held_request_ids],
         )
 
-    def exit(self, state: RunnerState, error: str = "") -> None:
-        now_ms = int(time.time() * 1000)
-        pipe = self._redis.pipeline()
-        pipe.hset(
-            keys.runner(self.runner_id),
-            mapping=encode_runner({"state": state, "exited_ms": now_ms, "error": error}),
-        )
-        pipe.srem(keys.STEMS, self.runner_id)
-        pipe.execute()
+    def leave_pool(self) -> None:
+        self._redis.srem(keys.STEMS, self.runner_id)
 
     def record_cold_start(self, deployment: str, tier: str, phases_ms: dict[str, float]) -> None:
         """Fold this start's phase times into the deployment's moving averages."""

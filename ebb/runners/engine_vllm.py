@@ -37,8 +37,8 @@ _PRELOAD_ENV = {
     # Runners are offline and disposable; usage reporting would only try the network.
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_DO_NOT_TRACK": "1",
-    # Weights are always a local directory; a hub lookup can only stall on an offline host.
-    "HF_HUB_OFFLINE": "1",
+    # Not HF_HUB_OFFLINE: the model is a local directory, so vLLM makes no hub calls, and
+    # the flag would also bind weight sources that fetch from a hub in this process.
 }
 
 # A step that produces nothing has (nearly always) run nothing: its requests wait on a
@@ -204,6 +204,11 @@ class VllmEngine:
 
     @classmethod
     def load(cls, options: EngineOptions) -> VllmEngine:
+        """Build the engine for `options.model_path`, logging each phase's duration.
+
+        On CPU: eager mode and a KV cache of `options.kv_cache_gib`; on CUDA, vLLM's GPU
+        defaults (CUDA graphs, a share of GPU memory for the KV cache).
+        """
         started = time.perf_counter()
         preload()
         cuda = _has_cuda()
@@ -270,15 +275,21 @@ class VllmEngine:
             if request is None:
                 continue  # aborted while this step ran
             deltas, finished = grouped.get(output.request_id, ([], False))
-            deltas.extend(self._deltas(request, output))
+            deltas += self._deltas(request, output)
             grouped[output.request_id] = (deltas, finished or output.finished)
-        return [self._step_output(rid, deltas, done) for rid, (deltas, done) in grouped.items()]
+        return [
+            self._step_output(rid, deltas, done)
+            for rid, (deltas, done) in grouped.items()
+            if deltas or done
+        ]
 
-    def _deltas(self, request: _Request, output: RequestOutput) -> Iterator[ChoiceDelta]:
+    def _deltas(self, request: _Request, output: RequestOutput) -> list[ChoiceDelta]:
+        """The choices of one RequestOutput with something new; updates the token counts."""
         request.prompt_tokens = len(output.prompt_token_ids or ()) or request.prompt_tokens
-        counts = request.tokens_by_choice
+        deltas = []
         for completion in output.outputs:
             new_tokens = len(completion.token_ids)
+            counts = request.tokens_by_choice
             counts[completion.index] = counts.get(completion.index, 0) + new_tokens
             reason = _finish_reason(completion.finish_reason)
             if not (completion.text or new_tokens or reason):
@@ -286,13 +297,15 @@ class VllmEngine:
             logprobs = None
             if request.logprobs is not None:
                 logprobs = _token_logprobs(completion, request.logprobs)
-            yield ChoiceDelta(
+            delta = ChoiceDelta(
                 index=completion.index,
                 text=completion.text,
                 token_count=new_tokens,
                 logprobs=logprobs,
                 finish_reason=reason,
             )
+            deltas.append(delta)
+        return deltas
 
     def _step_output(self, request_id: str, deltas: list[ChoiceDelta], done: bool) -> StepOutput:
         request = self._requests[request_id]

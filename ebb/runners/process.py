@@ -22,6 +22,7 @@ from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState
 from ebb.runners.engine import EngineAdapter, EngineOptions
 from ebb.runners.engine_fake import FakeEngine, is_fake_source
+from ebb.runners.lifecycle import Lifecycle
 from ebb.runners.serve import ServingLoop
 
 log = logging.getLogger(__name__)
@@ -93,33 +94,33 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
     queue.set_fields(pid=os.getpid())
     heartbeat = Heartbeat(queue, settings.heartbeat_interval_s, stop)
     heartbeat.start()
+    lifecycle = Lifecycle(queue)
     try:
-        return _lifecycle(settings, queue, deployment, tier, clock, stop, heartbeat)
+        return _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat)
     except Exception as e:
         log.exception("runner: %s failed", runner_id)
-        queue.append_log(f"failed: {e!r}")
-        queue.exit(RunnerState.FAILED, error=str(e)[:500])
+        lifecycle.fail(f"{type(e).__name__}: {e}")
         return 1
     finally:
         heartbeat.done.set()
 
 
-def _lifecycle(settings, queue, deployment, tier, clock, stop, heartbeat) -> int:
+def _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat) -> int:
     if deployment is None:
         _import_engine_libraries()
         clock.lap("import")
-        deployment = _wait_as_stem(queue, stop)
+        deployment = _wait_as_stem(lifecycle, queue, stop)
         if deployment is None:
-            queue.exit(RunnerState.EXITED)
+            lifecycle.to(RunnerState.EXITED)
             return 0
         clock = ColdStartClock(time.time() * 1000)  # a stem's cold start begins now
     spec = queue.deployment(deployment)
     if spec is None:
         raise RuntimeError(f"deployment {deployment!r} does not exist")
-    _transition(queue, RunnerState.LOADING, deployment=deployment, tier=tier)
+    lifecycle.to(RunnerState.LOADING, deployment=deployment, tier=tier)
     engine, tier = _load_engine(settings, spec, clock, tier)
     clock.lap("engine")
-    _transition(queue, RunnerState.READY, ready_ms=int(time.time() * 1000))
+    lifecycle.to(RunnerState.READY, tier=tier)
     clock.phases_ms["total"] = clock.total()
     queue.record_cold_start(deployment, tier, clock.phases_ms)
     log.info(
@@ -130,7 +131,7 @@ def _lifecycle(settings, queue, deployment, tier, clock, stop, heartbeat) -> int
         clock.total(),
         {k: round(v) for k, v in clock.phases_ms.items()},
     )
-    loop = ServingLoop(queue, engine, spec, stop)
+    loop = ServingLoop(queue, engine, spec, stop, lifecycle)
     heartbeat.held_ids = loop.held_ids
     try:
         loop.run()
@@ -139,18 +140,12 @@ def _lifecycle(settings, queue, deployment, tier, clock, stop, heartbeat) -> int
         raise
     finally:
         engine.shutdown()
-    _transition(queue, RunnerState.EXITED, exited_ms=int(time.time() * 1000))
+    lifecycle.to(RunnerState.EXITED)
     return 0
 
 
-def _transition(queue: RunnerQueue, state: RunnerState, **fields: object) -> None:
-    queue.set_fields(state=state, **fields)
-    queue.append_log(f"{time.strftime('%H:%M:%S')} {state.value}")
-    log.info("runner: %s -> %s", queue.runner_id, state.value)
-
-
-def _wait_as_stem(queue: RunnerQueue, stop: threading.Event) -> str | None:
-    _transition(queue, RunnerState.PREWARMED)
+def _wait_as_stem(lifecycle: Lifecycle, queue: RunnerQueue, stop: threading.Event) -> str | None:
+    lifecycle.to(RunnerState.PREWARMED)
     queue.offer_as_stem()
     while not stop.is_set():
         assigned = queue.wait_for_assignment(timeout_s=0.5)

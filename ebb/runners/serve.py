@@ -26,6 +26,7 @@ from ebb.queue.schema import (
     WorkItem,
 )
 from ebb.runners.engine import EngineAdapter, EngineRequestError, StepOutput
+from ebb.runners.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +50,14 @@ class ServingLoop:
         engine: EngineAdapter,
         spec: DeploymentSpec,
         stop: threading.Event,
+        lifecycle: Lifecycle,
         clock=time.monotonic,
     ):
         self._queue = queue
         self._engine = engine
         self._spec = spec
         self._stop = stop
+        self._lifecycle = lifecycle
         self._clock = clock
         self.held: dict[str, Held] = {}
         self._draining = False
@@ -168,6 +171,7 @@ class ServingLoop:
             return
         if self._queue.try_drain(self._spec.name):
             self._draining = True
+            self._lifecycle.adopt(RunnerState.DRAINING)
             log.info(
                 "runner: %s idle for %.1fs, draining",
                 self._queue.runner_id,
@@ -176,7 +180,7 @@ class ServingLoop:
 
     def _start_draining(self, why: str) -> None:
         self._draining = True
-        self._queue.set_fields(state=RunnerState.DRAINING)
+        self._lifecycle.to(RunnerState.DRAINING)
         log.info(
             "runner: %s draining (%s), %d in flight", self._queue.runner_id, why, len(self.held)
         )
