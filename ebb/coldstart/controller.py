@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 _SILENT_LEASES = 3
 # Exited and failed runner records stay visible this long (ebb status, the console).
 _FORGET_AFTER_S = 300.0
+# Leases are reaped at least this often, whatever the reconcile interval: a client of a
+# runner that died must hear about it within about a lease period.
+_REAP_INTERVAL_S = 1.0
 # A runner in these states is on its way to serving (a PREWARMED one with a deployment was
 # just assigned).
 _STARTING_STATES = (RunnerState.STARTING, RunnerState.PREWARMED, RunnerState.LOADING)
@@ -72,9 +75,11 @@ class Controller:
         log.info("coldstart: controller up (prewarm=%d)", self._settings.prewarm)
         await self._forget_previous_runners()
         next_reconcile = 0.0
+        tick_s = min(self._settings.controller_poll_s, _REAP_INTERVAL_S)
         while not self._stopping.is_set():
             try:
-                woken = await self._state.wait_for_wake(self._settings.controller_poll_s)
+                woken = await self._state.wait_for_wake(tick_s)
+                await self._reap()
                 if woken or time.monotonic() >= next_reconcile:
                     await self.reconcile()
                     next_reconcile = time.monotonic() + self._settings.controller_poll_s
@@ -96,10 +101,12 @@ class Controller:
                     exited_ms=int(time.time() * 1000),
                 )
 
-    async def reconcile(self) -> None:
+    async def _reap(self) -> None:
         reaped = await self._state.reap_expired_leases()
         if reaped:
             log.warning("coldstart: leases expired for %s", reaped)
+
+    async def reconcile(self) -> None:
         runners = await self._collect_exits(await self._state.runners())
         for spec in await self._state.list_deployments():
             await self._scale(spec, [r for r in runners if r.deployment == spec.name])
@@ -182,6 +189,7 @@ class Controller:
             return
         for _ in range(missing):
             await self._launch_for(spec.name)
+        await self._state.count_scale_up(spec.name, missing)
         log.info(
             "coldstart: %s scaled up by %d (queue=%d, ready=%d, starting=%d)",
             spec.name,

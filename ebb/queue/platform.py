@@ -18,6 +18,7 @@ from ebb.queue.connection import MAX_BLOCK_S
 from ebb.queue.records import decode_runner, encode_runner, parse_cold_start
 from ebb.queue.schema import (
     ApiKeyRecord,
+    ColdStartRecord,
     DeploymentSpec,
     Failed,
     RunnerRecord,
@@ -92,6 +93,26 @@ class PlatformState:
         if oldest:
             wait_s = max(0.0, (now_s * 1000 + now_us / 1000 - oldest[0][1]) / 1000)
         return QueueSnapshot(depth=depth, oldest_wait_s=wait_s)
+
+    async def count_scale_up(self, deployment: str, count: int) -> None:
+        await self.redis.hincrby(keys.SCALE_DECISIONS, f"{deployment}|up", count)
+
+    async def scale_decisions(self) -> dict[tuple[str, str], int]:
+        """{(deployment, "up" | "down"): count} since the platform's data began."""
+        raw = await self.redis.hgetall(keys.SCALE_DECISIONS)
+        result = {}
+        for field, count in raw.items():
+            deployment, _, direction = field.decode().rpartition("|")
+            result[(deployment, direction)] = int(count)
+        return result
+
+    async def cold_starts_after(self, after_id: bytes) -> tuple[bytes, list[ColdStartRecord]]:
+        """Cold-start records newer than `after_id`, and the id to resume from."""
+        entries = await self.redis.xrange(keys.COLD_STARTS, min=b"(" + after_id, max="+")
+        if not entries:
+            return after_id, []
+        records = [msgspec.json.decode(f[b"r"], type=ColdStartRecord) for _, f in entries]
+        return entries[-1][0], records
 
     async def cold_start_ms(self, deployment: str) -> dict[str, dict[str, float]]:
         return parse_cold_start(await self.redis.hgetall(keys.coldstart(deployment)))

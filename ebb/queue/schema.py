@@ -175,3 +175,9 @@ class UsageRecord(msgspec.Struct, kw_only=True):
     state: str  # finished | cancelled | failed
     runner_id: str
     finished_at_s: float
+
+
+class ColdStartRecord(msgspec.Struct, kw_only=True):
+    deployment: str
+    tier: str
+    phases_ms: dict[str, float]

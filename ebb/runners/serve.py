@@ -172,6 +172,7 @@ class ServingLoop:
         if self._queue.try_drain(self._spec.name):
             self._draining = True
             self._lifecycle.adopt(RunnerState.DRAINING)
+            self._queue.count_scale_down(self._spec.name)
             log.info(
                 "runner: %s idle for %.1fs, draining",
                 self._queue.runner_id,

@@ -88,9 +88,11 @@ def test_scale_from_zero_and_back_to_zero(platform, admin, redis_client):
     reply = platform.openai().chat.completions.create(model="idle", messages=MESSAGES, max_tokens=4)
     assert reply.choices[0].message.content == FAKE_REPLY[:4]
     view = wait_until(
-        lambda: (d := deployment(admin, "idle"))["status"] == "scaled_to_zero"
-        and all(r["state"] == "exited" for r in d["runners"])
-        and d,
+        lambda: (
+            (d := deployment(admin, "idle"))["status"] == "scaled_to_zero"
+            and all(r["state"] == "exited" for r in d["runners"])
+            and d
+        ),
         30,
         "the runner to drain and exit after its idle timeout",
     )
