@@ -94,7 +94,7 @@ class Controller:
         watch: their processes died with it (they exit when their parent goes)."""
         for r in await self._state.runners():
             if r.state.is_live and not self._launcher.alive(r.runner_id):
-                await self._state.update_runner(
+                await self._state.mark_runner_gone(
                     r.runner_id,
                     state=RunnerState.EXITED,
                     error="platform restarted",
@@ -145,7 +145,7 @@ class Controller:
             r = msgspec.structs.replace(
                 r, state=RunnerState.FAILED, error=r.error or why, exited_ms=int(time.time() * 1000)
             )
-            await self._state.update_runner(
+            await self._state.mark_runner_gone(
                 r.runner_id, state=r.state, error=r.error, exited_ms=r.exited_ms
             )
         if r.state is RunnerState.FAILED and r.deployment and not r.ready_ms:
@@ -200,11 +200,18 @@ class Controller:
         )
 
     async def _launch_for(self, deployment: str) -> None:
-        stem = await self._state.take_stem()
-        if stem is not None:
-            await self._state.assign(stem, deployment)
-            log.info("coldstart: assigned pre-warmed %s to %s", stem, deployment)
-            return
+        while (stem := await self._state.take_stem()) is not None:
+            if self._launcher.alive(stem):
+                await self._state.assign(stem, deployment)
+                log.info("coldstart: assigned pre-warmed %s to %s", stem, deployment)
+                return
+            # Died since the last reconcile: never hand work to a dead process.
+            await self._state.mark_runner_gone(
+                stem,
+                state=RunnerState.FAILED,
+                error="stem died while pre-warmed",
+                exited_ms=int(time.time() * 1000),
+            )
         await self._launch(deployment, tier="fresh")
 
     async def _refill_pool(self, runners: list[RunnerRecord]) -> None:

@@ -22,6 +22,7 @@ from ebb.queue.schema import (
     DeploymentSpec,
     Failed,
     RunnerRecord,
+    RunnerState,
     UsageRecord,
     encode,
 )
@@ -125,8 +126,12 @@ class PlatformState:
         pipe.sadd(keys.RUNNERS, record.runner_id)
         await pipe.execute()
 
-    async def update_runner(self, runner_id: str, **fields: object) -> None:
-        await self.redis.hset(keys.runner(runner_id), mapping=encode_runner(fields))
+    async def mark_runner_gone(self, runner_id: str, **fields: object) -> None:
+        """Record a runner that died without saying so; it leaves the pool with it."""
+        pipe = self.redis.pipeline()
+        pipe.hset(keys.runner(runner_id), mapping=encode_runner(fields))
+        pipe.srem(keys.STEMS, runner_id)
+        await pipe.execute()
 
     async def runners(self) -> list[RunnerRecord]:
         ids = await self.redis.smembers(keys.RUNNERS)
@@ -156,9 +161,13 @@ class PlatformState:
         ]
 
     async def take_stem(self) -> str | None:
-        """Take one pre-warmed runner out of the pool (atomic: no stem is assigned twice)."""
-        runner_id = await self.redis.spop(keys.STEMS)
-        return runner_id.decode() if runner_id else None
+        """Take one live pre-warmed runner out of the pool (SPOP: no stem is assigned
+        twice); stems that died since they joined are dropped on the way."""
+        while (runner_id := await self.redis.spop(keys.STEMS)) is not None:
+            state = await self.redis.hget(keys.runner(runner_id.decode()), "state")
+            if state == RunnerState.PREWARMED.value.encode():
+                return runner_id.decode()
+        return None
 
     async def assign(self, runner_id: str, deployment: str) -> None:
         pipe = self.redis.pipeline()
