@@ -200,6 +200,13 @@ class Controller:
         )
 
     async def _launch_for(self, deployment: str) -> None:
+        # Tiers, fastest first: a sleeping runner of this deployment, a pre-warmed stem, a
+        # fresh process. Sleepers exist only where engines support sleep mode (GPUs).
+        sleeper = await self._state.take_sleeper(deployment)
+        if sleeper is not None:
+            await self._state.assign(sleeper, deployment)
+            log.info("coldstart: waking sleeping %s for %s", sleeper, deployment)
+            return
         while (stem := await self._state.take_stem()) is not None:
             if self._launcher.alive(stem):
                 await self._state.assign(stem, deployment)

@@ -133,10 +133,14 @@ class Executor:
         runners = [r for r in await self._state.runners() if r.state.is_live]
         ready = sum(r.deployment == spec.name and r.state is RunnerState.READY for r in runners)
         stems = any(r.deployment == "" and r.state is RunnerState.PREWARMED for r in runners)
+        sleepers = any(
+            r.deployment == spec.name and r.state is RunnerState.SLEEPING for r in runners
+        )
         retry = retry_after_s(
             ready_runners=ready,
             cold_starts_ms=await self._state.cold_start_ms(spec.name),
             stems_available=stems,
+            sleepers_available=sleepers,
             waited_s=waited_s,
         )
         return CapacityError(message, retry_after_s=retry, code=code)

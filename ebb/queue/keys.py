@@ -61,6 +61,11 @@ def runner_assignment(runner_id: str) -> str:
     return f"{PREFIX}rassign:{runner_id}"
 
 
+def sleepers(deployment: str) -> str:
+    """Set of a deployment's runners whose engines sleep, ready to be woken."""
+    return f"{PREFIX}sleepers:{deployment}"
+
+
 def runner_log(runner_id: str) -> str:
     """Capped list of a runner's last log lines, shown when it fails."""
     return f"{PREFIX}rlog:{runner_id}"

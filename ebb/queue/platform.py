@@ -169,6 +169,14 @@ class PlatformState:
                 return runner_id.decode()
         return None
 
+    async def take_sleeper(self, deployment: str) -> str | None:
+        """Take one of the deployment's sleeping runners to wake (SPOP: once each)."""
+        while (runner_id := await self.redis.spop(keys.sleepers(deployment))) is not None:
+            state = await self.redis.hget(keys.runner(runner_id.decode()), "state")
+            if state == RunnerState.SLEEPING.value.encode():
+                return runner_id.decode()
+        return None
+
     async def assign(self, runner_id: str, deployment: str) -> None:
         pipe = self.redis.pipeline()
         pipe.hset(keys.runner(runner_id), "deployment", deployment)

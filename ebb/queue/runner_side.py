@@ -183,6 +183,22 @@ class RunnerQueue:
     def leave_pool(self) -> None:
         self._redis.srem(keys.STEMS, self.runner_id)
 
+    def try_sleep(self, deployment: str) -> bool:
+        return bool(
+            self._scripts.try_sleep(
+                keys=[
+                    keys.queue(deployment),
+                    keys.runner(self.runner_id),
+                    keys.sleepers(deployment),
+                ],
+                args=[self.runner_id],
+            )
+        )
+
+    def leave_sleepers(self, deployment: str) -> bool:
+        """Stop being wakeable; False when the controller already took this sleeper."""
+        return bool(self._redis.srem(keys.sleepers(deployment), self.runner_id))
+
     def record_cold_start(self, deployment: str, tier: str, phases_ms: dict[str, float]) -> None:
         """Fold this start's phase times into the deployment's moving averages (for
         Retry-After) and append it to the cold-start stream (for the metrics histogram)."""

@@ -132,6 +132,7 @@ class RunnerState(enum.StrEnum):
     LOADING = "loading"  # assigned: fetching weights, building the engine
     READY = "ready"  # claiming and serving
     DRAINING = "draining"  # no more claims; finishing what it holds
+    SLEEPING = "sleeping"  # idle with its engine asleep (GPU sleep mode); wakes in seconds
     EXITED = "exited"
     FAILED = "failed"
 

@@ -117,6 +117,8 @@ def _engine_args(options: EngineOptions, cuda: bool) -> EngineArgs:
         enforce_eager=not cuda,
         # The runner keeps its own metrics; vLLM's periodic stat logging is per-step work.
         disable_log_stats=True,
+        # Sleep mode is a GPU feature (a no-op on CPU): it enables the sleeping tier.
+        enable_sleep_mode=cuda,
     )
 
 
@@ -197,10 +199,11 @@ class _Request:
 
 
 class VllmEngine:
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, *, sleep_mode: bool = False):
         self._engine = engine
         self._requests: dict[str, _Request] = {}
         self._closed = False
+        self._sleep_mode = sleep_mode
 
     @classmethod
     def load(cls, options: EngineOptions) -> VllmEngine:
@@ -228,7 +231,7 @@ class VllmEngine:
             "cuda" if cuda else "cpu",
             time.perf_counter() - started,
         )
-        return cls(engine)
+        return cls(engine, sleep_mode=cuda)
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec
@@ -318,6 +321,20 @@ class VllmEngine:
             prompt_tokens=request.prompt_tokens,
             completion_tokens=request.completion_tokens(),
         )
+
+    @property
+    def supports_sleep(self) -> bool:
+        return self._sleep_mode
+
+    def sleep(self) -> None:
+        # Cached prefixes would point at a KV cache that level-1 sleep discards.
+        self._engine.reset_prefix_cache()
+        with _phase("sleep"):
+            self._engine.sleep(level=1)
+
+    def wake_up(self) -> None:
+        with _phase("wake up"):
+            self._engine.wake_up()
 
     def shutdown(self) -> None:
         if self._closed:

@@ -1,7 +1,9 @@
 """A runner's lifecycle as one state machine.
 
     STARTING -> PREWARMED -> LOADING -> READY -> DRAINING -> EXITED
-         \\____________________/   (a fresh start skips PREWARMED)
+         \\____________________/         |   ^
+       (a fresh start skips PREWARMED)    v   |   (engines with sleep mode: GPUs)
+                                        SLEEPING -> EXITED
     any live state -> FAILED
 
 State and timestamps live in the runner's Redis record, so the controller, the frontdoor and
@@ -24,7 +26,8 @@ ALLOWED: dict[RunnerState, frozenset[RunnerState]] = {
     S.STARTING: frozenset({S.PREWARMED, S.LOADING, S.EXITED, S.FAILED}),
     S.PREWARMED: frozenset({S.LOADING, S.EXITED, S.FAILED}),
     S.LOADING: frozenset({S.READY, S.EXITED, S.FAILED}),
-    S.READY: frozenset({S.DRAINING, S.FAILED}),
+    S.READY: frozenset({S.DRAINING, S.SLEEPING, S.FAILED}),
+    S.SLEEPING: frozenset({S.READY, S.DRAINING, S.EXITED, S.FAILED}),
     S.DRAINING: frozenset({S.EXITED, S.FAILED}),
     S.EXITED: frozenset(),
     S.FAILED: frozenset(),

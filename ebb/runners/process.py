@@ -23,7 +23,7 @@ from ebb.queue.schema import DeploymentSpec, RunnerState
 from ebb.runners.engine import EngineAdapter, EngineOptions
 from ebb.runners.engine_fake import FakeEngine, is_fake_source
 from ebb.runners.lifecycle import Lifecycle
-from ebb.runners.serve import ServingLoop
+from ebb.runners.serve import Outcome, ServingLoop
 
 log = logging.getLogger(__name__)
 
@@ -120,21 +120,13 @@ def _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat) -
     lifecycle.to(RunnerState.LOADING, deployment=deployment, tier=tier)
     engine, tier = _load_engine(settings, spec, clock, tier)
     clock.lap("engine")
-    lifecycle.to(RunnerState.READY, tier=tier)
-    clock.phases_ms["total"] = clock.total()
-    queue.record_cold_start(deployment, tier, clock.phases_ms)
-    log.info(
-        "runner: %s ready for %s via %s in %.0f ms %s",
-        queue.runner_id,
-        deployment,
-        tier,
-        clock.total(),
-        {k: round(v) for k, v in clock.phases_ms.items()},
-    )
+    _become_ready(lifecycle, queue, deployment, tier, clock)
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
     heartbeat.held_ids = loop.held_ids
     try:
-        loop.run()
+        while loop.run() is Outcome.SLEEP:
+            if not _sleep_until_woken(settings, lifecycle, queue, engine, deployment, stop):
+                break
     except Exception as e:
         loop.fail_all(f"the engine failed: {e}")
         raise
@@ -142,6 +134,55 @@ def _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat) -
         engine.shutdown()
     lifecycle.to(RunnerState.EXITED)
     return 0
+
+
+def _become_ready(
+    lifecycle: Lifecycle, queue: RunnerQueue, deployment: str, tier: str, clock: ColdStartClock
+) -> None:
+    lifecycle.to(RunnerState.READY, tier=tier)
+    clock.phases_ms["total"] = clock.total()
+    queue.record_cold_start(deployment, tier, clock.phases_ms)
+    phases = {k: round(v) for k, v in clock.phases_ms.items()}
+    log.info(
+        "runner: %s ready for %s via %s in %.0f ms %s",
+        queue.runner_id,
+        deployment,
+        tier,
+        clock.total(),
+        phases,
+    )
+
+
+def _sleep_until_woken(
+    settings: Settings,
+    lifecycle: Lifecycle,
+    queue: RunnerQueue,
+    engine: EngineAdapter,
+    deployment: str,
+    stop: threading.Event,
+) -> bool:
+    """Park the engine asleep until the controller wakes this runner for new work.
+
+    Returns False when the runner should exit instead (slept past the sleep timeout, or
+    asked to stop).
+    """
+    engine.sleep()
+    deadline = time.monotonic() + settings.sleep_timeout_s
+    woken = None
+    while not woken and not stop.is_set() and time.monotonic() < deadline:
+        woken = queue.wait_for_assignment(timeout_s=0.5)
+    if not woken:
+        if queue.leave_sleepers(deployment):
+            return False
+        # The controller took this sleeper at the instant it gave up: serve that work.
+        woken = queue.wait_for_assignment(timeout_s=5.0)
+        if not woken:
+            return False
+    clock = ColdStartClock(time.time() * 1000)
+    engine.wake_up()
+    clock.lap("wake")
+    _become_ready(lifecycle, queue, deployment, "sleeping", clock)
+    return True
 
 
 def _wait_as_stem(lifecycle: Lifecycle, queue: RunnerQueue, stop: threading.Event) -> str | None:

@@ -11,6 +11,7 @@ One thread runs it, numbered steps per iteration:
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -34,6 +35,11 @@ log = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.5
 # How often an idle runner re-reads its deployment (idle timeout, min replicas, deletion).
 _SPEC_REFRESH_S = 2.0
+
+
+class Outcome(enum.Enum):
+    DRAINED = "drained"  # everything finished; the runner should exit
+    SLEEP = "sleep"  # idle, parked as a sleeper: put the engine to sleep, wait to be woken
 
 
 @dataclass
@@ -61,23 +67,28 @@ class ServingLoop:
         self._clock = clock
         self.held: dict[str, Held] = {}
         self._draining = False
+        self._sleeping = False
         self._last_active = clock()
         self._spec_read_at = clock()
 
     def held_ids(self) -> list[str]:
         return list(self.held)
 
-    def run(self) -> None:
-        """Serve until drained; returns normally only after everything held is finished."""
+    def run(self) -> Outcome:
+        """Serve until drained or parked asleep; returns only with nothing held."""
         log.info("runner: %s serving %s", self._queue.runner_id, self._spec.name)
+        self._draining = self._sleeping = False
+        self._last_active = self._clock()
         while True:
+            if self._sleeping:  # parked atomically by try_sleep: claim nothing more
+                return Outcome.SLEEP
             if self._stop.is_set() and not self._draining:
                 self._start_draining("asked to stop")
             self._claim_and_cancel()
             if self._engine.has_unfinished():
                 self._step()
             elif self._draining and not self.held:
-                return
+                return Outcome.DRAINED
             elif not self.held:
                 self._maybe_drain_idle()
 
@@ -168,6 +179,11 @@ class ServingLoop:
         if now - self._last_active < self._spec.idle_timeout_s:
             return
         if self._queue.serving_runner_count(self._spec.name) <= self._spec.min_replicas:
+            return
+        if self._engine.supports_sleep:
+            if self._queue.try_sleep(self._spec.name):
+                self._sleeping = True
+                self._lifecycle.adopt(RunnerState.SLEEPING)
             return
         if self._queue.try_drain(self._spec.name):
             self._draining = True

@@ -110,3 +110,29 @@ def test_cold_starts_and_scale_decisions_are_metrics(platform, admin):
     )
     assert 'ebb_scale_decisions_total{deployment="counted",direction="up"} 1.0' in text
     assert 'ebb_runners{deployment="counted",state="ready"} 0.0' in text
+
+
+def test_an_engine_that_can_sleep_parks_when_idle_and_wakes_for_work(platform, admin):
+    # The fake engine stands in for vLLM on a GPU, where sleep mode exists (sleep=1).
+    deploy(admin, "sleepy", "fake://m?sleep=1", idle_timeout_s=1)
+    client = platform.openai()
+    client.chat.completions.create(model="sleepy", messages=MESSAGES, max_tokens=2)
+    asleep = wait_until(
+        lambda: (d := view(admin, "sleepy"))["status"] == "sleeping" and d,
+        30,
+        "the idle runner to fall asleep instead of exiting",
+    )
+    [runner] = asleep["runners"]
+    assert runner["state"] == "sleeping"
+
+    reply = client.chat.completions.create(model="sleepy", messages=MESSAGES, max_tokens=3)
+    assert reply.usage.completion_tokens == 3
+    woken = view(admin, "sleepy")
+    assert [r["id"] for r in woken["runners"]] == [runner["id"]], "woken, not relaunched"
+    assert "wake" in woken["cold_start_ms"]["sleeping"]
+
+
+def test_engines_without_sleep_mode_never_sleep(admin):
+    # The CPU case: the vLLM adapter reports no sleep support, like this fake engine.
+    assert "sleeping" not in view(admin, "counted")["cold_start_ms"]
+    assert {r["state"] for r in view(admin, "counted")["runners"]} == {"exited"}
