@@ -234,3 +234,19 @@ def _live_children(p: Platform) -> list[str]:
         if (proc.info.get("environ") or {}).get("EBB_HOME") == str(p.home)
         and proc.info["status"] != psutil.STATUS_ZOMBIE
     ]
+
+
+def test_client_leaving_while_queued_withdraws_the_request(platform, admin, redis_client):
+    deploy(admin, "queued", source="fake://m?load_s=3")
+    body = {"model": "queued", "messages": MESSAGES, "max_tokens": 3}
+    with pytest.raises(httpx.ReadTimeout):
+        admin.post("/v1/chat/completions", json=body, timeout=1.0)
+    # The request is gone from the queue, and the runner, once up, never runs it.
+    wait_until(lambda: redis_client.zcard(keys.queue("queued")) == 0, 10, "the withdrawal")
+    wait_until(lambda: deployment(admin, "queued")["status"] == "ready", 30, "the runner")
+    states = {
+        redis_client.hget(k, "state")
+        for k in redis_client.scan_iter(keys.request("*"))
+        if redis_client.hget(k, "deployment") == b"queued"
+    }
+    assert states == {b"cancelled"}
