@@ -104,8 +104,8 @@ class Executor:
             event = await running.reader.next(timeout_s=_EVENT_SILENCE_S)
             if event is None:
                 state = await self._queue.request_state(running.work.request_id)
-                if state.get("state") in (None, "claimed"):
-                    continue
+                if state.get("state") == "claimed":
+                    continue  # still running (a long prefill, say); the reaper guards loss
                 event = Failed(message="the request ended without a result", code="lost")
             if isinstance(event, Claimed):
                 continue
