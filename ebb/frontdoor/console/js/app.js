@@ -135,8 +135,13 @@ function route() {
     return Promise.resolve();
   }
   markNav(match.nav);
-  const api = createApi(session.key, {
-    onUnauthorized: (error) => signOut(`The platform refused this key: ${error.message}`),
+  const key = session.key;
+  const api = createApi(key, {
+    onUnauthorized: (error) => {
+      // Several polls may be refused at once: sign this key out once.
+      if (session && session.key === key)
+        signOut(`The platform refused this key: ${error.message}`);
+    },
   });
   const ctx = {
     main,
@@ -157,7 +162,11 @@ function route() {
   clear(main);
   return match.view.render(ctx).catch((error) => {
     if (error.name === "AbortError" || controller.signal.aborted) return;
-    clear(main, h("h1", { tabindex: "-1" }, "Something went wrong"), h("p", { class: "error" }, error.message));
+    clear(
+      main,
+      h("h1", { tabindex: "-1" }, "Something went wrong"),
+      h("p", { class: "error" }, error.message),
+    );
   });
 }
 

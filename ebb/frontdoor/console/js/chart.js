@@ -26,7 +26,11 @@ function axis(top, format) {
     const y = MARGIN.top + plotH - (plotH * i) / 4;
     lines.push(
       s("line", { x1: MARGIN.left, x2: WIDTH - MARGIN.right, y1: y, y2: y, class: "grid-line" }),
-      s("text", { x: MARGIN.left - 8, y: y + 4, class: "tick", "text-anchor": "end" }, format((top * i) / 4)),
+      s(
+        "text",
+        { x: MARGIN.left - 8, y: y + 4, class: "tick", "text-anchor": "end" },
+        format((top * i) / 4),
+      ),
     );
   }
   return lines;
@@ -47,14 +51,21 @@ function bars(categories, series, top) {
       if (height > 0) {
         base -= height;
         out.push(
-          s("rect", { x, y: base, width: barW, height, class: `bar series-${k}` },
-            s("title", {}, `${category} · ${serie.name}: ${serie.format(value)}`)),
+          s(
+            "rect",
+            { x, y: base, width: barW, height, class: `bar series-${k}` },
+            s("title", {}, `${category} · ${serie.name}: ${serie.format(value)}`),
+          ),
         );
       }
     });
     out.push(
-      s("text", { x: x + barW / 2, y: HEIGHT - MARGIN.bottom + 18, class: "tick", "text-anchor": "middle" },
-        shortLabel(category), s("title", {}, category)),
+      s(
+        "text",
+        { x: x + barW / 2, y: HEIGHT - MARGIN.bottom + 18, class: "tick", "text-anchor": "middle" },
+        shortLabel(category),
+        s("title", {}, category),
+      ),
     );
   });
   return out;
@@ -65,17 +76,34 @@ function bars(categories, series, top) {
  * Series stack on each category.
  */
 export function barChart({ title, categories, series, format }) {
-  const totals = categories.map((_, i) => series.reduce((sum, serie) => sum + (serie.values[i] || 0), 0));
+  const totals = categories.map((_, i) =>
+    series.reduce((sum, serie) => sum + (serie.values[i] || 0), 0),
+  );
   const top = niceMax(Math.max(0, ...totals));
   const captionId = uid("chart");
   const svg = s(
     "svg",
-    { viewBox: `0 0 ${WIDTH} ${HEIGHT}`, role: "img", "aria-labelledby": captionId, class: "chart", preserveAspectRatio: "xMidYMid meet" },
+    {
+      viewBox: `0 0 ${WIDTH} ${HEIGHT}`,
+      role: "img",
+      "aria-labelledby": captionId,
+      class: "chart",
+      preserveAspectRatio: "xMidYMid meet",
+    },
     axis(top, format),
     bars(categories, series, top),
     totals.some((t) => t > 0)
       ? null
-      : s("text", { x: (WIDTH + MARGIN.left) / 2, y: HEIGHT / 2, class: "chart-empty", "text-anchor": "middle" }, "No usage in this period"),
+      : s(
+          "text",
+          {
+            x: (WIDTH + MARGIN.left) / 2,
+            y: HEIGHT / 2,
+            class: "chart-empty",
+            "text-anchor": "middle",
+          },
+          "No usage in this period",
+        ),
   );
   const legend = h(
     "ul",
@@ -88,7 +116,11 @@ export function barChart({ title, categories, series, format }) {
     rows,
     columns: [
       { label: "", cell: (r) => r.category },
-      ...series.map((serie) => ({ label: serie.name, num: true, cell: (r) => serie.format(serie.values[r.i] || 0) })),
+      ...series.map((serie) => ({
+        label: serie.name,
+        num: true,
+        cell: (r) => serie.format(serie.values[r.i] || 0),
+      })),
     ],
   });
   return h(

@@ -131,12 +131,18 @@ export function cliHint(command) {
 }
 
 export function table({ label, columns, rows, empty, rowKey }) {
-  const head = h("tr", {}, columns.map((c) => h("th", { scope: "col", class: c.num ? "num" : null }, c.label)));
+  const head = h(
+    "tr",
+    {},
+    columns.map((c) => h("th", { scope: "col", class: c.num ? "num" : null }, c.label)),
+  );
   const body = rows.map((row) =>
     h(
       "tr",
       { dataset: rowKey ? { key: rowKey(row) } : undefined },
-      columns.map((c) => h("td", { class: c.num ? "num" : null, "data-label": c.label }, c.cell(row))),
+      columns.map((c) =>
+        h("td", { class: c.num ? "num" : null, "data-label": c.label }, c.cell(row)),
+      ),
     ),
   );
   if (!rows.length && empty) {
@@ -146,7 +152,13 @@ export function table({ label, columns, rows, empty, rowKey }) {
   return h(
     "div",
     { class: "table-wrap", role: "region", "aria-label": label, tabindex: "0" },
-    h("table", {}, h("caption", { class: "visually-hidden" }, label), h("thead", {}, head), h("tbody", {}, body)),
+    h(
+      "table",
+      {},
+      h("caption", { class: "visually-hidden" }, label),
+      h("thead", {}, head),
+      h("tbody", {}, body),
+    ),
   );
 }
 
@@ -229,7 +241,13 @@ export function numberOrNull(input) {
 export function liveLine() {
   const stamp = h("span", { class: "live-stamp" }, "Loading…");
   const problem = h("span", { class: "live-problem", role: "alert" });
-  const el = h("p", { class: "live" }, h("span", { class: "live-dot", "aria-hidden": "true" }), stamp, problem);
+  const el = h(
+    "p",
+    { class: "live" },
+    h("span", { class: "live-dot", "aria-hidden": "true" }),
+    stamp,
+    problem,
+  );
   return {
     el,
     ok() {
@@ -248,7 +266,9 @@ export function liveLine() {
 const shown = new WeakMap();
 
 function focusKey(el) {
-  return el.getAttribute("href") || el.getAttribute("aria-label") || el.dataset.param || el.id || null;
+  return (
+    el.getAttribute("href") || el.getAttribute("aria-label") || el.dataset.param || el.id || null
+  );
 }
 
 /**
@@ -259,12 +279,14 @@ export function refresh(container, data, build) {
   const signature = JSON.stringify(data);
   if (shown.get(container) === signature) return;
   shown.set(container, signature);
-  const active = container.contains(document.activeElement) ? focusKey(document.activeElement) : null;
+  const active = container.contains(document.activeElement)
+    ? focusKey(document.activeElement)
+    : null;
   clear(container, build());
   if (active) {
-    const again = [...container.querySelectorAll("a, button, input, select, textarea, summary, [tabindex]")].find(
-      (el) => focusKey(el) === active,
-    );
+    const again = [
+      ...container.querySelectorAll("a, button, input, select, textarea, summary, [tabindex]"),
+    ].find((el) => focusKey(el) === active);
     again?.focus({ preventScroll: true });
   }
 }
@@ -275,7 +297,11 @@ export function confirmDialog({ title, message, confirmLabel }) {
   return new Promise((resolve) => {
     const titleId = uid("dialog");
     const cancel = h("button", { type: "button", class: "button", value: "cancel" }, "Cancel");
-    const confirm = h("button", { type: "button", class: "button danger", value: "confirm" }, confirmLabel);
+    const confirm = h(
+      "button",
+      { type: "button", class: "button danger", value: "confirm" },
+      confirmLabel,
+    );
     const dialog = h(
       "dialog",
       { class: "dialog", "aria-labelledby": titleId },

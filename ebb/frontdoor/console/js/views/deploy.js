@@ -14,44 +14,9 @@ import {
   showFormError,
 } from "../dom.js";
 import { progressBar, weightsProgress } from "../model.js";
+import { priceFields, priceFieldset, readPrices } from "../prices.js";
 
 const NAME_PATTERN = /^[a-z0-9][a-z0-9._-]{0,62}$/;
-
-/** Price fields the platform's API takes on a deployment, read from its OpenAPI schema. */
-function priceFields(schema) {
-  const props = schema?.components?.schemas?.DeploymentCreate?.properties || {};
-  return Object.entries(props)
-    .filter(([name]) => name.includes("price"))
-    .map(([name, prop]) => ({ name, prop, micros: name.includes("micros") }));
-}
-
-function priceFieldset(prices) {
-  const legend = h("legend", {}, "Prices");
-  if (!prices.length) {
-    return h(
-      "fieldset",
-      { class: "prices" },
-      legend,
-      h("p", { class: "hint" }, "This platform does not take prices per deployment yet; tokens and time are still metered."),
-    );
-  }
-  return h(
-    "fieldset",
-    { class: "prices" },
-    legend,
-    h("div", { class: "grid" }, prices.map((p) =>
-      field({
-        label: `${p.prop.title || p.name}${p.micros ? " ($)" : ""}`,
-        param: p.name,
-        type: "number",
-        min: "0",
-        step: "any",
-        inputmode: "decimal",
-        hint: p.prop.description || "Leave empty for the platform's default.",
-      }),
-    )),
-  );
-}
 
 function readForm(form, prices) {
   const value = (param) => form.querySelector(`[data-param="${param}"]`);
@@ -62,11 +27,8 @@ function readForm(form, prices) {
     max_replicas: numberOrNull(value("max_replicas")),
     idle_timeout_s: numberOrNull(value("idle_timeout_s")),
   };
-  for (const p of prices) {
-    const n = numberOrNull(value(p.name));
-    if (n !== null) body[p.name] = p.micros ? Math.round(n * 1e6) : n;
-  }
   for (const k of Object.keys(body)) if (body[k] === null) delete body[k];
+  readPrices(form, prices, body);
   return body;
 }
 
@@ -74,11 +36,19 @@ function readForm(form, prices) {
 function checkLocally(form, body) {
   let ok = true;
   if (!NAME_PATTERN.test(body.name)) {
-    showFieldError(form, "name", "Use lowercase letters, digits, '.', '_' or '-', starting with a letter or digit (at most 63).");
+    showFieldError(
+      form,
+      "name",
+      "Use lowercase letters, digits, '.', '_' or '-', starting with a letter or digit (at most 63).",
+    );
     ok = false;
   }
   if (!body.source) {
-    showFieldError(form, "source", "Enter where the weights come from, e.g. gguf:PACKAGE/FILE.gguf or a local directory.");
+    showFieldError(
+      form,
+      "source",
+      "Enter where the weights come from, e.g. gguf:PACKAGE/FILE.gguf or a local directory.",
+    );
     ok = false;
   }
   for (const [param, v] of Object.entries(body)) {
@@ -92,8 +62,10 @@ function checkLocally(form, body) {
 }
 
 function cliCommand(body) {
-  return `ebb deploy ${body.name} --source ${body.source} --min ${body.min_replicas ?? 0} ` +
-    `--max ${body.max_replicas ?? 1} --idle-timeout ${body.idle_timeout_s ?? 60}`;
+  return (
+    `ebb deploy ${body.name} --source ${body.source} --min ${body.min_replicas ?? 0} ` +
+    `--max ${body.max_replicas ?? 1} --idle-timeout ${body.idle_timeout_s ?? 60}`
+  );
 }
 
 export async function render(ctx) {
@@ -107,27 +79,73 @@ export async function render(ctx) {
   ]);
   const prices = priceFields(schema);
   const sources = [...new Set(list.data.map((d) => d.source))];
-  const datalist = h("datalist", { id: "known-sources" }, sources.map((src) => h("option", { value: src })));
+  const datalist = h(
+    "datalist",
+    { id: "known-sources" },
+    sources.map((src) => h("option", { value: src })),
+  );
   const submit = h("button", { type: "submit", class: "button primary" }, "Deploy");
   const form = h(
     "form",
     { class: "card", novalidate: true, "aria-label": "Deploy a model" },
-    h("div", { class: "grid" },
-      field({ label: "Name", param: "name", required: true, autocomplete: "off", spellcheck: "false",
-        hint: "The model name clients call; lowercase letters, digits, '.', '_' or '-'." }),
-      field({ label: "Source", param: "source", required: true, list: "known-sources", autocomplete: "off",
-        spellcheck: "false", hint: "Where the weights come from: gguf:PACKAGE/FILE.gguf, a local directory, …" }),
+    h(
+      "div",
+      { class: "grid" },
+      field({
+        label: "Name",
+        param: "name",
+        required: true,
+        autocomplete: "off",
+        spellcheck: "false",
+        hint: "The model name clients call; lowercase letters, digits, '.', '_' or '-'.",
+      }),
+      field({
+        label: "Source",
+        param: "source",
+        required: true,
+        list: "known-sources",
+        autocomplete: "off",
+        spellcheck: "false",
+        hint: "Where the weights come from: gguf:PACKAGE/FILE.gguf, a local directory, …",
+      }),
     ),
     datalist,
-    h("fieldset", {}, h("legend", {}, "Scaling"),
-      h("div", { class: "grid three" },
-        field({ label: "Min replicas", param: "min_replicas", type: "number", value: "0", min: "0", step: "1",
-          hint: "Kept running even when idle; 0 scales to zero." }),
-        field({ label: "Max replicas", param: "max_replicas", type: "number", value: "1", min: "1", step: "1",
-          hint: "Most runners at once." }),
-        field({ label: "Idle timeout (s)", param: "idle_timeout_s", type: "number", value: "60", min: "1", step: "any",
-          hint: "Idle seconds before a runner drains." }),
-      )),
+    h(
+      "fieldset",
+      {},
+      h("legend", {}, "Scaling"),
+      h(
+        "div",
+        { class: "grid three" },
+        field({
+          label: "Min replicas",
+          param: "min_replicas",
+          type: "number",
+          value: "0",
+          min: "0",
+          step: "1",
+          hint: "Kept running even when idle; 0 scales to zero.",
+        }),
+        field({
+          label: "Max replicas",
+          param: "max_replicas",
+          type: "number",
+          value: "1",
+          min: "1",
+          step: "1",
+          hint: "Most runners at once.",
+        }),
+        field({
+          label: "Idle timeout (s)",
+          param: "idle_timeout_s",
+          type: "number",
+          value: "60",
+          min: "1",
+          step: "any",
+          hint: "Idle seconds before a runner drains.",
+        }),
+      ),
+    ),
     priceFieldset(prices),
     formError(),
     h("div", { class: "actions" }, submit),
@@ -156,7 +174,12 @@ export async function render(ctx) {
 function step(name, title) {
   const status = h("span", { class: "step-status", "aria-live": "polite" });
   const text = h("div", { class: "step-text" });
-  const el = h("li", { class: "step", dataset: { step: name, state: "pending" } }, h("div", { class: "step-title" }, title, status), text);
+  const el = h(
+    "li",
+    { class: "step", dataset: { step: name, state: "pending" } },
+    h("div", { class: "step-title" }, title, status),
+    text,
+  );
   return {
     el,
     set(state, label, ...content) {
@@ -170,13 +193,24 @@ function step(name, title) {
 function weightsStep(s, d) {
   if (d.weights === "preparing") {
     const value = weightsProgress(d);
-    s.set("active", value === null ? "preparing" : `${Math.round(value * 100)}%`,
+    s.set(
+      "active",
+      value === null ? "preparing" : `${Math.round(value * 100)}%`,
       h("p", {}, "Fetching and verifying the weights into the local cache."),
-      progressBar(value, "Weight prefetch progress"));
+      progressBar(value, "Weight prefetch progress"),
+    );
   } else if (d.weights === "failed") {
-    s.set("failed", "failed", h("p", { class: "error" }, d.error || "Preparing the weights failed."));
+    s.set(
+      "failed",
+      "failed",
+      h("p", { class: "error" }, d.error || "Preparing the weights failed."),
+    );
   } else if (d.weights === "ready") {
-    s.set("done", "in the cache", h("p", {}, "The first cold start loads from the local cache; nothing to download."));
+    s.set(
+      "done",
+      "in the cache",
+      h("p", {}, "The first cold start loads from the local cache; nothing to download."),
+    );
   } else {
     s.set("done", "nothing to fetch", h("p", {}, "This source needs no prefetch."));
   }
@@ -186,33 +220,68 @@ function coldStartStep(s, d, seen) {
   const runners = [...(d.runners || [])].sort((a, b) => b.launched_ms - a.launched_ms);
   const live = runners.find((r) => r.state === "ready") || runners[0];
   if (!live) {
-    s.set(d.min_replicas > 0 ? "active" : "waiting", d.min_replicas > 0 ? "starting" : "on first request",
-      h("p", {}, d.min_replicas > 0 ? "A runner is being started." : "Scaled to zero: the first request starts a runner."));
+    s.set(
+      d.min_replicas > 0 ? "active" : "waiting",
+      d.min_replicas > 0 ? "starting" : "on first request",
+      h(
+        "p",
+        {},
+        d.min_replicas > 0
+          ? "A runner is being started."
+          : "Scaled to zero: the first request starts a runner.",
+      ),
+    );
     return;
   }
   if (!seen.has(live.id)) seen.set(live.id, Date.now());
   const tierTimes = d.cold_start_ms?.[live.tier];
   if (live.state === "ready") {
-    const total = tierTimes?.total ?? (live.ready_ms && live.launched_ms ? live.ready_ms - live.launched_ms : null);
+    const total =
+      tierTimes?.total ??
+      (live.ready_ms && live.launched_ms ? live.ready_ms - live.launched_ms : null);
     const phases = Object.entries(tierTimes || {})
       .filter(([k]) => k !== "total")
       .map(([k, v]) => `${k} ${fmtMs(v)}`)
       .join(" · ");
-    s.set("done", "ready", h("p", {}, `Runner ${live.id} is ready via ${live.tier.replaceAll("_", " ")} in ${fmtMs(total)}.`),
-      phases ? h("p", { class: "hint" }, phases) : null);
+    s.set(
+      "done",
+      "ready",
+      h(
+        "p",
+        {},
+        `Runner ${live.id} is ready via ${live.tier.replaceAll("_", " ")} in ${fmtMs(total)}.`,
+      ),
+      phases ? h("p", { class: "hint" }, phases) : null,
+    );
   } else if (live.state === "failed" || live.state === "exited") {
-    s.set("failed", live.state, h("p", { class: "error" }, live.error || d.error || "The runner stopped before it was ready."),
-      d.error_log ? h("pre", { class: "log" }, d.error_log) : null);
+    s.set(
+      "failed",
+      live.state,
+      h(
+        "p",
+        { class: "error" },
+        live.error || d.error || "The runner stopped before it was ready.",
+      ),
+      d.error_log ? h("pre", { class: "log" }, d.error_log) : null,
+    );
   } else {
-    s.set("active", live.state, h("p", {}, `Runner ${live.id} is ${live.state} (${fmtMs(Date.now() - seen.get(live.id))}).`),
-      progressBar(null, "Cold start progress"));
+    s.set(
+      "active",
+      live.state,
+      h("p", {}, `Runner ${live.id} is ${live.state} (${fmtMs(Date.now() - seen.get(live.id))}).`),
+      progressBar(null, "Cold start progress"),
+    );
   }
 }
 
 function progressPanel(ctx, created) {
   const name = created.name;
   const createdStep = step("created", "Deployment created");
-  createdStep.set("done", "done", h("p", {}, "Clients call it as model ", h("code", {}, name), "."));
+  createdStep.set(
+    "done",
+    "done",
+    h("p", {}, "Clients call it as model ", h("code", {}, name), "."),
+  );
   const weights = step("weights", "Weights prefetch");
   const cold = step("cold-start", "First cold start");
   const seen = new Map();
@@ -222,13 +291,25 @@ function progressPanel(ctx, created) {
     { class: "card", "aria-labelledby": "deploy-progress-title" },
     title,
     h("ol", { class: "steps" }, createdStep.el, weights.el, cold.el),
-    h("div", { class: "actions" },
-      h("a", { class: "button", href: `#/deployments/${encodeURIComponent(name)}` }, "Open deployment"),
-      h("a", { class: "button", href: `#/playground/${encodeURIComponent(name)}` }, "Try it in the playground"),
+    h(
+      "div",
+      { class: "actions" },
+      h(
+        "a",
+        { class: "button", href: `#/deployments/${encodeURIComponent(name)}` },
+        "Open deployment",
+      ),
+      h(
+        "a",
+        { class: "button", href: `#/playground/${encodeURIComponent(name)}` },
+        "Try it in the playground",
+      ),
     ),
   );
   ctx.every(1000, async () => {
-    const d = await ctx.api.get(`/v1/deployments/${encodeURIComponent(name)}`, { signal: ctx.signal });
+    const d = await ctx.api.get(`/v1/deployments/${encodeURIComponent(name)}`, {
+      signal: ctx.signal,
+    });
     weightsStep(weights, d);
     coldStartStep(cold, d, seen);
     title.textContent = d.status === "ready" ? `${name} is ready` : `Deploying ${name}`;

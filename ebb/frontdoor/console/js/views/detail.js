@@ -23,17 +23,30 @@ import {
 import { REPLICA_STATES, progressBar, replicaCounts, weightsProgress } from "../model.js";
 
 function stat(label, value, extra) {
-  return h("div", { class: "stat" }, h("span", { class: "stat-label" }, label), h("span", { class: "stat-value" }, value), extra);
+  return h(
+    "div",
+    { class: "stat" },
+    h("span", { class: "stat-label" }, label),
+    h("span", { class: "stat-value" }, value),
+    extra,
+  );
 }
 
 function overview(d) {
   const counts = replicaCounts(d);
-  const progress = d.weights === "preparing" ? progressBar(weightsProgress(d), "Weight prefetch progress") : null;
+  const progress =
+    d.weights === "preparing" ? progressBar(weightsProgress(d), "Weight prefetch progress") : null;
   return h(
     "section",
     { class: "stats", "aria-label": "Overview" },
     REPLICA_STATES.map((s) => stat(s.label, String(counts[s.key]))),
-    stat("Queue depth", String(d.queue_depth), d.queue_depth ? h("span", { class: "sub" }, `oldest waits ${fmtSeconds(d.oldest_wait_s)}`) : null),
+    stat(
+      "Queue depth",
+      String(d.queue_depth),
+      d.queue_depth
+        ? h("span", { class: "sub" }, `oldest waits ${fmtSeconds(d.oldest_wait_s)}`)
+        : null,
+    ),
     stat("Weights", d.weights === "unknown" ? "—" : d.weights, progress),
   );
 }
@@ -74,7 +87,11 @@ function runnerLogs(runners, toggled) {
         "details",
         { class: "runner-log", open },
         h("summary", { id: `log-${r.id}` }, `Last log lines of ${r.id} (${r.state})`),
-        h("pre", { class: "log", tabindex: "0", "aria-label": `Log of ${r.id}` }, r.log_tail.join("\n")),
+        h(
+          "pre",
+          { class: "log", tabindex: "0", "aria-label": `Log of ${r.id}` },
+          r.log_tail.join("\n"),
+        ),
       );
       details.addEventListener("toggle", () => toggled.set(r.id, details.open));
       return details;
@@ -109,13 +126,23 @@ function runnersSection(d, toggled) {
 function errorsSection(d) {
   const failed = (d.runners || []).filter((r) => r.error);
   const items = [];
-  if (d.error) items.push(h("li", {}, h("p", { class: "error" }, d.error), d.error_log ? h("pre", { class: "log" }, d.error_log) : null));
+  if (d.error)
+    items.push(
+      h(
+        "li",
+        {},
+        h("p", { class: "error" }, d.error),
+        d.error_log ? h("pre", { class: "log" }, d.error_log) : null,
+      ),
+    );
   for (const r of failed) items.push(h("li", {}, h("p", {}, h("code", {}, r.id), `: ${r.error}`)));
   return h(
     "section",
     { "aria-labelledby": "errors-title" },
     h("h2", { id: "errors-title" }, "Recent errors"),
-    items.length ? h("ul", { class: "errors" }, items) : h("p", { class: "muted" }, "No recent errors."),
+    items.length
+      ? h("ul", { class: "errors" }, items)
+      : h("p", { class: "muted" }, "No recent errors."),
   );
 }
 
@@ -125,14 +152,41 @@ function scaleForm(ctx, d) {
     "form",
     { class: "card", novalidate: true, "aria-labelledby": "scale-title" },
     h("h2", { id: "scale-title" }, "Scale"),
-    h("div", { class: "grid three" },
-      field({ label: "Min replicas", param: "min_replicas", type: "number", value: String(d.min_replicas), min: "0", step: "1" }),
-      field({ label: "Max replicas", param: "max_replicas", type: "number", value: String(d.max_replicas), min: "1", step: "1" }),
-      field({ label: "Idle timeout (s)", param: "idle_timeout_s", type: "number", value: String(d.idle_timeout_s), min: "1", step: "any" }),
+    h(
+      "div",
+      { class: "grid three" },
+      field({
+        label: "Min replicas",
+        param: "min_replicas",
+        type: "number",
+        value: String(d.min_replicas),
+        min: "0",
+        step: "1",
+      }),
+      field({
+        label: "Max replicas",
+        param: "max_replicas",
+        type: "number",
+        value: String(d.max_replicas),
+        min: "1",
+        step: "1",
+      }),
+      field({
+        label: "Idle timeout (s)",
+        param: "idle_timeout_s",
+        type: "number",
+        value: String(d.idle_timeout_s),
+        min: "1",
+        step: "any",
+      }),
     ),
     formError(),
     done,
-    h("div", { class: "actions" }, h("button", { type: "submit", class: "button primary" }, "Scale")),
+    h(
+      "div",
+      { class: "actions" },
+      h("button", { type: "submit", class: "button primary" }, "Scale"),
+    ),
   );
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -169,7 +223,13 @@ function deleteSection(ctx, name) {
       ctx.flash(error.message, "bad");
     }
   });
-  return h("section", { class: "card danger-zone", "aria-labelledby": "delete-title" }, h("h2", { id: "delete-title" }, "Delete"), h("p", {}, "Removes the deployment; in-flight requests still finish."), button);
+  return h(
+    "section",
+    { class: "card danger-zone", "aria-labelledby": "delete-title" },
+    h("h2", { id: "delete-title" }, "Delete"),
+    h("p", {}, "Removes the deployment; in-flight requests still finish."),
+    button,
+  );
 }
 
 export async function render(ctx) {
@@ -195,7 +255,11 @@ export async function render(ctx) {
     } catch (error) {
       if (error.name === "AbortError") throw error;
       if (error.status === 404) {
-        clear(body, h("p", { class: "error" }, error.message), h("a", { href: "#/deployments" }, "Back to deployments"));
+        clear(
+          body,
+          h("p", { class: "error" }, error.message),
+          h("a", { href: "#/deployments" }, "Back to deployments"),
+        );
         return;
       }
       live.fail(error);
@@ -203,14 +267,27 @@ export async function render(ctx) {
     }
     live.ok();
     clear(status, badge(d.status));
-    clear(meta, "Source ", h("code", {}, d.source), ` · created ${fmtTime(d.created_at_s)} · ${d.min_replicas}–${d.max_replicas} replicas · idle timeout ${d.idle_timeout_s} s`);
+    clear(
+      meta,
+      "Source ",
+      h("code", {}, d.source),
+      ` · created ${fmtTime(d.created_at_s)} · ${d.min_replicas}–${d.max_replicas} replicas · idle timeout ${d.idle_timeout_s} s`,
+    );
     if (!liveArea) {
       liveArea = h("div", { class: "live-area" });
       const admin = ctx.session.role === "admin";
-      clear(body, liveArea,
+      clear(
+        body,
+        liveArea,
         admin ? h("div", { class: "manage" }, scaleForm(ctx, d), deleteSection(ctx, name)) : null,
-        cliHint(`ebb deployments show ${name}`));
+        cliHint(`ebb deployments show ${name}`),
+      );
     }
-    refresh(liveArea, d, () => [overview(d), coldStarts(d), runnersSection(d, toggled), errorsSection(d)]);
+    refresh(liveArea, d, () => [
+      overview(d),
+      coldStarts(d),
+      runnersSection(d, toggled),
+      errorsSection(d),
+    ]);
   });
 }

@@ -17,7 +17,13 @@ import {
 } from "../dom.js";
 
 function secretCallout(created, onDone) {
-  const input = h("input", { type: "text", readonly: true, id: "new-key-secret", class: "secret", spellcheck: "false" });
+  const input = h("input", {
+    type: "text",
+    readonly: true,
+    id: "new-key-secret",
+    class: "secret",
+    spellcheck: "false",
+  });
   input.value = created.key;
   const copied = h("span", { class: "sub", role: "status" });
   const copy = h("button", { type: "button", class: "button" }, "Copy");
@@ -37,7 +43,12 @@ function secretCallout(created, onDone) {
     { class: "card callout", "aria-labelledby": "new-key-title", dataset: { keyId: created.id } },
     h("h2", { id: "new-key-title" }, `New key for tenant ${created.tenant}`),
     h("p", {}, "Copy it now: this is the only time it is shown. The platform keeps only its hash."),
-    h("div", { class: "field" }, h("label", { for: "new-key-secret" }, `Secret of ${created.id}`), h("div", { class: "row" }, input, copy)),
+    h(
+      "div",
+      { class: "field" },
+      h("label", { for: "new-key-secret" }, `Secret of ${created.id}`),
+      h("div", { class: "row" }, input, copy),
+    ),
     copied,
     h("div", { class: "actions" }, done),
   );
@@ -46,7 +57,11 @@ function secretCallout(created, onDone) {
 function keysTable(ctx, keys, reload) {
   const revokeButton = (k) => {
     if (k.revoked) return "";
-    const button = h("button", { type: "button", class: "button danger small", "aria-label": `Revoke ${k.id}` }, "Revoke");
+    const button = h(
+      "button",
+      { type: "button", class: "button danger small", "aria-label": `Revoke ${k.id}` },
+      "Revoke",
+    );
     button.addEventListener("click", async () => {
       const sure = await confirmDialog({
         title: `Revoke ${k.id}?`,
@@ -89,17 +104,34 @@ export async function render(ctx) {
     "form",
     { class: "card", novalidate: true, "aria-labelledby": "create-key-title" },
     h("h2", { id: "create-key-title" }, "Create a key"),
-    h("div", { class: "grid two" },
-      field({ label: "Tenant", param: "tenant", required: true, autocomplete: "off", spellcheck: "false",
-        hint: "Who the key's usage is billed to: letters, digits, '.', '_' or '-'." }),
-      field({ label: "Name (optional)", param: "name", autocomplete: "off", hint: "A label to recognise the key by." }),
+    h(
+      "div",
+      { class: "grid two" },
+      field({
+        label: "Tenant",
+        param: "tenant",
+        required: true,
+        autocomplete: "off",
+        spellcheck: "false",
+        hint: "Who the key's usage is billed to: letters, digits, '.', '_' or '-'.",
+      }),
+      field({
+        label: "Name (optional)",
+        param: "name",
+        autocomplete: "off",
+        hint: "A label to recognise the key by.",
+      }),
     ),
     formError(),
     h("div", { class: "actions" }, submit),
   );
   ctx.main.append(
     h("div", { class: "view-head" }, h("h1", {}, "API keys")),
-    h("p", { class: "lede" }, "Tenant keys call the API and see their own usage. The admin key is separate and cannot be revoked here."),
+    h(
+      "p",
+      { class: "lede" },
+      "Tenant keys call the API and see their own usage. The admin key is separate and cannot be revoked here.",
+    ),
     form,
     callout,
     h("h2", {}, "Keys"),
@@ -124,10 +156,13 @@ export async function render(ctx) {
     try {
       const created = await ctx.api.post("/v1/keys", { tenant, name });
       form.reset();
-      clear(callout, secretCallout(created, () => {
-        clear(callout); // the secret leaves the page for good
-        submit.focus();
-      }));
+      clear(
+        callout,
+        secretCallout(created, () => {
+          clear(callout); // the secret leaves the page for good
+          submit.focus();
+        }),
+      );
       callout.querySelector("input").focus();
       callout.querySelector("input").select();
       await reload();

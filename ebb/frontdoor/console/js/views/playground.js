@@ -80,7 +80,8 @@ async function streamAnswer(ctx, request, parts) {
         stats.set("prompt", fmtInt(chunk.usage.prompt_tokens));
         stats.set("completion", fmtInt(chunk.usage.completion_tokens));
         const genS = (performance.now() - (firstAt ?? started)) / 1000;
-        if (genS > 0) stats.set("speed", `${(chunk.usage.completion_tokens / genS).toFixed(1)} tokens/s`);
+        if (genS > 0)
+          stats.set("speed", `${(chunk.usage.completion_tokens / genS).toFixed(1)} tokens/s`);
       }
     }
     stats.set("finish", finish || "—");
@@ -105,18 +106,61 @@ export async function render(ctx) {
   ctx.main.append(h("div", { class: "view-head" }, h("h1", {}, "Playground")));
   const models = await loadModels(ctx);
   if (!models.length) {
-    ctx.main.append(h("div", { class: "card empty-state" }, h("p", {}, "No models are deployed yet."),
-      ctx.session.role === "admin" ? h("a", { class: "button primary", href: "#/deploy" }, "Deploy a model") : null));
+    ctx.main.append(
+      h(
+        "div",
+        { class: "card empty-state" },
+        h("p", {}, "No models are deployed yet."),
+        ctx.session.role === "admin"
+          ? h("a", { class: "button primary", href: "#/deploy" }, "Deploy a model")
+          : null,
+      ),
+    );
     return;
   }
   const chosen = models.includes(ctx.params[0]) ? ctx.params[0] : models[0];
-  const modelField = field({ label: "Model", param: "model", options: models.map((m) => ({ value: m, label: m })), value: chosen });
-  const systemField = field({ label: "System prompt (optional)", param: "system", textarea: true, rows: "2" });
-  const tempField = field({ label: "Temperature", param: "temperature", type: "number", value: "0.7", min: "0", max: "2", step: "0.1" });
-  const maxField = field({ label: "Max tokens", param: "max_tokens", type: "number", value: "256", min: "1", step: "1" });
-  const messageField = field({ label: "Message", param: "message", textarea: true, rows: "3", hint: "Ctrl+Enter sends." });
+  const modelField = field({
+    label: "Model",
+    param: "model",
+    options: models.map((m) => ({ value: m, label: m })),
+    value: chosen,
+  });
+  const systemField = field({
+    label: "System prompt (optional)",
+    param: "system",
+    textarea: true,
+    rows: "2",
+  });
+  const tempField = field({
+    label: "Temperature",
+    param: "temperature",
+    type: "number",
+    value: "0.7",
+    min: "0",
+    max: "2",
+    step: "0.1",
+  });
+  const maxField = field({
+    label: "Max tokens",
+    param: "max_tokens",
+    type: "number",
+    value: "256",
+    min: "1",
+    step: "1",
+  });
+  const messageField = field({
+    label: "Message",
+    param: "message",
+    textarea: true,
+    rows: "3",
+    hint: "Ctrl+Enter sends.",
+  });
   const input = messageField.querySelector("textarea");
-  const transcript = h("ol", { class: "transcript", "aria-label": "Conversation", "aria-live": "polite" });
+  const transcript = h("ol", {
+    class: "transcript",
+    "aria-label": "Conversation",
+    "aria-live": "polite",
+  });
   const error = h("p", { class: "form-error", role: "alert" });
   const send = h("button", { type: "submit", class: "button primary" }, "Send");
   const stop = h("button", { type: "button", class: "button", disabled: true }, "Stop");
@@ -124,16 +168,33 @@ export async function render(ctx) {
   const stats = statsList();
   const history = [];
 
-  const form = h("form", { class: "chat-form", novalidate: true, "aria-label": "Send a message" }, messageField, error, h("div", { class: "actions" }, send, stop, reset));
+  const form = h(
+    "form",
+    { class: "chat-form", novalidate: true, "aria-label": "Send a message" },
+    messageField,
+    error,
+    h("div", { class: "actions" }, send, stop, reset),
+  );
   const hint = h("div", {}, cliHint(`ebb chat ${chosen} "What is the capital of France?"`));
   const select = modelField.querySelector("select");
-  select.addEventListener("change", () => clear(hint, cliHint(`ebb chat ${select.value} "What is the capital of France?"`)));
+  select.addEventListener("change", () =>
+    clear(hint, cliHint(`ebb chat ${select.value} "What is the capital of France?"`)),
+  );
   ctx.main.append(
-    h("div", { class: "playground" },
+    h(
+      "div",
+      { class: "playground" },
       h("section", { class: "card chat", "aria-label": "Chat" }, transcript, form),
-      h("aside", { class: "card settings", "aria-label": "Settings and last request" },
-        modelField, systemField, h("div", { class: "grid two" }, tempField, maxField),
-        h("h2", {}, "Last request"), stats.el)),
+      h(
+        "aside",
+        { class: "card settings", "aria-label": "Settings and last request" },
+        modelField,
+        systemField,
+        h("div", { class: "grid two" }, tempField, maxField),
+        h("h2", {}, "Last request"),
+        stats.el,
+      ),
+    ),
     hint,
   );
   reset.addEventListener("click", () => {

@@ -2,14 +2,28 @@
 // GET /v1/usage. GPU-seconds and cost appear when the platform meters them.
 
 import { barChart } from "../chart.js";
-import { clear, cliHint, field, fmtInt, fmtMicros, fmtSeconds, h, liveLine, refresh, table } from "../dom.js";
+import {
+  clear,
+  cliHint,
+  field,
+  fmtInt,
+  fmtMicros,
+  fmtSeconds,
+  h,
+  liveLine,
+  refresh,
+  table,
+} from "../dom.js";
 
 const DAY_MS = 86_400_000;
 
 function dayStarts(days) {
   const today = new Date();
   today.setHours(0, 0, 0, 0);
-  return Array.from({ length: days }, (_, i) => new Date(today.getTime() - (days - 1 - i) * DAY_MS));
+  return Array.from(
+    { length: days },
+    (_, i) => new Date(today.getTime() - (days - 1 - i) * DAY_MS),
+  );
 }
 
 function dayLabel(date) {
@@ -42,30 +56,49 @@ async function dailyUsage(api, starts, signal) {
     return starts.map((d) => byDay.get(isoDay(d)) || {});
   }
   const totals = await Promise.all(
-    starts.map((d) => api.get(`/v1/usage?start=${d.getTime() / 1000}`, { signal }).then((b) => b.total || {})),
+    starts.map((d) =>
+      api.get(`/v1/usage?start=${d.getTime() / 1000}`, { signal }).then((b) => b.total || {}),
+    ),
   );
   return totals.map((t, i) => minus(t, totals[i + 1]));
 }
 
 function summary(total) {
   const card = (label, value, note) =>
-    h("div", { class: "stat" }, h("span", { class: "stat-label" }, label), h("span", { class: "stat-value", dataset: { metric: label } }, value),
-      note ? h("span", { class: "sub" }, note) : null);
+    h(
+      "div",
+      { class: "stat" },
+      h("span", { class: "stat-label" }, label),
+      h("span", { class: "stat-value", dataset: { metric: label } }, value),
+      note ? h("span", { class: "sub" }, note) : null,
+    );
   return h(
     "section",
     { class: "stats", "aria-label": "Totals" },
     card("Requests", fmtInt(total.requests || 0)),
     card("Prompt tokens", fmtInt(total.prompt_tokens || 0)),
     card("Completion tokens", fmtInt(total.completion_tokens || 0)),
-    card("GPU-seconds", total.gpu_seconds === undefined ? "—" : fmtInt(total.gpu_seconds), total.gpu_seconds === undefined ? "not metered by this platform yet" : null),
-    card("Cost", total.cost_micros === undefined ? "—" : fmtMicros(total.cost_micros), total.cost_micros === undefined ? "not priced by this platform yet" : null),
+    card(
+      "GPU-seconds",
+      total.gpu_seconds === undefined ? "—" : fmtInt(total.gpu_seconds),
+      total.gpu_seconds === undefined ? "not metered by this platform yet" : null,
+    ),
+    card(
+      "Cost",
+      total.cost_micros === undefined ? "—" : fmtMicros(total.cost_micros),
+      total.cost_micros === undefined ? "not priced by this platform yet" : null,
+    ),
   );
 }
 
 function tokenSeries(rows) {
   return [
     { name: "Prompt tokens", values: rows.map((r) => r.prompt_tokens || 0), format: fmtInt },
-    { name: "Completion tokens", values: rows.map((r) => r.completion_tokens || 0), format: fmtInt },
+    {
+      name: "Completion tokens",
+      values: rows.map((r) => r.completion_tokens || 0),
+      format: fmtInt,
+    },
   ];
 }
 
@@ -73,19 +106,45 @@ function charts(days, daily, perDeployment, total) {
   const labels = days.map(dayLabel);
   const names = perDeployment.map((r) => r.deployment);
   const out = [
-    barChart({ title: "Tokens per day", categories: labels, series: tokenSeries(daily), format: fmtInt }),
-    barChart({ title: "Tokens per deployment", categories: names, series: tokenSeries(perDeployment), format: fmtInt }),
+    barChart({
+      title: "Tokens per day",
+      categories: labels,
+      series: tokenSeries(daily),
+      format: fmtInt,
+    }),
+    barChart({
+      title: "Tokens per deployment",
+      categories: names,
+      series: tokenSeries(perDeployment),
+      format: fmtInt,
+    }),
   ];
   if (total.gpu_seconds !== undefined) {
-    const gpu = (rows) => [{ name: "GPU-seconds", values: rows.map((r) => r.gpu_seconds || 0), format: fmtSeconds }];
+    const gpu = (rows) => [
+      { name: "GPU-seconds", values: rows.map((r) => r.gpu_seconds || 0), format: fmtSeconds },
+    ];
     out.push(
-      barChart({ title: "GPU-seconds per day", categories: labels, series: gpu(daily), format: fmtInt }),
-      barChart({ title: "GPU-seconds per deployment", categories: names, series: gpu(perDeployment), format: fmtInt }),
+      barChart({
+        title: "GPU-seconds per day",
+        categories: labels,
+        series: gpu(daily),
+        format: fmtInt,
+      }),
+      barChart({
+        title: "GPU-seconds per deployment",
+        categories: names,
+        series: gpu(perDeployment),
+        format: fmtInt,
+      }),
     );
   }
   if (total.cost_micros !== undefined) {
-    const cost = [{ name: "Cost", values: daily.map((r) => r.cost_micros || 0), format: fmtMicros }];
-    out.push(barChart({ title: "Cost per day", categories: labels, series: cost, format: fmtMicros }));
+    const cost = [
+      { name: "Cost", values: daily.map((r) => r.cost_micros || 0), format: fmtMicros },
+    ];
+    out.push(
+      barChart({ title: "Cost per day", categories: labels, series: cost, format: fmtMicros }),
+    );
   }
   return h("div", { class: "charts" }, out);
 }
@@ -135,8 +194,17 @@ export async function render(ctx) {
   const live = liveLine();
   const body = h("div", { class: "view-body" });
   ctx.main.append(
-    h("div", { class: "view-head" }, h("h1", {}, "Usage"), h("div", { class: "inline-field" }, range)),
-    h("p", { class: "lede" }, ctx.session.role === "admin" ? "Every tenant's usage." : "Your tenant's usage."),
+    h(
+      "div",
+      { class: "view-head" },
+      h("h1", {}, "Usage"),
+      h("div", { class: "inline-field" }, range),
+    ),
+    h(
+      "p",
+      { class: "lede" },
+      ctx.session.role === "admin" ? "Every tenant's usage." : "Your tenant's usage.",
+    ),
     live.el,
     body,
     cliHint("ebb usage"),
