@@ -9,12 +9,12 @@ import {
   fmtMs,
   formError,
   h,
-  numberOrNull,
   showFieldError,
   showFormError,
 } from "../dom.js";
 import { progressBar, weightsProgress } from "../model.js";
 import { priceFields, priceFieldset, readPrices } from "../prices.js";
+import { readScaling, scalingFields } from "../scaling.js";
 
 const NAME_PATTERN = /^[a-z0-9][a-z0-9._-]{0,62}$/;
 
@@ -23,11 +23,8 @@ function readForm(form, prices) {
   const body = {
     name: value("name").value.trim(),
     source: value("source").value.trim(),
-    min_replicas: numberOrNull(value("min_replicas")),
-    max_replicas: numberOrNull(value("max_replicas")),
-    idle_timeout_s: numberOrNull(value("idle_timeout_s")),
+    ...readScaling(form),
   };
-  for (const k of Object.keys(body)) if (body[k] === null) delete body[k];
   readPrices(form, prices, body);
   return body;
 }
@@ -114,37 +111,7 @@ export async function render(ctx) {
       "fieldset",
       {},
       h("legend", {}, "Scaling"),
-      h(
-        "div",
-        { class: "grid three" },
-        field({
-          label: "Min replicas",
-          param: "min_replicas",
-          type: "number",
-          value: "0",
-          min: "0",
-          step: "1",
-          hint: "Kept running even when idle; 0 scales to zero.",
-        }),
-        field({
-          label: "Max replicas",
-          param: "max_replicas",
-          type: "number",
-          value: "1",
-          min: "1",
-          step: "1",
-          hint: "Most runners at once.",
-        }),
-        field({
-          label: "Idle timeout (s)",
-          param: "idle_timeout_s",
-          type: "number",
-          value: "60",
-          min: "1",
-          step: "any",
-          hint: "Idle seconds before a runner drains.",
-        }),
-      ),
+      scalingFields({ min_replicas: 0, max_replicas: 1, idle_timeout_s: 60 }),
     ),
     priceFieldset(prices),
     formError(),

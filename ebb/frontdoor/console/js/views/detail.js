@@ -7,7 +7,6 @@ import {
   clearErrors,
   cliHint,
   confirmDialog,
-  field,
   fmtClock,
   fmtMs,
   fmtSeconds,
@@ -15,12 +14,12 @@ import {
   formError,
   h,
   liveLine,
-  numberOrNull,
   refresh,
   showFormError,
   table,
 } from "../dom.js";
 import { REPLICA_STATES, progressBar, replicaCounts, weightsProgress } from "../model.js";
+import { readScaling, scalingFields } from "../scaling.js";
 
 function stat(label, value, extra) {
   return h(
@@ -152,34 +151,7 @@ function scaleForm(ctx, d) {
     "form",
     { class: "card", novalidate: true, "aria-labelledby": "scale-title" },
     h("h2", { id: "scale-title" }, "Scale"),
-    h(
-      "div",
-      { class: "grid three" },
-      field({
-        label: "Min replicas",
-        param: "min_replicas",
-        type: "number",
-        value: String(d.min_replicas),
-        min: "0",
-        step: "1",
-      }),
-      field({
-        label: "Max replicas",
-        param: "max_replicas",
-        type: "number",
-        value: String(d.max_replicas),
-        min: "1",
-        step: "1",
-      }),
-      field({
-        label: "Idle timeout (s)",
-        param: "idle_timeout_s",
-        type: "number",
-        value: String(d.idle_timeout_s),
-        min: "1",
-        step: "any",
-      }),
-    ),
+    scalingFields(d),
     formError(),
     done,
     h(
@@ -192,13 +164,9 @@ function scaleForm(ctx, d) {
     event.preventDefault();
     clearErrors(form);
     done.textContent = "";
-    const body = {};
-    for (const param of ["min_replicas", "max_replicas", "idle_timeout_s"]) {
-      const value = numberOrNull(form.querySelector(`[data-param="${param}"]`));
-      if (value !== null) body[param] = value;
-    }
     try {
-      const updated = await ctx.api.patch(`/v1/deployments/${encodeURIComponent(d.name)}`, body);
+      const path = `/v1/deployments/${encodeURIComponent(d.name)}`;
+      const updated = await ctx.api.patch(path, readScaling(form));
       done.textContent = `Scaled: min ${updated.min_replicas}, max ${updated.max_replicas}, idle timeout ${updated.idle_timeout_s} s.`;
     } catch (error) {
       showFormError(form, error);
