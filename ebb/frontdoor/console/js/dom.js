@@ -106,6 +106,7 @@ const STATUS_TONES = {
   running: "busy",
   queued: "busy",
   draining: "muted",
+  sleeping: "muted",
   scaled_to_zero: "muted",
   exited: "muted",
   revoked: "muted",

@@ -3,22 +3,31 @@
 
 import { fmtMicros, fmtMs, h } from "./dom.js";
 
-export const REPLICA_STATES = [
+const BASE_STATES = [
   { key: "prewarmed", label: "Pre-warmed" },
   { key: "loading", label: "Loading" },
   { key: "ready", label: "Ready" },
   { key: "draining", label: "Draining" },
 ];
+const FOLDED = new Set(["starting", ...BASE_STATES.map((s) => s.key)]);
+
+/**
+ * The replica states to show for `deployments`: the four every platform has, plus any
+ * other live state the platform reports (e.g. "sleeping" where engines can sleep).
+ */
+export function replicaStates(deployments) {
+  const extra = new Set();
+  for (const d of deployments) {
+    for (const key of Object.keys(d.replicas || {})) if (!FOLDED.has(key)) extra.add(key);
+  }
+  const label = (key) => key.charAt(0).toUpperCase() + key.slice(1).replaceAll("_", " ");
+  return [...BASE_STATES, ...[...extra].sort().map((key) => ({ key, label: label(key) }))];
+}
 
 /** Replicas by state; "starting" (a fresh process importing libraries) counts as loading. */
 export function replicaCounts(deployment) {
   const r = deployment.replicas || {};
-  return {
-    prewarmed: r.prewarmed || 0,
-    loading: (r.loading || 0) + (r.starting || 0),
-    ready: r.ready || 0,
-    draining: r.draining || 0,
-  };
+  return { ...r, loading: (r.loading || 0) + (r.starting || 0) };
 }
 
 /** The fastest measured cold start over tiers: {tier, totalMs, phases} or null. */

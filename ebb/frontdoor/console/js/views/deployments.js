@@ -2,10 +2,10 @@
 
 import { badge, cliHint, fmtInt, h, liveLine, refresh, table } from "../dom.js";
 import {
-  REPLICA_STATES,
   coldStartText,
   costText,
   replicaCounts,
+  replicaStates,
   startOfToday,
   tokensOf,
   usageByDeployment,
@@ -28,10 +28,10 @@ function deploymentsTable(rows, minute, today) {
       cell: (d) => h("a", { href: `#/deployments/${encodeURIComponent(d.name)}` }, d.name),
     },
     { label: "Status", cell: statusCell },
-    ...REPLICA_STATES.map((s) => ({
+    ...replicaStates(rows).map((s) => ({
       label: s.label,
       num: true,
-      cell: (d) => String(replicaCounts(d)[s.key]),
+      cell: (d) => String(replicaCounts(d)[s.key] || 0),
     })),
     { label: "Queue", num: true, cell: (d) => String(d.queue_depth) },
     { label: "Cold start", cell: coldStartText },
@@ -59,6 +59,29 @@ function emptyState(isAdmin) {
   );
 }
 
+/** GET /v1/status (admin), or null on a platform without it. */
+async function platformStatus(api, signal) {
+  try {
+    return await api.get("/v1/status", { signal });
+  } catch (error) {
+    if (error.isMissingRoute) return null;
+    throw error;
+  }
+}
+
+/** Pre-warmed runners belong to no deployment until one needs them: the shared pool. */
+function poolLine(platform) {
+  const pool = platform?.pool;
+  if (!pool) return null;
+  return h(
+    "p",
+    { class: "pool", dataset: { pool: "" } },
+    h("strong", {}, "Pre-warmed pool: "),
+    `${pool.prewarmed} ready, ${pool.starting} starting (target ${pool.target}). `,
+    h("span", { class: "muted" }, "A request for a deployment at zero takes one of these first."),
+  );
+}
+
 export async function render(ctx) {
   ctx.setTitle("Deployments");
   const isAdmin = ctx.session.role === "admin";
@@ -78,14 +101,17 @@ export async function render(ctx) {
   const { api, signal } = ctx;
   await ctx.every(2000, async () => {
     try {
-      const [list, minute, today] = await Promise.all([
+      const [list, minute, today, platform] = await Promise.all([
         api.get("/v1/deployments", { signal }),
         usageByDeployment(api, Date.now() / 1000 - 60, signal),
         usageByDeployment(api, startOfToday(), signal),
+        isAdmin ? platformStatus(api, signal) : null,
       ]);
-      refresh(body, [list.data, [...minute.rows], [...today.rows], today.total], () =>
+      const data = [list.data, [...minute.rows], [...today.rows], today.total, platform?.pool];
+      refresh(body, data, () => [
+        poolLine(platform),
         list.data.length ? deploymentsTable(list.data, minute, today) : emptyState(isAdmin),
-      );
+      ]);
       live.ok();
     } catch (error) {
       if (error.name === "AbortError") throw error;

@@ -18,7 +18,7 @@ import {
   showFormError,
   table,
 } from "../dom.js";
-import { REPLICA_STATES, progressBar, replicaCounts, weightsProgress } from "../model.js";
+import { progressBar, replicaCounts, replicaStates, weightsProgress } from "../model.js";
 import { readScaling, scalingFields } from "../scaling.js";
 
 function stat(label, value, extra) {
@@ -38,7 +38,7 @@ function overview(d) {
   return h(
     "section",
     { class: "stats", "aria-label": "Overview" },
-    REPLICA_STATES.map((s) => stat(s.label, String(counts[s.key]))),
+    replicaStates([d]).map((s) => stat(s.label, String(counts[s.key] || 0))),
     stat(
       "Queue depth",
       String(d.queue_depth),
