@@ -45,6 +45,8 @@ class Settings(BaseSettings):
     weights_cache_dir: Path | None = None
     # How long a request's output stream and record are kept after it finished.
     result_ttl_s: int = 600
+    # The key the CLI calls the API with (a tenant's); unset means the admin key.
+    api_key: str | None = None
 
     @field_validator("admission_timeout_s")
     @classmethod

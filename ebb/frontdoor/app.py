@@ -17,6 +17,7 @@ from ebb.config import Settings
 from ebb.errors import CapacityError, EbbError, InvalidRequest, NotFound, RateLimited
 from ebb.frontdoor import (
     routes_admin,
+    routes_console,
     routes_deployments,
     routes_openai,
     routes_status,
@@ -80,6 +81,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_usage.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_status.router)
+    app.include_router(routes_console.router)
     _install_error_handlers(app)
 
     @app.middleware("http")
