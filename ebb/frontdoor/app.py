@@ -17,9 +17,11 @@ from ebb.config import Settings
 from ebb.errors import CapacityError, EbbError, InvalidRequest, NotFound, RateLimited
 from ebb.frontdoor import (
     routes_admin,
+    routes_console,
     routes_deployments,
     routes_limits,
     routes_openai,
+    routes_status,
     routes_usage,
 )
 from ebb.frontdoor.catalog import ModelCatalog
@@ -90,6 +92,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_usage.router)
     app.include_router(routes_limits.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_status.router)
+    app.include_router(routes_console.router)
     _install_error_handlers(app)
 
     @app.middleware("http")

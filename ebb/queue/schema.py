@@ -142,6 +142,7 @@ class RunnerState(enum.StrEnum):
     LOADING = "loading"  # assigned: fetching weights, building the engine
     READY = "ready"  # claiming and serving
     DRAINING = "draining"  # no more claims; finishing what it holds
+    SLEEPING = "sleeping"  # idle with its engine asleep (GPU sleep mode); wakes in seconds
     EXITED = "exited"
     FAILED = "failed"
 
@@ -190,3 +191,9 @@ class UsageRecord(msgspec.Struct, kw_only=True):
     key_id: str = ""
     input_micros_per_1m_tokens: int = 0
     output_micros_per_1m_tokens: int = 0
+
+
+class ColdStartRecord(msgspec.Struct, kw_only=True):
+    deployment: str
+    tier: str
+    phases_ms: dict[str, float]
