@@ -57,9 +57,9 @@ def start(metering: bool, limits: dict) -> tuple[Platform, str]:
                 "min_replicas": 1,
                 "max_concurrency": 64,
                 "idle_timeout_s": 3600,
-                "input_micros_per_1m_tokens": 150_000,
-                "output_micros_per_1m_tokens": 600_000,
-                "micros_per_gpu_second": 278,
+                "price_per_1m_input_tokens_micros": 150_000,
+                "price_per_1m_output_tokens_micros": 600_000,
+                "price_per_gpu_second_micros": 278,
             },
         ).raise_for_status()
         created = admin.post("/v1/keys", json={"tenant": "bench", **limits})

@@ -109,8 +109,8 @@ def book_usage(
     cost = token_cost_micros(
         r.prompt_tokens,
         r.completion_tokens,
-        r.input_micros_per_1m_tokens,
-        r.output_micros_per_1m_tokens,
+        r.price_per_1m_input_tokens_micros,
+        r.price_per_1m_output_tokens_micros,
     )
     return Entry(
         ledger_id=f"u:{entry_id}",
@@ -131,8 +131,8 @@ def book_usage(
             "state": r.state,
             "runner_id": r.runner_id,
             "finished_ms": entry_ms,
-            "input_micros_per_1m_tokens": r.input_micros_per_1m_tokens,
-            "output_micros_per_1m_tokens": r.output_micros_per_1m_tokens,
+            "price_per_1m_input_tokens_micros": r.price_per_1m_input_tokens_micros,
+            "price_per_1m_output_tokens_micros": r.price_per_1m_output_tokens_micros,
         },
     )
 
@@ -153,7 +153,7 @@ def book_gpu(entry_id: str, seg: GpuSegment, closed_through_ms: int) -> list[Ent
                 request_id="",
                 counts={
                     "gpu_ms": gpu_ms,
-                    "gpu_cost_micros": gpu_cost_micros(gpu_ms, m.micros_per_gpu_second),
+                    "gpu_cost_micros": gpu_cost_micros(gpu_ms, m.price_per_gpu_second_micros),
                 },
                 detail={
                     "kind": "gpu",
@@ -161,7 +161,7 @@ def book_gpu(entry_id: str, seg: GpuSegment, closed_through_ms: int) -> list[Ent
                     "gpu_count": m.gpu_count,
                     "start_ms": start,
                     "end_ms": stop,
-                    "micros_per_gpu_second": m.micros_per_gpu_second,
+                    "price_per_gpu_second_micros": m.price_per_gpu_second_micros,
                 },
             )
         )

@@ -46,7 +46,7 @@ def meter_for(runner_id: str, spec: DeploymentSpec | None, gpus: int) -> GpuMete
         deployment=spec.name,
         tenant=spec.owner,
         gpu_count=gpus,
-        micros_per_gpu_second=spec.micros_per_gpu_second,
+        price_per_gpu_second_micros=spec.price_per_gpu_second_micros,
     )
 
 

@@ -22,19 +22,19 @@ def divide_half_up(numerator: int, denominator: int) -> int:
 def token_cost_micros(
     prompt_tokens: int,
     completion_tokens: int,
-    input_micros_per_1m_tokens: int,
-    output_micros_per_1m_tokens: int,
+    price_per_1m_input_tokens_micros: int,
+    price_per_1m_output_tokens_micros: int,
 ) -> int:
     return divide_half_up(
-        prompt_tokens * input_micros_per_1m_tokens
-        + completion_tokens * output_micros_per_1m_tokens,
+        prompt_tokens * price_per_1m_input_tokens_micros
+        + completion_tokens * price_per_1m_output_tokens_micros,
         TOKENS_PER_PRICE_UNIT,
     )
 
 
-def gpu_cost_micros(gpu_ms: int, micros_per_gpu_second: int) -> int:
+def gpu_cost_micros(gpu_ms: int, price_per_gpu_second_micros: int) -> int:
     """`gpu_ms` already multiplied by the runner's GPU count."""
-    return divide_half_up(gpu_ms * micros_per_gpu_second, MS_PER_S)
+    return divide_half_up(gpu_ms * price_per_gpu_second_micros, MS_PER_S)
 
 
 def parse_money(text: str, what: str) -> int:

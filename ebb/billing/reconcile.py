@@ -53,7 +53,8 @@ class ReconcileReport:
 
 
 async def reconcile(store: LedgerStore, exporter: S3HourExporter | None = None) -> ReconcileReport:
-    state, stored = await store.snapshot()
+    snapshot = await store.view()
+    state, stored = snapshot.state, snapshot.aggregates
     report = ReconcileReport(hours=len(stored))
     initial = await store.initial_closed_through_ms()
     recomputed: Aggregates = defaultdict(lambda: defaultdict(int))

@@ -1,5 +1,9 @@
 """Usage reports from the hourly aggregates: rows grouped as asked, a total, and the unit
-economics of each deployment (what a million output tokens cost in GPU time)."""
+economics of each deployment (what a million output tokens cost in GPU time).
+
+Reports include the raw records the consumer has not folded yet, booked by the same rules:
+a request's usage is there the moment it ends, not when the consumer gets to it.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,10 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from ebb.billing.entries import METRICS, hour_iso, split_field
+from ebb.billing.entries import METRICS, book, hour_iso, split_field
 from ebb.billing.pricing import divide_half_up
-from ebb.queue.metering import POOL_DEPLOYMENT
+from ebb.queue.ledger import LedgerView
+from ebb.queue.metering import POOL_DEPLOYMENT, HourClosed
 
 GROUP_KEYS = ("tenant", "deployment", "day", "hour")
 Aggregates = dict[int, dict[str, int]]
@@ -21,6 +26,25 @@ class UsageQuery:
     end_ms: int
     group_by: tuple[str, ...] = ("deployment",)
     tenant: str | None = None  # None: every tenant (admins only)
+
+
+def with_unfolded(view: LedgerView) -> Aggregates:
+    """The view's aggregates with its not yet folded records added, as the consumer will."""
+    result = {hour: dict(counts) for hour, counts in view.aggregates.items()}
+    closed_ms = view.state.closed_through_ms or 0
+    billed: set[str] = set()
+    for raw in view.tail:
+        if isinstance(raw.record, HourClosed):
+            closed_ms = max(closed_ms, raw.record.closed_through_ms)
+        for entry in book(raw, closed_ms):
+            if entry.request_id in billed:
+                continue
+            if entry.request_id:
+                billed.add(entry.request_id)
+            counts = result.setdefault(entry.hour_ms, {})
+            for name, n in entry.increments():
+                counts[name] = counts.get(name, 0) + n
+    return result
 
 
 def report(aggregates: Aggregates, query: UsageQuery, gpu_second_cost_micros: int) -> dict:

@@ -108,9 +108,9 @@ def price(
 ) -> None:
     """Set a deployment's prices (decimal amounts, exact to a micro-unit) or owner."""
     prices = {
-        "input_micros_per_1m_tokens": (input_price, "--input"),
-        "output_micros_per_1m_tokens": (output_price, "--output"),
-        "micros_per_gpu_second": (gpu_second, "--gpu-second"),
+        "price_per_1m_input_tokens_micros": (input_price, "--input"),
+        "price_per_1m_output_tokens_micros": (output_price, "--output"),
+        "price_per_gpu_second_micros": (gpu_second, "--gpu-second"),
     }
     patch: dict[str, object] = {"owner": owner} if owner else {}
     try:
@@ -126,8 +126,8 @@ def price(
         print_json(body)
         return
     console.print(
-        f"{name}: {format_micros(body['input_micros_per_1m_tokens'])} per 1M input tokens, "
-        f"{format_micros(body['output_micros_per_1m_tokens'])} per 1M output tokens, "
-        f"{format_micros(body['micros_per_gpu_second'])} per GPU-second; GPU time billed "
+        f"{name}: {format_micros(body['price_per_1m_input_tokens_micros'])} per 1M input tokens, "
+        f"{format_micros(body['price_per_1m_output_tokens_micros'])} per 1M output tokens, "
+        f"{format_micros(body['price_per_gpu_second_micros'])} per GPU-second; GPU time billed "
         f"to {body['owner']}"
     )

@@ -39,10 +39,18 @@ class DeploymentPatch(BaseModel):
     admission_timeout_s: float | None = Field(None, gt=0, le=600)
     max_model_len: int | None = Field(None, ge=16)
     # Billing: the tenant billed for the GPU time, and prices in micros (1_000_000 = 1.00).
-    owner: str | None = Field(None, pattern=TENANT_PATTERN)
-    input_micros_per_1m_tokens: int | None = Field(None, ge=0, le=MAX_PRICE_MICROS)
-    output_micros_per_1m_tokens: int | None = Field(None, ge=0, le=MAX_PRICE_MICROS)
-    micros_per_gpu_second: int | None = Field(None, ge=0, le=MAX_PRICE_MICROS)
+    owner: str | None = Field(
+        None, pattern=TENANT_PATTERN, description="The tenant billed for its GPU time."
+    )
+    price_per_1m_input_tokens_micros: int | None = Field(
+        None, ge=0, le=MAX_PRICE_MICROS, description="What a caller pays per 1M prompt tokens."
+    )
+    price_per_1m_output_tokens_micros: int | None = Field(
+        None, ge=0, le=MAX_PRICE_MICROS, description="What a caller pays per 1M output tokens."
+    )
+    price_per_gpu_second_micros: int | None = Field(
+        None, ge=0, le=MAX_PRICE_MICROS, description="What the owner pays per GPU-second."
+    )
 
 
 class DeploymentCreate(DeploymentPatch):

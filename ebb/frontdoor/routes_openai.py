@@ -90,8 +90,8 @@ async def _serve(
         tenant=caller.tenant,
         enqueued_at_s=time.time(),
         key_id=caller.key_id,
-        input_micros_per_1m_tokens=spec.input_micros_per_1m_tokens,
-        output_micros_per_1m_tokens=spec.output_micros_per_1m_tokens,
+        price_per_1m_input_tokens_micros=spec.price_per_1m_input_tokens_micros,
+        price_per_1m_output_tokens_micros=spec.price_per_1m_output_tokens_micros,
     )
     builder = prepared.builder(request_id, int(time.time()))
     executor = services.executor

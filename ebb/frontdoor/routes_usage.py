@@ -15,11 +15,14 @@ from fastapi import APIRouter, Request
 from ebb.billing.entries import HOUR_MS, hour_floor, hour_iso
 from ebb.billing.export import exporter_from
 from ebb.billing.reconcile import reconcile
-from ebb.billing.usage import GROUP_KEYS, UsageQuery, report
+from ebb.billing.usage import GROUP_KEYS, UsageQuery, report, with_unfolded
 from ebb.errors import InvalidRequest, NotFound
 from ebb.frontdoor.auth import AdminDep, Caller, CallerDep
 
 router = APIRouter(prefix="/v1")
+
+# Raw records per stream a report folds in itself when the consumer has not yet.
+UNFOLDED_LIMIT = 10_000
 
 
 @router.get("/usage")
@@ -41,8 +44,8 @@ async def usage(
     )
     if query.end_ms <= query.start_ms:
         raise InvalidRequest("end must be after start.", param="end")
-    aggregates = await services.ledger.aggregates(query.start_ms, query.end_ms)
-    body = report(aggregates, query, services.settings.gpu_second_cost_micros)
+    view = await services.ledger.view(query.start_ms, query.end_ms, tail_limit=UNFOLDED_LIMIT)
+    body = report(with_unfolded(view), query, services.settings.gpu_second_cost_micros)
     return {
         "object": "usage",
         "start": hour_iso(query.start_ms),
@@ -50,6 +53,9 @@ async def usage(
         "group_by": list(query.group_by),
         "tenant": query.tenant,
         **body,
+        # Records not folded yet are included; "complete" is false only when the consumer
+        # is so far behind that more were waiting than a report reads.
+        "ledger": {"unfolded_records": len(view.tail), "complete": view.tail_complete},
     }
 
 

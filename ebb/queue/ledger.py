@@ -49,6 +49,14 @@ class RawRecord:
 
 
 @dataclass(frozen=True)
+class LedgerView:
+    state: LedgerState
+    aggregates: dict[int, dict[str, int]]  # {hour start ms: {"tenant|deployment|metric": n}}
+    tail: list[RawRecord]  # raw records after the cursors: written, not folded yet
+    tail_complete: bool  # False when more were waiting than were read
+
+
+@dataclass(frozen=True)
 class FoldResult:
     applied: bool
     folded: int = 0
@@ -56,6 +64,7 @@ class FoldResult:
 
 
 _STREAMS = {"usage": keys.USAGE, "gpu": keys.GPU_USAGE}
+_STATE_FIELDS = ("usage_cursor", "gpu_cursor", "closed_through_ms")
 
 
 class LedgerStore:
@@ -67,11 +76,7 @@ class LedgerStore:
     # --- consumer state ----------------------------------------------------------------
 
     async def state(self) -> LedgerState:
-        return _state(
-            await self.redis.hmget(
-                keys.LEDGER_STATE, "usage_cursor", "gpu_cursor", "closed_through_ms"
-            )
-        )
+        return _state(await self.redis.hmget(keys.LEDGER_STATE, *_STATE_FIELDS))
 
     async def initialize(self, closed_through_ms: int) -> None:
         """Set where hour closing starts, unless a consumer did so before. The first value
@@ -175,34 +180,46 @@ class LedgerStore:
 
     # --- aggregates ----------------------------------------------------------------------
 
-    async def aggregates(
-        self, start_ms: int = 0, end_ms: int | None = None
-    ) -> dict[int, dict[str, int]]:
-        """{hour start ms: {"tenant|deployment|metric": n}} for hours in [start, end)."""
+    async def view(
+        self, start_ms: int = 0, end_ms: int | None = None, *, tail_limit: int = 0
+    ) -> LedgerView:
+        """The aggregates of the hours in [start, end) and up to `tail_limit` raw records
+        per stream not folded yet, read at one instant: every fold and close changes the
+        state hash, so watching it is enough."""
         upper = f"({end_ms}" if end_ms is not None else "+inf"
-        hours = [int(h) for h in await self.redis.zrangebyscore(keys.LEDGER_HOURS, start_ms, upper)]
-        pipe = self.redis.pipeline(transaction=False)
-        for hour in hours:
-            pipe.hgetall(keys.ledger_aggregates(hour))
-        return dict(zip(hours, map(_counts, await pipe.execute()), strict=True))
-
-    async def snapshot(self) -> tuple[LedgerState, dict[int, dict[str, int]]]:
-        """The consumer's state and every hour's aggregates, read at one instant (every
-        fold and close changes the state hash, so watching it is enough)."""
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
                     await pipe.watch(keys.LEDGER_STATE)
-                    hours = [int(h) for h in await pipe.zrange(keys.LEDGER_HOURS, 0, -1)]
+                    state = _state(await pipe.hmget(keys.LEDGER_STATE, *_STATE_FIELDS))
+                    found = await pipe.zrangebyscore(keys.LEDGER_HOURS, start_ms, upper)
+                    hours = [int(h) for h in found]
                     pipe.multi()
-                    pipe.hmget(keys.LEDGER_STATE, "usage_cursor", "gpu_cursor", "closed_through_ms")
                     for hour in hours:
                         pipe.hgetall(keys.ledger_aggregates(hour))
-                    state, *counts = await pipe.execute()
+                    if tail_limit:
+                        pipe.xrange(keys.USAGE, "(" + state.usage_cursor, "+", count=tail_limit)
+                        pipe.xrange(keys.GPU_USAGE, "(" + state.gpu_cursor, "+", count=tail_limit)
+                    replies = await pipe.execute()
                     break
                 except aioredis.WatchError:
                     continue
-        return _state(state), dict(zip(hours, map(_counts, counts), strict=True))
+        counts = replies[: len(hours)]
+        tail: list[RawRecord] = []
+        for stream, entries in zip(("usage", "gpu"), replies[len(hours) :], strict=False):
+            tail += [_decode(stream, entry_id, fields) for entry_id, fields in entries]
+        return LedgerView(
+            state=state,
+            aggregates=dict(zip(hours, map(_counts, counts), strict=True)),
+            tail=tail,
+            tail_complete=all(len(r) < tail_limit for r in replies[len(hours) :]),
+        )
+
+    async def aggregates(
+        self, start_ms: int = 0, end_ms: int | None = None
+    ) -> dict[int, dict[str, int]]:
+        """{hour start ms: {"tenant|deployment|metric": n}} for hours in [start, end)."""
+        return (await self.view(start_ms, end_ms)).aggregates
 
 
 HOUR_MS = 3_600_000

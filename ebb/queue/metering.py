@@ -34,7 +34,7 @@ class GpuMeter(msgspec.Struct, kw_only=True, frozen=True):
     deployment: str  # POOL_DEPLOYMENT while a pre-warmed runner waits for an assignment
     tenant: str
     gpu_count: int = 1  # a CPU runner counts as one
-    micros_per_gpu_second: int = 0
+    price_per_gpu_second_micros: int = 0
 
 
 class GpuSegment(msgspec.Struct, kw_only=True, frozen=True):

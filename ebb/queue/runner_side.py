@@ -159,8 +159,8 @@ class RunnerQueue:
             runner_id=self.runner_id,
             finished_at_s=time.time(),
             key_id=work.key_id,
-            input_micros_per_1m_tokens=work.input_micros_per_1m_tokens,
-            output_micros_per_1m_tokens=work.output_micros_per_1m_tokens,
+            price_per_1m_input_tokens_micros=work.price_per_1m_input_tokens_micros,
+            price_per_1m_output_tokens_micros=work.price_per_1m_output_tokens_micros,
         )
         return bool(
             self._scripts.finish(

@@ -40,8 +40,8 @@ class WorkItem(msgspec.Struct, kw_only=True, frozen=True):
     enqueued_at_s: float = 0.0
     # Billing: the key that sent it and the token prices in force when it was admitted.
     key_id: str = ""
-    input_micros_per_1m_tokens: int = 0
-    output_micros_per_1m_tokens: int = 0
+    price_per_1m_input_tokens_micros: int = 0
+    price_per_1m_output_tokens_micros: int = 0
 
 
 class TopLogprob(msgspec.Struct, frozen=True):
@@ -131,9 +131,9 @@ class DeploymentSpec(msgspec.Struct, kw_only=True):
     # Billing: the tenant billed for the deployment's GPU time, and its prices in integer
     # micro-units of currency (1_000_000 = 1.00).
     owner: str = "admin"
-    input_micros_per_1m_tokens: int = 0
-    output_micros_per_1m_tokens: int = 0
-    micros_per_gpu_second: int = 0
+    price_per_1m_input_tokens_micros: int = 0
+    price_per_1m_output_tokens_micros: int = 0
+    price_per_gpu_second_micros: int = 0
 
 
 class RunnerState(enum.StrEnum):
@@ -189,8 +189,8 @@ class UsageRecord(msgspec.Struct, kw_only=True):
     runner_id: str
     finished_at_s: float
     key_id: str = ""
-    input_micros_per_1m_tokens: int = 0
-    output_micros_per_1m_tokens: int = 0
+    price_per_1m_input_tokens_micros: int = 0
+    price_per_1m_output_tokens_micros: int = 0
 
 
 class ColdStartRecord(msgspec.Struct, kw_only=True):

@@ -53,9 +53,9 @@ def test_the_usage_the_openai_client_reports_is_what_the_ledger_bills(platform, 
         priced = admin.patch(
             f"/v1/deployments/{DEFAULT_MODEL_NAME}",
             json={
-                "input_micros_per_1m_tokens": 150_000,
-                "output_micros_per_1m_tokens": 600_000,
-                "micros_per_gpu_second": 278,
+                "price_per_1m_input_tokens_micros": 150_000,
+                "price_per_1m_output_tokens_micros": 600_000,
+                "price_per_gpu_second_micros": 278,
                 "min_replicas": 1,  # billing is under test here, not the cold start
             },
         )

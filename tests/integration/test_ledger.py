@@ -17,6 +17,7 @@ from ebb.billing.consumer import LedgerConsumer
 from ebb.billing.entries import HOUR_MS, hour_floor
 from ebb.billing.export import S3HourExporter
 from ebb.billing.reconcile import reconcile, sum_lines
+from ebb.billing.usage import with_unfolded
 from ebb.queue import keys
 from ebb.queue.ledger import LedgerStore
 from ebb.queue.metering import GpuMeter
@@ -72,8 +73,8 @@ def usage(request_id: str, tenant="acme", prompt=10, completion=5, state="finish
             state=state,
             runner_id="r-1",
             finished_at_s=0.0,
-            input_micros_per_1m_tokens=1_000_000,
-            output_micros_per_1m_tokens=3_000_000,
+            price_per_1m_input_tokens_micros=1_000_000,
+            price_per_1m_output_tokens_micros=3_000_000,
         )
     )
 
@@ -84,7 +85,7 @@ async def add_usage(client, at_ms: int, request_id: str, **fields) -> None:
 
 
 async def add_gpu(client, start_ms: int, end_ms: int, at_ms: int | None = None) -> None:
-    meter = GpuMeter(runner_id="r-1", deployment="m", tenant="acme", micros_per_gpu_second=2)
+    meter = GpuMeter(runner_id="r-1", deployment="m", tenant="acme", price_per_gpu_second_micros=2)
     fields = {"g": msgspec.json.encode(meter), "s": start_ms, "e": end_ms}
     await client.xadd(keys.GPU_USAGE, fields, id=f"{at_ms}-*" if at_ms else "*")
 
@@ -132,6 +133,23 @@ async def test_a_request_id_recorded_twice_is_billed_once(client):
     assert folded["acme|m|requests"] == 1 and folded["acme|m|completion_tokens"] == 5
     result = await reconcile(store)
     assert result.ok and result.duplicate_request_ids == ["req-dup"]
+
+
+async def test_a_view_counts_what_is_not_folded_yet_as_the_consumer_will(client):
+    old = NOW_HOUR - 2 * HOUR_MS
+    await add_usage(client, old + 1, "req-1", completion=3)
+    store = LedgerStore(client)
+    consumer = LedgerConsumer(store, grace_s=0)
+    await consumer.drain()  # closes every hour before this one
+    await add_usage(client, NOW_HOUR + 5, "req-2", completion=4)
+    await add_usage(client, NOW_HOUR + 6, "req-2", completion=4)  # recorded twice
+    await add_gpu(client, old + 1_000, NOW_HOUR + 1_000)  # late: the closed part books now
+    before = await store.view(tail_limit=100)
+    assert len(before.tail) == 3 and before.tail_complete
+    await consumer.drain()
+    after = await store.view(tail_limit=100)
+    assert after.tail == []
+    assert with_unfolded(before) == after.aggregates
 
 
 async def test_reconcile_finds_drift(client):

@@ -31,7 +31,9 @@ def sync_redis(redis_url):
 
 
 def meter(deployment: str, price: int = 0) -> GpuMeter:
-    return GpuMeter(runner_id="r-1", deployment=deployment, tenant="t", micros_per_gpu_second=price)
+    return GpuMeter(
+        runner_id="r-1", deployment=deployment, tenant="t", price_per_gpu_second_micros=price
+    )
 
 
 def segments(client) -> list[GpuSegment]:
@@ -62,7 +64,7 @@ def test_a_runners_life_is_metered_without_gap_or_overlap(sync_redis):
         (LAUNCHED_MS + 4_000, LAUNCHED_MS + 4_700),
     ]
     assert [s.meter.deployment for s in got] == ["(pool)", "m", "m"]
-    assert [s.meter.micros_per_gpu_second for s in got] == [0, 5, 6]
+    assert [s.meter.price_per_gpu_second_micros for s in got] == [0, 5, 6]
 
 
 def test_closing_without_a_known_end_waits_for_one(sync_redis):

@@ -24,14 +24,18 @@ def usage(state="finished", prompt=24, completion=7, request_id="chatcmpl-1") ->
         runner_id="r-1",
         finished_at_s=T0 / 1000,
         key_id="key_1",
-        input_micros_per_1m_tokens=500_000,
-        output_micros_per_1m_tokens=1_500_000,
+        price_per_1m_input_tokens_micros=500_000,
+        price_per_1m_output_tokens_micros=1_500_000,
     )
 
 
 def segment(start_ms: int, end_ms: int, gpus: int = 1, price: int = 1_000) -> GpuSegment:
     meter = GpuMeter(
-        runner_id="r-1", deployment="m", tenant="acme", gpu_count=gpus, micros_per_gpu_second=price
+        runner_id="r-1",
+        deployment="m",
+        tenant="acme",
+        gpu_count=gpus,
+        price_per_gpu_second_micros=price,
     )
     return GpuSegment(meter=meter, start_ms=start_ms, end_ms=end_ms)
 

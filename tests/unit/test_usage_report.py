@@ -74,8 +74,8 @@ def test_gpu_count_and_attribution():
     assert gpu_count({}) == 1
     assert gpu_count({"CUDA_VISIBLE_DEVICES": "0,3"}) == 2
     assert gpu_count({"CUDA_VISIBLE_DEVICES": "-1"}) == 1
-    spec = DeploymentSpec(name="m", source="fake://m", owner="acme", micros_per_gpu_second=9)
+    spec = DeploymentSpec(name="m", source="fake://m", owner="acme", price_per_gpu_second_micros=9)
     assert meter_for("r-1", spec, 2).tenant == "acme"
-    assert meter_for("r-1", spec, 2).micros_per_gpu_second == 9
+    assert meter_for("r-1", spec, 2).price_per_gpu_second_micros == 9
     pool = meter_for("r-1", None, 1)
     assert (pool.deployment, pool.tenant) == (POOL_DEPLOYMENT, PLATFORM_TENANT)
