@@ -1,10 +1,11 @@
 """`ebb up`: the whole platform on this machine, supervised.
 
 Starts redis-server (append-only file under EBB_HOME) unless EBB_REDIS_URL is set, prepares
-and deploys the default model, then runs the frontdoor and the coldstart controller as
-child processes, restarting either if it dies. Ctrl-C or SIGTERM stops everything in
-order: the frontdoor first (no new work), then the controller (its runners drain), then
-Redis (which flushes its append-only file).
+and deploys the default model, then runs the frontdoor, the coldstart controller and the
+webhooks worker (job results and deliveries) as child processes, restarting any that
+dies. Ctrl-C or SIGTERM stops everything in order: the frontdoor first (no new work), then
+the controller (its runners drain), then the webhooks worker (it collects what the
+drained runners finished), then Redis (which flushes its append-only file).
 """
 
 from __future__ import annotations
@@ -200,6 +201,7 @@ def run_up(settings: Settings, *, default_model: bool = True) -> int:
         supervisor.children = [
             Child("frontdoor", [sys.executable, "-m", "ebb", "frontdoor"]),
             Child("coldstart", [sys.executable, "-m", "ebb", "coldstart"]),
+            Child("webhooks", [sys.executable, "-m", "ebb", "webhooks"]),
         ]
         for child in supervisor.children:
             supervisor.start(child)
@@ -210,7 +212,7 @@ def run_up(settings: Settings, *, default_model: bool = True) -> int:
         print(f"ready: {settings.base_url}/v1  admin key: {admin_key}", flush=True)
         while not stop.wait(0.5):
             supervisor.watch()
-        console.print("stopping: frontdoor, controller (runners drain), redis")
+        console.print("stopping: frontdoor, controller (runners drain), webhooks, redis")
         return 0
     finally:
         supervisor.stop()

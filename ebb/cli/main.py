@@ -8,6 +8,7 @@ import sys
 import typer
 
 from ebb.cli.deployments import deploy, deployments_app, scale, status
+from ebb.cli.jobs import jobs_app
 from ebb.cli.keys import keys_app
 from ebb.cli.usage import usage
 from ebb.config import Settings
@@ -20,6 +21,7 @@ app = typer.Typer(
 )
 app.add_typer(keys_app, name="keys")
 app.add_typer(deployments_app, name="deployments")
+app.add_typer(jobs_app, name="jobs")
 for command in (deploy, scale, status, usage):
     app.command()(command)
 
@@ -70,6 +72,15 @@ def coldstart() -> None:
 
     _logging()
     run_controller(Settings())
+
+
+@app.command(hidden=True)
+def webhooks() -> None:
+    """Run the job collector and webhook delivery worker (started by `ebb up`)."""
+    from ebb.webhooks.main import run_worker
+
+    _logging()
+    run_worker(Settings())
 
 
 @app.command(hidden=True)

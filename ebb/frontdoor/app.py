@@ -15,7 +15,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ebb.config import Settings
 from ebb.errors import CapacityError, EbbError, InvalidRequest, NotFound, RateLimited
-from ebb.frontdoor import routes_admin, routes_deployments, routes_openai, routes_usage
+from ebb.frontdoor import (
+    routes_admin,
+    routes_deployments,
+    routes_jobs,
+    routes_openai,
+    routes_usage,
+    routes_webhooks,
+)
 from ebb.frontdoor.catalog import ModelCatalog
 from ebb.frontdoor.execution import Executor
 from ebb.frontdoor.metrics import Metrics
@@ -73,6 +80,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_deployments.router)
     app.include_router(routes_usage.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_jobs.router)
+    app.include_router(routes_webhooks.router)
     _install_error_handlers(app)
 
     @app.middleware("http")

@@ -93,7 +93,13 @@ class RunnerQueue:
 
     def try_drain(self, deployment: str) -> bool:
         return bool(
-            self._scripts.try_drain(keys=[keys.queue(deployment), keys.runner(self.runner_id)])
+            self._scripts.try_drain(
+                keys=[
+                    keys.queue(deployment),
+                    keys.runner(self.runner_id),
+                    keys.job_queue(deployment),
+                ]
+            )
         )
 
     # --- work ------------------------------------------------------------------------
@@ -102,13 +108,17 @@ class RunnerQueue:
         """Block until a request was queued for `deployment` (or timeout_s passed)."""
         self._redis.blpop([keys.queue_signal(deployment)], timeout=max(timeout_s, 0.01))
 
-    def claim(self, deployment: str, max_count: int) -> ClaimResult:
+    def claim(self, deployment: str, max_count: int, max_jobs: int = 0) -> ClaimResult:
+        """Claim up to `max_count` requests; async job attempts fill at most `max_jobs` of
+        those slots, and only when no synchronous request is waiting."""
         claimed, cancelled = self._scripts.claim(
             keys=[
                 keys.queue(deployment),
                 keys.LEASES,
                 keys.runner_cancels(self.runner_id),
                 keys.runner(self.runner_id),
+                keys.job_queue(deployment),
+                keys.JOBS_WATCH,
             ],
             args=[
                 self.runner_id,
@@ -117,6 +127,7 @@ class RunnerQueue:
                 keys.REQUEST_PREFIX,
                 keys.EVENTS_PREFIX,
                 self._claimed_event,
+                max_jobs,
             ],
         )
         work = [decode_work(claimed[i + 1]) for i in range(0, len(claimed), 2)]
@@ -166,7 +177,8 @@ class RunnerQueue:
                     encode(event),
                     prompt_tokens,
                     completion_tokens,
-                    self._result_ttl_s,
+                    # A job's attempt waits for the webhooks worker to collect its result.
+                    keys.JOB_ATTEMPT_TTL_S if work.job_id else self._result_ttl_s,
                     encode(usage),
                 ],
             )
