@@ -183,7 +183,7 @@ def _wait_ready(settings: Settings, stop: threading.Event, timeout_s: float = 30
 
 
 def run_up(settings: Settings, *, default_model: bool = True) -> int:
-    settings.home.mkdir(parents=True, exist_ok=True)
+    settings.logs_dir.mkdir(parents=True, exist_ok=True)
     admin_key = resolve_admin_key(settings)
     settings = settings.model_copy(update={"admin_key": admin_key})
     stop = threading.Event()

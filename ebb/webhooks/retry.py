@@ -3,7 +3,7 @@
 Exponential backoff from `base_s`, each delay capped at `max_delay_s`, with "equal jitter"
 (half fixed, half random) so that a receiver that was down for everyone is not hit by
 every retry at the same instant when it comes back; given up once `give_up_s` have passed
-since the event. With the defaults (5 s, 1 h, 24 h) that is about 30 attempts.
+since the event. With the defaults (5 s, 1 h, 24 h) that is about 40 attempts.
 """
 
 from __future__ import annotations

@@ -79,11 +79,13 @@ def submit(client: httpx.Client, body: dict, **kwargs) -> dict:
 
 
 def settled(client: httpx.Client, job_id: str, timeout_s: float = 60) -> dict:
-    return wait_until(
-        lambda: (j := client.get(f"/v1/jobs/{job_id}").json())["status"] in SETTLED and j,
-        timeout_s,
-        f"job {job_id} to settle",
-    )
+    def view() -> dict | None:
+        response = client.get(f"/v1/jobs/{job_id}")
+        if response.status_code != 200:
+            return None  # the platform may be restarting
+        return response.json() if response.json()["status"] in SETTLED else None
+
+    return wait_until(view, timeout_s, f"job {job_id} to settle")
 
 
 def delivered(client: httpx.Client, job_id: str, count: int) -> list[dict] | None:
