@@ -11,6 +11,8 @@ import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+PATH = "/hooks/ebb"
+
 
 @dataclass(frozen=True)
 class Received:
@@ -49,9 +51,13 @@ class Receiver:
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                status = receiver._answer(headers.get("webhook-id", ""))
-                with receiver._lock:
-                    receiver.received.append(Received(headers, body, status))
+                if "webhook-id" not in headers or self.path != PATH:
+                    # Not a delivery (another process on this machine found the port).
+                    status = 404
+                else:
+                    status = receiver._answer(headers["webhook-id"])
+                    with receiver._lock:
+                        receiver.received.append(Received(headers, body, status))
                 self.send_response(status)
                 self.send_header("content-length", "0")
                 self.end_headers()
@@ -69,7 +75,7 @@ class Receiver:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_port}/hooks/ebb"
+        return f"http://127.0.0.1:{self._server.server_port}{PATH}"
 
     def _answer(self, webhook_id: str) -> int:
         if self.down:

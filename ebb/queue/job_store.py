@@ -14,6 +14,7 @@ import msgspec
 import redis.asyncio as aioredis
 
 from ebb.queue import keys
+from ebb.queue.connection import MAX_BLOCK_S
 from ebb.queue.job_schema import (
     ANNOUNCED_PREFIX,
     TERMINAL_STATUSES,
@@ -147,6 +148,12 @@ class JobStore:
         return outcome.decode()
 
     # --- collector ---------------------------------------------------------------------
+
+    async def wait_for_activity(self, timeout_s: float) -> None:
+        """Block until a job attempt was claimed or ended (or timeout_s passed)."""
+        timeout_s = min(max(timeout_s, 0.01), MAX_BLOCK_S)
+        if await self.redis.blpop([keys.JOBS_SIGNAL], timeout=timeout_s):
+            await self.redis.delete(keys.JOBS_SIGNAL)  # one pass covers every token
 
     async def watched(self) -> list[str]:
         return sorted(member.decode() for member in await self.redis.smembers(keys.JOBS_WATCH))

@@ -76,6 +76,7 @@ def deployment_status(deployment: str) -> str:
 JOB_PREFIX = PREFIX + "job:"  # hash per job: JobRecord fields (see job_store)
 JOBS_WAITING = PREFIX + "jobs:waiting"  # zset: job id -> TTL deadline (ms) while queued
 JOBS_WATCH = PREFIX + "jobs:watch"  # set: job ids the collector must look at (claimed, settled)
+JOBS_SIGNAL = PREFIX + "jobs:signal"  # list: a token per job attempt claimed or ended
 DELIVERIES_DUE = PREFIX + "wh:due"  # zset: webhook id -> next attempt (ms) or in-flight lease
 DELIVERIES_SIGNAL = PREFIX + "wh:signal"  # list: a token per new delivery wakes the workers
 DELIVERY_PREFIX = PREFIX + "whd:"  # hash per delivery (one event of one job)

@@ -119,6 +119,7 @@ class RunnerQueue:
                 keys.runner(self.runner_id),
                 keys.job_queue(deployment),
                 keys.JOBS_WATCH,
+                keys.JOBS_SIGNAL,
             ],
             args=[
                 self.runner_id,
@@ -128,6 +129,7 @@ class RunnerQueue:
                 keys.EVENTS_PREFIX,
                 self._claimed_event,
                 max_jobs,
+                keys.SIGNAL_LIST_MAX,
             ],
         )
         work = [decode_work(claimed[i + 1]) for i in range(0, len(claimed), 2)]
@@ -162,7 +164,7 @@ class RunnerQueue:
             runner_id=self.runner_id,
             finished_at_s=time.time(),
         )
-        return bool(
+        done = bool(
             self._scripts.finish(
                 keys=[
                     keys.request(work.request_id),
@@ -183,6 +185,13 @@ class RunnerQueue:
                 ],
             )
         )
+        if done and work.job_id:
+            # A hint only: the collector also looks at every claimed job periodically.
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.rpush(keys.JOBS_SIGNAL, "1")
+            pipe.ltrim(keys.JOBS_SIGNAL, -keys.SIGNAL_LIST_MAX, -1)
+            pipe.execute()
+        return done
 
     def heartbeat(self, held_request_ids: Iterable[str]) -> None:
         """Prove liveness and extend the leases of what this runner holds."""

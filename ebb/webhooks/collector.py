@@ -60,17 +60,18 @@ class JobCollector:
         self._delivery_ttl_s = int(settings.webhook_give_up_s) + settings.job_retention_s
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Pass after pass until `stop`; a runner claiming or finishing a job attempt wakes
+        the next pass at once, the poll period bounds the wait otherwise."""
         log.info("jobs: collector up (poll %.2fs)", self._settings.job_poll_s)
         while not stop.is_set():
             try:
                 await self.pass_once()
-                pause_s = self._settings.job_poll_s
+                await self._store.wait_for_activity(self._settings.job_poll_s)
             except Exception:
                 # Redis restarting or a bug in one job: log, breathe, and go on.
                 log.exception("jobs: collector pass failed")
-                pause_s = 1.0
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), pause_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
         # One last pass collects what runners finished while the platform was stopping.
         with contextlib.suppress(Exception):
             await self.pass_once()

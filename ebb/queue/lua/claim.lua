@@ -4,11 +4,13 @@
 -- has passed is marked 'expired' instead; the frontdoor's withdraw then refuses it.
 -- Async jobs yield to synchronous traffic: job attempts are taken from the deployment's
 -- job queue only for slots the synchronous queue left over (it is empty by then), and at
--- most ARGV[7] of them. A claimed job is added to the collector's watch set.
+-- most ARGV[7] of them. A claimed job is added to the collector's watch set, and the
+-- collector is woken.
 -- KEYS: 1 queue, 2 leases zset, 3 this runner's cancel set, 4 runner hash,
---       5 job queue (optional), 6 job watch set (optional)
+--       5 job queue, 6 job watch set, 7 collector signal list (5-7 optional)
 -- ARGV: 1 runner id, 2 max to claim, 3 lease ttl ms, 4 request key prefix,
---       5 events key prefix, 6 encoded Claimed event, 7 max job attempts to claim (0: none)
+--       5 events key prefix, 6 encoded Claimed event, 7 max job attempts to claim (0: none),
+--       8 signal list max
 -- Returns {{id, work, id, work, ...}, {cancelled ids...}}
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -47,7 +49,12 @@ end
 got = take(KEYS[1], tonumber(ARGV[2]), nil)
 local jobs = math.min(tonumber(ARGV[2]) - got, tonumber(ARGV[7] or '0'))
 if KEYS[5] and jobs > 0 and redis.call('ZCARD', KEYS[1]) == 0 then
-  got = got + take(KEYS[5], jobs, KEYS[6])
+  local taken = take(KEYS[5], jobs, KEYS[6])
+  if taken > 0 then
+    redis.call('RPUSH', KEYS[7], '1')
+    redis.call('LTRIM', KEYS[7], -tonumber(ARGV[8]), -1)
+  end
+  got = got + taken
 end
 if got > 0 then
   redis.call('HSET', KEYS[4], 'last_claim_ms', now)
