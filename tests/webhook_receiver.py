@@ -41,7 +41,10 @@ class Received:
 class Receiver:
     fail_first: int = 0  # refuse this many attempts of each webhook id
     down: bool = False  # refuse everything
+    answer_after: threading.Event | None = None  # hold every answer until this is set
     received: list[Received] = field(default_factory=list)
+    in_flight: int = 0
+    most_in_flight: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> Receiver:
@@ -56,6 +59,7 @@ class Receiver:
                     status = 404
                 else:
                     status = receiver._answer(headers["webhook-id"])
+                    receiver._hold()
                     with receiver._lock:
                         receiver.received.append(Received(headers, body, status))
                 self.send_response(status)
@@ -76,6 +80,16 @@ class Receiver:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_port}{PATH}"
+
+    def _hold(self) -> None:
+        if self.answer_after is None:
+            return
+        with self._lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        self.answer_after.wait(30)
+        with self._lock:
+            self.in_flight -= 1
 
     def _answer(self, webhook_id: str) -> int:
         if self.down:

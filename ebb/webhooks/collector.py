@@ -79,15 +79,17 @@ class JobCollector:
     async def pass_once(self) -> None:
         for job_id in await self._store.past_deadline(_EXPIRE_BATCH):
             await self._expire(job_id)
-        for job_id in await self._store.watched():
-            await self.look_at(job_id)
+        # Two round trips read every watched job and its attempt's state; only the jobs
+        # with something to do cost more.
+        records = [r for r in await self._store.get_many(await self._store.watched()) if r]
+        states = await self._store.attempt_states([r.request_id for r in records])
+        for record, state in zip(records, states, strict=True):
+            if _needs_look(record, state):
+                await self.look_at(record)
 
-    async def look_at(self, job_id: str) -> None:
-        record = await self._store.get(job_id)
-        if record is None:
-            return  # its record expired; a settled job's watch entry went with announce
+    async def look_at(self, record: JobRecord) -> None:
         if not record.status.is_terminal and await self._advance(record):
-            record = await self._store.get(job_id) or record
+            record = await self._store.get(record.job_id) or record
         await self._announce(record)
 
     async def _expire(self, job_id: str) -> None:
@@ -238,6 +240,13 @@ class JobCollector:
         )
         if created:
             log.info("jobs: %s announced %d event(s)", record.job_id, created)
+
+
+def _needs_look(record: JobRecord, attempt_state: str | None) -> bool:
+    """Whether a watched job may have moved on: anything but a running attempt whose
+    start was already recorded and announced."""
+    running = attempt_state == "claimed" and record.status is JobStatus.RUNNING
+    return not running or JobEvent.STARTED not in record.announced
 
 
 def _start(attempt: dict[str, str]) -> dict[str, object]:

@@ -24,6 +24,7 @@ import os
 import socket
 import time
 import uuid
+from collections import Counter
 
 import httpx
 
@@ -33,7 +34,7 @@ from ebb.queue.job_schema import DeliveryAttempt, DeliveryRecord, JobEvent
 from ebb.queue.webhook_secrets import WebhookSecrets
 from ebb.webhooks.retry import RetryPolicy
 from ebb.webhooks.signing import new_secret, webhook_headers
-from ebb.webhooks.ssrf import UnsafeUrl, resolve_target
+from ebb.webhooks.ssrf import UnsafeUrl, parse_url, resolve_target
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,9 @@ log = logging.getLogger(__name__)
 MAX_IN_FLIGHT = 256
 # The idle loop re-checks the schedule at least this often (retries become due by time).
 _IDLE_CHECK_S = 0.5
+# Attempts one worker takes on per endpoint slot; more wait in Redis, due again shortly.
+_BACKLOG_PER_SLOT = 4
+_DEFER_MS = 1000
 USER_AGENT = "ebb-webhooks/0.1"
 
 
@@ -75,6 +79,8 @@ class Deliverer:
         self._slots: dict[str, asyncio.Semaphore] = {}
         self._in_flight: dict[str, asyncio.Task] = {}
         self._job_tails: dict[str, asyncio.Task] = {}  # each job's last attempt in flight
+        self._backlog: Counter[str] = Counter()  # attempts in flight per endpoint
+        self._backlog_max = settings.webhook_endpoint_concurrency * _BACKLOG_PER_SLOT
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("webhooks: delivery worker %s up", self.owner)
@@ -100,18 +106,27 @@ class Deliverer:
         # A job's events go out in the order they happened (job.started first); retries
         # of an earlier event do not hold back later ones.
         records.sort(key=lambda r: (r.created_ms, r.event is not JobEvent.STARTED))
+        deferred = []
         for record in records:
             if record.webhook_id in self._in_flight:
                 continue  # our own lease ran out while we wait; the attempt is under way
+            endpoint = _endpoint(record.url)
+            if self._backlog[endpoint] >= self._backlog_max:
+                # A slow receiver must not take every attempt slot of this worker.
+                deferred.append(record.webhook_id)
+                continue
+            self._backlog[endpoint] += 1
             previous = self._job_tails.get(record.job_id)
             task = asyncio.create_task(self._attempt(record, after=previous))
             self._in_flight[record.webhook_id] = task
             self._job_tails[record.job_id] = task
-            task.add_done_callback(lambda t, r=record: self._forget(t, r))
-        return len(records)
+            task.add_done_callback(lambda t, r=record, e=endpoint: self._forget(t, r, e))
+        await self._store.renew(deferred, lease_ms=_DEFER_MS, owner=self.owner)
+        return len(records) - len(deferred)
 
-    def _forget(self, task: asyncio.Task, record: DeliveryRecord) -> None:
+    def _forget(self, task: asyncio.Task, record: DeliveryRecord, endpoint: str) -> None:
         self._in_flight.pop(record.webhook_id, None)
+        self._backlog[endpoint] -= 1
         if self._job_tails.get(record.job_id) is task:
             del self._job_tails[record.job_id]
 
@@ -180,27 +195,39 @@ class Deliverer:
         slot = self._slots.setdefault(
             target.endpoint, asyncio.Semaphore(self._settings.webhook_endpoint_concurrency)
         )
+        timeout_s = self._settings.webhook_timeout_s
         async with slot:
             started = time.monotonic()
             try:
-                # The answer's body is never read: a receiver cannot make us buffer it.
-                async with self._http.stream(
-                    "POST",
-                    target.pinned_url(),
-                    content=body,
-                    headers=headers,
-                    extensions=extensions,
-                    timeout=self._settings.webhook_timeout_s,
-                ) as response:
+                # The whole exchange has one deadline (a receiver trickling its answer byte
+                # by byte gets no more), and the answer's body is never read.
+                async with (
+                    asyncio.timeout(timeout_s),
+                    self._http.stream(
+                        "POST",
+                        target.pinned_url(),
+                        content=body,
+                        headers=headers,
+                        extensions=extensions,
+                        timeout=timeout_s,
+                    ) as response,
+                ):
                     status = response.status_code
-            except httpx.TimeoutException:
-                error = f"no answer within {self._settings.webhook_timeout_s:g}s"
-                return _failed(at_ms, started, error)
+            except (TimeoutError, httpx.TimeoutException):
+                return _failed(at_ms, started, f"no answer within {timeout_s:g}s")
             except httpx.HTTPError as e:
                 return _failed(at_ms, started, f"{type(e).__name__}: {e}")
         latency_ms = (time.monotonic() - started) * 1000
         error = None if 200 <= status < 300 else f"HTTP {status}"
         return DeliveryAttempt(at_ms=at_ms, latency_ms=latency_ms, status_code=status, error=error)
+
+
+def _endpoint(url: str) -> str:
+    try:
+        scheme, host, port = parse_url(url)
+    except UnsafeUrl:
+        return ""
+    return f"{scheme}://{host}:{port}"
 
 
 def _failed(at_ms: int, started: float, error: str) -> DeliveryAttempt:

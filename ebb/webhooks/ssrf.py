@@ -42,10 +42,11 @@ class Target:
         return f"{self.scheme}://{self.host}:{self.port}"
 
     def pinned_url(self) -> str:
-        """The URL with its host replaced by the checked address."""
+        """The URL with its host replaced by the checked address (credentials kept)."""
         parts = urlsplit(self.url)
+        userinfo, at, _ = parts.netloc.rpartition("@")
         host = f"[{self.address}]" if self.address.version == 6 else str(self.address)
-        return parts._replace(netloc=f"{host}:{self.port}").geturl()
+        return parts._replace(netloc=f"{userinfo}{at}{host}:{self.port}").geturl()
 
     @property
     def host_header(self) -> str:

@@ -4,6 +4,9 @@ and signatures across a secret rotation (collector and delivery worker driven di
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import httpx
 import pytest
 import redis
@@ -266,3 +269,37 @@ async def test_signatures_cover_the_rotation_overlap(redis_url, stores):
 def _now_ms(r: redis.Redis) -> int:
     now_s, now_us = r.time()
     return now_s * 1000 + now_us // 1000
+
+
+async def test_an_endpoint_gets_at_most_its_concurrency(redis_url, stores):
+    jobs, _ = stores
+    gate = threading.Event()
+    receiver = Receiver(answer_after=gate).start()
+    config = settings(redis_url, webhook_endpoint_concurrency=2)
+    collector = JobCollector(jobs, config)
+    rq = runner_queue(redis_url, "r1")
+    for i in range(5):  # 10 deliveries: job.started and job.succeeded each
+        await submit(jobs, job(f"job_e{i}", url=receiver.url))
+        run_to_end(rq, f"job_e{i}.1")
+    await collector.pass_once()
+    r = redis.Redis.from_url(redis_url)
+    async with httpx.AsyncClient() as http:
+        deliverer = Deliverer(
+            DeliveryStore(jobs.redis, record_ttl_s=600), WebhookSecrets(jobs.redis), config, http
+        )
+        try:
+            assert await deliverer.dispatch_due() == 8, "4 per endpoint slot at most"
+            leased = r.zrange(keys.DELIVERIES_DUE, 0, -1, withscores=True)
+            deferred = [s for _, s in leased if s < _now_ms(r) + 5_000]
+            assert len(deferred) == 2, "the rest waits in Redis, due again in a second"
+            for _ in range(1000):  # the attempts run on this event loop: yield to them
+                if receiver.in_flight == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert receiver.in_flight == 2
+            gate.set()
+            await deliverer.drain(grace_s=20)
+        finally:
+            gate.set()
+            receiver.stop()
+    assert receiver.most_in_flight == 2

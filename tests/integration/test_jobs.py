@@ -27,7 +27,10 @@ FAST_RETRIES = {
 
 @pytest.fixture(scope="module")
 def platform():
-    p = Platform(home=temp_home("ebb-jobs-"), redis_url=None, env_extra=FAST_RETRIES).start()
+    # A 30 s controller poll: a job wakes its deployment at zero through the wake-up
+    # signal, like a synchronous request, not through the periodic reconcile.
+    env = {**FAST_RETRIES, "EBB_CONTROLLER_POLL_S": "30"}
+    p = Platform(home=temp_home("ebb-jobs-"), redis_url=None, env_extra=env).start()
     yield p
     assert p.stop() == 0
 

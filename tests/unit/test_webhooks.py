@@ -145,8 +145,9 @@ def test_pinned_url_keeps_the_host_for_the_header_and_sni():
     )
     assert target.pinned_url() == "https://[2606:4700::1111]:443/in?a=b"
     assert target.host_header == "hooks.example.com"
-    other = Target("http://h.example:8080/", "http", "h.example", 8080, target.address)
+    other = Target("http://u:p@h.example:8080/", "http", "h.example", 8080, target.address)
     assert other.host_header == "h.example:8080"
+    assert other.pinned_url() == "http://u:p@[2606:4700::1111]:8080/", "credentials kept"
 
 
 # --- job views and records -------------------------------------------------------------
