@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     controller_poll_s: float = 0.5
     # vLLM's CPU KV cache, in GiB (VLLM_CPU_KVCACHE_SPACE); ignored on GPUs.
     kv_cache_gib: int = 1
+    # A runner whose engine sleeps (GPU sleep mode) exits after sleeping this long.
+    sleep_timeout_s: float = 600.0
     # Where the weight cache lives; default EBB_HOME/weights. Put it on the fastest disk.
     weights_cache_dir: Path | None = None
     # How long a request's output stream and record are kept after it finished.

@@ -20,6 +20,7 @@ from ebb.frontdoor import (
     routes_deployments,
     routes_jobs,
     routes_openai,
+    routes_status,
     routes_usage,
     routes_webhooks,
 )
@@ -82,6 +83,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_admin.router)
     app.include_router(routes_jobs.router)
     app.include_router(routes_webhooks.router)
+    app.include_router(routes_status.router)
     _install_error_handlers(app)
 
     @app.middleware("http")

@@ -109,6 +109,8 @@ def _summary(counts: dict[str, int], status: dict[str, str]) -> str:
         return "ready"
     if counts["starting"] or counts["loading"] or counts["prewarmed"]:
         return "starting"
+    if counts["sleeping"]:
+        return "sleeping"
     return "scaled_to_zero"
 
 
