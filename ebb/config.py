@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     weights_cache_dir: Path | None = None
     # How long a request's output stream and record are kept after it finished.
     result_ttl_s: int = 600
+    # The key the CLI calls the API with (a tenant's); unset means the admin key.
+    api_key: str | None = None
 
     # Async jobs: how long a job may wait to start (default and most a client may ask),
     # how long a settled job stays retrievable, attempts before a job fails for lost runners.

@@ -7,9 +7,11 @@ import time
 import typer
 from rich.table import Table
 
-from ebb.cli.api import EXIT_REFUSED, Api, JsonOpt, console, err_console, print_json
+from ebb.cli.api import EXIT_REFUSED, EXIT_USAGE, Api, JsonOpt, console, err_console, print_json
 
-deployments_app = typer.Typer(help="List deployments, or remove one.", invoke_without_command=True)
+deployments_app = typer.Typer(
+    help="List deployments; show or delete one.", invoke_without_command=True
+)
 
 
 def _deployments_table(rows: list[dict]) -> Table:
@@ -88,9 +90,11 @@ def scale(
         "max_replicas": max_replicas,
         "idle_timeout_s": idle_timeout,
     }
-    body = Api().call(
-        "PATCH", f"/v1/deployments/{name}", json={k: v for k, v in patch.items() if v is not None}
-    )
+    changes = {k: v for k, v in patch.items() if v is not None}
+    if not changes:
+        err_console.print("nothing to change: pass --min, --max or --idle-timeout")
+        raise typer.Exit(EXIT_USAGE)
+    body = Api().call("PATCH", f"/v1/deployments/{name}", json=changes)
     if as_json:
         print_json(body)
     else:
@@ -109,7 +113,7 @@ def deployments(ctx: typer.Context, as_json: bool = JsonOpt) -> None:
         console.print(_deployments_table(body["data"]))
 
 
-@deployments_app.command("rm")
+@deployments_app.command("rm", hidden=True)  # the old word for `delete`, kept for scripts
 def remove_deployment(name: str) -> None:
     """Remove a deployment; its runners drain and exit."""
     Api().call("DELETE", f"/v1/deployments/{name}")

@@ -7,6 +7,8 @@ import sys
 
 import typer
 
+from ebb.cli.chat import chat
+from ebb.cli.deployment_show import delete_deployment, show_deployment
 from ebb.cli.deployments import deploy, deployments_app, scale, status
 from ebb.cli.jobs import jobs_app
 from ebb.cli.keys import keys_app
@@ -22,8 +24,10 @@ app = typer.Typer(
 app.add_typer(keys_app, name="keys")
 app.add_typer(deployments_app, name="deployments")
 app.add_typer(jobs_app, name="jobs")
-for command in (deploy, scale, status, usage):
+for command in (deploy, scale, status, usage, chat):
     app.command()(command)
+deployments_app.command("show")(show_deployment)
+deployments_app.command("delete")(delete_deployment)
 
 
 def _logging() -> None:

@@ -17,6 +17,7 @@ from ebb.config import Settings
 from ebb.errors import CapacityError, EbbError, InvalidRequest, NotFound, RateLimited
 from ebb.frontdoor import (
     routes_admin,
+    routes_console,
     routes_deployments,
     routes_jobs,
     routes_openai,
@@ -84,6 +85,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_jobs.router)
     app.include_router(routes_webhooks.router)
     app.include_router(routes_status.router)
+    app.include_router(routes_console.router)
     _install_error_handlers(app)
 
     @app.middleware("http")
