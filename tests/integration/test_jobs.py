@@ -8,6 +8,7 @@ import pytest
 import redis
 from standardwebhooks import Webhook
 from support import Platform, temp_home, wait_until
+from test_cli import ebb, ok_json
 from webhook_receiver import Receiver
 
 from ebb.queue import keys
@@ -312,3 +313,40 @@ def msgspec_json(data: bytes) -> dict:
     import json
 
     return json.loads(data)
+
+
+def test_cli_submits_waits_lists_rotates_and_refuses(platform, admin):
+    deploy(admin, "jobs-chat", idle_timeout_s=30)
+    done = ok_json(
+        ebb(
+            platform,
+            "jobs",
+            "submit",
+            "jobs-chat",
+            "--prompt",
+            "Hi",
+            "--max-tokens",
+            "6",
+            "--wait",
+            "--json",
+        )
+    )
+    assert done["status"] == "succeeded"
+    assert done["result"]["choices"][0]["message"]["content"] == FAKE_REPLY[:6]
+    listed = ok_json(ebb(platform, "jobs", "--status", "succeeded", "--json"))
+    assert done["id"] in [j["id"] for j in listed["data"]]
+    shown = ebb(platform, "jobs", "show", done["id"])
+    assert shown.returncode == 0 and done["id"] in shown.stdout
+    assert FAKE_REPLY[:6] in shown.stdout
+
+    secret = ebb(platform, "jobs", "secret").stdout.strip()
+    assert secret.startswith("whsec_")
+    rotated = ok_json(ebb(platform, "jobs", "secret", "--rotate", "--overlap", "60", "--json"))
+    assert rotated["secret"] != secret and rotated["previous_secret_expires_at"]
+
+    again = ebb(platform, "jobs", "cancel", done["id"])
+    assert again.returncode == 1 and "already succeeded" in again.stderr
+    unsafe = ebb(
+        platform, "jobs", "submit", "jobs-chat", "--prompt", "x", "--webhook", "http://10.0.0.1/h"
+    )
+    assert unsafe.returncode == 1 and "webhook.url" in unsafe.stderr
