@@ -9,7 +9,6 @@ import pytest
 import redis
 from standardwebhooks import Webhook
 from support import TEST_WEIGHTS_DIR, Platform, temp_home, wait_until
-from webhook_receiver import Receiver
 
 from ebb.config import DEFAULT_MODEL_SOURCE
 from ebb.queue import keys
@@ -37,13 +36,6 @@ def platform(default_local_model):
 def admin(platform):
     with platform.admin() as client:
         yield client
-
-
-@pytest.fixture
-def receiver():
-    r = Receiver().start()
-    yield r
-    r.stop()
 
 
 def test_job_scales_from_zero_and_its_webhook_carries_the_answer(platform, admin, receiver):

@@ -227,9 +227,8 @@ async def test_a_leased_delivery_belongs_to_its_worker_until_the_lease_ends(redi
     assert [d.webhook_id for d in reclaimed] == [taken[1].webhook_id], "a's lease ran out"
 
 
-async def test_signatures_cover_the_rotation_overlap(redis_url, stores):
+async def test_signatures_cover_the_rotation_overlap(redis_url, stores, receiver):
     jobs, _ = stores
-    receiver = Receiver().start()
     secrets = WebhookSecrets(jobs.redis)
     old = (await secrets.ensure("acme", new_secret())).current
     new = (await secrets.rotate("acme", new_secret(), overlap_s=600)).current
@@ -237,33 +236,29 @@ async def test_signatures_cover_the_rotation_overlap(redis_url, stores):
     collector = JobCollector(jobs, config)
     async with httpx.AsyncClient() as http:
         deliverer = Deliverer(DeliveryStore(jobs.redis, record_ttl_s=600), secrets, config, http)
-        try:
-            await submit(jobs, job("job_s1", url=receiver.url))
-            run_to_end(runner_queue(redis_url, "r1"), "job_s1.1")
-            await collector.pass_once()
-            await deliverer.dispatch_due()
-            await deliverer.drain(grace_s=10)
-            during = receiver.accepted("job_s1")
-            assert len(during) == 2
-            for delivery in during:
-                assert len(delivery.headers["webhook-signature"].split()) == 2
-                for secret in (old, new):
-                    Webhook(secret).verify(delivery.body, delivery.headers)
 
-            newest = (await secrets.rotate("acme", new_secret(), overlap_s=0)).current
-            await submit(jobs, job("job_s2", url=receiver.url))
-            run_to_end(runner_queue(redis_url, "r1"), "job_s2.1")
+        async def run_and_deliver(job_id: str) -> list:
+            await submit(jobs, job(job_id, url=receiver.url))
+            run_to_end(runner_queue(redis_url, "r1"), f"{job_id}.1")
             await collector.pass_once()
             await deliverer.dispatch_due()
             await deliverer.drain(grace_s=10)
-            after = receiver.accepted("job_s2")
-            assert len(after) == 2
-            for delivery in after:
-                Webhook(newest).verify(delivery.body, delivery.headers)
-                with pytest.raises(WebhookVerificationError):
-                    Webhook(new).verify(delivery.body, delivery.headers)
-        finally:
-            receiver.stop()
+            return receiver.accepted(job_id)
+
+        during = await run_and_deliver("job_s1")
+        assert len(during) == 2
+        for delivery in during:
+            assert len(delivery.headers["webhook-signature"].split()) == 2
+            for secret in (old, new):
+                Webhook(secret).verify(delivery.body, delivery.headers)
+
+        newest = (await secrets.rotate("acme", new_secret(), overlap_s=0)).current
+        after = await run_and_deliver("job_s2")
+        assert len(after) == 2
+        for delivery in after:
+            Webhook(newest).verify(delivery.body, delivery.headers)
+            with pytest.raises(WebhookVerificationError):
+                Webhook(new).verify(delivery.body, delivery.headers)
 
 
 def _now_ms(r: redis.Redis) -> int:

@@ -50,13 +50,6 @@ def redis_client(platform):
     return redis.Redis.from_url(info["redis_url"])
 
 
-@pytest.fixture
-def receiver():
-    r = Receiver().start()
-    yield r
-    r.stop()
-
-
 def deploy(admin: httpx.Client, name: str, source: str = "fake://m", **fields) -> None:
     if admin.get(f"/v1/deployments/{name}").status_code == 200:
         return

@@ -39,13 +39,6 @@ def admin(platform):
         yield client
 
 
-@pytest.fixture
-def receiver():
-    r = Receiver().start()
-    yield r
-    r.stop()
-
-
 def test_worker_killed_mid_schedule_still_delivers(platform, admin, receiver):
     deploy(admin, "restart-chat")
     receiver.down = True
