@@ -63,8 +63,8 @@ class Settings(BaseSettings):
     # "127.0.0.0/8"); loopback, private, link-local and other non-public ones are refused.
     webhook_allowed_cidrs: str = ""
     webhook_timeout_s: float = 10.0
-    # Retries: exponential from base, each delay at most max_delay, jittered; given up
-    # give_up after the event.
+    # Retries: delays double from base_s up to max_delay_s, jittered; the delivery is
+    # given up give_up_s after its event.
     webhook_retry_base_s: float = 5.0
     webhook_retry_max_delay_s: float = 3600.0
     webhook_give_up_s: float = 86400.0

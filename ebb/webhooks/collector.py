@@ -24,6 +24,7 @@ import time
 import uuid
 
 import msgspec
+from redis.exceptions import RedisError
 
 from ebb.config import Settings
 from ebb.frontdoor.translate import EndpointKind, ResponseBuilder, usage
@@ -88,9 +89,19 @@ class JobCollector:
                 await self.look_at(record)
 
     async def look_at(self, record: JobRecord) -> None:
-        if not record.status.is_terminal and await self._advance(record):
-            record = await self._store.get(record.job_id) or record
-        await self._announce(record)
+        try:
+            if not record.status.is_terminal and await self._advance(record):
+                record = await self._store.get(record.job_id) or record
+            await self._announce(record)
+        except RedisError:
+            raise  # the whole pass waits for Redis
+        except Exception as e:
+            # One job that cannot be collected must not stall every other: it fails with
+            # the reason, and is announced like any failed job on the next pass.
+            log.exception("jobs: %s could not be collected", record.job_id)
+            if not record.status.is_terminal:
+                error = JobErrorInfo("internal", f"The job's result could not be read: {e}")
+                await self._settle(record, {}, JobStatus.FAILED, error)
 
     async def _expire(self, job_id: str) -> None:
         record = await self._store.get(job_id)

@@ -85,7 +85,7 @@ async def submit(jobs: JobStore, record: JobRecord, ttl_s: int = 3600) -> None:
 
 def run_to_end(rq, request_id: str, tokens: int = 4) -> None:
     """What a runner does with a claimed attempt: output, then finish once."""
-    claimed = [w for w in rq.claim(DEP, 8, max_jobs=8).claimed if w.request_id == request_id]
+    claimed = [w for w in rq.claim(DEP, 1, max_jobs=1).claimed if w.request_id == request_id]
     assert claimed, f"{request_id} was not claimable"
     delta = ChoiceDelta(index=0, text="Paris", token_count=tokens, finish_reason="length")
     rq.publish({request_id: Progress(choices=[delta])})
@@ -298,3 +298,20 @@ async def test_an_endpoint_gets_at_most_its_concurrency(redis_url, stores):
             gate.set()
             receiver.stop()
     assert receiver.most_in_flight == 2
+
+
+async def test_a_job_that_cannot_be_collected_fails_alone(redis_url, stores):
+    jobs, _ = stores
+    for job_id in ("job_bad", "job_good"):
+        await submit(jobs, job(job_id))
+    rq = runner_queue(redis_url, "r1")
+    redis.Redis.from_url(redis_url).xadd(keys.events("job_bad.1"), {"e": b"not an event"})
+    run_to_end(rq, "job_bad.1")
+    run_to_end(rq, "job_good.1")
+    collector = JobCollector(jobs, settings(redis_url))
+    await collector.pass_once()
+    bad, good = await jobs.get("job_bad"), await jobs.get("job_good")
+    assert bad.status is JobStatus.FAILED and bad.error.code == "internal"
+    assert good.status is JobStatus.SUCCEEDED
+    await collector.pass_once()
+    assert await jobs.watched() == [], "the failed job is announced and let go"
