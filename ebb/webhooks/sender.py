@@ -159,26 +159,35 @@ class Deliverer:
         except Exception as e:  # a bug must not leave the delivery leased forever
             log.exception("webhooks: attempt of %s failed", record.webhook_id)
             attempt = DeliveryAttempt(at_ms=_now_ms(), latency_ms=0.0, error=f"internal: {e}")
-        failed_attempts = record.attempts + 1
+        number = record.attempts + 1
         if attempt.error is None:
             outcome, next_ms = "delivered", 0
         else:
             next_at = self._policy.next_attempt_ms(
-                failed_attempts=failed_attempts, created_ms=record.created_ms, now_ms=_now_ms()
+                failed_attempts=number, created_ms=record.created_ms, now_ms=_now_ms()
             )
             outcome, next_ms = ("retry", next_at) if next_at else ("failed", 0)
-        await self._store.record(
-            record.webhook_id, owner=self.owner, attempt=attempt, outcome=outcome, next_ms=next_ms
-        )
         log.info(
             "webhooks: %s %s of job %s attempt %d -> %s (%s)",
             record.event,
             record.webhook_id,
             record.job_id,
-            failed_attempts,
+            number,
             outcome,
             attempt.error or attempt.status_code,
         )
+        try:
+            await self._store.record(
+                record.webhook_id,
+                owner=self.owner,
+                attempt=attempt,
+                outcome=outcome,
+                next_ms=next_ms,
+            )
+        except Exception:
+            # Redis is away: the delivery stays leased and is attempted again (same
+            # webhook id) once the lease ends.
+            log.exception("webhooks: recording attempt %d of %s failed", number, record.webhook_id)
 
     async def _send(self, record: DeliveryRecord) -> DeliveryAttempt:
         at_ms = _now_ms()
