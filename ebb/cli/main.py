@@ -10,6 +10,7 @@ import typer
 from ebb.cli.chat import chat
 from ebb.cli.deployment_show import delete_deployment, show_deployment
 from ebb.cli.deployments import deploy, deployments_app, scale, status
+from ebb.cli.jobs import jobs_app
 from ebb.cli.keys import keys_app
 from ebb.cli.usage import price, usage_app
 from ebb.config import Settings
@@ -22,6 +23,7 @@ app = typer.Typer(
 )
 app.add_typer(keys_app, name="keys")
 app.add_typer(deployments_app, name="deployments")
+app.add_typer(jobs_app, name="jobs")
 app.add_typer(usage_app, name="usage")
 for command in (deploy, scale, status, price, chat):
     app.command()(command)
@@ -84,6 +86,15 @@ def billing() -> None:
 
     _logging()
     run_billing(Settings())
+
+
+@app.command(hidden=True)
+def webhooks() -> None:
+    """Run the job collector and webhook delivery worker (started by `ebb up`)."""
+    from ebb.webhooks.main import run_worker
+
+    _logging()
+    run_worker(Settings())
 
 
 @app.command(hidden=True)

@@ -186,7 +186,9 @@ class Controller:
         starting = sum(r.state in _STARTING_STATES for r in runners)
         ready = sum(r.state is RunnerState.READY for r in runners)
         snap = DemandSnapshot(
-            queue_depth=queue.depth,
+            # Queued async jobs are demand like synchronous requests: they wake a deployment
+            # at zero and, waiting long enough, add replicas.
+            queue_depth=queue.depth + queue.job_depth,
             oldest_wait_s=queue.oldest_wait_s,
             starting=starting,
             ready=ready,
@@ -207,10 +209,11 @@ class Controller:
             await self._launch_for(spec.name)
         await self._state.count_scale_up(spec.name, missing)
         log.info(
-            "coldstart: %s scaled up by %d (queue=%d, ready=%d, starting=%d)",
+            "coldstart: %s scaled up by %d (queue=%d, jobs=%d, ready=%d, starting=%d)",
             spec.name,
             missing,
             queue.depth,
+            queue.job_depth,
             ready,
             starting,
         )

@@ -19,10 +19,12 @@ from ebb.frontdoor import (
     routes_admin,
     routes_console,
     routes_deployments,
+    routes_jobs,
     routes_limits,
     routes_openai,
     routes_status,
     routes_usage,
+    routes_webhooks,
 )
 from ebb.frontdoor.catalog import ModelCatalog
 from ebb.frontdoor.execution import Executor
@@ -92,6 +94,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_usage.router)
     app.include_router(routes_limits.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_jobs.router)
+    app.include_router(routes_webhooks.router)
     app.include_router(routes_status.router)
     app.include_router(routes_console.router)
     _install_error_handlers(app)

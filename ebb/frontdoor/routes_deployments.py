@@ -98,6 +98,7 @@ async def deployment_view(request: Request, spec: DeploymentSpec) -> dict:
         "status": _summary(counts, status),
         "replicas": counts,
         "queue_depth": queue.depth,
+        "job_queue_depth": queue.job_depth,
         "oldest_wait_s": round(queue.oldest_wait_s, 3),
         "weights": status.get("weights", "unknown"),
         "error": status.get("error") or status.get("weights_error") or None,

@@ -38,6 +38,8 @@ class WorkItem(msgspec.Struct, kw_only=True, frozen=True):
     sampling: SamplingSpec
     tenant: str = "admin"
     enqueued_at_s: float = 0.0
+    # Set for an async job's attempt: its result is collected by the webhooks worker.
+    job_id: str = ""
     # Billing: the key that sent it and the token prices in force when it was admitted.
     key_id: str = ""
     price_per_1m_input_tokens_micros: int = 0
