@@ -533,3 +533,30 @@ def test_a_runner_is_billed_from_launch_to_exit_to_its_owner(platform, admin, pl
     shown = run_cli(platform, "usage", "--tenant", "gpu-t", "--group-by", "tenant,deployment")
     assert shown.returncode == 0, shown.stderr
     assert "gpu-t" in shown.stdout and "brief" in shown.stdout
+
+
+def test_a_job_is_billed_once_to_its_tenant_and_hidden_from_others(platform, admin):
+    ensure_deployment(admin, "rl", "fake://m?ctx=1024", idle_timeout_s=600)
+    a = tenant_client(platform, new_key(admin, "job-a"))
+    b = tenant_client(platform, new_key(admin, "job-b"))
+    submitted = a.post(
+        "/v1/jobs",
+        json={
+            "model": "rl",
+            "endpoint": "completions",
+            "body": {"prompt": "Hi", "max_tokens": 6},
+        },
+    )
+    assert submitted.status_code == 202, submitted.text
+    job_id = submitted.json()["id"]
+    job = wait_until(
+        lambda: (j := a.get(f"/v1/jobs/{job_id}").json())["status"] == "succeeded" and j,
+        60,
+        "the job to succeed",
+    )
+    assert b.get(f"/v1/jobs/{job_id}").status_code == 404, "another tenant's job is not there"
+    total = usage_total(a)["total"]
+    assert total["requests"] == 1
+    assert total["prompt_tokens"] == job["usage"]["prompt_tokens"]
+    assert total["completion_tokens"] == job["usage"]["completion_tokens"] == 6
+    assert usage_total(b)["total"]["requests"] == 0
