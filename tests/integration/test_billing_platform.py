@@ -17,30 +17,11 @@ from billing_support import (
     tenant_client,
     usage_total,
 )
-from support import Platform, temp_home, wait_until
+from support import wait_until
 
 from ebb.queue import keys
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def platform():
-    p = Platform(home=temp_home("ebb-bill-"), redis_url=None, env_extra={"EBB_PREWARM": "0"})
-    p.start()
-    yield p
-    assert p.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def admin(platform):
-    with platform.admin() as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def platform_redis(platform):
-    return platform.redis()
 
 
 def complete(client: httpx.Client, max_tokens: int, **extra) -> httpx.Response:
