@@ -38,9 +38,6 @@ _FORGET_AFTER_S = 300.0
 # Leases are reaped at least this often, whatever the reconcile interval: a client of a
 # runner that died must hear about it within about a lease period.
 _REAP_INTERVAL_S = 1.0
-# A runner in these states is on its way to serving (a PREWARMED one with a deployment was
-# just assigned).
-_STARTING_STATES = (RunnerState.STARTING, RunnerState.PREWARMED, RunnerState.LOADING)
 # Consecutive failed starts after which a deployment shows an error state.
 MAX_START_FAILURES = 3
 
@@ -183,7 +180,7 @@ class Controller:
 
     async def _scale(self, spec: DeploymentSpec, runners: list[RunnerRecord]) -> None:
         queue = await self._state.queue_snapshot(spec.name)
-        starting = sum(r.state in _STARTING_STATES for r in runners)
+        starting = sum(r.is_starting for r in runners)
         ready = sum(r.state is RunnerState.READY for r in runners)
         snap = DemandSnapshot(
             # Queued async jobs are demand like synchronous requests: they wake a deployment
@@ -223,7 +220,7 @@ class Controller:
         # fresh process. Sleepers exist only where engines support sleep mode (GPUs).
         sleeper = await self._state.take_sleeper(deployment)
         if sleeper is not None:
-            await self._state.assign(sleeper, deployment)
+            await self._state.wake_sleeper(sleeper, deployment)
             log.info("coldstart: waking sleeping %s for %s", sleeper, deployment)
             return
         while (stem := await self._state.take_stem()) is not None:
@@ -243,7 +240,7 @@ class Controller:
     async def _refill_pool(self, runners: list[RunnerRecord]) -> None:
         # A new stem's imports compete for the same cores as a model that is loading to
         # serve a waiting request: refill only once no runner is starting for real work.
-        if any(r.deployment and r.state in _STARTING_STATES for r in runners):
+        if any(r.deployment and r.is_starting for r in runners):
             return
         stems = sum(
             r.deployment == "" and r.state in (RunnerState.STARTING, RunnerState.PREWARMED)

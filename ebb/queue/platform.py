@@ -180,6 +180,11 @@ class PlatformState:
                 return runner_id.decode()
         return None
 
+    async def wake_sleeper(self, runner_id: str, deployment: str) -> None:
+        """Hand a sleeping runner new work; until it is READY it counts as starting."""
+        await self.redis.hset(keys.runner(runner_id), "woken_ms", int(time.time() * 1000))
+        await self.assign(runner_id, deployment)
+
     async def assign(self, runner_id: str, deployment: str) -> None:
         pipe = self.redis.pipeline()
         pipe.hset(keys.runner(runner_id), "deployment", deployment)

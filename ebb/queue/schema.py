@@ -169,6 +169,16 @@ class RunnerRecord(msgspec.Struct, kw_only=True):
     heartbeat_ms: int = 0
     exited_ms: int = 0
     error: str = ""
+    # When the controller last woke this runner from sleep; after its last ready_ms, the
+    # runner is waking up and already counts as capacity on its way.
+    woken_ms: int = 0
+
+    @property
+    def is_starting(self) -> bool:
+        """On its way to serving: launched, assigned, loading, or being woken."""
+        if self.state is RunnerState.SLEEPING:
+            return self.woken_ms > self.ready_ms
+        return self.state in (RunnerState.STARTING, RunnerState.PREWARMED, RunnerState.LOADING)
 
 
 class ApiKeyRecord(msgspec.Struct, kw_only=True):

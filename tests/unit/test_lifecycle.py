@@ -73,3 +73,14 @@ def test_fail_records_the_error_once_and_is_idempotent():
     life.fail("again")
     assert queue.fields["state"] is S.FAILED and queue.fields["error"] == "out of memory"
     assert len(queue.log) == 1 and "out of memory" in queue.log[0]
+
+
+def test_a_sleeper_counts_as_starting_only_between_its_wake_and_ready():
+    from ebb.queue.schema import RunnerRecord
+
+    asleep = RunnerRecord(runner_id="r", state=S.SLEEPING, ready_ms=1_000)
+    assert not asleep.is_starting
+    woken = RunnerRecord(runner_id="r", state=S.SLEEPING, ready_ms=1_000, woken_ms=2_000)
+    assert woken.is_starting
+    again = RunnerRecord(runner_id="r", state=S.SLEEPING, ready_ms=3_000, woken_ms=2_000)
+    assert not again.is_starting
