@@ -22,3 +22,18 @@ def receiver():
     r = Receiver().start()
     yield r
     r.stop()
+
+
+# For modules that define (or inherit) a `platform` fixture: an HTTP client carrying the
+# admin key, and a client of the platform's own Redis.
+
+
+@pytest.fixture(scope="module")
+def admin(platform):
+    with platform.admin() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def platform_redis(platform):
+    return platform.redis()

@@ -72,12 +72,6 @@ def page(browser, platform, script_errors) -> Iterator[Page]:
     context.close()
 
 
-@pytest.fixture(scope="module")
-def admin(platform) -> Iterator[httpx.Client]:
-    with platform.admin() as client:
-        yield client
-
-
 def shot(page: Page, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 

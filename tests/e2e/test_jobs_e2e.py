@@ -32,12 +32,6 @@ def platform(default_local_model):
     assert p.stop() == 0
 
 
-@pytest.fixture(scope="module")
-def admin(platform):
-    with platform.admin() as client:
-        yield client
-
-
 def test_job_scales_from_zero_and_its_webhook_carries_the_answer(platform, admin, receiver):
     created = admin.post(
         "/v1/deployments",

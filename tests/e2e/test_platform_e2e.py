@@ -8,7 +8,6 @@ import json
 import httpx
 import openai
 import pytest
-import redis
 from support import TEST_WEIGHTS_DIR, Platform, temp_home, wait_until
 
 from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE
@@ -33,20 +32,8 @@ def platform(default_local_model):
 
 
 @pytest.fixture(scope="module")
-def admin(platform):
-    with platform.admin() as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
 def client(platform):
     return platform.openai(timeout=120)
-
-
-@pytest.fixture(scope="module")
-def platform_redis(platform):
-    run_info = json.loads((platform.home / "run.json").read_text())
-    return redis.Redis.from_url(run_info["redis_url"])
 
 
 def deployment(admin: httpx.Client, name: str) -> dict:

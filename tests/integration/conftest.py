@@ -29,14 +29,3 @@ def platform():
     p = Platform(home=temp_home("ebb-it-"), redis_url=None).start()
     yield p
     assert p.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def admin(platform):
-    with platform.admin() as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def platform_redis(platform):
-    return platform.redis()

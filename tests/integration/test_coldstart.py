@@ -10,26 +10,13 @@ import signal
 import httpx
 import openai
 import pytest
-from support import Platform, temp_home, wait_until
+from support import wait_until
 
 from ebb.coldstart.controller import MAX_START_FAILURES
 
 pytestmark = pytest.mark.integration
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def platform():
-    p = Platform(home=temp_home("ebb-cs-"), redis_url=None).start()
-    yield p
-    assert p.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def admin(platform):
-    with platform.admin() as client:
-        yield client
 
 
 def deploy(admin: httpx.Client, name: str, source: str, **fields) -> None:

@@ -37,12 +37,6 @@ def platform():
 
 
 @pytest.fixture(scope="module")
-def admin(platform):
-    with platform.admin() as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
 def redis_client(platform):
     import json
 

@@ -33,12 +33,6 @@ def platform(redis_server):
     assert p.stop() == 0
 
 
-@pytest.fixture(scope="module")
-def admin(platform):
-    with platform.admin() as client:
-        yield client
-
-
 def test_worker_killed_mid_schedule_still_delivers(platform, admin, receiver):
     deploy(admin, "restart-chat")
     receiver.down = True

@@ -8,7 +8,6 @@ import threading
 import httpx
 import openai
 import pytest
-import redis
 from support import Platform, temp_home, wait_until
 
 from ebb.queue import keys
@@ -29,20 +28,6 @@ def platform():
     yield p
     assert p.stop() == 0
     assert not _live_children(p), "ebb up left processes behind"
-
-
-@pytest.fixture(scope="module")
-def admin(platform):
-    with platform.admin() as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def redis_client(platform):
-    info = (platform.home / "run.json").read_text()
-    import json
-
-    return redis.Redis.from_url(json.loads(info)["redis_url"])
 
 
 def deploy(admin: httpx.Client, name: str, source: str = "fake://m", **fields) -> dict:
@@ -82,7 +67,7 @@ def test_chat_through_openai_client(platform, admin):
     assert completion.usage.completion_tokens == 10
 
 
-def test_scale_from_zero_and_back_to_zero(platform, admin, redis_client):
+def test_scale_from_zero_and_back_to_zero(platform, admin, platform_redis):
     deploy(admin, "idle", idle_timeout_s=1, max_replicas=3)
     assert deployment(admin, "idle")["status"] == "scaled_to_zero"
     reply = platform.openai().chat.completions.create(model="idle", messages=MESSAGES, max_tokens=4)
@@ -101,7 +86,7 @@ def test_scale_from_zero_and_back_to_zero(platform, admin, redis_client):
     )
 
 
-def test_not_admitted_in_time_is_503_and_never_runs(platform, admin, redis_client):
+def test_not_admitted_in_time_is_503_and_never_runs(platform, admin, platform_redis):
     # The runner needs 4 s to load; the deployment admits for 1 s.
     deploy(admin, "slow", source="fake://m?load_s=4", admission_timeout_s=1)
     client = platform.openai()
@@ -118,11 +103,11 @@ def test_not_admitted_in_time_is_503_and_never_runs(platform, admin, redis_clien
         "the slow runner to become ready",
     )
     # The runner is up and claiming; the withdrawn request is not in its queue any more.
-    assert redis_client.hget(keys.request(request_id), "state") == b"withdrawn"
-    assert redis_client.zcard(keys.queue("slow")) == 0
+    assert platform_redis.hget(keys.request(request_id), "state") == b"withdrawn"
+    assert platform_redis.zcard(keys.queue("slow")) == 0
     reply = client.chat.completions.create(model="slow", messages=MESSAGES, max_tokens=3)
     assert reply.usage.completion_tokens == 3
-    billed = [e[1][b"r"] for e in redis_client.xrange(keys.USAGE)]
+    billed = [e[1][b"r"] for e in platform_redis.xrange(keys.USAGE)]
     assert not any(request_id.encode() in record for record in billed)
 
 
@@ -147,7 +132,7 @@ def test_full_queue_refuses_at_once(platform, admin):
     assert first["reply"].usage.completion_tokens == 2
 
 
-def test_client_disconnect_aborts_the_running_request(platform, admin, redis_client):
+def test_client_disconnect_aborts_the_running_request(platform, admin, platform_redis):
     deploy(admin, "gen", source="fake://m?step_ms=20", idle_timeout_s=60)
     body = {"model": "gen", "messages": MESSAGES, "max_tokens": 1500, "stream": True}
     with admin.stream("POST", "/v1/chat/completions", json=body) as response:
@@ -157,12 +142,12 @@ def test_client_disconnect_aborts_the_running_request(platform, admin, redis_cli
         got = [line for line, _ in zip(lines, range(6), strict=False) if line]
         assert got[0].startswith("data: ")
     state = wait_until(
-        lambda: redis_client.hget(keys.request(request_id), "state") in (b"cancelled",),
+        lambda: platform_redis.hget(keys.request(request_id), "state") in (b"cancelled",),
         20,
         "the runner to abort the abandoned stream",
     )
     assert state
-    tokens = int(redis_client.hget(keys.request(request_id), "completion_tokens"))
+    tokens = int(platform_redis.hget(keys.request(request_id), "completion_tokens"))
     assert 0 < tokens < 1500, "billed for what was generated before the client left"
 
 
@@ -183,14 +168,14 @@ def test_client_disconnect_aborts_the_running_request(platform, admin, redis_cli
         ({"model": "ctx", "messages": MESSAGES, "bogus": 1}, 400, "bogus"),
     ],
 )
-def test_bad_input_is_refused_and_nothing_is_queued(admin, redis_client, body, status, param):
+def test_bad_input_is_refused_and_nothing_is_queued(admin, platform_redis, body, status, param):
     if admin.get("/v1/deployments/ctx").status_code == 404:
         deploy(admin, "ctx", source="fake://m?ctx=512")
     response = admin.post("/v1/chat/completions", json=body)
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["message"] and error["type"]
-    assert redis_client.zcard(keys.queue(body["model"])) == 0
+    assert platform_redis.zcard(keys.queue(body["model"])) == 0
     assert deployment(admin, "ctx")["runners"] == [], "a refused request launched a runner"
 
 
@@ -236,17 +221,17 @@ def _live_children(p: Platform) -> list[str]:
     ]
 
 
-def test_client_leaving_while_queued_withdraws_the_request(platform, admin, redis_client):
+def test_client_leaving_while_queued_withdraws_the_request(platform, admin, platform_redis):
     deploy(admin, "queued", source="fake://m?load_s=3")
     body = {"model": "queued", "messages": MESSAGES, "max_tokens": 3}
     with pytest.raises(httpx.ReadTimeout):
         admin.post("/v1/chat/completions", json=body, timeout=1.0)
     # The request is gone from the queue, and the runner, once up, never runs it.
-    wait_until(lambda: redis_client.zcard(keys.queue("queued")) == 0, 10, "the withdrawal")
+    wait_until(lambda: platform_redis.zcard(keys.queue("queued")) == 0, 10, "the withdrawal")
     wait_until(lambda: deployment(admin, "queued")["status"] == "ready", 30, "the runner")
     states = {
-        redis_client.hget(k, "state")
-        for k in redis_client.scan_iter(keys.request("*"))
-        if redis_client.hget(k, "deployment") == b"queued"
+        platform_redis.hget(k, "state")
+        for k in platform_redis.scan_iter(keys.request("*"))
+        if platform_redis.hget(k, "deployment") == b"queued"
     }
     assert states == {b"cancelled"}
