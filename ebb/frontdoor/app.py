@@ -15,7 +15,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ebb.config import Settings
 from ebb.errors import CapacityError, EbbError, InvalidRequest, NotFound, RateLimited
-from ebb.frontdoor import routes_admin, routes_deployments, routes_openai, routes_usage
+from ebb.frontdoor import (
+    routes_admin,
+    routes_deployments,
+    routes_openai,
+    routes_usage,
+    routes_weights,
+)
 from ebb.frontdoor.catalog import ModelCatalog
 from ebb.frontdoor.execution import Executor
 from ebb.frontdoor.metrics import Metrics
@@ -23,6 +29,7 @@ from ebb.home import resolve_admin_key
 from ebb.queue.connection import async_client
 from ebb.queue.platform import PlatformState
 from ebb.queue.requests import RequestQueue
+from ebb.weights_cache import CacheOptions
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +58,8 @@ def build_services(settings: Settings) -> Services:
         state=state,
         queue=queue,
         executor=Executor(settings, queue, state),
-        catalog=ModelCatalog(settings.weights_dir, state),
-        metrics=Metrics(),
+        catalog=ModelCatalog(settings.weights_dir, state, CacheOptions.from_settings(settings)),
+        metrics=Metrics(settings.weights_dir, settings.weights_cache_bytes),
     )
 
 
@@ -73,6 +80,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_deployments.router)
     app.include_router(routes_usage.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_weights.router)
     _install_error_handlers(app)
 
     @app.middleware("http")

@@ -6,8 +6,11 @@ Redis at scrape time, so they describe every process of the platform, not just t
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import RunnerState
@@ -16,7 +19,11 @@ _WAIT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(
+        self, weights_dir: Path | None = None, weights_budget_bytes: int | None = None
+    ) -> None:
+        self.weights_dir = weights_dir
+        self.weights_budget_bytes = weights_budget_bytes
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "ebb_http_requests",
@@ -40,7 +47,12 @@ class Metrics:
 
     async def render(self, state: PlatformState) -> bytes:
         scraped = CollectorRegistry(auto_describe=False)
-        scraped.register(_Families(await _platform_families(state)))
+        families = await _platform_families(state)
+        if self.weights_dir is not None:
+            families += await asyncio.to_thread(
+                _weights_families, self.weights_dir, self.weights_budget_bytes
+            )
+        scraped.register(_Families(families))
         return generate_latest(self.registry) + generate_latest(scraped)
 
 
@@ -79,3 +91,32 @@ async def _platform_families(state: PlatformState) -> list[GaugeMetricFamily]:
     for (dep, st), n in sorted(counts.items()):
         runners.add_metric([dep, st], n)
     return [runners, depth, cold]
+
+
+def _weights_families(weights_dir: Path, budget_bytes: int | None) -> list:
+    """The local weight cache: bytes held, models by state, evictions so far."""
+    from ebb.weights_cache import cache_report
+
+    report = cache_report(weights_dir, budget_bytes)
+    used = GaugeMetricFamily("ebb_weights_cache_bytes", "Bytes the weight cache holds")
+    used.add_metric([], report.used_bytes)
+    models = GaugeMetricFamily(
+        "ebb_weights_cache_models", "Cached models by state", labels=["state"]
+    )
+    states = {"in_use": 0, "idle": 0, "partial": 0}
+    for entry in report.entries:
+        states["partial" if entry.partial else "in_use" if entry.in_use else "idle"] += 1
+    for name, count in states.items():
+        models.add_metric([name], count)
+    evictions = CounterMetricFamily(
+        "ebb_weights_evictions", "Models evicted from the weight cache to stay under budget"
+    )
+    evictions.add_metric([], report.evictions_total)
+    evicted = CounterMetricFamily("ebb_weights_evicted_bytes", "Bytes evicted from the cache")
+    evicted.add_metric([], report.evicted_bytes_total)
+    families = [used, models, evictions, evicted]
+    if budget_bytes is not None:
+        budget = GaugeMetricFamily("ebb_weights_cache_budget_bytes", "EBB_WEIGHTS_CACHE_BYTES")
+        budget.add_metric([], budget_bytes)
+        families.append(budget)
+    return families
