@@ -111,14 +111,17 @@ def upload_dir(client, bucket: str, prefix: str, folder: Path, **extra) -> list[
     return names
 
 
-# --- a TCP proxy that counts (and can slow) the bytes a client receives ---------------------
+# --- a TCP proxy that counts, slows, cuts or corrupts what a client receives ----------------
 
 
 class CountingProxy:
-    """Forwards loopback TCP connections to `target`, counting the bytes sent back.
+    """Forwards loopback TCP connections to `target` and watches them.
 
-    `delay_s_per_mib` throttles the downstream direction, so a download through the proxy
-    takes long enough to be interrupted half-way.
+    It counts the bytes sent back (`bytes_down`), ranged GETs (`range_requests`) and the
+    most connections open at once (`max_open`). `delay_s_per_mib` throttles downloads, so
+    one takes long enough to be interrupted; `cut_connections` connections are closed after
+    `cut_after_bytes` bytes of their answer (a network failure mid-stream);
+    `corrupt_chunks` full-size chunks of body have a byte flipped on the way.
     """
 
     def __init__(self, target_url: str, delay_s_per_mib: float = 0.0):
@@ -126,6 +129,12 @@ class CountingProxy:
         self.target = (parts.hostname, parts.port)
         self.delay_s_per_mib = delay_s_per_mib
         self.bytes_down = 0
+        self.range_requests = 0
+        self.open = 0
+        self.max_open = 0
+        self.cut_connections = 0
+        self.cut_after_bytes = 256 * 1024
+        self.corrupt_chunks = 0
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
@@ -139,25 +148,53 @@ class CountingProxy:
             except OSError:
                 return
             upstream = socket.create_connection(self.target)
-            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+            with self._lock:
+                self.open += 1
+                self.max_open = max(self.max_open, self.open)
+                cut = self.cut_connections > 0
+                self.cut_connections -= cut
+            threading.Thread(
+                target=self._pipe, args=(client, upstream, False, False), daemon=True
+            ).start()
+            threading.Thread(
+                target=self._pipe, args=(upstream, client, True, cut), daemon=True
+            ).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, downstream: bool) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, downstream: bool, cut: bool) -> None:
+        sent = 0
         try:
             while data := src.recv(64 * 1024):
                 if downstream:
+                    data = self._down(data)
+                    if cut and sent + len(data) > self.cut_after_bytes:
+                        break
+                else:
                     with self._lock:
-                        self.bytes_down += len(data)
-                    if self.delay_s_per_mib:
-                        time.sleep(self.delay_s_per_mib * len(data) / 2**20)
+                        self.range_requests += data.lower().count(b"\r\nrange: bytes=")
                 dst.sendall(data)
+                sent += len(data)
         except OSError:
             pass
         finally:
+            if downstream:
+                with self._lock:
+                    self.open -= 1
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
                 s.close()
+
+    def _down(self, data: bytes) -> bytes:
+        with self._lock:
+            self.bytes_down += len(data)
+            # A full 64 KiB read is body: headers are far smaller.
+            corrupt = self.corrupt_chunks > 0 and len(data) == 64 * 1024
+            self.corrupt_chunks -= corrupt
+        if self.delay_s_per_mib:
+            time.sleep(self.delay_s_per_mib * len(data) / 2**20)
+        if corrupt:
+            data = data[:-1] + bytes([data[-1] ^ 0x01])
+        return data
 
     def close(self) -> None:
         self._closed = True
