@@ -24,6 +24,33 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import httpx
+import numpy as np
+from safetensors.numpy import save_file
+
+# --- model directories -------------------------------------------------------------------
+
+CONTEXT_LEN = 128
+
+
+def write_hf_dir(root: Path, *, seed: int = 0, rows: int = 4) -> Path:
+    """A tiny model directory in HF layout (shapes are all that matter here)."""
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tensors = {
+        "model.embed_tokens.weight": rng.standard_normal((rows, 8)).astype(np.float32),
+        "model.norm.weight": np.ones(8, dtype=np.float32),
+    }
+    save_file(tensors, root / "model.safetensors", metadata={"format": "pt"})
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "max_position_embeddings": CONTEXT_LEN,
+        "tie_word_embeddings": True,
+    }
+    (root / "config.json").write_text(json.dumps(config))
+    (root / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ x }}"}))
+    return root
+
 
 # --- S3 (moto) -----------------------------------------------------------------------------
 

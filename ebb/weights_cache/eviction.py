@@ -156,6 +156,8 @@ def _evict(store: Store, entry: EntryInfo, reason: str) -> Eviction | None:
     with store.try_lock(entry.key) as locked, store.try_unused(entry.key) as unused:
         if not locked or not unused:
             logger.info("weights: not evicting %s: in use", entry.key)
+            # In use means used now: once its runner exits, it ranks as recently used.
+            store.touch(entry.key)
             return None
         if entry.partial:
             _remove(store, store.tmp_dir / f"{entry.key}{PARTIAL_SUFFIX}")

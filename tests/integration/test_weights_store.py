@@ -13,37 +13,15 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
+from weights_support import CONTEXT_LEN, write_hf_dir
 
 from ebb.errors import InvalidRequest, WeightsCorrupt, WeightsError, WeightsNotFound
 from ebb.weights_cache import LocalModel, ensure, gguf_source, verify
 from ebb.weights_cache import cache as cache_module
 
 pytestmark = pytest.mark.integration
-
-CONTEXT_LEN = 128
-
-
-def write_hf_dir(root: Path, *, seed: int = 0, rows: int = 4) -> Path:
-    """A tiny model directory in HF layout (shapes are all that matter here)."""
-    root.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    tensors = {
-        "model.embed_tokens.weight": rng.standard_normal((rows, 8)).astype(np.float32),
-        "model.norm.weight": np.ones(8, dtype=np.float32),
-    }
-    save_file(tensors, root / "model.safetensors", metadata={"format": "pt"})
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "max_position_embeddings": CONTEXT_LEN,
-        "tie_word_embeddings": True,
-    }
-    (root / "config.json").write_text(json.dumps(config))
-    (root / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ x }}"}))
-    return root
 
 
 def counting_convert(counter: Path, delay_s: float, gguf_path: Path, dest: Path, progress):
