@@ -52,6 +52,30 @@ def write_hf_dir(root: Path, *, seed: int = 0, rows: int = 4) -> Path:
     return root
 
 
+def write_servable_dir(root: Path, *, seed: int = 0, mib: int = 4) -> Path:
+    """A checkpoint the frontdoor can prepare: safetensors, config, a real (word-level)
+    tokenizer with a chat template. Not a model vLLM could run."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    weights = {"model.norm.weight": rng.standard_normal(mib * 2**18).astype(np.float32)}
+    save_file(weights, root / "model.safetensors", metadata={"format": "pt"})
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+    (root / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 256}))
+    vocab = {
+        "[UNK]": 0,
+        **{w: i + 1 for i, w in enumerate(["the", "capital", "of", "france", "is"])},
+    }
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    fast.save_pretrained(root)
+    return root
+
+
 # --- S3 (moto) -----------------------------------------------------------------------------
 
 
@@ -163,6 +187,7 @@ class CountingProxy:
         self.cut_after_bytes = 256 * 1024
         self.corrupt_chunks = 0
         self._lock = threading.Lock()
+        self._link = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         self._closed = False
@@ -218,7 +243,8 @@ class CountingProxy:
             corrupt = self.corrupt_chunks > 0 and len(data) == 64 * 1024
             self.corrupt_chunks -= corrupt
         if self.delay_s_per_mib:
-            time.sleep(self.delay_s_per_mib * len(data) / 2**20)
+            with self._link:  # one slow link, shared by every connection
+                time.sleep(self.delay_s_per_mib * len(data) / 2**20)
         if corrupt:
             data = data[:-1] + bytes([data[-1] ^ 0x01])
         return data

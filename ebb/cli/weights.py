@@ -19,6 +19,7 @@ _PHASES = {
     "hash": "hashing",
     "verify": "verifying",
     "publish": "publishing",
+    "tokenizer": "loading the tokenizer",
 }
 
 

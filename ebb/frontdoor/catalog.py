@@ -126,6 +126,7 @@ class ModelCatalog:
 
         # Held while the tokenizer is read, so an eviction cannot pull the files away.
         model = ensure(source, self._weights_dir, progress, options=self._options, hold=True)
+        progress("tokenizer", 0.0)
         try:
             return HfPromptTokenizer.from_dir(model.path), model.max_model_len
         finally:

@@ -101,8 +101,8 @@ async def deployment_view(request: Request, spec: DeploymentSpec) -> dict:
 
 
 def _weights_progress(status: dict[str, str]) -> dict | None:
-    """While weights are prepared: the phase (download, convert, hash, verify, publish)
-    and the fraction of it done."""
+    """While weights are prepared: the phase (download, convert, hash, verify, publish,
+    tokenizer) and the fraction of it done."""
     if status.get("weights") != "preparing":
         return None
     try:

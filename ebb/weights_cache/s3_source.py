@@ -32,14 +32,15 @@ from ebb.errors import (
 from ebb.weights_cache.backend import Version, wanted
 from ebb.weights_cache.checksums import Expected, b64_to_hex, digest_file
 from ebb.weights_cache.manifest import FileEntry, Progress
-from ebb.weights_cache.options import MIB, CacheOptions
+from ebb.weights_cache.options import CacheOptions
 from ebb.weights_cache.ranged import RangedDownload, RemoteFile, forget, journal_path
 from ebb.weights_cache.retry import with_retries
 from ebb.weights_cache.sources import S3Source
 
 logger = logging.getLogger(__name__)
 
-_STREAM_CHUNK_BYTES = MIB
+# Small enough that progress moves smoothly while many ranges stream at once.
+_STREAM_CHUNK_BYTES = 256 * 1024
 _AUTH_CODES = {
     "AccessDenied",
     "AllAccessDisabled",
