@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ebb.weights_cache.manifest import FileEntry, Progress
+from ebb.weights_cache.manifest import BOOKKEEPING_NAMES, FileEntry, Progress
 from ebb.weights_cache.sources import Source
 
 # What a remote checkpoint needs to be served: weights, configs, tokenizer files. Other
@@ -25,7 +25,9 @@ FETCH_PATTERNS = (
 
 def wanted(name: str) -> bool:
     """Whether a top-level file of a remote checkpoint is fetched."""
-    return "/" not in name and any(fnmatch.fnmatchcase(name, p) for p in FETCH_PATTERNS)
+    if "/" in name or name in BOOKKEEPING_NAMES:
+        return False
+    return any(fnmatch.fnmatchcase(name, p) for p in FETCH_PATTERNS)
 
 
 @dataclass(frozen=True)

@@ -293,7 +293,7 @@ def _build(
             if not in_place:
                 hashed = job.backend.fetch(job.source, job.version, staged, progress) or {}
             check_hf_layout(root)
-            names = model_files(root, exclude=(MANIFEST_NAME,))
+            names = model_files(root)
             fresh = hash_files(
                 root, [n for n in names if n not in hashed], progress, durable=not in_place
             )

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ebb.weights_cache.manifest import now_iso
-from ebb.weights_cache.store import ACCESS_NAME, EVICTIONS_NAME, PARTIAL_SUFFIX, Store
+from ebb.weights_cache.manifest import ACCESS_NAME, now_iso
+from ebb.weights_cache.store import EVICTIONS_NAME, PARTIAL_SUFFIX, Store
 
 logger = logging.getLogger(__name__)
 

@@ -35,12 +35,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ebb.errors import WeightsError, WeightsTransientError
-from ebb.weights_cache.manifest import MANIFEST_NAME, Manifest, read_manifest
+from ebb.weights_cache.manifest import (
+    ACCESS_NAME,
+    MANIFEST_NAME,
+    SEAL_NAME,
+    Manifest,
+    read_manifest,
+)
 
 logger = logging.getLogger(__name__)
 
-ACCESS_NAME = "last_access"
-SEAL_NAME = "seal.json"
 PARTIAL_SUFFIX = ".partial"
 EVICTIONS_NAME = "evictions.jsonl"
 _SLUG_RE = re.compile(r"[^A-Za-z0-9._-]+")

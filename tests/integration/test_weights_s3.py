@@ -331,3 +331,17 @@ def test_processes_racing_for_one_model_download_it_once(s3, tmp_path):
     assert size <= counting.bytes_down < 1.5 * size  # once, plus listings and headers
     assert_identical(Path(paths[0]), s3.source_dir)
     assert published(cache_dir) == [Path(paths[0]).name]
+
+
+def test_a_cache_entry_synced_to_s3_as_it_is_serves_without_its_bookkeeping(s3, proxy, tmp_path):
+    entry = ensure("s3://models/tiny", tmp_path / "first", options=OPTIONS)
+    upload_dir(s3.client(), BUCKET, "synced", entry.path)  # manifest.json, seal.json too
+
+    model = ensure("s3://models/synced", tmp_path / "second", options=OPTIONS)
+
+    assert_identical(model.path, s3.source_dir)
+    manifest = json.loads(model.manifest_path.read_text())
+    assert sorted(f["path"] for f in manifest["files"]) == SERVED
+    phases = []
+    again = ensure("s3://models/synced", tmp_path / "second", lambda p, f: phases.append(p))
+    assert again == model and phases == []  # sealed as published: nothing to re-verify
