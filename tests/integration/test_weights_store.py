@@ -356,3 +356,40 @@ def test_concurrent_processes_convert_once(tmp_path, fake_gguf):
     assert len(set(paths)) == 1
     assert published(cache_dir) == [Path(paths[0]).name]
     assert leftovers(cache_dir) == []
+
+
+# --- integrity of published files before every load ------------------------------------------
+
+
+def test_flipped_byte_is_caught_by_the_next_ensure_and_rebuilt(tmp_path, fake_gguf):
+    source, counter = fake_gguf
+    cache_dir = tmp_path / "cache"
+    model = ensure(source, cache_dir)
+    weights = model.path / "model.safetensors"
+    stat = weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size, same mtime
+
+    rebuilt = ensure(source, cache_dir)
+
+    assert conversions(counter) == 2
+    assert rebuilt.path == model.path
+    verify(rebuilt, full=True)
+
+
+def test_a_touched_but_unchanged_file_is_rehashed_once_and_kept(tmp_path, fake_gguf):
+    source, counter = fake_gguf
+    cache_dir = tmp_path / "cache"
+    model = ensure(source, cache_dir)
+    os.utime(model.path / "model.safetensors")  # a write that changed nothing
+    phases = []
+
+    again = ensure(source, cache_dir, lambda phase, fraction: phases.append(phase))
+
+    assert again == model and conversions(counter) == 1
+    assert set(phases) == {"verify"}
+    phases.clear()
+    ensure(source, cache_dir, lambda phase, fraction: phases.append(phase))
+    assert phases == []  # resealed: no second re-hash
