@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import multiprocessing
 import re
 import socket
 import threading
@@ -74,6 +75,32 @@ def write_servable_dir(root: Path, *, seed: int = 0, mib: int = 4) -> Path:
     fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     fast.save_pretrained(root)
     return root
+
+
+def leftovers(cache_dir: Path) -> list[str]:
+    """What builds left in the cache's staging area (nothing, after a clean failure)."""
+    tmp = cache_dir / "tmp"
+    return sorted(p.name for p in tmp.iterdir()) if tmp.exists() else []
+
+
+def published(cache_dir: Path) -> list[str]:
+    models = cache_dir / "models"
+    return sorted(p.name for p in models.iterdir()) if models.exists() else []
+
+
+def run_in_processes(target, args: tuple, count: int, timeout_s: float = 120) -> list[str]:
+    """Run `target(*args, results)` in `count` spawned processes at once; what each put
+    in `results`. Children report errors as results, so a failure never hangs the test."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    workers = [ctx.Process(target=target, args=(*args, results)) for _ in range(count)]
+    for worker in workers:
+        worker.start()
+    found = [results.get(timeout=timeout_s) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=30)
+        assert worker.exitcode == 0
+    return found
 
 
 # --- S3 (moto) -----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 from support import free_port
-from weights_support import HubServer
+from weights_support import HubServer, leftovers, published
 
 from ebb.errors import WeightsAuthError, WeightsNotFound
 from ebb.weights_cache import CacheOptions, ensure, verify
@@ -140,9 +140,7 @@ def test_wrong_token_is_an_auth_error(hub, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_wrong")
     with pytest.raises(WeightsAuthError, match="HF_TOKEN"):
         ensure("hf://org/tiny", tmp_path / "cache", options=OPTIONS)
-    assert not (tmp_path / "cache" / "models").exists() or not any(
-        (tmp_path / "cache" / "models").iterdir()
-    )
+    assert published(tmp_path / "cache") == [] and leftovers(tmp_path / "cache") == []
 
 
 def test_gated_repo_is_an_auth_error(hub, tmp_path):

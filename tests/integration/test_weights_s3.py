@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 from support import free_port, wait_until
-from weights_support import CountingProxy, MotoS3, upload_dir
+from weights_support import (
+    CountingProxy,
+    MotoS3,
+    leftovers,
+    published,
+    run_in_processes,
+    upload_dir,
+)
 
 from ebb.errors import WeightsAuthError, WeightsCorrupt, WeightsNotFound, WeightsTransientError
 from ebb.weights_cache import CacheOptions, ensure, verify
@@ -94,16 +101,6 @@ def assert_identical(model_dir: Path, source: Path) -> None:
     assert sorted(p.name for p in model_dir.iterdir() if p.name in SERVED) == SERVED
     for name in SERVED:
         assert (model_dir / name).read_bytes() == (source / name).read_bytes(), name
-
-
-def leftovers(cache_dir: Path) -> list[str]:
-    tmp = cache_dir / "tmp"
-    return sorted(p.name for p in tmp.iterdir()) if tmp.exists() else []
-
-
-def published(cache_dir: Path) -> list[str]:
-    models = cache_dir / "models"
-    return sorted(p.name for p in models.iterdir()) if models.exists() else []
 
 
 def test_checkpoint_is_fetched_in_parallel_ranges_and_byte_identical(s3, proxy, tmp_path):
@@ -310,19 +307,8 @@ def test_download_killed_half_way_resumes(s3, tmp_path):
 def test_processes_racing_for_one_model_download_it_once(s3, tmp_path):
     cache_dir = tmp_path / "cache"
     counting = CountingProxy(s3.url)
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    workers = [
-        ctx.Process(
-            target=_ensure_in_child, args=(s3.env(counting.url), str(cache_dir), OPTIONS, results)
-        )
-        for _ in range(4)
-    ]
-    for worker in workers:
-        worker.start()
-    paths = [results.get(timeout=120) for _ in workers]
-    for worker in workers:
-        worker.join(timeout=30)
+    args = (s3.env(counting.url), str(cache_dir), OPTIONS)
+    paths = run_in_processes(_ensure_in_child, args, count=4)
     counting.close()
 
     assert not [p for p in paths if p.startswith("error")], paths

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.numpy import load_file
-from weights_support import CONTEXT_LEN, write_hf_dir
+from weights_support import CONTEXT_LEN, leftovers, published, run_in_processes, write_hf_dir
 
 from ebb.errors import InvalidRequest, WeightsCorrupt, WeightsError, WeightsNotFound
 from ebb.weights_cache import LocalModel, ensure, gguf_source, verify
@@ -53,16 +53,6 @@ def fake_gguf(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gguf_source, "convert_gguf", convert)
     return f"gguf:{gguf}", counter
-
-
-def leftovers(cache_dir: Path) -> list[str]:
-    tmp = cache_dir / "tmp"
-    return sorted(p.name for p in tmp.iterdir()) if tmp.exists() else []
-
-
-def published(cache_dir: Path) -> list[str]:
-    models = cache_dir / "models"
-    return sorted(p.name for p in models.iterdir()) if models.exists() else []
 
 
 # --- local directories ------------------------------------------------------------------
@@ -335,21 +325,9 @@ def _ensure_in_child(source: str, cache_dir: str, counter: str, barrier, results
 def test_concurrent_processes_convert_once(tmp_path, fake_gguf):
     source, counter = fake_gguf
     cache_dir = tmp_path / "cache"
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(4)
-    results = ctx.Queue()
-    workers = [
-        ctx.Process(
-            target=_ensure_in_child, args=(source, str(cache_dir), str(counter), barrier, results)
-        )
-        for _ in range(4)
-    ]
-    for worker in workers:
-        worker.start()
-    paths = [results.get(timeout=120) for _ in workers]
-    for worker in workers:
-        worker.join(timeout=30)
-        assert worker.exitcode == 0
+    barrier = multiprocessing.get_context("spawn").Barrier(4)
+    args = (source, str(cache_dir), str(counter), barrier)
+    paths = run_in_processes(_ensure_in_child, args, count=4)
 
     assert not [p for p in paths if p.startswith("error")], paths
     assert conversions(counter) == 1
