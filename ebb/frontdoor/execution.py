@@ -104,8 +104,8 @@ class Executor:
             event = await running.reader.next(timeout_s=_EVENT_SILENCE_S)
             if event is None:
                 state = await self._queue.request_state(running.work.request_id)
-                if state.get("state") in (None, "claimed"):
-                    continue
+                if state.get("state") == "claimed":
+                    continue  # still running (a long prefill, say); the reaper guards loss
                 event = Failed(message="the request ended without a result", code="lost")
             if isinstance(event, Claimed):
                 continue
@@ -133,10 +133,14 @@ class Executor:
         runners = [r for r in await self._state.runners() if r.state.is_live]
         ready = sum(r.deployment == spec.name and r.state is RunnerState.READY for r in runners)
         stems = any(r.deployment == "" and r.state is RunnerState.PREWARMED for r in runners)
+        sleepers = any(
+            r.deployment == spec.name and r.state is RunnerState.SLEEPING for r in runners
+        )
         retry = retry_after_s(
             ready_runners=ready,
             cold_starts_ms=await self._state.cold_start_ms(spec.name),
             stems_available=stems,
+            sleepers_available=sleepers,
             waited_s=waited_s,
         )
         return CapacityError(message, retry_after_s=retry, code=code)

@@ -16,6 +16,7 @@ from ebb.queue.platform import PlatformState
 from ebb.queue.schema import RunnerState
 
 _WAIT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_COLD_START_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 120, 300)
 
 
 class Metrics:
@@ -39,6 +40,23 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.cold_start = Histogram(
+            "ebb_cold_start_seconds",
+            "Runner cold starts by deployment, tier and phase (phase 'total' is the whole start)",
+            ["deployment", "tier", "phase"],
+            buckets=_COLD_START_BUCKETS_S,
+            registry=self.registry,
+        )
+        self._cold_starts_seen = b"0-0"
+
+    async def _observe_cold_starts(self, state: PlatformState) -> None:
+        """Runners append their cold starts to a stream; fold in what is new since the
+        last scrape (this process's histogram, like any counter, starts at its start)."""
+        self._cold_starts_seen, records = await state.cold_starts_after(self._cold_starts_seen)
+        for record in records:
+            for phase, ms in record.phases_ms.items():
+                self.cold_start.labels(record.deployment, record.tier, phase).observe(ms / 1000)
+
     def observe_admitted(self, deployment: str, queued_s: float) -> None:
         self.queue_wait.labels(deployment).observe(queued_s)
 
@@ -46,6 +64,7 @@ class Metrics:
         self.requests.labels(route, str(status)).inc()
 
     async def render(self, state: PlatformState) -> bytes:
+        await self._observe_cold_starts(state)
         scraped = CollectorRegistry(auto_describe=False)
         families = await _platform_families(state)
         if self.weights_dir is not None:
@@ -59,14 +78,14 @@ class Metrics:
 class _Families:
     """A collector that yields metric families read once, for one scrape."""
 
-    def __init__(self, families: list[GaugeMetricFamily]):
+    def __init__(self, families: list):
         self._families = families
 
     def collect(self):
         return self._families
 
 
-async def _platform_families(state: PlatformState) -> list[GaugeMetricFamily]:
+async def _platform_families(state: PlatformState) -> list:
     runners = GaugeMetricFamily(
         "ebb_runners", "Runners by deployment and state", labels=["deployment", "state"]
     )
@@ -90,7 +109,14 @@ async def _platform_families(state: PlatformState) -> list[GaugeMetricFamily]:
                 cold.add_metric([spec.name, tier, phase], ms / 1000)
     for (dep, st), n in sorted(counts.items()):
         runners.add_metric([dep, st], n)
-    return [runners, depth, cold]
+    decisions = CounterMetricFamily(
+        "ebb_scale_decisions",
+        "Runners added (up) and drained when idle (down)",
+        labels=["deployment", "direction"],
+    )
+    for (dep, direction), n in sorted((await state.scale_decisions()).items()):
+        decisions.add_metric([dep, direction], n)
+    return [runners, depth, cold, decisions]
 
 
 def _weights_families(weights_dir: Path, budget_bytes: int | None) -> list:

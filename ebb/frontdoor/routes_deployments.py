@@ -16,6 +16,9 @@ from ebb.runners.engine_fake import is_fake_source
 
 router = APIRouter(prefix="/v1/deployments")
 
+# Last log lines per runner in GET /v1/deployments/{name} (the console's detail view).
+RUNNER_LOG_TAIL_LINES = 20
+
 DeploymentName = Annotated[
     str,
     StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$"),
@@ -121,6 +124,8 @@ def _summary(counts: dict[str, int], status: dict[str, str]) -> str:
         return "ready"
     if counts["starting"] or counts["loading"] or counts["prewarmed"]:
         return "starting"
+    if counts["sleeping"]:
+        return "sleeping"
     return "scaled_to_zero"
 
 
@@ -157,7 +162,12 @@ async def _get(request: Request, name: str) -> DeploymentSpec:
 
 @router.get("/{name}")
 async def get_deployment(request: Request, name: str, caller: CallerDep) -> dict:
-    return await deployment_view(request, await _get(request, name))
+    view = await deployment_view(request, await _get(request, name))
+    # Only the single-deployment view carries log lines: lists stay cheap to poll.
+    state = request.app.state.services.state
+    for runner in view["runners"]:
+        runner["log_tail"] = (await state.runner_log(runner["id"]))[-RUNNER_LOG_TAIL_LINES:]
+    return view
 
 
 @router.patch("/{name}")

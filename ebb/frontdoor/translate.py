@@ -90,7 +90,7 @@ def prepare_chat(
     req: ChatCompletionRequest, tokenizer: PromptTokenizer, *, max_model_len: int, max_n: int
 ) -> Prepared:
     """Render the conversation with the model's chat template and size the completion."""
-    _check_n(req.n, max_n)
+    _check_n(req.n, max_n, req.temperature)
     messages = [_template_message(m.role, m.content, m.name) for m in req.messages]
     prompt_ids = tokenizer.render_chat(messages)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -103,7 +103,7 @@ def prepare_completion(
     req: CompletionRequest, tokenizer: PromptTokenizer, *, max_model_len: int, max_n: int
 ) -> Prepared:
     """Tokenize the prompt as-is and size the completion."""
-    _check_n(req.n, max_n)
+    _check_n(req.n, max_n, req.temperature)
     prompt_ids = tokenizer.encode(req.prompt)
     if not prompt_ids:
         raise InvalidRequest("prompt is empty; send at least one character.", param="prompt")
@@ -121,10 +121,17 @@ def _template_message(role: str, content: str | None, name: str | None) -> dict[
     return message
 
 
-def _check_n(n: int | None, max_n: int) -> None:
+def _check_n(n: int | None, max_n: int, temperature: float | None) -> None:
     if n is not None and n > max_n:
         raise InvalidRequest(
             f"n must be at most {max_n} on this server; got {n}. Ask for fewer choices.",
+            param="n",
+        )
+    if n is not None and n > 1 and temperature == 0:
+        # Greedy sampling would return n identical choices; vLLM refuses it too.
+        raise InvalidRequest(
+            f"n={n} needs a temperature above 0: greedy sampling gives identical choices. "
+            "Raise the temperature or set n to 1.",
             param="n",
         )
 

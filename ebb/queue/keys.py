@@ -16,6 +16,11 @@ STEMS = PREFIX + "stems"  # set of pre-warmed runner ids waiting for an assignme
 WAKE = PREFIX + "wake"  # list: deployment names that want the controller's attention now
 API_KEYS = PREFIX + "apikeys"  # hash: sha256(key) -> ApiKeyRecord (json)
 USAGE = PREFIX + "usage"  # stream: one UsageRecord per finished request
+COLD_STARTS = PREFIX + "coldstarts"  # stream: one ColdStartRecord per runner start (capped)
+SCALE_DECISIONS = PREFIX + "scale_decisions"  # hash: "deployment|up" / "|down" -> count
+
+# Cold-start records kept for metrics scrapes; older ones have long been scraped.
+COLD_STARTS_MAX = 10_000
 
 REQUEST_PREFIX = PREFIX + "req:"  # hash per request: work, state, deployment, ...
 EVENTS_PREFIX = PREFIX + "ev:"  # stream per request: runner -> frontdoor events
@@ -54,6 +59,11 @@ def runner_cancels(runner_id: str) -> str:
 def runner_assignment(runner_id: str) -> str:
     """List a pre-warmed runner blocks on until the controller assigns it a deployment."""
     return f"{PREFIX}rassign:{runner_id}"
+
+
+def sleepers(deployment: str) -> str:
+    """Set of a deployment's runners whose engines sleep, ready to be woken."""
+    return f"{PREFIX}sleepers:{deployment}"
 
 
 def runner_log(runner_id: str) -> str:

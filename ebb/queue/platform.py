@@ -18,9 +18,11 @@ from ebb.queue.connection import MAX_BLOCK_S
 from ebb.queue.records import decode_runner, encode_runner, parse_cold_start
 from ebb.queue.schema import (
     ApiKeyRecord,
+    ColdStartRecord,
     DeploymentSpec,
     Failed,
     RunnerRecord,
+    RunnerState,
     UsageRecord,
     encode,
 )
@@ -93,6 +95,26 @@ class PlatformState:
             wait_s = max(0.0, (now_s * 1000 + now_us / 1000 - oldest[0][1]) / 1000)
         return QueueSnapshot(depth=depth, oldest_wait_s=wait_s)
 
+    async def count_scale_up(self, deployment: str, count: int) -> None:
+        await self.redis.hincrby(keys.SCALE_DECISIONS, f"{deployment}|up", count)
+
+    async def scale_decisions(self) -> dict[tuple[str, str], int]:
+        """{(deployment, "up" | "down"): count} since the platform's data began."""
+        raw = await self.redis.hgetall(keys.SCALE_DECISIONS)
+        result = {}
+        for field, count in raw.items():
+            deployment, _, direction = field.decode().rpartition("|")
+            result[(deployment, direction)] = int(count)
+        return result
+
+    async def cold_starts_after(self, after_id: bytes) -> tuple[bytes, list[ColdStartRecord]]:
+        """Cold-start records newer than `after_id`, and the id to resume from."""
+        entries = await self.redis.xrange(keys.COLD_STARTS, min=b"(" + after_id, max="+")
+        if not entries:
+            return after_id, []
+        records = [msgspec.json.decode(f[b"r"], type=ColdStartRecord) for _, f in entries]
+        return entries[-1][0], records
+
     async def cold_start_ms(self, deployment: str) -> dict[str, dict[str, float]]:
         return parse_cold_start(await self.redis.hgetall(keys.coldstart(deployment)))
 
@@ -104,8 +126,12 @@ class PlatformState:
         pipe.sadd(keys.RUNNERS, record.runner_id)
         await pipe.execute()
 
-    async def update_runner(self, runner_id: str, **fields: object) -> None:
-        await self.redis.hset(keys.runner(runner_id), mapping=encode_runner(fields))
+    async def mark_runner_gone(self, runner_id: str, **fields: object) -> None:
+        """Record a runner that died without saying so; it leaves the pool with it."""
+        pipe = self.redis.pipeline()
+        pipe.hset(keys.runner(runner_id), mapping=encode_runner(fields))
+        pipe.srem(keys.STEMS, runner_id)
+        await pipe.execute()
 
     async def runners(self) -> list[RunnerRecord]:
         ids = await self.redis.smembers(keys.RUNNERS)
@@ -135,9 +161,21 @@ class PlatformState:
         ]
 
     async def take_stem(self) -> str | None:
-        """Take one pre-warmed runner out of the pool (atomic: no stem is assigned twice)."""
-        runner_id = await self.redis.spop(keys.STEMS)
-        return runner_id.decode() if runner_id else None
+        """Take one live pre-warmed runner out of the pool (SPOP: no stem is assigned
+        twice); stems that died since they joined are dropped on the way."""
+        while (runner_id := await self.redis.spop(keys.STEMS)) is not None:
+            state = await self.redis.hget(keys.runner(runner_id.decode()), "state")
+            if state == RunnerState.PREWARMED.value.encode():
+                return runner_id.decode()
+        return None
+
+    async def take_sleeper(self, deployment: str) -> str | None:
+        """Take one of the deployment's sleeping runners to wake (SPOP: once each)."""
+        while (runner_id := await self.redis.spop(keys.sleepers(deployment))) is not None:
+            state = await self.redis.hget(keys.runner(runner_id.decode()), "state")
+            if state == RunnerState.SLEEPING.value.encode():
+                return runner_id.decode()
+        return None
 
     async def assign(self, runner_id: str, deployment: str) -> None:
         pipe = self.redis.pipeline()

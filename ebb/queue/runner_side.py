@@ -23,6 +23,7 @@ from ebb.queue.records import (
 )
 from ebb.queue.schema import (
     Claimed,
+    ColdStartRecord,
     DeploymentSpec,
     Progress,
     RequestEvent,
@@ -179,24 +180,44 @@ class RunnerQueue:
             args=[self._lease_ttl_ms, *held_request_ids],
         )
 
-    def exit(self, state: RunnerState, error: str = "") -> None:
-        now_ms = int(time.time() * 1000)
-        pipe = self._redis.pipeline()
-        pipe.hset(
-            keys.runner(self.runner_id),
-            mapping=encode_runner({"state": state, "exited_ms": now_ms, "error": error}),
+    def leave_pool(self) -> None:
+        self._redis.srem(keys.STEMS, self.runner_id)
+
+    def try_sleep(self, deployment: str) -> bool:
+        return bool(
+            self._scripts.try_sleep(
+                keys=[
+                    keys.queue(deployment),
+                    keys.runner(self.runner_id),
+                    keys.sleepers(deployment),
+                ],
+                args=[self.runner_id],
+            )
         )
-        pipe.srem(keys.STEMS, self.runner_id)
-        pipe.execute()
+
+    def leave_sleepers(self, deployment: str) -> bool:
+        """Stop being wakeable; False when the controller already took this sleeper."""
+        return bool(self._redis.srem(keys.sleepers(deployment), self.runner_id))
 
     def record_cold_start(self, deployment: str, tier: str, phases_ms: dict[str, float]) -> None:
-        """Fold this start's phase times into the deployment's moving averages."""
+        """Fold this start's phase times into the deployment's moving averages (for
+        Retry-After) and append it to the cold-start stream (for the metrics histogram)."""
         fields: list[object] = []
         for phase, ms in phases_ms.items():
             fields += [cold_start_field(tier, phase), ms]
         self._scripts.fold_ema(
             keys=[keys.coldstart(deployment)], args=[COLD_START_EMA_WEIGHT, *fields]
         )
+        record = ColdStartRecord(deployment=deployment, tier=tier, phases_ms=phases_ms)
+        self._redis.xadd(
+            keys.COLD_STARTS,
+            {"r": encode(record)},
+            maxlen=keys.COLD_STARTS_MAX,
+            approximate=True,
+        )
+
+    def count_scale_down(self, deployment: str) -> None:
+        self._redis.hincrby(keys.SCALE_DECISIONS, f"{deployment}|down", 1)
 
     def serving_runner_count(self, deployment: str) -> int:
         """Runners of `deployment` that are serving or about to (not draining, not gone)."""

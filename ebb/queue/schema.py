@@ -132,6 +132,7 @@ class RunnerState(enum.StrEnum):
     LOADING = "loading"  # assigned: fetching weights, building the engine
     READY = "ready"  # claiming and serving
     DRAINING = "draining"  # no more claims; finishing what it holds
+    SLEEPING = "sleeping"  # idle with its engine asleep (GPU sleep mode); wakes in seconds
     EXITED = "exited"
     FAILED = "failed"
 
@@ -175,3 +176,9 @@ class UsageRecord(msgspec.Struct, kw_only=True):
     state: str  # finished | cancelled | failed
     runner_id: str
     finished_at_s: float
+
+
+class ColdStartRecord(msgspec.Struct, kw_only=True):
+    deployment: str
+    tier: str
+    phases_ms: dict[str, float]

@@ -21,6 +21,7 @@ _NAMES = (
     "try_drain",
     "heartbeat",
     "fold_ema",
+    "try_sleep",
 )
 
 
@@ -42,6 +43,7 @@ class Scripts:
     try_drain: Any
     heartbeat: Any
     fold_ema: Any
+    try_sleep: Any
 
     @classmethod
     def register(cls, client) -> Scripts:

@@ -27,6 +27,7 @@ class FakeModel:
     step_ms: float = 2.0
     load_s: float = 0.0
     fail: bool = False  # the engine raises while loading
+    sleep: bool = False  # the engine supports sleep mode, as vLLM does on a GPU
 
     @classmethod
     def parse(cls, source: str) -> FakeModel:
@@ -40,6 +41,7 @@ class FakeModel:
             step_ms=float(query.get("step_ms", 2.0)),
             load_s=float(query.get("load_s", 0.0)),
             fail=query.get("fail", "0") == "1",
+            sleep=query.get("sleep", "0") == "1",
         )
 
 
@@ -71,6 +73,7 @@ class FakeEngine:
         self.model = model
         self._requests: dict[str, _Request] = {}
         self.aborted: list[str] = []
+        self.sleeping = False
 
     @classmethod
     def load(cls, source: str, options: EngineOptions) -> FakeEngine:
@@ -101,6 +104,8 @@ class FakeEngine:
         return bool(self._requests)
 
     def step(self) -> list[StepOutput]:
+        if self.sleeping:
+            raise RuntimeError("step() on a sleeping engine")
         if self.model.step_ms:
             time.sleep(self.model.step_ms / 1000)  # simulates one forward pass
         outputs = []
@@ -145,6 +150,18 @@ class FakeEngine:
             logprobs=logprobs,
             finish_reason=finish,
         )
+
+    @property
+    def supports_sleep(self) -> bool:
+        return self.model.sleep
+
+    def sleep(self) -> None:
+        if not self.model.sleep:
+            raise RuntimeError("this fake engine was not deployed with sleep=1")
+        self.sleeping = True
+
+    def wake_up(self) -> None:
+        self.sleeping = False
 
     def shutdown(self) -> None:
         self._requests.clear()

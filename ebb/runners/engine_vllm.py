@@ -37,8 +37,8 @@ _PRELOAD_ENV = {
     # Runners are offline and disposable; usage reporting would only try the network.
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_DO_NOT_TRACK": "1",
-    # Weights are always a local directory; a hub lookup can only stall on an offline host.
-    "HF_HUB_OFFLINE": "1",
+    # Not HF_HUB_OFFLINE: the model is a local directory, so vLLM makes no hub calls, and
+    # the flag would also bind weight sources that fetch from a hub in this process.
 }
 
 # A step that produces nothing has (nearly always) run nothing: its requests wait on a
@@ -69,6 +69,12 @@ def preload() -> None:
         return
     for key, value in _PRELOAD_ENV.items():
         os.environ.setdefault(key, value)
+    # The in-process engine skips the OpenMP binding vLLM's multiprocess executor does, and
+    # torch would spread its compute threads over every core. Those threads spin at their
+    # barriers: one preempted by the runner's own Python work, the frontdoor or Redis stalls
+    # the others. Leaving one core free (as vLLM's binding does) measured 10x faster decode
+    # on a busy 2-core machine. Read by OpenMP when torch loads, so it must come first.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) - 1)))
     with _phase("preload (vllm imports)"):
         import vllm.engine.arg_utils
         import vllm.inputs
@@ -117,6 +123,8 @@ def _engine_args(options: EngineOptions, cuda: bool) -> EngineArgs:
         enforce_eager=not cuda,
         # The runner keeps its own metrics; vLLM's periodic stat logging is per-step work.
         disable_log_stats=True,
+        # Sleep mode is a GPU feature (a no-op on CPU): it enables the sleeping tier.
+        enable_sleep_mode=cuda,
     )
 
 
@@ -197,13 +205,19 @@ class _Request:
 
 
 class VllmEngine:
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, *, sleep_mode: bool = False):
         self._engine = engine
         self._requests: dict[str, _Request] = {}
         self._closed = False
+        self._sleep_mode = sleep_mode
 
     @classmethod
     def load(cls, options: EngineOptions) -> VllmEngine:
+        """Build the engine for `options.model_path`, logging each phase's duration.
+
+        On CPU: eager mode and a KV cache of `options.kv_cache_gib`; on CUDA, vLLM's GPU
+        defaults (CUDA graphs, a share of GPU memory for the KV cache).
+        """
         started = time.perf_counter()
         preload()
         cuda = _has_cuda()
@@ -223,7 +237,7 @@ class VllmEngine:
             "cuda" if cuda else "cpu",
             time.perf_counter() - started,
         )
-        return cls(engine)
+        return cls(engine, sleep_mode=cuda)
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec
@@ -270,15 +284,21 @@ class VllmEngine:
             if request is None:
                 continue  # aborted while this step ran
             deltas, finished = grouped.get(output.request_id, ([], False))
-            deltas.extend(self._deltas(request, output))
+            deltas += self._deltas(request, output)
             grouped[output.request_id] = (deltas, finished or output.finished)
-        return [self._step_output(rid, deltas, done) for rid, (deltas, done) in grouped.items()]
+        return [
+            self._step_output(rid, deltas, done)
+            for rid, (deltas, done) in grouped.items()
+            if deltas or done
+        ]
 
-    def _deltas(self, request: _Request, output: RequestOutput) -> Iterator[ChoiceDelta]:
+    def _deltas(self, request: _Request, output: RequestOutput) -> list[ChoiceDelta]:
+        """The choices of one RequestOutput with something new; updates the token counts."""
         request.prompt_tokens = len(output.prompt_token_ids or ()) or request.prompt_tokens
-        counts = request.tokens_by_choice
+        deltas = []
         for completion in output.outputs:
             new_tokens = len(completion.token_ids)
+            counts = request.tokens_by_choice
             counts[completion.index] = counts.get(completion.index, 0) + new_tokens
             reason = _finish_reason(completion.finish_reason)
             if not (completion.text or new_tokens or reason):
@@ -286,13 +306,15 @@ class VllmEngine:
             logprobs = None
             if request.logprobs is not None:
                 logprobs = _token_logprobs(completion, request.logprobs)
-            yield ChoiceDelta(
+            delta = ChoiceDelta(
                 index=completion.index,
                 text=completion.text,
                 token_count=new_tokens,
                 logprobs=logprobs,
                 finish_reason=reason,
             )
+            deltas.append(delta)
+        return deltas
 
     def _step_output(self, request_id: str, deltas: list[ChoiceDelta], done: bool) -> StepOutput:
         request = self._requests[request_id]
@@ -305,6 +327,20 @@ class VllmEngine:
             prompt_tokens=request.prompt_tokens,
             completion_tokens=request.completion_tokens(),
         )
+
+    @property
+    def supports_sleep(self) -> bool:
+        return self._sleep_mode
+
+    def sleep(self) -> None:
+        # Cached prefixes would point at a KV cache that level-1 sleep discards.
+        self._engine.reset_prefix_cache()
+        with _phase("sleep"):
+            self._engine.sleep(level=1)
+
+    def wake_up(self) -> None:
+        with _phase("wake up"):
+            self._engine.wake_up()
 
     def shutdown(self) -> None:
         if self._closed:

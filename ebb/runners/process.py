@@ -22,7 +22,8 @@ from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState
 from ebb.runners.engine import EngineAdapter, EngineOptions
 from ebb.runners.engine_fake import FakeEngine, is_fake_source
-from ebb.runners.serve import ServingLoop
+from ebb.runners.lifecycle import Lifecycle
+from ebb.runners.serve import Outcome, ServingLoop
 
 log = logging.getLogger(__name__)
 
@@ -93,64 +94,99 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
     queue.set_fields(pid=os.getpid())
     heartbeat = Heartbeat(queue, settings.heartbeat_interval_s, stop)
     heartbeat.start()
+    lifecycle = Lifecycle(queue)
     try:
-        return _lifecycle(settings, queue, deployment, tier, clock, stop, heartbeat)
+        return _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat)
     except Exception as e:
         log.exception("runner: %s failed", runner_id)
-        queue.append_log(f"failed: {e!r}")
-        queue.exit(RunnerState.FAILED, error=str(e)[:500])
+        lifecycle.fail(f"{type(e).__name__}: {e}")
         return 1
     finally:
         heartbeat.done.set()
 
 
-def _lifecycle(settings, queue, deployment, tier, clock, stop, heartbeat) -> int:
+def _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat) -> int:
     if deployment is None:
         _import_engine_libraries()
         clock.lap("import")
-        deployment = _wait_as_stem(queue, stop)
+        deployment = _wait_as_stem(lifecycle, queue, stop)
         if deployment is None:
-            queue.exit(RunnerState.EXITED)
+            lifecycle.to(RunnerState.EXITED)
             return 0
         clock = ColdStartClock(time.time() * 1000)  # a stem's cold start begins now
     spec = queue.deployment(deployment)
     if spec is None:
         raise RuntimeError(f"deployment {deployment!r} does not exist")
-    _transition(queue, RunnerState.LOADING, deployment=deployment, tier=tier)
+    lifecycle.to(RunnerState.LOADING, deployment=deployment, tier=tier)
     engine, tier = _load_engine(settings, spec, clock, tier)
     clock.lap("engine")
-    _transition(queue, RunnerState.READY, ready_ms=int(time.time() * 1000))
+    _become_ready(lifecycle, queue, deployment, tier, clock)
+    loop = ServingLoop(queue, engine, spec, stop, lifecycle)
+    heartbeat.held_ids = loop.held_ids
+    try:
+        while loop.run() is Outcome.SLEEP:
+            if not _sleep_until_woken(settings, lifecycle, queue, engine, deployment, stop):
+                break
+    except Exception as e:
+        loop.fail_all(f"the engine failed: {e}")
+        raise
+    finally:
+        engine.shutdown()
+    lifecycle.to(RunnerState.EXITED)
+    return 0
+
+
+def _become_ready(
+    lifecycle: Lifecycle, queue: RunnerQueue, deployment: str, tier: str, clock: ColdStartClock
+) -> None:
+    lifecycle.to(RunnerState.READY, tier=tier)
     clock.phases_ms["total"] = clock.total()
     queue.record_cold_start(deployment, tier, clock.phases_ms)
+    phases = {k: round(v) for k, v in clock.phases_ms.items()}
     log.info(
         "runner: %s ready for %s via %s in %.0f ms %s",
         queue.runner_id,
         deployment,
         tier,
         clock.total(),
-        {k: round(v) for k, v in clock.phases_ms.items()},
+        phases,
     )
-    loop = ServingLoop(queue, engine, spec, stop)
-    heartbeat.held_ids = loop.held_ids
-    try:
-        loop.run()
-    except Exception as e:
-        loop.fail_all(f"the engine failed: {e}")
-        raise
-    finally:
-        engine.shutdown()
-    _transition(queue, RunnerState.EXITED, exited_ms=int(time.time() * 1000))
-    return 0
 
 
-def _transition(queue: RunnerQueue, state: RunnerState, **fields: object) -> None:
-    queue.set_fields(state=state, **fields)
-    queue.append_log(f"{time.strftime('%H:%M:%S')} {state.value}")
-    log.info("runner: %s -> %s", queue.runner_id, state.value)
+def _sleep_until_woken(
+    settings: Settings,
+    lifecycle: Lifecycle,
+    queue: RunnerQueue,
+    engine: EngineAdapter,
+    deployment: str,
+    stop: threading.Event,
+) -> bool:
+    """Park the engine asleep until the controller wakes this runner for new work.
+
+    Returns False when the runner should exit instead (slept past the sleep timeout, or
+    asked to stop).
+    """
+    engine.sleep()
+    deadline = time.monotonic() + settings.sleep_timeout_s
+    woken = None
+    while not woken and not stop.is_set() and time.monotonic() < deadline:
+        woken = queue.wait_for_assignment(timeout_s=0.5)
+    if not woken:
+        if queue.leave_sleepers(deployment):
+            return False
+        # The controller took this sleeper at the instant it gave up: serve that work.
+        woken = queue.wait_for_assignment(timeout_s=5.0)
+        if not woken:
+            return False
+    clock = ColdStartClock(time.time() * 1000)
+    engine.wake_up()
+    clock.lap("wake")
+    _become_ready(lifecycle, queue, deployment, "sleeping", clock)
+    return True
 
 
-def _wait_as_stem(queue: RunnerQueue, stop: threading.Event) -> str | None:
-    _transition(queue, RunnerState.PREWARMED)
+def _wait_as_stem(lifecycle: Lifecycle, queue: RunnerQueue, stop: threading.Event) -> str | None:
+    lifecycle.to(RunnerState.PREWARMED)
     queue.offer_as_stem()
     while not stop.is_set():
         assigned = queue.wait_for_assignment(timeout_s=0.5)

@@ -11,6 +11,7 @@ One thread runs it, numbered steps per iteration:
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -26,6 +27,7 @@ from ebb.queue.schema import (
     WorkItem,
 )
 from ebb.runners.engine import EngineAdapter, EngineRequestError, StepOutput
+from ebb.runners.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,11 @@ log = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.5
 # How often an idle runner re-reads its deployment (idle timeout, min replicas, deletion).
 _SPEC_REFRESH_S = 2.0
+
+
+class Outcome(enum.Enum):
+    DRAINED = "drained"  # everything finished; the runner should exit
+    SLEEP = "sleep"  # idle, parked as a sleeper: put the engine to sleep, wait to be woken
 
 
 @dataclass
@@ -49,32 +56,39 @@ class ServingLoop:
         engine: EngineAdapter,
         spec: DeploymentSpec,
         stop: threading.Event,
+        lifecycle: Lifecycle,
         clock=time.monotonic,
     ):
         self._queue = queue
         self._engine = engine
         self._spec = spec
         self._stop = stop
+        self._lifecycle = lifecycle
         self._clock = clock
         self.held: dict[str, Held] = {}
         self._draining = False
+        self._sleeping = False
         self._last_active = clock()
         self._spec_read_at = clock()
 
     def held_ids(self) -> list[str]:
         return list(self.held)
 
-    def run(self) -> None:
-        """Serve until drained; returns normally only after everything held is finished."""
+    def run(self) -> Outcome:
+        """Serve until drained or parked asleep; returns only with nothing held."""
         log.info("runner: %s serving %s", self._queue.runner_id, self._spec.name)
+        self._draining = self._sleeping = False
+        self._last_active = self._clock()
         while True:
+            if self._sleeping:  # parked atomically by try_sleep: claim nothing more
+                return Outcome.SLEEP
             if self._stop.is_set() and not self._draining:
                 self._start_draining("asked to stop")
             self._claim_and_cancel()
             if self._engine.has_unfinished():
                 self._step()
             elif self._draining and not self.held:
-                return
+                return Outcome.DRAINED
             elif not self.held:
                 self._maybe_drain_idle()
 
@@ -166,8 +180,15 @@ class ServingLoop:
             return
         if self._queue.serving_runner_count(self._spec.name) <= self._spec.min_replicas:
             return
+        if self._engine.supports_sleep:
+            if self._queue.try_sleep(self._spec.name):
+                self._sleeping = True
+                self._lifecycle.adopt(RunnerState.SLEEPING)
+            return
         if self._queue.try_drain(self._spec.name):
             self._draining = True
+            self._lifecycle.adopt(RunnerState.DRAINING)
+            self._queue.count_scale_down(self._spec.name)
             log.info(
                 "runner: %s idle for %.1fs, draining",
                 self._queue.runner_id,
@@ -176,7 +197,7 @@ class ServingLoop:
 
     def _start_draining(self, why: str) -> None:
         self._draining = True
-        self._queue.set_fields(state=RunnerState.DRAINING)
+        self._lifecycle.to(RunnerState.DRAINING)
         log.info(
             "runner: %s draining (%s), %d in flight", self._queue.runner_id, why, len(self.held)
         )

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 
 from ebb.errors import (
@@ -59,6 +60,8 @@ from ebb.weights_cache.sources import Source, SourceKind, parse_source
 from ebb.weights_cache.store import Store, entry_key
 
 logger = logging.getLogger(__name__)
+
+_by_path = attrgetter("path")
 
 
 @dataclass(frozen=True)
@@ -297,7 +300,7 @@ def _build(
             fresh = hash_files(
                 root, [n for n in names if n not in hashed], progress, durable=not in_place
             )
-            files = sorted([*fresh, *(hashed[n] for n in names if n in hashed)], key=_path)
+            files = sorted([*fresh, *(hashed[n] for n in names if n in hashed)], key=_by_path)
             manifest = Manifest(
                 source=job.source.uri,
                 key=job.key,
@@ -327,10 +330,6 @@ def _build(
         time.monotonic() - started,
     )
     return job.model(root if in_place else entry, manifest, entry)
-
-
-def _path(entry) -> str:
-    return entry.path
 
 
 def _discard_if_unchanged(store: Store, manifest: Manifest, problem: str) -> None:

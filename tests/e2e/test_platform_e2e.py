@@ -86,14 +86,24 @@ def test_paris_streamed_with_usage(client):
 
 
 def test_json_mode_returns_parseable_json(client):
+    # As with OpenAI's JSON mode, the prompt itself asks for JSON; the grammar guarantees it.
+    messages = [
+        {"role": "system", "content": "You answer with a single JSON object and nothing else."},
+        {
+            "role": "user",
+            "content": 'What is the capital of France? Answer as JSON with the key "capital".',
+        },
+    ]
     reply = client.chat.completions.create(
         model=DEFAULT_MODEL_NAME,
-        messages=[{"role": "user", "content": "Give the capital of France as JSON."}],
+        messages=messages,
         temperature=0,
-        max_tokens=256,
+        max_tokens=64,
         response_format={"type": "json_object"},
     )
-    assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    assert reply.choices[0].finish_reason == "stop"
+    answer = json.loads(reply.choices[0].message.content)
+    assert isinstance(answer, dict) and "Paris" in json.dumps(answer)
 
 
 def test_json_schema_is_followed(client):
@@ -131,7 +141,13 @@ def test_completions_with_logprobs_and_stop(client):
     assert all(len(top) <= 2 for top in choice.logprobs.top_logprobs)
 
 
-def test_scale_from_zero_and_back_to_zero(client, admin):
+def pool_filled(admin: httpx.Client) -> bool:
+    pool = admin.get("/v1/status").json()["pool"]
+    return pool["prewarmed"] >= pool["target"]
+
+
+def test_scale_from_zero_and_back_to_zero_and_the_pool_refills(client, admin):
+    wait_until(lambda: pool_filled(admin), 120, "the pre-warmed pool to refill")
     created = admin.post(
         "/v1/deployments",
         json={
@@ -147,11 +163,17 @@ def test_scale_from_zero_and_back_to_zero(client, admin):
     )
     assert "Paris" in reply.choices[0].message.content
     view = wait_until(
-        lambda: (d := deployment(admin, "smol-brief"))["status"] == "scaled_to_zero" and d,
+        lambda: (
+            (d := deployment(admin, "smol-brief"))["status"] == "scaled_to_zero"
+            and all(r["state"] == "exited" for r in d["runners"])
+            and d
+        ),
         120,
-        "the runner to drain after its idle timeout",
+        "the runner to drain and exit after its idle timeout",
     )
     assert {r["state"] for r in view["runners"]} == {"exited"}
+    assert [r["tier"] for r in view["runners"]] == ["prewarmed"]
+    wait_until(lambda: pool_filled(admin), 120, "the pool to refill after the stem was used")
 
 
 def test_runner_not_ready_in_time_gives_503_and_the_request_never_runs(

@@ -88,9 +88,13 @@ def test_scale_from_zero_and_back_to_zero(platform, admin, redis_client):
     reply = platform.openai().chat.completions.create(model="idle", messages=MESSAGES, max_tokens=4)
     assert reply.choices[0].message.content == FAKE_REPLY[:4]
     view = wait_until(
-        lambda: (d := deployment(admin, "idle"))["status"] == "scaled_to_zero" and d,
+        lambda: (
+            (d := deployment(admin, "idle"))["status"] == "scaled_to_zero"
+            and all(r["state"] == "exited" for r in d["runners"])
+            and d
+        ),
         30,
-        "the runner to drain after its idle timeout",
+        "the runner to drain and exit after its idle timeout",
     )
     assert [r["state"] for r in view["runners"]] == ["exited"], (
         "one request must launch exactly one runner, which exits when idle"
@@ -230,3 +234,19 @@ def _live_children(p: Platform) -> list[str]:
         if (proc.info.get("environ") or {}).get("EBB_HOME") == str(p.home)
         and proc.info["status"] != psutil.STATUS_ZOMBIE
     ]
+
+
+def test_client_leaving_while_queued_withdraws_the_request(platform, admin, redis_client):
+    deploy(admin, "queued", source="fake://m?load_s=3")
+    body = {"model": "queued", "messages": MESSAGES, "max_tokens": 3}
+    with pytest.raises(httpx.ReadTimeout):
+        admin.post("/v1/chat/completions", json=body, timeout=1.0)
+    # The request is gone from the queue, and the runner, once up, never runs it.
+    wait_until(lambda: redis_client.zcard(keys.queue("queued")) == 0, 10, "the withdrawal")
+    wait_until(lambda: deployment(admin, "queued")["status"] == "ready", 30, "the runner")
+    states = {
+        redis_client.hget(k, "state")
+        for k in redis_client.scan_iter(keys.request("*"))
+        if redis_client.hget(k, "deployment") == b"queued"
+    }
+    assert states == {b"cancelled"}

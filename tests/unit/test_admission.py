@@ -57,3 +57,12 @@ def test_errors_map_to_status_and_openai_shape(error, status, kind, retryable):
         and body["message"]
         and set(body) == {"message", "type", "param", "code"}
     )
+
+
+def test_a_sleeping_runner_is_the_fastest_tier_when_there_is_one():
+    measured = {"sleeping": {"total": 900.0}, "prewarmed": {"total": 2400.0}}
+    with_sleeper = retry_after_s(
+        ready_runners=0, cold_starts_ms=measured, stems_available=True, sleepers_available=True
+    )
+    without = retry_after_s(ready_runners=0, cold_starts_ms=measured, stems_available=True)
+    assert (with_sleeper, without) == (1, 3)

@@ -69,7 +69,7 @@ def test_chat_defaults_fill_the_rest_of_the_context():
 def test_chat_sampling_mapping():
     req = chat_req(
         max_completion_tokens=5,
-        temperature=0,
+        temperature=0.5,
         top_p=0.9,
         n=3,
         stop=["\n\n", "END"],
@@ -84,7 +84,7 @@ def test_chat_sampling_mapping():
     )
     prepared = prepare_chat(req, TOK, **LIMITS)
     spec = prepared.sampling
-    assert (spec.max_tokens, spec.temperature, spec.top_p, spec.n) == (5, 0.0, 0.9, 3)
+    assert (spec.max_tokens, spec.temperature, spec.top_p, spec.n) == (5, 0.5, 0.9, 3)
     assert (spec.stop, spec.seed) == (["\n\n", "END"], 7)
     assert (spec.presence_penalty, spec.frequency_penalty) == (0.5, -0.5)
     assert spec.logprobs == 3 and spec.json_object and spec.json_schema is None
@@ -422,3 +422,16 @@ def test_openai_client_reads_a_completion_stream_and_responses():
         model="m", messages=[{"role": "user", "content": "x"}]
     )
     assert reply.choices[0].message.content == "sure" and reply.usage.completion_tokens == 4
+
+
+def test_several_greedy_choices_are_refused_with_a_way_out():
+    from ebb.frontdoor.openai_schema import parse_chat_request
+    from ebb.frontdoor.tokenizer import ByteTokenizer
+    from ebb.frontdoor.translate import prepare_chat
+
+    req = parse_chat_request(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2, "temperature": 0}
+    )
+    with pytest.raises(InvalidRequest) as refused:
+        prepare_chat(req, ByteTokenizer(), max_model_len=512, max_n=8)
+    assert refused.value.param == "n" and "temperature" in refused.value.message

@@ -1,0 +1,137 @@
+"""Cold-start benchmark: a request at a deployment with zero runners, to its first token.
+
+    .venv/bin/python -m bench.coldstart [--skip-fetch]
+
+Tiers measured through ebb, each on a platform of its own so that no background work
+(a refilling pool) competes for the cores:
+  prewarmed    a pre-warmed stem (engine imported) loads the cached model
+  fresh        a new process imports the engine and loads the cached model
+  fresh_fetch  as fresh, with an empty weight cache (the GGUF is converted first)
+Baseline, same run: starting vLLM's own OpenAI server (eager) on the same model directory
+and sending the same request as soon as it answers. Prints each tier's time to first token,
+its ratio to the baseline and the phase breakdown the runner reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.loadgen import chat_body, stream_one
+from bench.serving import KV_CACHE_GIB, MAX_MODEL_LEN, REPO, start_vllm_server
+
+sys.path.insert(0, str(REPO / "tests"))
+
+from support import TEST_WEIGHTS_DIR, Platform, free_port, temp_home, wait_until  # noqa: E402
+
+from ebb.config import DEFAULT_MODEL_SOURCE  # noqa: E402
+from ebb.weights_cache import ensure  # noqa: E402
+
+
+def first_token_s(base_url: str, key: str, model: str) -> float:
+    async def once() -> float:
+        async with httpx.AsyncClient(
+            headers={"Authorization": f"Bearer {key}"}, timeout=600
+        ) as client:
+            sample = await stream_one(
+                client, base_url + "/chat/completions", chat_body(model, 0, 16)
+            )
+            return sample.ttft_s
+
+    return asyncio.run(once())
+
+
+def baseline_s(model_dir: Path, work: Path) -> float:
+    """Server start plus the same request, measured from the server's spawn."""
+    start = time.perf_counter()
+    port = free_port()
+    server = start_vllm_server(model_dir, port, work / "vllm-server.log")
+    try:
+        first_token_s(f"http://127.0.0.1:{port}/v1", "none", "smol")
+        return time.perf_counter() - start
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def ebb_tier(tier: str, work: Path) -> dict:
+    weights = TEST_WEIGHTS_DIR if tier != "fresh_fetch" else work / f"{tier}-weights"
+    platform = Platform(
+        home=work / tier,
+        redis_url=None,
+        env_extra={
+            "EBB_PREWARM": "1" if tier == "prewarmed" else "0",
+            "EBB_WEIGHTS_CACHE_DIR": str(weights),
+            "EBB_KV_CACHE_GIB": KV_CACHE_GIB,
+        },
+    ).start(timeout_s=600)
+    try:
+        with platform.admin() as admin:
+            start = time.perf_counter()
+            created = admin.post(
+                "/v1/deployments",
+                json={
+                    "name": "smol",
+                    "source": DEFAULT_MODEL_SOURCE,
+                    "max_model_len": MAX_MODEL_LEN,
+                    "admission_timeout_s": 600,
+                    "idle_timeout_s": 600,
+                },
+            )
+            created.raise_for_status()
+            if tier != "fresh_fetch":
+                # The deploy's own prefetch is a cache hit; wait for it so that only the
+                # request's cold start is timed.
+                wait_until(
+                    lambda: admin.get("/v1/deployments/smol").json()["weights"] == "ready",
+                    120,
+                    "the deployment's weights",
+                )
+                start = time.perf_counter()
+            ttft = first_token_s(platform.base_url + "/v1", platform.admin_key, "smol")
+            total = time.perf_counter() - start
+            view = admin.get("/v1/deployments/smol").json()
+        runner_tiers = [r["tier"] for r in view["runners"]]
+        return {
+            "tier": tier,
+            "first_token_s": round(total, 2),
+            "request_ttft_s": round(ttft, 2),
+            "runner_tiers": runner_tiers,
+            "phases_ms": view["cold_start_ms"],
+        }
+    finally:
+        platform.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skip-fetch", action="store_true", help="skip the fresh_fetch tier")
+    args = parser.parse_args()
+    model = ensure(DEFAULT_MODEL_SOURCE, TEST_WEIGHTS_DIR)
+    work = temp_home("ebb-coldstart-")
+    tiers = ["prewarmed", "fresh"] + ([] if args.skip_fetch else ["fresh_fetch"])
+    results = [ebb_tier(tier, work) for tier in tiers]
+    base = baseline_s(model.path, work)
+    print(f"baseline: vLLM OpenAI server start + first token = {base:.2f} s")
+    for r in results:
+        r["ratio_to_baseline"] = round(r["first_token_s"] / base, 3)
+        phases = {t: {p: round(ms) for p, ms in ph.items()} for t, ph in r["phases_ms"].items()}
+        print(
+            f"{r['tier']:>12}: {r['first_token_s']:6.2f} s  ratio {r['ratio_to_baseline']:.3f}"
+            f"  via {r['runner_tiers']}  phases {phases}"
+        )
+    out = REPO / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"coldstart-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps({"baseline_s": round(base, 2), "tiers": results}, indent=2))
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""CLI: one deployment in detail, and deleting it (the console's deployment view)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import typer
+from rich.table import Table
+
+from ebb.cli.api import Api, JsonOpt, console, print_json
+
+REPLICA_STATES = ("prewarmed", "loading", "ready", "draining")
+
+
+def _clock(epoch_ms: int) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(epoch_ms / 1000)) if epoch_ms else "—"
+
+
+def _replicas_table(d: dict) -> Table:
+    replicas = dict(d["replicas"])
+    # A fresh process importing libraries is part of loading, as in the console.
+    replicas["loading"] = replicas.get("loading", 0) + replicas.get("starting", 0)
+    table = Table("pre-warmed", "loading", "ready", "draining", "queue", title="replicas")
+    table.add_row(*(str(replicas.get(s, 0)) for s in REPLICA_STATES), str(d["queue_depth"]))
+    return table
+
+
+def _cold_start_table(d: dict) -> Table:
+    table = Table("tier", "total", "phases", title="cold starts")
+    for tier, phases in d["cold_start_ms"].items():
+        detail = " · ".join(f"{k} {v:.0f} ms" for k, v in phases.items() if k != "total")
+        table.add_row(tier, f"{phases.get('total', 0):.0f} ms", detail)
+    return table
+
+
+def _runners_table(runners: list[dict]) -> Table:
+    table = Table("runner", "state", "tier", "pid", "launched", "ready", "error", title="runners")
+    for r in runners:
+        table.add_row(
+            r["id"],
+            r["state"],
+            r["tier"] or "—",
+            str(r["pid"] or "—"),
+            _clock(r["launched_ms"]),
+            _clock(r["ready_ms"]),
+            r["error"] or "",
+        )
+    return table
+
+
+def show_deployment(name: str, as_json: bool = JsonOpt) -> None:
+    """One deployment: replicas, cold starts, runners with their last log lines, errors."""
+    d = Api().call("GET", f"/v1/deployments/{name}")
+    if as_json:
+        print_json(d)
+        return
+    console.print(f"[bold]{d['name']}[/]  {d['status']}")
+    console.print(
+        f"source {d['source']} · replicas {d['min_replicas']}–{d['max_replicas']} · "
+        f"idle timeout {d['idle_timeout_s']:g} s · weights {d['weights']}"
+    )
+    console.print(_replicas_table(d))
+    if d["cold_start_ms"]:
+        console.print(_cold_start_table(d))
+    runners = sorted(d["runners"], key=lambda r: r["launched_ms"], reverse=True)
+    if runners:
+        console.print(_runners_table(runners))
+    for r in runners:
+        if r.get("log_tail"):
+            console.print(f"last log lines of {r['id']} ({r['state']}):", style="bold")
+            console.print("\n".join(f"  {line}" for line in r["log_tail"]), markup=False)
+    if d["error"]:
+        console.print(f"[red]error:[/] {d['error']}")
+        if d["error_log"]:
+            console.print(d["error_log"], markup=False)
+
+
+def delete_deployment(
+    name: str,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Delete a deployment; its runners finish what they hold, then exit."""
+    # Ask only a person at a terminal; scripts (no TTY) are not left waiting on a prompt.
+    if not yes and sys.stdin.isatty():
+        typer.confirm(f"Delete {name}? Requests for model {name!r} will get 404", abort=True)
+    body = Api().call("DELETE", f"/v1/deployments/{name}")
+    if as_json:
+        print_json(body)
+    else:
+        console.print(f"deleted {name}")

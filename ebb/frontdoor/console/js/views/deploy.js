@@ -1,0 +1,285 @@
+// Deploy a model: the form, then the weight prefetch and the first cold start as they happen.
+
+import { fetchSchema } from "../api.js";
+import {
+  clear,
+  clearErrors,
+  cliHint,
+  field,
+  fmtMs,
+  formError,
+  h,
+  showFieldError,
+  showFormError,
+} from "../dom.js";
+import { progressBar, weightsProgress } from "../model.js";
+import { priceFields, priceFieldset, readPrices } from "../prices.js";
+import { readScaling, scalingFields } from "../scaling.js";
+
+const NAME_PATTERN = /^[a-z0-9][a-z0-9._-]{0,62}$/;
+
+function readForm(form, prices) {
+  const value = (param) => form.querySelector(`[data-param="${param}"]`);
+  const body = {
+    name: value("name").value.trim(),
+    source: value("source").value.trim(),
+    ...readScaling(form),
+  };
+  readPrices(form, prices, body);
+  return body;
+}
+
+/** Checks the browser can do without a round trip; the platform checks the rest. */
+function checkLocally(form, body) {
+  let ok = true;
+  if (!NAME_PATTERN.test(body.name)) {
+    showFieldError(
+      form,
+      "name",
+      "Use lowercase letters, digits, '.', '_' or '-', starting with a letter or digit (at most 63).",
+    );
+    ok = false;
+  }
+  if (!body.source) {
+    showFieldError(
+      form,
+      "source",
+      "Enter where the weights come from, e.g. gguf:PACKAGE/FILE.gguf or a local directory.",
+    );
+    ok = false;
+  }
+  for (const [param, v] of Object.entries(body)) {
+    if (typeof v === "number" && Number.isNaN(v)) {
+      showFieldError(form, param, "Enter a number.");
+      ok = false;
+    }
+  }
+  if (!ok) form.querySelector("[aria-invalid]")?.focus();
+  return ok;
+}
+
+function cliCommand(body) {
+  return (
+    `ebb deploy ${body.name} --source ${body.source} --min ${body.min_replicas ?? 0} ` +
+    `--max ${body.max_replicas ?? 1} --idle-timeout ${body.idle_timeout_s ?? 60}`
+  );
+}
+
+export async function render(ctx) {
+  ctx.setTitle("Deploy a model");
+  const head = h("div", { class: "view-head" }, h("h1", {}, "Deploy a model"));
+  const area = h("div", { class: "view-body" });
+  ctx.main.append(head, area);
+  const [schema, list] = await Promise.all([
+    fetchSchema(),
+    ctx.api.get("/v1/deployments", { signal: ctx.signal }).catch(() => ({ data: [] })),
+  ]);
+  const prices = priceFields(schema);
+  const sources = [...new Set(list.data.map((d) => d.source))];
+  const datalist = h(
+    "datalist",
+    { id: "known-sources" },
+    sources.map((src) => h("option", { value: src })),
+  );
+  const submit = h("button", { type: "submit", class: "button primary" }, "Deploy");
+  const form = h(
+    "form",
+    { class: "card", novalidate: true, "aria-label": "Deploy a model" },
+    h(
+      "div",
+      { class: "grid" },
+      field({
+        label: "Name",
+        param: "name",
+        required: true,
+        autocomplete: "off",
+        spellcheck: "false",
+        hint: "The model name clients call; lowercase letters, digits, '.', '_' or '-'.",
+      }),
+      field({
+        label: "Source",
+        param: "source",
+        required: true,
+        list: "known-sources",
+        autocomplete: "off",
+        spellcheck: "false",
+        hint: "Where the weights come from: gguf:PACKAGE/FILE.gguf, a local directory, …",
+      }),
+    ),
+    datalist,
+    h(
+      "fieldset",
+      {},
+      h("legend", {}, "Scaling"),
+      scalingFields({ min_replicas: 0, max_replicas: 1, idle_timeout_s: 60 }),
+    ),
+    priceFieldset(prices),
+    formError(),
+    h("div", { class: "actions" }, submit),
+  );
+  clear(area, form, cliHint("ebb deploy NAME --source SOURCE --min 0 --max 1 --idle-timeout 60"));
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    clearErrors(form);
+    const body = readForm(form, prices);
+    if (!checkLocally(form, body)) return;
+    submit.disabled = true;
+    submit.textContent = "Deploying…";
+    try {
+      const created = await ctx.api.post("/v1/deployments", body, { signal: ctx.signal });
+      clear(area, progressPanel(ctx, created), cliHint(cliCommand(body)));
+    } catch (error) {
+      if (error.name === "AbortError") return;
+      showFormError(form, error);
+      submit.disabled = false;
+      submit.textContent = "Deploy";
+    }
+  });
+}
+
+function step(name, title) {
+  const status = h("span", { class: "step-status", "aria-live": "polite" });
+  const text = h("div", { class: "step-text" });
+  const el = h(
+    "li",
+    { class: "step", dataset: { step: name, state: "pending" } },
+    h("div", { class: "step-title" }, title, status),
+    text,
+  );
+  return {
+    el,
+    set(state, label, ...content) {
+      el.dataset.state = state;
+      if (status.textContent !== label) status.textContent = label; // announce changes only
+      clear(text, ...content);
+    },
+  };
+}
+
+function weightsStep(s, d) {
+  if (d.weights === "preparing") {
+    const value = weightsProgress(d);
+    s.set(
+      "active",
+      value === null ? "preparing" : `${Math.round(value * 100)}%`,
+      h("p", {}, "Fetching and verifying the weights into the local cache."),
+      progressBar(value, "Weight prefetch progress"),
+    );
+  } else if (d.weights === "failed") {
+    s.set(
+      "failed",
+      "failed",
+      h("p", { class: "error" }, d.error || "Preparing the weights failed."),
+    );
+  } else if (d.weights === "ready") {
+    s.set(
+      "done",
+      "in the cache",
+      h("p", {}, "The first cold start loads from the local cache; nothing to download."),
+    );
+  } else {
+    s.set("done", "nothing to fetch", h("p", {}, "This source needs no prefetch."));
+  }
+}
+
+function coldStartStep(s, d, seen) {
+  const runners = [...(d.runners || [])].sort((a, b) => b.launched_ms - a.launched_ms);
+  const live = runners.find((r) => r.state === "ready") || runners[0];
+  if (!live) {
+    s.set(
+      d.min_replicas > 0 ? "active" : "waiting",
+      d.min_replicas > 0 ? "starting" : "on first request",
+      h(
+        "p",
+        {},
+        d.min_replicas > 0
+          ? "A runner is being started."
+          : "Scaled to zero: the first request starts a runner.",
+      ),
+    );
+    return;
+  }
+  if (!seen.has(live.id)) seen.set(live.id, Date.now());
+  const tierTimes = d.cold_start_ms?.[live.tier];
+  if (live.state === "ready") {
+    const total =
+      tierTimes?.total ??
+      (live.ready_ms && live.launched_ms ? live.ready_ms - live.launched_ms : null);
+    const phases = Object.entries(tierTimes || {})
+      .filter(([k]) => k !== "total")
+      .map(([k, v]) => `${k} ${fmtMs(v)}`)
+      .join(" · ");
+    s.set(
+      "done",
+      "ready",
+      h(
+        "p",
+        {},
+        `Runner ${live.id} is ready via ${live.tier.replaceAll("_", " ")} in ${fmtMs(total)}.`,
+      ),
+      phases ? h("p", { class: "hint" }, phases) : null,
+    );
+  } else if (live.state === "failed" || live.state === "exited") {
+    s.set(
+      "failed",
+      live.state,
+      h(
+        "p",
+        { class: "error" },
+        live.error || d.error || "The runner stopped before it was ready.",
+      ),
+      d.error_log ? h("pre", { class: "log" }, d.error_log) : null,
+    );
+  } else {
+    s.set(
+      "active",
+      live.state,
+      h("p", {}, `Runner ${live.id} is ${live.state} (${fmtMs(Date.now() - seen.get(live.id))}).`),
+      progressBar(null, "Cold start progress"),
+    );
+  }
+}
+
+function progressPanel(ctx, created) {
+  const name = created.name;
+  const createdStep = step("created", "Deployment created");
+  createdStep.set(
+    "done",
+    "done",
+    h("p", {}, "Clients call it as model ", h("code", {}, name), "."),
+  );
+  const weights = step("weights", "Weights prefetch");
+  const cold = step("cold-start", "First cold start");
+  const seen = new Map();
+  const title = h("h2", { id: "deploy-progress-title" }, `Deploying ${name}`);
+  const panel = h(
+    "section",
+    { class: "card", "aria-labelledby": "deploy-progress-title" },
+    title,
+    h("ol", { class: "steps" }, createdStep.el, weights.el, cold.el),
+    h(
+      "div",
+      { class: "actions" },
+      h(
+        "a",
+        { class: "button", href: `#/deployments/${encodeURIComponent(name)}` },
+        "Open deployment",
+      ),
+      h(
+        "a",
+        { class: "button", href: `#/playground/${encodeURIComponent(name)}` },
+        "Try it in the playground",
+      ),
+    ),
+  );
+  ctx.every(1000, async () => {
+    const d = await ctx.api.get(`/v1/deployments/${encodeURIComponent(name)}`, {
+      signal: ctx.signal,
+    });
+    weightsStep(weights, d);
+    coldStartStep(cold, d, seen);
+    title.textContent = d.status === "ready" ? `${name} is ready` : `Deploying ${name}`;
+  });
+  return panel;
+}

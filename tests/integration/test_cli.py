@@ -1,0 +1,153 @@
+"""The `ebb` CLI against a live platform on the fake engine: every command the console has,
+its --json output, and the exit codes scripts rely on (0 ok, 1 refused, 2 usage, 3
+unreachable)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from support import REPO_ROOT, Platform, free_port, temp_home
+
+from ebb.runners.engine_fake import FAKE_REPLY
+
+pytestmark = pytest.mark.integration
+
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def platform():
+    p = Platform(home=temp_home("ebb-cli-"), redis_url=None).start()
+    yield p
+    assert p.stop() == 0
+
+
+def ebb(platform: Platform, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """Runs `ebb ARGS` as a script would; env overrides (a value of "" removes the variable)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("EBB_")}
+    full_env.update(
+        EBB_PORT=str(platform.port),
+        EBB_ADMIN_KEY=platform.admin_key,
+        EBB_HOME=str(platform.home),
+        COLUMNS="200",  # rich wraps tables to the terminal; keep every cell on one line
+    )
+    full_env.update(env)
+    full_env = {k: v for k, v in full_env.items() if v != ""}
+    return subprocess.run(
+        [sys.executable, "-m", "ebb", *args],
+        env=full_env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def ok_json(result: subprocess.CompletedProcess) -> dict:
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_deploy_show_scale_chat_delete(platform):
+    created = ok_json(
+        ebb(platform, "deploy", "cli-a", "--source", "fake://m?step_ms=5", "--max", "2", "--json")
+    )
+    assert (created["name"], created["max_replicas"]) == ("cli-a", 2)
+
+    listed = ok_json(ebb(platform, "deployments", "--json"))
+    assert "cli-a" in [d["name"] for d in listed["data"]]
+    table = ebb(platform, "deployments")
+    assert table.returncode == 0 and "cli-a" in table.stdout and "fake://m" in table.stdout
+
+    scaled = ok_json(
+        ebb(platform, "scale", "cli-a", "--max", "3", "--idle-timeout", "30", "--json")
+    )
+    assert (scaled["max_replicas"], scaled["idle_timeout_s"]) == (3, 30)
+
+    # The answer streams to stdout alone; timing and usage go to stderr.
+    chat = ebb(platform, "chat", "cli-a", QUESTION, "--max-tokens", "8")
+    assert chat.returncode == 0, chat.stderr
+    assert chat.stdout == FAKE_REPLY[:8] + "\n"
+    assert "time to first token" in chat.stderr and "8 completion tokens" in chat.stderr
+
+    reply = ok_json(ebb(platform, "chat", "cli-a", QUESTION, "--max-tokens", "5", "--json"))
+    assert reply["choices"][0]["message"]["content"] == FAKE_REPLY[:5]
+
+    shown = ok_json(ebb(platform, "deployments", "show", "cli-a", "--json"))
+    ready = [r for r in shown["runners"] if r["state"] == "ready"]
+    assert len(ready) == 1 and any(line.endswith("ready") for line in ready[0]["log_tail"])
+    detail = ebb(platform, "deployments", "show", "cli-a")
+    assert detail.returncode == 0
+    assert f"last log lines of {ready[0]['id']}" in detail.stdout and "cold starts" in detail.stdout
+
+    status = ok_json(ebb(platform, "status", "--json"))
+    assert "cli-a" in [d["name"] for d in status["data"]]
+    assert ready[0]["id"] in ebb(platform, "status").stdout
+
+    usage = ok_json(ebb(platform, "usage", "--json"))
+    row = next(r for r in usage["data"] if r["deployment"] == "cli-a")
+    assert (row["requests"], row["completion_tokens"]) == (2, 13)
+
+    deleted = ok_json(ebb(platform, "deployments", "delete", "cli-a", "--json"))
+    assert deleted == {"object": "deployment.deleted", "name": "cli-a", "deleted": True}
+    gone = ebb(platform, "deployments", "show", "cli-a")
+    assert gone.returncode == 1 and "No deployment named 'cli-a'" in gone.stderr
+
+
+def test_keys_and_a_tenant_key(platform):
+    created = ok_json(ebb(platform, "keys", "create", "--tenant", "acme", "--name", "ci", "--json"))
+    secret, key_id = created["key"], created["id"]
+    listed = ok_json(ebb(platform, "keys", "list", "--json"))
+    assert [k["tenant"] for k in listed["data"] if k["id"] == key_id] == ["acme"]
+    assert secret not in json.dumps(listed), "listing keys must not reveal their secrets"
+
+    # EBB_API_KEY makes the CLI call as the tenant: reading works, admin actions are refused.
+    usage = ok_json(ebb(platform, "usage", "--json", EBB_API_KEY=secret))
+    assert usage["object"] == "usage"
+    refused = ebb(platform, "deployments", "delete", "anything", EBB_API_KEY=secret)
+    assert refused.returncode == 1 and "admin key" in refused.stderr
+
+    revoked = ebb(platform, "keys", "revoke", key_id)
+    assert revoked.returncode == 0 and key_id in revoked.stdout
+    after = ebb(platform, "usage", EBB_API_KEY=secret)
+    assert after.returncode == 1 and "Incorrect or revoked API key" in after.stderr
+    again = ebb(platform, "keys", "revoke", key_id)
+    assert again.returncode == 1 and "No active key" in again.stderr
+
+
+def test_refusals_exit_1_with_the_platforms_reason(platform):
+    bounds = ebb(platform, "deploy", "cli-b", "--source", "fake://m", "--min", "3", "--max", "1")
+    assert bounds.returncode == 1
+    assert "min_replicas (3) must not exceed max_replicas (1)" in bounds.stderr
+    assert bounds.stdout == ""
+
+    bad_name = ebb(platform, "deploy", "Not A Name", "--source", "fake://m")
+    assert bad_name.returncode == 1 and "name" in bad_name.stderr
+
+    assert ebb(platform, "deploy", "cli-c", "--source", "fake://m", "--json").returncode == 0
+    twice = ebb(platform, "deploy", "cli-c", "--source", "fake://m")
+    assert twice.returncode == 1 and "already exists" in twice.stderr
+
+    unknown_model = ebb(platform, "chat", "no-such-model", QUESTION)
+    assert unknown_model.returncode == 1 and "does not exist" in unknown_model.stderr
+
+
+def test_usage_errors_exit_2(platform):
+    nothing = ebb(platform, "scale", "cli-c")
+    assert nothing.returncode == 2 and "nothing to change" in nothing.stderr
+    assert ebb(platform, "deploy", "cli-d").returncode == 2  # --source is required
+    assert ebb(platform, "chat", "cli-c", "hi", "--temperature", "9").returncode == 2
+
+    keyless = ebb(platform, "deployments", EBB_ADMIN_KEY="", EBB_HOME=str(temp_home("ebb-nokey-")))
+    assert keyless.returncode == 2 and "no API key" in keyless.stderr
+
+
+def test_unreachable_platform_exits_3(platform):
+    result = ebb(platform, "deployments", "--json", EBB_PORT=str(free_port()))
+    assert result.returncode == 3
+    assert "cannot reach ebb" in result.stderr and result.stdout == ""

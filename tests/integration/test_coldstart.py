@@ -1,0 +1,138 @@
+"""Cold-start failure handling on the fake engine: crash loops back off into an error state,
+a SIGKILLed runner's requests end with an error, and every start shows up in the metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import httpx
+import openai
+import pytest
+from support import Platform, temp_home, wait_until
+
+from ebb.coldstart.controller import MAX_START_FAILURES
+
+pytestmark = pytest.mark.integration
+
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def platform():
+    p = Platform(home=temp_home("ebb-cs-"), redis_url=None).start()
+    yield p
+    assert p.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def admin(platform):
+    with platform.admin() as client:
+        yield client
+
+
+def deploy(admin: httpx.Client, name: str, source: str, **fields) -> None:
+    response = admin.post("/v1/deployments", json={"name": name, "source": source, **fields})
+    assert response.status_code == 201, response.text
+
+
+def view(admin: httpx.Client, name: str) -> dict:
+    return admin.get(f"/v1/deployments/{name}").json()
+
+
+def test_crash_while_loading_backs_off_into_an_error_state(platform, admin):
+    deploy(admin, "broken", "fake://m?fail=1", admission_timeout_s=2)
+    client = platform.openai()
+
+    def retrying_client_sees_failing() -> dict | None:
+        # Like a client honouring 503s: each retry is demand that triggers another start.
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.chat.completions.create(model="broken", messages=MESSAGES, max_tokens=2)
+        assert refused.value.status_code == 503
+        return (d := view(admin, "broken"))["status"] == "failing" and d
+
+    failing = wait_until(retrying_client_sees_failing, 90, "the deployment's error state")
+    assert "failed to load" in failing["error"]
+    assert "failed" in (failing["error_log"] or ""), "the runner's last log lines are shown"
+    states = [r["state"] for r in failing["runners"]]
+    assert states.count("failed") >= MAX_START_FAILURES
+    assert len(states) <= MAX_START_FAILURES + 1, "backoff, not a crash loop"
+
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.chat.completions.create(model="broken", messages=MESSAGES, max_tokens=2)
+    assert refused.value.status_code == 503
+    assert refused.value.body["code"] == "deployment_failing"
+    assert "failed to load" in refused.value.body["message"]
+    assert int(refused.value.response.headers["retry-after"]) >= 1
+
+
+def test_sigkilled_runner_ends_its_streams_with_an_error(platform, admin):
+    deploy(admin, "victim", "fake://m?step_ms=40", idle_timeout_s=60)
+    body = {"model": "victim", "messages": MESSAGES, "max_tokens": 1500, "stream": True}
+    events = []
+    with admin.stream("POST", "/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        lines = (line for line in response.iter_lines() if line.startswith("data: "))
+        events.append(next(lines))
+        pid = next(r["pid"] for r in view(admin, "victim")["runners"] if r["state"] == "ready")
+        os.kill(pid, signal.SIGKILL)
+        events += list(lines)  # the stream must end on its own: a hang fails by timeout
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2][len("data: ") :])["error"]
+    assert error["code"] == "runner_lost"
+    killed = wait_until(
+        lambda: [
+            r
+            for r in view(admin, "victim")["runners"]
+            if r["pid"] == pid and r["state"] == "failed"
+        ],
+        30,
+        "the controller to mark the killed runner failed",
+    )
+    assert killed
+
+
+def test_cold_starts_and_scale_decisions_are_metrics(platform, admin):
+    deploy(admin, "counted", "fake://m", idle_timeout_s=1)
+    platform.openai().chat.completions.create(model="counted", messages=MESSAGES, max_tokens=2)
+    wait_until(
+        lambda: view(admin, "counted")["runners"][0]["state"] == "exited", 30, "the runner to drain"
+    )
+
+    def scraped() -> str | None:
+        text = httpx.get(platform.base_url + "/metrics").text
+        return 'ebb_scale_decisions_total{deployment="counted",direction="down"}' in text and text
+
+    text = wait_until(scraped, 10, "the drain to be counted")
+    assert (
+        'ebb_cold_start_seconds_count{deployment="counted",phase="total",tier="fresh"} 1.0' in text
+    )
+    assert 'ebb_scale_decisions_total{deployment="counted",direction="up"} 1.0' in text
+    assert 'ebb_runners{deployment="counted",state="ready"} 0.0' in text
+
+
+def test_an_engine_that_can_sleep_parks_when_idle_and_wakes_for_work(platform, admin):
+    # The fake engine stands in for vLLM on a GPU, where sleep mode exists (sleep=1).
+    deploy(admin, "sleepy", "fake://m?sleep=1", idle_timeout_s=1)
+    client = platform.openai()
+    client.chat.completions.create(model="sleepy", messages=MESSAGES, max_tokens=2)
+    asleep = wait_until(
+        lambda: (d := view(admin, "sleepy"))["status"] == "sleeping" and d,
+        30,
+        "the idle runner to fall asleep instead of exiting",
+    )
+    [runner] = asleep["runners"]
+    assert runner["state"] == "sleeping"
+
+    reply = client.chat.completions.create(model="sleepy", messages=MESSAGES, max_tokens=3)
+    assert reply.usage.completion_tokens == 3
+    woken = view(admin, "sleepy")
+    assert [r["id"] for r in woken["runners"]] == [runner["id"]], "woken, not relaunched"
+    assert "wake" in woken["cold_start_ms"]["sleeping"]
+
+
+def test_engines_without_sleep_mode_never_sleep(admin):
+    # The CPU case: the vLLM adapter reports no sleep support, like this fake engine.
+    assert "sleeping" not in view(admin, "counted")["cold_start_ms"]
+    assert {r["state"] for r in view(admin, "counted")["runners"]} == {"exited"}

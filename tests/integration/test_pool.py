@@ -1,0 +1,69 @@
+"""The pre-warmed pool: stems serve the first request at zero and the pool refills."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from support import Platform, temp_home, wait_until
+
+pytestmark = pytest.mark.integration
+
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def platform():
+    # `ebb up` prints ready only once the pool holds its stem (engine libraries imported).
+    p = Platform(home=temp_home("ebb-pool-"), redis_url=None, env_extra={"EBB_PREWARM": "1"})
+    yield p.start()
+    assert p.stop() == 0
+
+
+def stems(admin) -> list[dict]:
+    return [r for r in admin.get("/v1/status").json()["runners"] if r["deployment"] is None]
+
+
+def test_a_stem_serves_the_first_request_and_the_pool_refills(platform):
+    with platform.admin() as admin:
+        pool = admin.get("/v1/status").json()["pool"]
+        assert pool == {"target": 1, "prewarmed": 1, "starting": 0}
+        first_stem = stems(admin)[0]["id"]
+        created = admin.post("/v1/deployments", json={"name": "pooled", "source": "fake://m"})
+        assert created.status_code == 201
+        reply = platform.openai().chat.completions.create(
+            model="pooled", messages=MESSAGES, max_tokens=3
+        )
+        assert reply.usage.completion_tokens == 3
+        runners = admin.get("/v1/deployments/pooled").json()["runners"]
+        assert [(r["id"], r["tier"]) for r in runners] == [(first_stem, "prewarmed")]
+        refilled = wait_until(
+            lambda: [s for s in stems(admin) if s["state"] == "prewarmed"],
+            120,
+            "a new stem to join the pool",
+        )
+        assert refilled[0]["id"] != first_stem
+
+
+def test_a_dead_stem_is_replaced(platform):
+    with platform.admin() as admin:
+        stem = wait_until(
+            lambda: [s for s in stems(admin) if s["state"] == "prewarmed"], 120, "a stem"
+        )[0]
+        os.kill(stem["pid"], signal.SIGKILL)
+        # Demand right after the death: the dead stem must not be handed the work.
+        assert admin.post(
+            "/v1/deployments", json={"name": "after", "source": "fake://m"}
+        ).is_success
+        reply = platform.openai().chat.completions.create(
+            model="after", messages=MESSAGES, max_tokens=2
+        )
+        assert reply.usage.completion_tokens == 2
+        wait_until(
+            lambda: [
+                s for s in stems(admin) if s["state"] == "prewarmed" and s["id"] != stem["id"]
+            ],
+            120,
+            "the pool to replace the killed stem",
+        )
