@@ -6,9 +6,11 @@ against vLLM loading the same directory on its own, with the page cache warm and
 
 Fetch: the default model's converted checkpoint (5 files, 270 MB) is uploaded to moto's S3
 server, run as its own process; each run fetches it into an empty cache through ensure()
-with 1..N parallel range streams (16 MiB ranges), verification and hashing included. The
-server's and this process's CPU use are sampled, to tell whether moto or the client bounds
-the throughput.
+with 1..N parallel range streams (16 MiB ranges), verification and hashing included, and
+the same ranges are then fetched bare (no disk, no hashing) as the server's ceiling. Runs go
+direct to moto, then through a proxy capping each connection (as one S3 connection is
+capped), where parallel ranges are what buys throughput. The server's and this process's
+CPU use are sampled, to tell whether moto or the client bounds the throughput.
 
 Load: each run is a fresh process that imports vLLM (not timed), then times either vLLM
 building an engine from the checkpoint directory by itself (LLMEngine.from_engine_args, the
@@ -37,6 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 from support import TEST_WEIGHTS_DIR, free_port, temp_home, wait_until  # noqa: E402
+from weights_support import CountingProxy  # noqa: E402
 
 from bench.page_cache import resident_fraction  # noqa: E402
 from ebb.config import DEFAULT_MODEL_SOURCE  # noqa: E402
@@ -45,6 +48,8 @@ from ebb.weights_cache import CacheOptions, ensure, hot  # noqa: E402
 MIB = 1024 * 1024
 MAX_MODEL_LEN = 2048
 LOAD_MODES = ("vllm", "ebb", "ebb-cold", "ebb-cold-hint")
+# Like one S3 connection (tens of MB/s each): the reason to fetch in parallel ranges.
+CAPPED_MB_PER_S = 16
 
 
 # --- fetch ------------------------------------------------------------------------------------
@@ -135,25 +140,32 @@ def bench_fetch(model_dir: Path, work: Path, streams: list[int], rounds: int) ->
             if path.is_file():
                 client.upload_file(str(path), "bench", f"smol/{path.name}")
         keys = [(o["Key"], o["Size"]) for o in client.list_objects_v2(Bucket="bench")["Contents"]]
-        runs = []
-        for r in range(rounds):
-            for n in streams if r % 2 == 0 else list(reversed(streams)):
-                server = psutil.Process(proc.pid)
-                run = fetch_once("s3://bench/smol", work / "fetch-cache", n, server)
-                run["raw_mb_per_s"] = raw_once(client, keys, n)
-                print(
-                    f"  fetch streams={n}: {run['mb_per_s']:.0f} MB/s, bare GETs "
-                    f"{run['raw_mb_per_s']:.0f} MB/s "
-                    f"(moto {run['server_cpu']:.0%} CPU, client {run['client_cpu']:.0%})"
-                )
-                runs.append(run)
+        server = psutil.Process(proc.pid)
+        capped = CountingProxy(url, delay_s_per_mib=1 / CAPPED_MB_PER_S, shared_link=False)
+        results = {}
+        for link, endpoint in (("direct", url), ("capped", capped.url)):
+            os.environ["AWS_ENDPOINT_URL_S3"] = endpoint
+            print(f" {link}:")
+            runs = []
+            for r in range(rounds):
+                for n in streams if r % 2 == 0 else list(reversed(streams)):
+                    run = fetch_once("s3://bench/smol", work / "fetch-cache", n, server)
+                    run["raw_mb_per_s"] = raw_once(boto3.client("s3"), keys, n)
+                    print(
+                        f"  streams={n}: {run['mb_per_s']:.0f} MB/s, bare GETs "
+                        f"{run['raw_mb_per_s']:.0f} MB/s "
+                        f"(moto {run['server_cpu']:.0%} CPU, client {run['client_cpu']:.0%})"
+                    )
+                    runs.append(run)
+            results[link] = _summarize_fetch(runs, streams)
+        capped.close()
     finally:
         proc.terminate()
         proc.wait(timeout=30)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
-    return _summarize_fetch(runs, streams)
+    return results
 
 
 def _summarize_fetch(runs: list[dict], streams: list[int]) -> dict:
@@ -277,9 +289,10 @@ def main() -> None:
 
 
 def report(results: dict) -> None:
-    if "fetch" in results:
-        print("\nfetch throughput (median):")
-        for n, row in results["fetch"]["by_streams"].items():
+    for link, fetch in results.get("fetch", {}).items():
+        limit = f", each connection capped at {CAPPED_MB_PER_S} MiB/s" if link == "capped" else ""
+        print(f"\nfetch throughput (median), {link}{limit}:")
+        for n, row in fetch["by_streams"].items():
             print(
                 f"  {n} streams: {row['mb_per_s']:6.0f} MB/s  x{row['ratio_to_1']:.2f} vs 1 stream"
                 f"  (bare GETs {row['raw_mb_per_s']:.0f} MB/s; moto CPU {row['server_cpu']:.0%},"

@@ -202,10 +202,11 @@ class CountingProxy:
     `corrupt_chunks` full-size chunks of body have a byte flipped on the way.
     """
 
-    def __init__(self, target_url: str, delay_s_per_mib: float = 0.0):
+    def __init__(self, target_url: str, delay_s_per_mib: float = 0.0, shared_link: bool = True):
         parts = urlsplit(target_url)
         self.target = (parts.hostname, parts.port)
         self.delay_s_per_mib = delay_s_per_mib
+        self.shared_link = shared_link
         self.bytes_down = 0
         self.range_requests = 0
         self.open = 0
@@ -270,7 +271,8 @@ class CountingProxy:
             corrupt = self.corrupt_chunks > 0 and len(data) == 64 * 1024
             self.corrupt_chunks -= corrupt
         if self.delay_s_per_mib:
-            with self._link:  # one slow link, shared by every connection
+            # One slow link shared by every connection, or a cap per connection (as S3 has).
+            with self._link if self.shared_link else contextlib.nullcontext():
                 time.sleep(self.delay_s_per_mib * len(data) / 2**20)
         if corrupt:
             data = data[:-1] + bytes([data[-1] ^ 0x01])
