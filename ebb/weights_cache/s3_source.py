@@ -121,6 +121,9 @@ class S3Backend:
             for obj in todo:
                 forget(dest, obj.name)
                 meter.add(-obj.size_bytes)
+        # Kept until every file passed, so a fetch killed after some did resumes them too.
+        for obj in objects:
+            journal_path(dest, obj.name).unlink(missing_ok=True)
         elapsed_s = time.monotonic() - started
         logger.info(
             "weights: fetched %s: %d files, %d bytes in %.1fs (%.0f MB/s, %d streams)",
@@ -155,7 +158,6 @@ class S3Backend:
             with lock:
                 if problem is None:
                     entries[obj.name] = entry
-                    journal_path(dest, obj.name).unlink(missing_ok=True)
                 else:
                     bad[obj.name] = problem
             logger.debug("weights: %s verified by %s", remote.source, expected.describes)
