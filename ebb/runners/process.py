@@ -215,7 +215,7 @@ def _load_engine(
         options = EngineOptions(model_path=None, max_model_len=max_len)
         return FakeEngine.load(spec.source, options), tier
     from ebb.runners import engine_vllm
-    from ebb.weights_cache import CacheOptions, ensure, hot
+    from ebb.weights_cache import CacheOptions, ensure
 
     engine_vllm.preload()
     clock.lap("import")
@@ -229,7 +229,6 @@ def _load_engine(
         hold=True,
     )
     clock.lap("weights")
-    hot.warm_in_background(model.path)  # pages pushed out since the last runner come back
     if phases & {"download", "convert"} and tier == "fresh":
         tier = "fresh_fetch"
     options = EngineOptions(

@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter
 from pathlib import Path
 
@@ -75,6 +75,8 @@ class LocalModel:
     manifest_path: Path | None = None  # what `verify()` checks the files against
 
 
+# Sources whose current version is asked of a server that may be unreachable.
+_REMOTE = (SourceKind.S3, SourceKind.HF)
 _BACKENDS: dict[SourceKind, Callable[[CacheOptions], Backend]] = {
     SourceKind.GGUF: lambda options: GgufBackend(),
     SourceKind.LOCAL: lambda options: LocalDirBackend(),
@@ -124,14 +126,8 @@ def ensure(
     """
     options = options or CacheOptions()
     parsed = parse_source(source)
-    backend = _backend_for(parsed, options)
     store = Store(cache_dir)
-    try:
-        version = backend.resolve(parsed)
-        key = entry_key(parsed.uri, version.fingerprint, parsed.name)
-    except WeightsTransientError as e:
-        cached = _last_known(store, parsed.uri, e)
-        version, key = Version(cached.fingerprint), cached.key
+    backend, version, key = _resolve(store, parsed, options)
     job = _Job(source, parsed, backend, version, key)
     held = store.hold(key) if hold else None
     try:
@@ -171,8 +167,32 @@ def _ensure_locked(
     return model
 
 
-def _last_known(store: Store, uri: str, error: WeightsTransientError) -> Manifest:
-    """The newest published entry of `uri`, served while its remote cannot be reached."""
+def _resolve(store: Store, parsed: Source, options: CacheOptions) -> tuple[Backend, Version, str]:
+    """The backend, the source's current version and its entry key.
+
+    A remote source with a version already cached is asked once, without retries: when it
+    cannot be reached, that version is served at once rather than after every backoff.
+    """
+    backend = _backend_for(parsed, options)
+    cached = _last_known(store, parsed.uri) if parsed.kind in _REMOTE else None
+    resolver = _backend_for(parsed, replace(options, attempts=1)) if cached else backend
+    try:
+        version = resolver.resolve(parsed)
+    except WeightsTransientError as e:
+        if cached is None:
+            raise
+        logger.warning(
+            "weights: %s is unreachable (%s); serving the cached version %s",
+            parsed.uri,
+            e.message,
+            cached.key,
+        )
+        return backend, Version(cached.fingerprint), cached.key
+    return backend, version, entry_key(parsed.uri, version.fingerprint, parsed.name)
+
+
+def _last_known(store: Store, uri: str) -> Manifest | None:
+    """The newest published entry of `uri`, if any."""
     newest = None
     if store.models_dir.exists():
         for entry_dir in store.models_dir.iterdir():
@@ -181,14 +201,6 @@ def _last_known(store: Store, uri: str, error: WeightsTransientError) -> Manifes
                 continue
             if newest is None or manifest.created_at > newest.created_at:
                 newest = manifest
-    if newest is None:
-        raise error
-    logger.warning(
-        "weights: %s is unreachable (%s); serving the cached version %s",
-        uri,
-        error.message,
-        newest.key,
-    )
     return newest
 
 

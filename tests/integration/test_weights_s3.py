@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import multiprocessing
 import os
 import signal
@@ -233,11 +234,17 @@ def test_unreachable_endpoint_is_transient_after_retries(tmp_path, monkeypatch, 
     assert "endpoint http://127.0.0.1" in info.value.message
 
 
-def test_unreachable_endpoint_serves_the_cached_version(s3, proxy, tmp_path, monkeypatch):
+def test_unreachable_endpoint_serves_the_cached_version_without_retrying(
+    s3, proxy, tmp_path, monkeypatch, caplog
+):
     model = ensure("s3://models/tiny", tmp_path / "cache", options=OPTIONS)
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{free_port()}")
 
-    assert ensure("s3://models/tiny", tmp_path / "cache", options=OPTIONS) == model
+    with caplog.at_level(logging.WARNING, logger="ebb.weights_cache"):
+        assert ensure("s3://models/tiny", tmp_path / "cache", options=OPTIONS) == model
+
+    assert "serving the cached version" in caplog.text
+    assert "retrying" not in caplog.text  # a cached version is not worth waiting for
 
 
 def test_replaced_object_gets_a_new_entry_and_the_old_one_stays(s3, proxy, tmp_path):
