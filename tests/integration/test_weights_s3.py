@@ -208,6 +208,16 @@ def test_wrong_credentials_are_an_auth_error_with_a_hint(s3, proxy, tmp_path, mo
     assert published(tmp_path / "cache") == [] and leftovers(tmp_path / "cache") == []
 
 
+def test_no_credentials_at_all_is_an_auth_error(s3, proxy, tmp_path, monkeypatch):
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(WeightsAuthError, match="no usable AWS credentials"):
+        ensure("s3://models/tiny", tmp_path / "cache", options=OPTIONS)
+
+
 @pytest.mark.parametrize(
     ("source", "says"),
     [
