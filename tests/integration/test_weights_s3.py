@@ -283,11 +283,14 @@ def _ensure_in_child(env: dict, cache_dir: str, options: CacheOptions, results) 
         results.put(f"error: {e!r}")
 
 
-def _journaled_parts(cache_dir: Path) -> int:
-    return sum(
-        len(journal.read_text().splitlines()) - 1
-        for journal in (cache_dir / "tmp").glob("*.partial/.*.parts")
-    )
+def _journaled_bytes(cache_dir: Path) -> int:
+    """Bytes of the parts the resume journals record as on disk."""
+    total = 0
+    for journal in (cache_dir / "tmp").glob("*.partial/.*.parts"):
+        header, *done = journal.read_text().split("\n")[:-1]  # the last line may be partial
+        size, part = (int(x) for x in header.split()[-2:])
+        total += sum(min(part, size - int(i) * part) for i in done if i.isdigit())
+    return total
 
 
 def test_download_killed_half_way_resumes(s3, tmp_path):
@@ -300,11 +303,11 @@ def test_download_killed_half_way_resumes(s3, tmp_path):
         target=_ensure_in_child, args=(s3.env(slow.url), str(cache_dir), options, results)
     )
     child.start()
-    wait_until(lambda: _journaled_parts(cache_dir) >= 6, 60, "six parts on disk")
+    wait_until(lambda: _journaled_bytes(cache_dir) >= 6 * MIB, 60, "6 MiB on disk")
     os.kill(child.pid, signal.SIGKILL)
     child.join(timeout=30)
     slow.close()
-    done_bytes = _journaled_parts(cache_dir) * MIB
+    done_bytes = _journaled_bytes(cache_dir)
     assert done_bytes < total_bytes(s3.source_dir) / 2  # really killed half-way
 
     fast = CountingProxy(s3.url)
