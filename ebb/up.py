@@ -1,10 +1,12 @@
 """`ebb up`: the whole platform on this machine, supervised.
 
 Starts redis-server (append-only file under EBB_HOME) unless EBB_REDIS_URL is set, prepares
-and deploys the default model, then runs the frontdoor and the coldstart controller as
-child processes, restarting either if it dies. Ctrl-C or SIGTERM stops everything in
-order: the frontdoor first (no new work), then the controller (its runners drain), then
-Redis (which flushes its append-only file).
+and deploys the default model, then runs the frontdoor, the coldstart controller and the
+webhooks worker (job results and deliveries) and the billing consumer (unless
+EBB_METERING=0) as child processes, restarting any that dies. Ctrl-C or SIGTERM stops
+everything in order: the frontdoor first (no new work), then the controller (its runners
+drain), then the webhooks worker (it collects what the drained runners finished), then
+billing, then Redis (which flushes its append-only file).
 """
 
 from __future__ import annotations
@@ -183,7 +185,7 @@ def _wait_ready(settings: Settings, stop: threading.Event, timeout_s: float = 30
 
 
 def run_up(settings: Settings, *, default_model: bool = True) -> int:
-    settings.home.mkdir(parents=True, exist_ok=True)
+    settings.logs_dir.mkdir(parents=True, exist_ok=True)
     admin_key = resolve_admin_key(settings)
     settings = settings.model_copy(update={"admin_key": admin_key})
     stop = threading.Event()
@@ -201,7 +203,10 @@ def run_up(settings: Settings, *, default_model: bool = True) -> int:
         supervisor.children = [
             Child("frontdoor", [sys.executable, "-m", "ebb", "frontdoor"]),
             Child("coldstart", [sys.executable, "-m", "ebb", "coldstart"]),
+            Child("webhooks", [sys.executable, "-m", "ebb", "webhooks"]),
         ]
+        if settings.metering:
+            supervisor.children.append(Child("billing", [sys.executable, "-m", "ebb", "billing"]))
         for child in supervisor.children:
             supervisor.start(child)
         if not _wait_ready(settings, stop):
@@ -211,7 +216,7 @@ def run_up(settings: Settings, *, default_model: bool = True) -> int:
         print(f"ready: {settings.base_url}/v1  admin key: {admin_key}", flush=True)
         while not stop.wait(0.5):
             supervisor.watch()
-        console.print("stopping: frontdoor, controller (runners drain), redis")
+        console.print("stopping: frontdoor, controller (runners drain), webhooks, billing, redis")
         return 0
     finally:
         supervisor.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -153,6 +154,11 @@ class Platform:
             timeout=120,
             headers={"Authorization": f"Bearer {self.admin_key}"},
         )
+
+    def redis(self) -> redis.Redis:
+        """A client of the platform's own Redis (run.json names it once `ebb up` is ready)."""
+        run_info = json.loads((self.home / "run.json").read_text())
+        return redis.Redis.from_url(run_info["redis_url"])
 
     def openai(self, api_key: str | None = None, **kwargs):
         import openai

@@ -53,9 +53,10 @@ class Api:
         self._headers = {"Authorization": f"Bearer {_cli_key(settings)}"}
 
     def call(self, method: str, path: str, **kwargs: Any) -> dict:
+        headers = {**self._headers, **kwargs.pop("headers", {})}
         try:
             response = httpx.request(
-                method, self.base_url + path, headers=self._headers, timeout=60, **kwargs
+                method, self.base_url + path, headers=headers, timeout=60, **kwargs
             )
         except httpx.HTTPError as e:
             self._unreachable(e)

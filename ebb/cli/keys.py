@@ -1,4 +1,4 @@
-"""CLI: API keys."""
+"""CLI: API keys, tenants and their rate limits."""
 
 from __future__ import annotations
 
@@ -9,17 +9,37 @@ from rich.table import Table
 
 from ebb.cli.api import Api, JsonOpt, console, print_json
 
-keys_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
+keys_app = typer.Typer(
+    help="Create, list and revoke API keys; set rate limits.", no_args_is_help=True
+)
+
+RpmOpt = typer.Option(None, "--rpm", min=1, help="Requests per minute (default: unlimited).")
+TpmOpt = typer.Option(None, "--tpm", min=1, help="Tokens per minute (default: unlimited).")
+
+
+def _limit(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 @keys_app.command("create")
 def keys_create(
     tenant: str = typer.Option(..., help="The tenant the key bills to."),
     name: str = typer.Option("", help="A label to recognise the key by."),
+    rpm: int | None = RpmOpt,
+    tpm: int | None = TpmOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Create an API key; the secret is shown this once."""
-    body = Api().call("POST", "/v1/keys", json={"tenant": tenant, "name": name})
+    """Create an API key; the secret is shown this once (only its hash is stored)."""
+    body = Api().call(
+        "POST",
+        "/v1/keys",
+        json={
+            "tenant": tenant,
+            "name": name,
+            "requests_per_minute": rpm,
+            "tokens_per_minute": tpm,
+        },
+    )
     if as_json:
         print_json(body)
     else:
@@ -28,18 +48,27 @@ def keys_create(
 
 
 @keys_app.command("list")
-def keys_list(as_json: bool = JsonOpt) -> None:
-    body = Api().call("GET", "/v1/keys")
+def keys_list(
+    prefix: str | None = typer.Option(None, help="Keys whose id or secret starts with this."),
+    tenant: str | None = typer.Option(None, help="Only this tenant's keys."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """List keys (never their secrets: those are not stored)."""
+    params = {k: v for k, v in {"prefix": prefix, "tenant": tenant}.items() if v}
+    body = Api().call("GET", "/v1/keys", params=params)
     if as_json:
         print_json(body)
         return
-    table = Table("id", "tenant", "name", "created", "revoked")
+    table = Table("id", "prefix", "tenant", "name", "created", "rpm", "tpm", "revoked")
     for k in body["data"]:
         table.add_row(
             k["id"],
+            k["prefix"] + "…",
             k["tenant"],
             k["name"],
             time.strftime("%Y-%m-%d %H:%M", time.localtime(k["created"])),
+            _limit(k["limits"]["requests_per_minute"]),
+            _limit(k["limits"]["tokens_per_minute"]),
             "yes" if k["revoked"] else "",
         )
     console.print(table)
@@ -47,5 +76,47 @@ def keys_list(as_json: bool = JsonOpt) -> None:
 
 @keys_app.command("revoke")
 def keys_revoke(key_id: str) -> None:
+    """Revoke a key: it stops working at once."""
     Api().call("DELETE", f"/v1/keys/{key_id}")
     console.print(f"revoked {key_id}")
+
+
+@keys_app.command("limits")
+def keys_limits(
+    key: str | None = typer.Option(None, "--key", help="A key's id."),
+    tenant: str | None = typer.Option(None, help="A tenant (shared by all its keys)."),
+    rpm: int | None = RpmOpt,
+    tpm: int | None = TpmOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Set (or, with neither --rpm nor --tpm, remove) the limits of a key or a tenant."""
+    if (key is None) == (tenant is None):
+        raise typer.BadParameter("give exactly one of --key and --tenant")
+    path = f"/v1/keys/{key}/limits" if key else f"/v1/tenants/{tenant}/limits"
+    body = Api().call("PUT", path, json={"requests_per_minute": rpm, "tokens_per_minute": tpm})
+    if as_json:
+        print_json(body)
+        return
+    console.print(
+        f"{key or tenant}: {_limit(body['requests_per_minute'])} requests/min, "
+        f"{_limit(body['tokens_per_minute'])} tokens/min"
+    )
+
+
+@keys_app.command("tenants")
+def keys_tenants(as_json: bool = JsonOpt) -> None:
+    """Tenants with their active keys and limits."""
+    body = Api().call("GET", "/v1/tenants")
+    if as_json:
+        print_json(body)
+        return
+    table = Table("tenant", "active keys", "rpm", "tpm")
+    for t in body["data"]:
+        limits = t["limits"]
+        table.add_row(
+            t["tenant"],
+            str(t["active_keys"]),
+            _limit(limits["requests_per_minute"]),
+            _limit(limits["tokens_per_minute"]),
+        )
+    console.print(table)

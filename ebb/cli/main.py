@@ -10,8 +10,9 @@ import typer
 from ebb.cli.chat import chat
 from ebb.cli.deployment_show import delete_deployment, show_deployment
 from ebb.cli.deployments import deploy, deployments_app, scale, status
+from ebb.cli.jobs import jobs_app
 from ebb.cli.keys import keys_app
-from ebb.cli.usage import usage
+from ebb.cli.usage import price, usage_app
 from ebb.config import Settings
 
 app = typer.Typer(
@@ -22,7 +23,9 @@ app = typer.Typer(
 )
 app.add_typer(keys_app, name="keys")
 app.add_typer(deployments_app, name="deployments")
-for command in (deploy, scale, status, usage, chat):
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(usage_app, name="usage")
+for command in (deploy, scale, status, price, chat):
     app.command()(command)
 deployments_app.command("show")(show_deployment)
 deployments_app.command("delete")(delete_deployment)
@@ -74,6 +77,24 @@ def coldstart() -> None:
 
     _logging()
     run_controller(Settings())
+
+
+@app.command(hidden=True)
+def billing() -> None:
+    """Run the ledger consumer (started by `ebb up`)."""
+    from ebb.billing.main import run_billing
+
+    _logging()
+    run_billing(Settings())
+
+
+@app.command(hidden=True)
+def webhooks() -> None:
+    """Run the job collector and webhook delivery worker (started by `ebb up`)."""
+    from ebb.webhooks.main import run_worker
+
+    _logging()
+    run_worker(Settings())
 
 
 @app.command(hidden=True)

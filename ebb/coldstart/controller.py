@@ -20,9 +20,11 @@ from dataclasses import dataclass
 
 import msgspec
 
+from ebb.billing.gpu import meter_for
 from ebb.coldstart.launcher import Launcher
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
 from ebb.config import Settings
+from ebb.queue.metering import LAST_SIGN_OF_LIFE, GpuMeterScript
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
 
@@ -67,6 +69,7 @@ class Controller:
         self._policy = policy
         self._backoff: dict[str, _Backoff] = {}
         self._stopping = asyncio.Event()
+        self._gpu_meter = GpuMeterScript(state.redis)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -100,6 +103,7 @@ class Controller:
                     error="platform restarted",
                     exited_ms=int(time.time() * 1000),
                 )
+                await self._close_gpu_meter(r)
 
     async def _reap(self) -> None:
         reaped = await self._state.reap_expired_leases()
@@ -133,6 +137,7 @@ class Controller:
         return live
 
     async def _runner_gone(self, r: RunnerRecord, code: int | None) -> RunnerRecord:
+        await self._close_gpu_meter(r)
         if r.state.is_live:
             why = f"process exited with code {code}" if code is not None else "stopped heartbeating"
             log.warning(
@@ -152,6 +157,17 @@ class Controller:
             await self._start_failed(r)
         return r
 
+    async def _close_gpu_meter(self, r: RunnerRecord) -> None:
+        """Bill a dead runner's GPU time up to its last heartbeat (or, without one, up to
+        its last sign of life). A runner that exited cleanly closed its own metering at its
+        exit, which makes this a no-op."""
+        if not self._settings.metering:
+            return
+        spec = await self._state.get_deployment(r.deployment) if r.deployment else None
+        await self._gpu_meter.close(
+            r.runner_id, meter_for(r.runner_id, spec, gpus=1), end=LAST_SIGN_OF_LIFE
+        )
+
     async def _start_failed(self, r: RunnerRecord) -> None:
         backoff = self._backoff.setdefault(r.deployment, _Backoff())
         backoff.failures += 1
@@ -170,7 +186,9 @@ class Controller:
         starting = sum(r.state in _STARTING_STATES for r in runners)
         ready = sum(r.state is RunnerState.READY for r in runners)
         snap = DemandSnapshot(
-            queue_depth=queue.depth,
+            # Queued async jobs are demand like synchronous requests: they wake a deployment
+            # at zero and, waiting long enough, add replicas.
+            queue_depth=queue.depth + queue.job_depth,
             oldest_wait_s=queue.oldest_wait_s,
             starting=starting,
             ready=ready,
@@ -191,10 +209,11 @@ class Controller:
             await self._launch_for(spec.name)
         await self._state.count_scale_up(spec.name, missing)
         log.info(
-            "coldstart: %s scaled up by %d (queue=%d, ready=%d, starting=%d)",
+            "coldstart: %s scaled up by %d (queue=%d, jobs=%d, ready=%d, starting=%d)",
             spec.name,
             missing,
             queue.depth,
+            queue.job_depth,
             ready,
             starting,
         )

@@ -19,17 +19,23 @@ from ebb.frontdoor import (
     routes_admin,
     routes_console,
     routes_deployments,
+    routes_jobs,
+    routes_limits,
     routes_openai,
     routes_status,
     routes_usage,
+    routes_webhooks,
     routes_weights,
 )
 from ebb.frontdoor.catalog import ModelCatalog
 from ebb.frontdoor.execution import Executor
 from ebb.frontdoor.metrics import Metrics
+from ebb.frontdoor.ratelimit import RateLimiter
 from ebb.home import resolve_admin_key
 from ebb.queue.connection import async_client
+from ebb.queue.ledger import LedgerStore
 from ebb.queue.platform import PlatformState
+from ebb.queue.ratelimits import RateLimitStore
 from ebb.queue.requests import RequestQueue
 from ebb.weights_cache import CacheOptions
 
@@ -46,6 +52,9 @@ class Services:
     executor: Executor
     catalog: ModelCatalog
     metrics: Metrics
+    limiter: RateLimiter
+    ratelimits: RateLimitStore
+    ledger: LedgerStore
 
 
 def build_services(settings: Settings) -> Services:
@@ -53,6 +62,7 @@ def build_services(settings: Settings) -> Services:
     state = PlatformState(client, result_ttl_s=settings.result_ttl_s)
     # A request record must outlive its admission window and generation.
     queue = RequestQueue(client, request_ttl_s=max(settings.result_ttl_s, 3600))
+    ratelimits = RateLimitStore(client)
     return Services(
         settings=settings,
         admin_key=resolve_admin_key(settings),
@@ -62,6 +72,9 @@ def build_services(settings: Settings) -> Services:
         executor=Executor(settings, queue, state),
         catalog=ModelCatalog(settings.weights_dir, state, CacheOptions.from_settings(settings)),
         metrics=Metrics(settings.weights_dir, settings.weights_cache_bytes),
+        limiter=RateLimiter(ratelimits),
+        ratelimits=ratelimits,
+        ledger=LedgerStore(client),
     )
 
 
@@ -81,7 +94,10 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_openai.router)
     app.include_router(routes_deployments.router)
     app.include_router(routes_usage.router)
+    app.include_router(routes_limits.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_jobs.router)
+    app.include_router(routes_webhooks.router)
     app.include_router(routes_status.router)
     app.include_router(routes_console.router)
     app.include_router(routes_weights.router)

@@ -5,13 +5,16 @@ from __future__ import annotations
 import secrets
 import time
 
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ebb.errors import NotFound
 from ebb.frontdoor.auth import AdminDep
+from ebb.frontdoor.routes_limits import TENANT_PATTERN, RateLimitsBody
 from ebb.home import new_secret
+from ebb.queue.ratelimits import RateLimits, key_subject
 from ebb.queue.schema import ApiKeyRecord
 
 router = APIRouter()
@@ -19,22 +22,39 @@ router = APIRouter()
 KEY_PREFIX = "ebb-sk-"
 
 
-class KeyCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+# Random characters of the secret kept in the clear after KEY_PREFIX, so that a key's
+# holder can find it in listings (36 bits of its 256).
+SHOWN_SECRET_CHARS = 6
 
-    tenant: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+
+class KeyCreate(RateLimitsBody):
+    tenant: str = Field(min_length=1, max_length=64, pattern=TENANT_PATTERN)
     name: str = Field("", max_length=128)
 
 
-def _key_view(record: ApiKeyRecord) -> dict:
+def _key_view(record: ApiKeyRecord, limits: RateLimits | None = None) -> dict:
     return {
         "object": "api_key",
         "id": record.key_id,
+        "prefix": record.prefix,
         "tenant": record.tenant,
         "name": record.name,
         "created": int(record.created_at_s),
         "revoked": record.revoked,
+        "limits": msgspec.structs.asdict(limits or RateLimits()),
     }
+
+
+def _matches(record: ApiKeyRecord, prefix: str | None, tenant: str | None) -> bool:
+    if tenant is not None and record.tenant != tenant:
+        return False
+    if not prefix:
+        return True
+    # A prefix of the id or of the shown secret, or a longer piece of the secret pasted in.
+    shown = record.prefix
+    return record.key_id.startswith(prefix) or (
+        bool(shown) and (shown.startswith(prefix) or prefix.startswith(shown))
+    )
 
 
 @router.post("/v1/keys", status_code=201)
@@ -47,15 +67,32 @@ async def create_key(request: Request, body: KeyCreate, caller: AdminDep) -> dic
         tenant=body.tenant,
         name=body.name,
         created_at_s=time.time(),
+        prefix=secret[: len(KEY_PREFIX) + SHOWN_SECRET_CHARS],
     )
-    await request.app.state.services.state.create_api_key(secret, record)
-    return {**_key_view(record), "key": secret}
+    services = request.app.state.services
+    limits = body.limits()
+    if limits != RateLimits():
+        await services.ratelimits.set_limits(key_subject(record.key_id), limits)
+    await services.state.create_api_key(secret, record)
+    return {**_key_view(record, limits), "key": secret}
 
 
 @router.get("/v1/keys")
-async def list_keys(request: Request, caller: AdminDep) -> dict:
-    records = await request.app.state.services.state.list_api_keys()
-    return {"object": "list", "data": [_key_view(r) for r in records]}
+async def list_keys(
+    request: Request, caller: AdminDep, prefix: str | None = None, tenant: str | None = None
+) -> dict:
+    """Keys, optionally those whose id or shown secret starts with `prefix`, or a tenant's."""
+    services = request.app.state.services
+    records = await services.state.list_api_keys()
+    limits = await services.ratelimits.all_limits()
+    return {
+        "object": "list",
+        "data": [
+            _key_view(r, limits.get(key_subject(r.key_id)))
+            for r in records
+            if _matches(r, prefix, tenant)
+        ],
+    }
 
 
 @router.delete("/v1/keys/{key_id}")

@@ -11,11 +11,14 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 from ebb.errors import Conflict, InvalidRequest, NotFound
 from ebb.frontdoor.auth import AdminDep, CallerDep
+from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.queue.schema import DeploymentSpec, RunnerState
 from ebb.runners.engine_fake import is_fake_source
 
 router = APIRouter(prefix="/v1/deployments")
 
+# 1,000,000.00 per unit: far above any real price, far below overflowing a 64-bit sum.
+MAX_PRICE_MICROS = 10**12
 # Last log lines per runner in GET /v1/deployments/{name} (the console's detail view).
 RUNNER_LOG_TAIL_LINES = 20
 
@@ -35,6 +38,19 @@ class DeploymentPatch(BaseModel):
     queue_depth_limit: int | None = Field(None, ge=1, le=100_000)
     admission_timeout_s: float | None = Field(None, gt=0, le=600)
     max_model_len: int | None = Field(None, ge=16)
+    # Billing: the tenant billed for the GPU time, and prices in micros (1_000_000 = 1.00).
+    owner: str | None = Field(
+        None, pattern=TENANT_PATTERN, description="The tenant billed for its GPU time."
+    )
+    price_per_1m_input_tokens_micros: int | None = Field(
+        None, ge=0, le=MAX_PRICE_MICROS, description="What a caller pays per 1M prompt tokens."
+    )
+    price_per_1m_output_tokens_micros: int | None = Field(
+        None, ge=0, le=MAX_PRICE_MICROS, description="What a caller pays per 1M output tokens."
+    )
+    price_per_gpu_second_micros: int | None = Field(
+        None, ge=0, le=MAX_PRICE_MICROS, description="What the owner pays per GPU-second."
+    )
 
 
 class DeploymentCreate(DeploymentPatch):
@@ -82,6 +98,7 @@ async def deployment_view(request: Request, spec: DeploymentSpec) -> dict:
         "status": _summary(counts, status),
         "replicas": counts,
         "queue_depth": queue.depth,
+        "job_queue_depth": queue.job_depth,
         "oldest_wait_s": round(queue.oldest_wait_s, 3),
         "weights": status.get("weights", "unknown"),
         "weights_progress": _weights_progress(status),

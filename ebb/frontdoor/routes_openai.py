@@ -16,6 +16,7 @@ from ebb.errors import EbbError, InvalidRequest, JobError, NotFound
 from ebb.frontdoor.auth import Caller, CallerDep
 from ebb.frontdoor.execution import ClientGone, Running, unless_disconnected
 from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
+from ebb.frontdoor.ratelimit import Reservation
 from ebb.frontdoor.translate import (
     SSE_DONE,
     EndpointKind,
@@ -88,20 +89,27 @@ async def _serve(
         sampling=prepared.sampling,
         tenant=caller.tenant,
         enqueued_at_s=time.time(),
+        key_id=caller.key_id,
+        price_per_1m_input_tokens_micros=spec.price_per_1m_input_tokens_micros,
+        price_per_1m_output_tokens_micros=spec.price_per_1m_output_tokens_micros,
     )
     builder = prepared.builder(request_id, int(time.time()))
     executor = services.executor
+    reservation = await services.limiter.reserve(caller, work)
+    streaming = False
     try:
         running = await unless_disconnected(request, work, executor, executor.admit(work, spec))
+        reservation.ran = True
         services.metrics.observe_admitted(spec.name, running.queued_s)
         if prepared.stream:
+            streaming = True
             return StreamingResponse(
-                _stream(services, running, builder),
+                _stream(services, running, builder, reservation),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
             )
         result = await unless_disconnected(
-            request, work, executor, _collect(services, running, builder)
+            request, work, executor, _collect(services, running, builder, reservation)
         )
         return JSONResponse(result, headers={"X-Request-Id": request_id})
     except ClientGone:
@@ -110,10 +118,16 @@ async def _serve(
     except EbbError as e:
         e.request_id = request_id
         raise
+    finally:
+        if not streaming:  # a stream settles when it ends
+            await asyncio.shield(reservation.settle())
 
 
-async def _collect(services, running: Running, builder: ResponseBuilder) -> dict:
+async def _collect(
+    services, running: Running, builder: ResponseBuilder, reservation: Reservation
+) -> dict:
     async for event in services.executor.events(running):
+        reservation.observe(event)
         if isinstance(event, Progress):
             builder.add(event)
         elif isinstance(event, Finished):
@@ -123,11 +137,14 @@ async def _collect(services, running: Running, builder: ResponseBuilder) -> dict
     raise JobError("the request ended without a result")
 
 
-async def _stream(services, running: Running, builder: ResponseBuilder) -> AsyncIterator[bytes]:
+async def _stream(
+    services, running: Running, builder: ResponseBuilder, reservation: Reservation
+) -> AsyncIterator[bytes]:
     """SSE body; if the client leaves mid-stream, the request is aborted in the engine."""
     finished = False
     try:
         async for event in services.executor.events(running):
+            reservation.observe(event)
             if isinstance(event, Progress):
                 for chunk in builder.chunks_for(event):
                     yield sse_line(chunk)
@@ -147,6 +164,7 @@ async def _stream(services, running: Running, builder: ResponseBuilder) -> Async
             # Shielded: this runs while the response task is being cancelled.
             with contextlib.suppress(Exception):
                 await asyncio.shield(services.executor.cancel(running.work))
+        await asyncio.shield(reservation.settle())
 
 
 async def _json_body(request: Request) -> object:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialWithJitterBackoff
 
 # In-flight requests one frontdoor process can follow at once.
 ASYNC_POOL_MAX = 8192
@@ -11,6 +13,7 @@ ASYNC_POOL_MAX = 8192
 # BLOCK) blocks for at most MAX_BLOCK_S, well inside it.
 SOCKET_TIMEOUT_S = 30.0
 MAX_BLOCK_S = 5.0
+RETRIES = 4
 
 
 def async_client(url: str) -> aioredis.Redis:
@@ -22,6 +25,9 @@ def async_client(url: str) -> aioredis.Redis:
         health_check_interval=30,
         max_connections=ASYNC_POOL_MAX,
         socket_timeout=SOCKET_TIMEOUT_S,
+        # Pooled connections die with a Redis restart; reconnect and retry for a few
+        # seconds (as the blocking client does by default) instead of failing the call.
+        retry=AsyncRetry(ExponentialWithJitterBackoff(base=0.25, cap=2.0), RETRIES),
     )
 
 

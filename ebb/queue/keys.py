@@ -79,3 +79,92 @@ def coldstart(deployment: str) -> str:
 def deployment_status(deployment: str) -> str:
     """Hash: weights state, failure counts, last error of a deployment."""
     return f"{PREFIX}dstatus:{deployment}"
+
+
+# --- billing: ledger, aggregates, export, rate limits, GPU metering ----------------------
+
+GPU_USAGE = PREFIX + "gpu_usage"  # stream: GPU-time segments of runners + hour-close markers
+LEDGER_STATE = PREFIX + "ledger:state"  # hash: consumer cursors per stream, closed_through_ms
+LEDGER_HOURS = PREFIX + "ledger:hours"  # zset: hour start ms of every hour with aggregates
+LEDGER_PENDING = PREFIX + "ledger:pending"  # zset: closed hours whose file is not exported yet
+LEDGER_EXPORTED = PREFIX + "ledger:exported"  # hash: hour start ms -> sha256 of its file
+LEDGER_AGG_PREFIX = PREFIX + "ledger:agg:"  # hash per hour: "tenant|deployment|metric" -> int
+LEDGER_LINES_PREFIX = PREFIX + "ledger:lines:"  # list per hour: booked entries (json), to export
+LEDGER_SEEN_PREFIX = PREFIX + "ledger:seen:"  # hash per UTC day: request id -> 1 (billed once)
+RATE_LIMITS = PREFIX + "ratelimits"  # hash: "key:ID:rpm" / "tenant:T:tpm" ... -> int
+RATE_BUCKET_PREFIX = PREFIX + "rl:"  # hash per subject: token-bucket levels and times
+
+# A rate-limit bucket left alone this long has refilled completely: let it expire.
+RATE_BUCKET_TTL_S = 120
+# Request ids are remembered this long for the billed-once check (two UTC days are read).
+LEDGER_SEEN_TTL_S = 3 * 86400
+
+
+def ledger_aggregates(hour_ms: int) -> str:
+    return f"{LEDGER_AGG_PREFIX}{hour_ms}"
+
+
+def ledger_lines(hour_ms: int) -> str:
+    return f"{LEDGER_LINES_PREFIX}{hour_ms}"
+
+
+def rate_bucket(subject: str) -> str:
+    """Token buckets of one rate-limited subject, "key:ID" or "tenant:NAME"."""
+    return RATE_BUCKET_PREFIX + subject
+
+
+# --- async jobs and webhook deliveries ----------------------------------------------------
+
+JOB_PREFIX = PREFIX + "job:"  # hash per job: JobRecord fields (see job_store)
+JOBS_WAITING = PREFIX + "jobs:waiting"  # zset: job id -> TTL deadline (ms) while queued
+JOBS_WATCH = PREFIX + "jobs:watch"  # set: job ids the collector must look at (claimed, settled)
+JOBS_SIGNAL = PREFIX + "jobs:signal"  # list: a token per job attempt claimed or ended
+DELIVERIES_DUE = PREFIX + "wh:due"  # zset: webhook id -> next attempt (ms) or in-flight lease
+DELIVERIES_SIGNAL = PREFIX + "wh:signal"  # list: a token per new delivery wakes the workers
+DELIVERY_PREFIX = PREFIX + "whd:"  # hash per delivery (one event of one job)
+JOB_QUEUE_PREFIX = PREFIX + "jq:"
+
+# Finished job attempts keep their request record and event stream until the collector has
+# turned them into a job result; a week covers any worker outage worth surviving.
+JOB_ATTEMPT_TTL_S = 7 * 86400
+
+
+def job_queue(deployment: str) -> str:
+    """Sorted set of queued job attempts (request ids), scored by enqueue time (ms).
+
+    Separate from the synchronous queue so that a runner takes jobs only when no
+    synchronous request waits (see claim.lua)."""
+    return JOB_QUEUE_PREFIX + deployment
+
+
+def job(job_id: str) -> str:
+    return JOB_PREFIX + job_id
+
+
+def job_deliveries(job_id: str) -> str:
+    """List of the webhook ids of a job's deliveries, in creation order."""
+    return f"{PREFIX}jobwh:{job_id}"
+
+
+def tenant_jobs(tenant: str) -> str:
+    """Sorted set of a tenant's job ids, all scored 0: ids sort by creation time (lex)."""
+    return f"{PREFIX}jobs:tenant:{tenant}"
+
+
+def job_idempotency(tenant: str, key_digest: str) -> str:
+    """String: 'job id|body digest' for a tenant's Idempotency-Key."""
+    return f"{PREFIX}jobidem:{tenant}:{key_digest}"
+
+
+def delivery(webhook_id: str) -> str:
+    return DELIVERY_PREFIX + webhook_id
+
+
+def delivery_attempts(webhook_id: str) -> str:
+    """List of a delivery's attempt records (json), oldest first."""
+    return f"{PREFIX}wha:{webhook_id}"
+
+
+def webhook_secret(tenant: str) -> str:
+    """Hash: a tenant's current signing secret and the previous one during an overlap."""
+    return f"{PREFIX}whsec:{tenant}"

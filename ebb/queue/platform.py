@@ -41,7 +41,8 @@ _LOST = encode(
 @dataclass(frozen=True)
 class QueueSnapshot:
     depth: int
-    oldest_wait_s: float
+    oldest_wait_s: float  # of synchronous requests and job attempts alike
+    job_depth: int = 0  # async job attempts waiting in the deployment's job queue
 
 
 class PlatformState:
@@ -86,14 +87,16 @@ class PlatformState:
 
     async def queue_snapshot(self, deployment: str) -> QueueSnapshot:
         pipe = self.redis.pipeline(transaction=False)
-        pipe.zcard(keys.queue(deployment))
-        pipe.zrange(keys.queue(deployment), 0, 0, withscores=True)
+        for queue in (keys.queue(deployment), keys.job_queue(deployment)):
+            pipe.zcard(queue)
+            pipe.zrange(queue, 0, 0, withscores=True)
         pipe.time()
-        depth, oldest, (now_s, now_us) = await pipe.execute()
+        depth, oldest, job_depth, oldest_job, (now_s, now_us) = await pipe.execute()
+        enqueued_ms = [head[0][1] for head in (oldest, oldest_job) if head]
         wait_s = 0.0
-        if oldest:
-            wait_s = max(0.0, (now_s * 1000 + now_us / 1000 - oldest[0][1]) / 1000)
-        return QueueSnapshot(depth=depth, oldest_wait_s=wait_s)
+        if enqueued_ms:
+            wait_s = max(0.0, (now_s * 1000 + now_us / 1000 - min(enqueued_ms)) / 1000)
+        return QueueSnapshot(depth=depth, oldest_wait_s=wait_s, job_depth=job_depth)
 
     async def count_scale_up(self, deployment: str, count: int) -> None:
         await self.redis.hincrby(keys.SCALE_DECISIONS, f"{deployment}|up", count)

@@ -48,9 +48,16 @@ class ClaimResult:
 
 class RunnerQueue:
     def __init__(
-        self, client: redis.Redis, runner_id: str, *, lease_ttl_s: float, result_ttl_s: int
+        self,
+        client: redis.Redis,
+        runner_id: str,
+        *,
+        lease_ttl_s: float,
+        result_ttl_s: int,
+        record_usage: bool = True,
     ):
         self._redis = client
+        self._record_usage = record_usage
         self._scripts = Scripts.register(client)
         self.runner_id = runner_id
         self._lease_ttl_ms = int(lease_ttl_s * 1000)
@@ -94,7 +101,13 @@ class RunnerQueue:
 
     def try_drain(self, deployment: str) -> bool:
         return bool(
-            self._scripts.try_drain(keys=[keys.queue(deployment), keys.runner(self.runner_id)])
+            self._scripts.try_drain(
+                keys=[
+                    keys.queue(deployment),
+                    keys.runner(self.runner_id),
+                    keys.job_queue(deployment),
+                ]
+            )
         )
 
     # --- work ------------------------------------------------------------------------
@@ -103,13 +116,18 @@ class RunnerQueue:
         """Block until a request was queued for `deployment` (or timeout_s passed)."""
         self._redis.blpop([keys.queue_signal(deployment)], timeout=max(timeout_s, 0.01))
 
-    def claim(self, deployment: str, max_count: int) -> ClaimResult:
+    def claim(self, deployment: str, max_count: int, max_jobs: int = 0) -> ClaimResult:
+        """Claim up to `max_count` requests; async job attempts fill at most `max_jobs` of
+        those slots, and only when no synchronous request is waiting."""
         claimed, cancelled = self._scripts.claim(
             keys=[
                 keys.queue(deployment),
                 keys.LEASES,
                 keys.runner_cancels(self.runner_id),
                 keys.runner(self.runner_id),
+                keys.job_queue(deployment),
+                keys.JOBS_WATCH,
+                keys.JOBS_SIGNAL,
             ],
             args=[
                 self.runner_id,
@@ -118,6 +136,8 @@ class RunnerQueue:
                 keys.REQUEST_PREFIX,
                 keys.EVENTS_PREFIX,
                 self._claimed_event,
+                max_jobs,
+                keys.SIGNAL_LIST_MAX,
             ],
         )
         work = [decode_work(claimed[i + 1]) for i in range(0, len(claimed), 2)]
@@ -151,8 +171,11 @@ class RunnerQueue:
             state=state,
             runner_id=self.runner_id,
             finished_at_s=time.time(),
+            key_id=work.key_id,
+            price_per_1m_input_tokens_micros=work.price_per_1m_input_tokens_micros,
+            price_per_1m_output_tokens_micros=work.price_per_1m_output_tokens_micros,
         )
-        return bool(
+        done = bool(
             self._scripts.finish(
                 keys=[
                     keys.request(work.request_id),
@@ -167,11 +190,19 @@ class RunnerQueue:
                     encode(event),
                     prompt_tokens,
                     completion_tokens,
-                    self._result_ttl_s,
-                    encode(usage),
+                    # A job's attempt waits for the webhooks worker to collect its result.
+                    keys.JOB_ATTEMPT_TTL_S if work.job_id else self._result_ttl_s,
+                    encode(usage) if self._record_usage else "",
                 ],
             )
         )
+        if done and work.job_id:
+            # A hint only: the collector also looks at every claimed job periodically.
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.rpush(keys.JOBS_SIGNAL, "1")
+            pipe.ltrim(keys.JOBS_SIGNAL, -keys.SIGNAL_LIST_MAX, -1)
+            pipe.execute()
+        return done
 
     def heartbeat(self, held_request_ids: Iterable[str]) -> None:
         """Prove liveness and extend the leases of what this runner holds."""
@@ -190,6 +221,7 @@ class RunnerQueue:
                     keys.queue(deployment),
                     keys.runner(self.runner_id),
                     keys.sleepers(deployment),
+                    keys.job_queue(deployment),
                 ],
                 args=[self.runner_id],
             )

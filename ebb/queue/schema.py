@@ -38,6 +38,12 @@ class WorkItem(msgspec.Struct, kw_only=True, frozen=True):
     sampling: SamplingSpec
     tenant: str = "admin"
     enqueued_at_s: float = 0.0
+    # Set for an async job's attempt: its result is collected by the webhooks worker.
+    job_id: str = ""
+    # Billing: the key that sent it and the token prices in force when it was admitted.
+    key_id: str = ""
+    price_per_1m_input_tokens_micros: int = 0
+    price_per_1m_output_tokens_micros: int = 0
 
 
 class TopLogprob(msgspec.Struct, frozen=True):
@@ -124,6 +130,12 @@ class DeploymentSpec(msgspec.Struct, kw_only=True):
     # None: the model's own context length.
     max_model_len: int | None = None
     created_at_s: float = 0.0
+    # Billing: the tenant billed for the deployment's GPU time, and its prices in integer
+    # micro-units of currency (1_000_000 = 1.00).
+    owner: str = "admin"
+    price_per_1m_input_tokens_micros: int = 0
+    price_per_1m_output_tokens_micros: int = 0
+    price_per_gpu_second_micros: int = 0
 
 
 class RunnerState(enum.StrEnum):
@@ -165,6 +177,8 @@ class ApiKeyRecord(msgspec.Struct, kw_only=True):
     name: str = ""
     created_at_s: float = 0.0
     revoked: bool = False
+    # The first characters of the secret, shown in listings so a key's holder can find it.
+    prefix: str = ""
 
 
 class UsageRecord(msgspec.Struct, kw_only=True):
@@ -176,6 +190,9 @@ class UsageRecord(msgspec.Struct, kw_only=True):
     state: str  # finished | cancelled | failed
     runner_id: str
     finished_at_s: float
+    key_id: str = ""
+    price_per_1m_input_tokens_micros: int = 0
+    price_per_1m_output_tokens_micros: int = 0
 
 
 class ColdStartRecord(msgspec.Struct, kw_only=True):

@@ -48,3 +48,8 @@ class Scripts:
     @classmethod
     def register(cls, client) -> Scripts:
         return cls(**{name: client.register_script(_source(name)) for name in _NAMES})
+
+
+def load_script(client, name: str):
+    """One script of lua/NAME.lua bound to `client`, for modules with scripts of their own."""
+    return client.register_script(_source(name))

@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ebb.billing.gpu import runner_meter
 from ebb.config import Settings
 from ebb.queue.connection import sync_client
 from ebb.queue.runner_side import RunnerQueue
@@ -82,11 +83,13 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
     launched_ms = float(os.environ.get(LAUNCHED_AT_ENV, time.time() * 1000))
     clock = ColdStartClock(launched_ms)
     clock.lap("spawn")
+    client = sync_client(settings.redis_url)
     queue = RunnerQueue(
-        sync_client(settings.redis_url),
+        client,
         runner_id,
         lease_ttl_s=settings.lease_ttl_s,
         result_ttl_s=settings.result_ttl_s,
+        record_usage=settings.metering,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -95,17 +98,20 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
     heartbeat = Heartbeat(queue, settings.heartbeat_interval_s, stop)
     heartbeat.start()
     lifecycle = Lifecycle(queue)
+    meter = runner_meter(settings, client, runner_id, queue.deployment)
     try:
-        return _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat)
+        meter.begin(queue.deployment(deployment) if deployment else None)
+        return _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat, meter)
     except Exception as e:
         log.exception("runner: %s failed", runner_id)
         lifecycle.fail(f"{type(e).__name__}: {e}")
         return 1
     finally:
         heartbeat.done.set()
+        meter.close()
 
 
-def _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat) -> int:
+def _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat, meter) -> int:
     if deployment is None:
         _import_engine_libraries()
         clock.lap("import")
@@ -117,6 +123,7 @@ def _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat) -
     spec = queue.deployment(deployment)
     if spec is None:
         raise RuntimeError(f"deployment {deployment!r} does not exist")
+    meter.assign(spec)
     lifecycle.to(RunnerState.LOADING, deployment=deployment, tier=tier)
     engine, tier = _load_engine(settings, spec, clock, tier)
     clock.lap("engine")

@@ -1,8 +1,9 @@
 """The serving loop of a READY runner: claim, batch, step, stream, finish, drain.
 
 One thread runs it, numbered steps per iteration:
-  1. claim up to the free batch slots (blocking briefly on the queue signal when idle)
-     and collect cancellations meant for this runner;
+  1. claim up to the free batch slots (blocking briefly on the queue signal when idle;
+     async jobs only into slots no synchronous request wants, see `job_slots`) and
+     collect cancellations meant for this runner;
   2. add claimed requests to the engine, abort cancelled ones;
   3. run one engine step and publish every request's new output in one round trip;
   4. finish requests that completed (terminal event + usage, atomically, once);
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -35,6 +37,15 @@ log = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.5
 # How often an idle runner re-reads its deployment (idle timeout, min replicas, deletion).
 _SPEC_REFRESH_S = 2.0
+
+
+def job_slots(max_concurrency: int) -> int:
+    """Batch slots async jobs may hold at once on one runner.
+
+    A quarter of the slots (rounded up) stays free for synchronous requests, which must be
+    claimed within their admission window, while a job can wait hours; a runner with a
+    single slot still runs jobs (claims prefer synchronous requests anyway)."""
+    return max(1, max_concurrency - math.ceil(max_concurrency / 4))
 
 
 class Outcome(enum.Enum):
@@ -98,7 +109,9 @@ class ServingLoop:
         free = 0 if self._draining else self._spec.max_concurrency - len(self.held)
         if free > 0 and not self.held:
             self._queue.wait_for_work(self._spec.name, _IDLE_WAIT_S)
-        result = self._queue.claim(self._spec.name, max(free, 0))
+        held_jobs = sum(1 for h in self.held.values() if h.work.job_id)
+        max_jobs = min(free, job_slots(self._spec.max_concurrency) - held_jobs)
+        result = self._queue.claim(self._spec.name, max(free, 0), max(max_jobs, 0))
         for work in result.claimed:
             self._admit(work)
         for request_id in result.cancelled:

@@ -1,9 +1,9 @@
 -- An idle runner whose engine can sleep parks itself instead of exiting, but only if
--- nothing waits in its queue (the same guard as try_drain).
--- KEYS: 1 queue, 2 runner hash, 3 the deployment's sleeper set
+-- nothing waits in its queues (the same guard as try_drain).
+-- KEYS: 1 queue, 2 runner hash, 3 the deployment's sleeper set, 4 job queue (optional)
 -- ARGV: 1 runner id
 -- Returns 1 when the runner is now sleeping, 0 when it should keep serving.
-if redis.call('ZCARD', KEYS[1]) > 0 then
+if redis.call('ZCARD', KEYS[1]) > 0 or (KEYS[4] and redis.call('ZCARD', KEYS[4]) > 0) then
   return 0
 end
 redis.call('HSET', KEYS[2], 'state', 'sleeping')

@@ -1,0 +1,133 @@
+"""GPU-second metering of runners, from launch to exit, loading and draining included.
+
+The runner meters itself: when it starts (storing who its time is billed to), when a
+pre-warmed runner is assigned a deployment (its pool time ends there), every
+`interval_s` while it lives (so usage shows up while it runs, and a price change applies
+from then on), and once at exit. Live segments end at the runner's last heartbeat, so a
+runner that is SIGKILLed is closed by the controller from that same heartbeat: nothing
+is lost but the time since it, which is under a heartbeat interval (a runner killed before
+its first heartbeat is closed where it was last seen: ready, or launched).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+
+from ebb.config import Settings
+from ebb.queue.metering import POOL_DEPLOYMENT, GpuMeter, GpuMeterScript
+from ebb.queue.schema import DeploymentSpec
+
+log = logging.getLogger(__name__)
+
+# The tenant billed for the pre-warmed pool: the platform operator's own.
+PLATFORM_TENANT = "admin"
+
+
+def gpu_count(environ: Mapping[str, str] = os.environ) -> int:
+    """GPUs reserved for this process: CUDA_VISIBLE_DEVICES' entries, or one (a CPU runner
+    counts as one GPU)."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible in ("", "-1", "NoDevFiles"):
+        return 1
+    return max(1, len([d for d in visible.split(",") if d.strip()]))
+
+
+def meter_for(runner_id: str, spec: DeploymentSpec | None, gpus: int) -> GpuMeter:
+    """Who a runner's time is billed to: its deployment's owner, or the pool's."""
+    if spec is None:
+        return GpuMeter(
+            runner_id=runner_id, deployment=POOL_DEPLOYMENT, tenant=PLATFORM_TENANT, gpu_count=gpus
+        )
+    return GpuMeter(
+        runner_id=runner_id,
+        deployment=spec.name,
+        tenant=spec.owner,
+        gpu_count=gpus,
+        price_per_gpu_second_micros=spec.price_per_gpu_second_micros,
+    )
+
+
+class RunnerMeter(threading.Thread):
+    """Meters one runner process's GPU time (see the module docstring).
+
+    `read_spec(name)` re-reads a deployment, so a price or owner change applies to the
+    next segment; it returns None for a deleted deployment (the last attribution stays).
+    """
+
+    def __init__(
+        self,
+        client,
+        runner_id: str,
+        *,
+        interval_s: float,
+        read_spec: Callable[[str], DeploymentSpec | None],
+        gpus: int | None = None,
+    ):
+        super().__init__(name="gpu-meter", daemon=True)
+        self._script = GpuMeterScript(client)
+        self._runner_id = runner_id
+        self._interval_s = interval_s
+        self._read_spec = read_spec
+        self._gpus = gpu_count() if gpus is None else gpus
+        self._meter = meter_for(runner_id, None, self._gpus)
+        self._done = threading.Event()
+
+    def begin(self, spec: DeploymentSpec | None) -> None:
+        """From launch on, bill to `spec`'s owner (None: the pre-warmed pool)."""
+        self._meter = meter_for(self._runner_id, spec, self._gpus)
+        self._script.switch(self._runner_id, self._meter, end="heartbeat_ms")
+        self.start()
+
+    def assign(self, spec: DeploymentSpec) -> None:
+        """A pre-warmed runner took a deployment: its pool time ends at this heartbeat."""
+        self._meter = meter_for(self._runner_id, spec, self._gpus)
+        self._script.switch(self._runner_id, self._meter, end="heartbeat_ms")
+
+    def run(self) -> None:
+        while not self._done.wait(self._interval_s):
+            try:
+                self._refresh()
+                self._script.switch(self._runner_id, self._meter, end="heartbeat_ms")
+            except Exception:  # a Redis blip: the next segment covers this one's time
+                log.exception("runner: %s GPU metering failed", self._runner_id)
+
+    def close(self) -> None:
+        """The runner recorded its exit: bill up to it, once. Never raises: if this fails,
+        the controller closes the interval from the last heartbeat."""
+        self._done.set()
+        if self.is_alive():
+            self.join()
+        try:
+            self._script.close(self._runner_id, self._meter, end="exited_ms")
+        except Exception:
+            log.exception("runner: %s could not close its GPU metering", self._runner_id)
+
+    def _refresh(self) -> None:
+        if self._meter.deployment == POOL_DEPLOYMENT:
+            return
+        spec = self._read_spec(self._meter.deployment)
+        if spec is not None:
+            self._meter = meter_for(self._runner_id, spec, self._gpus)
+
+
+class NoMeter:
+    """Metering switched off (EBB_METERING=0)."""
+
+    def begin(self, spec: DeploymentSpec | None) -> None: ...
+
+    def assign(self, spec: DeploymentSpec) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def runner_meter(
+    settings: Settings, client, runner_id: str, read_spec: Callable[[str], DeploymentSpec | None]
+) -> RunnerMeter | NoMeter:
+    if not settings.metering:
+        return NoMeter()
+    return RunnerMeter(
+        client, runner_id, interval_s=settings.gpu_meter_interval_s, read_spec=read_spec
+    )

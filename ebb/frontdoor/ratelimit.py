@@ -1,0 +1,110 @@
+"""Rate limits at admission: requests and tokens per minute, per API key and per tenant.
+
+A request reserves one request and its worst case in tokens (prompt + max_tokens × n)
+before it is queued, and settles once it ends: a request that never ran (503, the client
+left while it was queued) gets everything back; one that ran keeps what it really used,
+the engine's counts when it finished, else the prompt and the tokens streamed so far.
+The admin key is never limited.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from ebb.errors import InvalidRequest, RateLimited
+from ebb.frontdoor.auth import Caller
+from ebb.queue.ratelimits import LimitOutcome, RateLimitStore
+from ebb.queue.schema import Finished, Progress, WorkItem
+
+log = logging.getLogger(__name__)
+
+_UNITS = {"rpm": "requests", "tpm": "tokens"}
+
+
+class Reservation:
+    """What one request took from its limits. `settle()` gives back what it did not use."""
+
+    def __init__(self, store: RateLimitStore | None, work: WorkItem, reserved_tokens: int):
+        self._store = store  # None: no limit applies, nothing to settle
+        self._work = work
+        self._reserved_tokens = reserved_tokens
+        self.ran = False  # a runner claimed it
+        self._streamed_tokens = 0
+        self._final_tokens: int | None = None
+        self._settled = False
+
+    def observe(self, event: object) -> None:
+        if isinstance(event, Progress):
+            self._streamed_tokens += sum(c.token_count for c in event.choices)
+        elif isinstance(event, Finished):
+            self._final_tokens = event.prompt_tokens + event.completion_tokens
+
+    async def settle(self) -> None:
+        """Once, whatever happened; never raises."""
+        if self._store is None or self._settled:
+            return
+        self._settled = True
+        if not self.ran:
+            requests, tokens = 1, self._reserved_tokens
+        else:
+            used = self._final_tokens
+            if used is None:
+                used = len(self._work.prompt_token_ids) + self._streamed_tokens
+            requests, tokens = 0, self._reserved_tokens - used
+        if not (requests or tokens):
+            return
+        w = self._work
+        try:
+            await self._store.adjust(w.key_id, w.tenant, requests=requests, tokens=tokens)
+        except Exception:  # the response is what matters; the bucket refills within a minute
+            log.exception("frontdoor: could not settle the rate limits of %s", w.request_id)
+
+
+class RateLimiter:
+    def __init__(self, store: RateLimitStore):
+        self._store = store
+
+    async def reserve(self, caller: Caller, work: WorkItem) -> Reservation:
+        """Reserve for `work`; raises RateLimited (429) or InvalidRequest (400, too large)."""
+        if caller.is_admin:
+            return Reservation(None, work, 0)
+        tokens = worst_case_tokens(work)
+        outcome = await self._store.reserve(caller.key_id, caller.tenant, tokens)
+        if outcome.status == "limited":
+            raise RateLimited(
+                _limited_message(outcome, tokens),
+                retry_after_s=max(1, math.ceil(outcome.wait_ms / 1000)),
+                code="rate_limit_exceeded",
+            )
+        if outcome.status == "too_large":
+            raise InvalidRequest(_too_large_message(outcome, work, tokens), param="max_tokens")
+        return Reservation(self._store if outcome.status == "ok" else None, work, tokens)
+
+
+def worst_case_tokens(work: WorkItem) -> int:
+    return len(work.prompt_token_ids) + work.sampling.max_tokens * work.sampling.n
+
+
+def _who(subject: str) -> str:
+    kind, _, name = subject.partition(":")
+    return f"API key {name}" if kind == "key" else f"tenant {name!r}"
+
+
+def _limited_message(outcome: LimitOutcome, tokens: int) -> str:
+    unit = _UNITS[outcome.kind]
+    wait_s = max(1, math.ceil(outcome.wait_ms / 1000))
+    extra = f" (this request reserves {tokens} tokens)" if outcome.kind == "tpm" else ""
+    return (
+        f"Rate limit reached for {_who(outcome.subject)}: {outcome.limit} {unit} per "
+        f"minute{extra}. Retry after {wait_s} s, or ask for a higher limit."
+    )
+
+
+def _too_large_message(outcome: LimitOutcome, work: WorkItem, tokens: int) -> str:
+    s = work.sampling
+    return (
+        f"This request can use up to {tokens} tokens (prompt {len(work.prompt_token_ids)} + "
+        f"max_tokens {s.max_tokens} × n {s.n}), more than the {outcome.limit} tokens per "
+        f"minute allowed for {_who(outcome.subject)}. Lower max_tokens or shorten the prompt."
+    )

@@ -1,0 +1,315 @@
+"""Async jobs: submit (POST), read (GET), list (GET) and cancel (DELETE) /v1/jobs.
+
+A job is a chat or completions request run without a client waiting: it is checked and
+tokenized like a synchronous one (the same 400s), then queued in its deployment's job
+queue with no admission window, only its TTL. Its result stays retrievable here for
+EBB_JOB_RETENTION_S whether or not its webhook was delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import msgspec
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from ebb.errors import Conflict, InvalidRequest, NotFound
+from ebb.frontdoor.auth import Caller, CallerDep
+from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
+from ebb.frontdoor.translate import Prepared, prepare_chat, prepare_completion
+from ebb.queue.delivery_store import DeliveryStore
+from ebb.queue.job_schema import JobEvent, JobRecord, JobStatus, attempt_request_id
+from ebb.queue.job_store import IdempotencyConflict, JobStore
+from ebb.queue.schema import DeploymentSpec, WorkItem
+from ebb.queue.webhook_secrets import WebhookSecrets
+from ebb.webhooks.collector import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
+from ebb.webhooks.main import delivery_record_ttl_s
+from ebb.webhooks.signing import new_secret
+from ebb.webhooks.ssrf import UnsafeUrl, resolve_target
+from ebb.webhooks.views import current_status, job_view
+
+router = APIRouter(prefix="/v1/jobs")
+
+# DELETE on a running job waits this long for the runner to abort it, so that the answer
+# usually shows the job cancelled (and what it was billed).
+_CANCEL_WAIT_S = 5.0
+_LIST_SCAN_BATCH = 100
+
+MetadataValue = Annotated[str, StringConstraints(max_length=512)]
+
+
+class WebhookSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(min_length=1, max_length=2048)
+    events: list[JobEvent] = Field(default_factory=lambda: list(JobEvent), min_length=1)
+
+
+class JobCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1)
+    endpoint: Literal["chat.completions", "completions"]
+    body: dict[str, Any]
+    webhook: WebhookSpec | None = None
+    metadata: dict[Annotated[str, StringConstraints(max_length=64)], MetadataValue] = Field(
+        default_factory=dict, max_length=16
+    )
+    ttl_s: int | None = Field(None, ge=1)
+
+
+@dataclass(frozen=True)
+class JobServices:
+    jobs: JobStore
+    deliveries: DeliveryStore
+    secrets: WebhookSecrets
+
+
+def job_services(request: Request) -> JobServices:
+    """The job stores of this frontdoor, built once on the shared Redis client."""
+    app_state = request.app.state
+    if getattr(app_state, "job_services", None) is None:
+        services = app_state.services
+        settings = services.settings
+        app_state.job_services = JobServices(
+            jobs=JobStore(
+                services.redis,
+                retention_s=settings.job_retention_s,
+                result_ttl_s=settings.result_ttl_s,
+            ),
+            deliveries=DeliveryStore(services.redis, record_ttl_s=delivery_record_ttl_s(settings)),
+            secrets=WebhookSecrets(services.redis),
+        )
+    return app_state.job_services
+
+
+def new_job_id() -> str:
+    # Ids sort by creation time, which the tenant listing's cursor relies on.
+    return f"job_{int(time.time() * 1000):012x}{uuid.uuid4().hex[:12]}"
+
+
+@router.post("", status_code=202)
+async def submit_job(
+    request: Request,
+    payload: JobCreate,
+    caller: CallerDep,
+    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+) -> JSONResponse:
+    services = request.app.state.services
+    settings = services.settings
+    ttl_s = payload.ttl_s or settings.job_ttl_s
+    if ttl_s > settings.job_max_ttl_s:
+        raise InvalidRequest(
+            f"ttl_s must be at most {settings.job_max_ttl_s}; got {ttl_s}.", param="ttl_s"
+        )
+    spec = await _deployment(services, payload.model)
+    prepared = await _prepare(services, spec, payload)
+    if payload.webhook is not None:
+        try:
+            await resolve_target(payload.webhook.url, settings.webhook_allowed_networks)
+        except UnsafeUrl as e:
+            raise InvalidRequest(str(e), param="webhook.url", code="unsafe_webhook_url") from e
+    stores = job_services(request)
+    # The tenant's signing secret exists before its first event, so it can be read first.
+    await stores.secrets.ensure(caller.tenant, new_secret())
+    record = _new_record(caller, spec, payload, prepared, settings.job_max_attempts)
+    submission = msgspec.json.encode(payload.model_dump(mode="json"), order="sorted")
+    try:
+        job_id, replayed = await stores.jobs.submit(
+            record,
+            ttl_s=ttl_s,
+            idempotency_digest=_digest(idempotency_key.encode()) if idempotency_key else "",
+            submission_digest=_digest(submission),
+        )
+    except IdempotencyConflict as e:
+        raise Conflict(
+            f"The Idempotency-Key was already used for a different submission (job "
+            f"{e.job_id}). Reuse a key only to retry the same submission; send a new key "
+            "for a new job.",
+            code="idempotency_key_reused",
+        ) from e
+    headers = {"Location": f"/v1/jobs/{job_id}"}
+    if replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return JSONResponse(await _view(stores, job_id), status_code=202, headers=headers)
+
+
+@router.get("")
+async def list_jobs(
+    request: Request,
+    caller: CallerDep,
+    status: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: str | None = None,
+) -> dict:
+    """The caller's jobs, newest first; `after` is the last id of the previous page."""
+    if status is not None and status not in JobStatus.__members__.values():
+        raise InvalidRequest(
+            f"status must be one of {', '.join(JobStatus)}; got {status!r}.", param="status"
+        )
+    jobs = job_services(request).jobs
+    found: list[dict] = []
+    cursor = after
+    while len(found) <= limit:
+        ids = await jobs.tenant_job_ids(caller.tenant, before=cursor, count=_LIST_SCAN_BATCH)
+        if not ids:
+            break
+        cursor = ids[-1]
+        records = await jobs.get_many(ids)
+        gone = [i for i, r in zip(ids, records, strict=True) if r is None]
+        await jobs.forget_listed(caller.tenant, gone)
+        live = [r for r in records if r is not None]
+        states = await jobs.attempt_states([r.request_id for r in live])
+        for record, state in zip(live, states, strict=True):
+            current = current_status(record, state)
+            if status is None or current == status:
+                found.append(job_view(record, status=current))
+    page = found[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(found) > limit,
+    }
+
+
+@router.get("/{job_id}")
+async def get_job(request: Request, job_id: str, caller: CallerDep) -> dict:
+    stores = job_services(request)
+    await _owned(stores.jobs, job_id, caller)
+    return await _view(stores, job_id)
+
+
+@router.delete("/{job_id}")
+async def cancel_job(request: Request, job_id: str, caller: CallerDep) -> dict:
+    """Queued: removed, never runs. Running: aborted in the engine, billed for what it
+    generated (the answer shows it settled unless that takes over 5 s). Settled: 409."""
+    stores = job_services(request)
+    await _owned(stores.jobs, job_id, caller)
+    outcome = await stores.jobs.cancel(job_id)
+    if outcome in JobStatus.__members__.values():
+        raise Conflict(
+            f"Job {job_id} already {outcome}; there is nothing to cancel.", code="job_settled"
+        )
+    deadline = time.monotonic() + _CANCEL_WAIT_S
+    while outcome != "withdrawn" and time.monotonic() < deadline:
+        current = await stores.jobs.get(job_id)
+        if current is None or current.status.is_terminal:
+            break
+        await asyncio.sleep(0.05)
+    return await _view(stores, job_id)
+
+
+async def _owned(jobs: JobStore, job_id: str, caller: Caller) -> JobRecord:
+    record = await jobs.get(job_id)
+    if record is None or (record.tenant != caller.tenant and not caller.is_admin):
+        raise NotFound(f"No job {job_id!r}. GET /v1/jobs lists yours.", param="job_id")
+    return record
+
+
+async def _view(stores: JobServices, job_id: str) -> dict:
+    record = await stores.jobs.get(job_id)
+    if record is None:
+        raise NotFound(f"No job {job_id!r}; it has expired.", param="job_id")
+    state = None
+    if not record.status.is_terminal:
+        state = (await stores.jobs.attempt_state(record.request_id)).get("state")
+    return job_view(
+        record,
+        status=current_status(record, state),
+        deliveries=await stores.deliveries.for_job(job_id),
+    )
+
+
+async def _deployment(services, model: str) -> DeploymentSpec:
+    spec = await services.state.get_deployment(model)
+    if spec is None:
+        raise NotFound(
+            f"The model {model!r} does not exist. GET /v1/models lists the deployed models.",
+            param="model",
+            code="model_not_found",
+        )
+    return spec
+
+
+async def _prepare(services, spec: DeploymentSpec, payload: JobCreate) -> Prepared:
+    """Check and tokenize the job's request exactly as the synchronous endpoint would."""
+    body = dict(payload.body)
+    if body.setdefault("model", payload.model) != payload.model:
+        raise InvalidRequest(
+            f"body.model ({body['model']!r}) differs from model ({payload.model!r}); "
+            "leave it out of body.",
+            param="body.model",
+        )
+    if body.get("stream"):
+        raise InvalidRequest(
+            "A job's result is delivered whole (GET /v1/jobs/{id} and its webhook); "
+            "remove stream from body.",
+            param="body.stream",
+        )
+    chat = payload.endpoint == CHAT_ENDPOINT
+    try:
+        parsed = (parse_chat_request if chat else parse_completion_request)(body)
+    except InvalidRequest as e:
+        e.param = f"body.{e.param}" if e.param else "body"
+        raise
+    window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
+    model = await services.catalog.info(spec, wait_s=window_s)
+    try:
+        return await asyncio.to_thread(
+            prepare_chat if chat else prepare_completion,
+            parsed,
+            model.tokenizer,
+            max_model_len=model.max_model_len,
+            max_n=services.settings.max_n,
+        )
+    except InvalidRequest as e:
+        e.param = f"body.{e.param}" if e.param else "body"
+        raise
+
+
+def _new_record(
+    caller: Caller,
+    spec: DeploymentSpec,
+    payload: JobCreate,
+    prepared: Prepared,
+    max_attempts: int,
+) -> JobRecord:
+    job_id = new_job_id()
+    work = WorkItem(
+        request_id=attempt_request_id(job_id, 1),
+        deployment=spec.name,
+        prompt_token_ids=prepared.prompt_token_ids,
+        sampling=prepared.sampling,
+        tenant=caller.tenant,
+        enqueued_at_s=time.time(),
+        job_id=job_id,
+        key_id=caller.key_id,
+        price_per_1m_input_tokens_micros=spec.price_per_1m_input_tokens_micros,
+        price_per_1m_output_tokens_micros=spec.price_per_1m_output_tokens_micros,
+    )
+    webhook = payload.webhook
+    return JobRecord(
+        job_id=job_id,
+        tenant=caller.tenant,
+        deployment=spec.name,
+        endpoint=CHAT_ENDPOINT if payload.endpoint == CHAT_ENDPOINT else COMPLETIONS_ENDPOINT,
+        work=work,
+        request_id=work.request_id,
+        max_attempts=max_attempts,
+        webhook_url=webhook.url if webhook else "",
+        webhook_events=sorted(set(webhook.events)) if webhook else [],
+        metadata=payload.metadata,
+    )
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

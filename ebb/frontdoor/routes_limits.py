@@ -1,0 +1,84 @@
+"""Tenants and their rate limits, and the limits of single API keys (admin key)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from fastapi import APIRouter, Path, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from ebb.errors import NotFound
+from ebb.frontdoor.auth import AdminDep
+from ebb.queue.ratelimits import RateLimits, key_subject, tenant_subject
+
+router = APIRouter(prefix="/v1")
+
+# Tenant names end up in Redis field names and S3 lines: no separators, no spaces.
+TENANT_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
+TenantName = Annotated[str, Path(pattern=TENANT_PATTERN)]
+
+
+class RateLimitsBody(BaseModel):
+    """Limits per minute; null (or absent) means unlimited."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests_per_minute: int | None = Field(None, ge=1, le=10_000_000)
+    tokens_per_minute: int | None = Field(None, ge=1, le=10_000_000_000)
+
+    def limits(self) -> RateLimits:
+        return RateLimits(
+            requests_per_minute=self.requests_per_minute,
+            tokens_per_minute=self.tokens_per_minute,
+        )
+
+
+def _limits_view(subject_kind: str, name: str, limits: RateLimits) -> dict:
+    return {"object": "rate_limits", subject_kind: name, **msgspec.structs.asdict(limits)}
+
+
+@router.get("/tenants")
+async def list_tenants(request: Request, caller: AdminDep) -> dict:
+    """Every tenant that has keys or limits, with its active keys and limits."""
+    services = request.app.state.services
+    active: dict[str, int] = {}
+    for record in await services.state.list_api_keys():
+        active[record.tenant] = active.get(record.tenant, 0) + (not record.revoked)
+    limits = await services.ratelimits.all_limits()
+    for subject in limits:
+        kind, _, name = subject.partition(":")
+        if kind == "tenant":
+            active.setdefault(name, 0)
+    return {
+        "object": "list",
+        "data": [
+            {
+                "object": "tenant",
+                "tenant": name,
+                "active_keys": count,
+                "limits": msgspec.structs.asdict(limits.get(tenant_subject(name)) or RateLimits()),
+            }
+            for name, count in sorted(active.items())
+        ],
+    }
+
+
+@router.put("/tenants/{tenant}/limits")
+async def set_tenant_limits(
+    request: Request, tenant: TenantName, body: RateLimitsBody, caller: AdminDep
+) -> dict:
+    """A tenant's limits, shared by all its keys (each key may have its own as well)."""
+    await request.app.state.services.ratelimits.set_limits(tenant_subject(tenant), body.limits())
+    return _limits_view("tenant", tenant, body.limits())
+
+
+@router.put("/keys/{key_id}/limits")
+async def set_key_limits(
+    request: Request, key_id: str, body: RateLimitsBody, caller: AdminDep
+) -> dict:
+    services = request.app.state.services
+    if not any(r.key_id == key_id for r in await services.state.list_api_keys()):
+        raise NotFound(f"No key with id {key_id!r}. 'ebb keys list' shows them.", param="key_id")
+    await services.ratelimits.set_limits(key_subject(key_id), body.limits())
+    return _limits_view("key", key_id, body.limits())

@@ -1,0 +1,104 @@
+"""Webhook deliveries in Redis: the due schedule, in-flight leases and attempt records.
+
+A delivery is due when its score in the due set is in the past (Redis clock). Taking it
+moves its score to the end of an in-flight lease, so a worker that dies mid-attempt only
+delays it; recording an attempt moves it to its next attempt time or out of the set.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import redis.asyncio as aioredis
+
+from ebb.queue import keys
+from ebb.queue.connection import MAX_BLOCK_S
+from ebb.queue.job_schema import DeliveryAttempt, DeliveryRecord, decode_delivery
+from ebb.queue.job_scripts import JobScripts
+
+
+class DeliveryStore:
+    def __init__(self, client: aioredis.Redis, *, record_ttl_s: int):
+        self.redis = client
+        self._scripts = JobScripts.register(client)
+        self._record_ttl_s = record_ttl_s
+
+    async def claim_due(self, limit: int, *, lease_ms: int, owner: str) -> list[DeliveryRecord]:
+        ids = await self._scripts.delivery_claim(
+            keys=[keys.DELIVERIES_DUE], args=[limit, lease_ms, owner, keys.DELIVERY_PREFIX]
+        )
+        if not ids:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for webhook_id in ids:
+            pipe.hgetall(keys.delivery(webhook_id.decode()))
+        return [r for r in map(decode_delivery, await pipe.execute()) if r is not None]
+
+    async def renew(self, webhook_ids: list[str], *, lease_ms: int, owner: str) -> None:
+        if webhook_ids:
+            await self._scripts.delivery_renew(
+                keys=[keys.DELIVERIES_DUE],
+                args=[lease_ms, owner, keys.DELIVERY_PREFIX, *webhook_ids],
+            )
+
+    async def record(
+        self,
+        webhook_id: str,
+        *,
+        owner: str,
+        attempt: DeliveryAttempt,
+        outcome: str,
+        next_ms: int = 0,
+    ) -> bool:
+        """Record an attempt; outcome 'delivered', 'retry' (at next_ms) or 'failed'."""
+        return bool(
+            await self._scripts.delivery_record(
+                keys=[
+                    keys.delivery(webhook_id),
+                    keys.delivery_attempts(webhook_id),
+                    keys.DELIVERIES_DUE,
+                ],
+                args=[
+                    webhook_id,
+                    owner,
+                    msgspec.json.encode(attempt),
+                    outcome,
+                    next_ms,
+                    attempt.status_code or 0,
+                    attempt.error or "",
+                    self._record_ttl_s,
+                ],
+            )
+        )
+
+    async def seconds_to_next_due(self) -> float | None:
+        """How long until the earliest scheduled delivery is due (0 if overdue)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrange(keys.DELIVERIES_DUE, 0, 0, withscores=True)
+        pipe.time()
+        head, (now_s, now_us) = await pipe.execute()
+        if not head:
+            return None
+        return max(0.0, (head[0][1] - (now_s * 1000 + now_us / 1000)) / 1000)
+
+    async def wait_for_new(self, timeout_s: float) -> None:
+        """Block until a delivery was created (or timeout_s passed)."""
+        timeout_s = min(max(timeout_s, 0.01), MAX_BLOCK_S)
+        await self.redis.blpop([keys.DELIVERIES_SIGNAL], timeout=timeout_s)
+
+    async def for_job(self, job_id: str) -> list[tuple[DeliveryRecord, list[DeliveryAttempt]]]:
+        """A job's deliveries in creation order, each with its attempts, oldest first."""
+        ids = [i.decode() for i in await self.redis.lrange(keys.job_deliveries(job_id), 0, -1)]
+        if not ids:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for webhook_id in ids:
+            pipe.hgetall(keys.delivery(webhook_id))
+            pipe.lrange(keys.delivery_attempts(webhook_id), 0, -1)
+        replies = await pipe.execute()
+        out = []
+        for raw, attempts in zip(replies[::2], replies[1::2], strict=True):
+            record = decode_delivery(raw)
+            if record is not None:
+                decoded = [msgspec.json.decode(a, type=DeliveryAttempt) for a in attempts]
+                out.append((record, decoded))
+        return out

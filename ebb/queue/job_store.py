@@ -1,0 +1,249 @@
+"""Async jobs in Redis: submit, read, list, cancel (frontdoor) and the collector's moves.
+
+Every change of a job is one Lua script (see job_scripts), conditioned on the job's
+current attempt and status, so that the frontdoor, runners, reaper and any number of
+collectors can act on the same job without a lock and none of their moves is lost or
+applied twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+import redis.asyncio as aioredis
+
+from ebb.queue import keys
+from ebb.queue.connection import MAX_BLOCK_S
+from ebb.queue.job_schema import (
+    ANNOUNCED_PREFIX,
+    TERMINAL_STATUSES,
+    JobErrorInfo,
+    JobEvent,
+    JobRecord,
+    decode_job,
+    encode_fields,
+    encode_job,
+)
+from ebb.queue.job_scripts import JobScripts
+from ebb.queue.schema import RequestEvent, WorkItem, decode_event, encode
+
+
+class IdempotencyConflict(Exception):
+    """The Idempotency-Key was used before for a different submission."""
+
+    def __init__(self, job_id: str):
+        super().__init__(job_id)
+        self.job_id = job_id
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """One job event for the job's webhook; an empty body marks it announced without a
+    delivery (the webhook did not subscribe to it)."""
+
+    event: JobEvent
+    webhook_id: str
+    body: str
+
+
+class JobStore:
+    def __init__(self, client: aioredis.Redis, *, retention_s: int, result_ttl_s: int):
+        self.redis = client
+        self._scripts = JobScripts.register(client)
+        self._retention_s = retention_s
+        self._result_ttl_s = result_ttl_s
+
+    # --- frontdoor ---------------------------------------------------------------------
+
+    async def submit(
+        self, record: JobRecord, *, ttl_s: int, idempotency_digest: str, submission_digest: str
+    ) -> tuple[str, bool]:
+        """Store and queue a new job; returns (job id, replayed). With an idempotency
+        digest, a key seen before returns its job, or raises IdempotencyConflict."""
+        key_ttl_s = ttl_s + self._retention_s
+        idempotency_key = keys.job_idempotency(record.tenant, idempotency_digest or "-")
+        fields = encode_job(record)
+        fields.pop("created_ms", None)
+        fields.pop("expires_ms", None)
+        code, job_id = await self._scripts.job_submit(
+            keys=[
+                keys.job(record.job_id),
+                keys.request(record.request_id),
+                keys.job_queue(record.deployment),
+                keys.JOBS_WAITING,
+                keys.tenant_jobs(record.tenant),
+                idempotency_key,
+                keys.queue_signal(record.deployment),
+                keys.WAKE,
+            ],
+            args=[
+                record.job_id,
+                record.request_id,
+                record.deployment,
+                ttl_s * 1000,
+                key_ttl_s,
+                f"{record.job_id}|{submission_digest}" if idempotency_digest else "",
+                submission_digest,
+                keys.SIGNAL_LIST_MAX,
+                encode(record.work),
+                keys.JOB_PREFIX,
+                *(item for pair in fields.items() for item in pair),
+            ],
+        )
+        if code == 3:
+            raise IdempotencyConflict(job_id.decode())
+        return job_id.decode(), code == 2
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        return decode_job(await self.redis.hgetall(keys.job(job_id)))
+
+    async def get_many(self, job_ids: list[str]) -> list[JobRecord | None]:
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hgetall(keys.job(job_id))
+        return [decode_job(raw) for raw in await pipe.execute()]
+
+    async def attempt_state(self, request_id: str) -> dict[str, str]:
+        """The attempt's request record (state, runner, token counts), without its work."""
+        raw = await self.redis.hgetall(keys.request(request_id))
+        return {k.decode(): v.decode() for k, v in raw.items() if k != b"work"}
+
+    async def attempt_states(self, request_ids: list[str]) -> list[str | None]:
+        pipe = self.redis.pipeline(transaction=False)
+        for request_id in request_ids:
+            pipe.hget(keys.request(request_id), "state")
+        return [state.decode() if state else None for state in await pipe.execute()]
+
+    async def attempt_events(self, request_id: str) -> list[RequestEvent]:
+        entries = await self.redis.xrange(keys.events(request_id))
+        return [decode_event(fields[b"e"]) for _, fields in entries]
+
+    async def tenant_job_ids(self, tenant: str, *, before: str | None, count: int) -> list[str]:
+        """A tenant's job ids, newest first, strictly older than `before` when given."""
+        upper = f"({before}" if before else "+"
+        ids = await self.redis.zrevrangebylex(
+            keys.tenant_jobs(tenant), upper, "-", start=0, num=count
+        )
+        return [i.decode() for i in ids]
+
+    async def forget_listed(self, tenant: str, job_ids: list[str]) -> None:
+        """Drop ids whose job records expired from the tenant's listing."""
+        if job_ids:
+            await self.redis.zrem(keys.tenant_jobs(tenant), *job_ids)
+
+    async def cancel(self, job_id: str) -> str:
+        """'missing', a terminal status (nothing to cancel), 'withdrawn' (cancelled now),
+        'aborting' (the runner is asked to abort) or 'pending' (between attempts)."""
+        outcome = await self._scripts.job_cancel(
+            keys=[keys.job(job_id), keys.JOBS_WATCH, keys.JOBS_WAITING],
+            args=[
+                job_id,
+                keys.REQUEST_PREFIX,
+                keys.JOB_QUEUE_PREFIX,
+                keys.RUNNER_CANCELS_PREFIX,
+                *TERMINAL_STATUSES,
+            ],
+        )
+        return outcome.decode()
+
+    # --- collector ---------------------------------------------------------------------
+
+    async def wait_for_activity(self, timeout_s: float) -> None:
+        """Block until a job attempt was claimed or ended (or timeout_s passed)."""
+        timeout_s = min(max(timeout_s, 0.01), MAX_BLOCK_S)
+        if await self.redis.blpop([keys.JOBS_SIGNAL], timeout=timeout_s):
+            await self.redis.delete(keys.JOBS_SIGNAL)  # one pass covers every token
+
+    async def watched(self) -> list[str]:
+        return sorted(member.decode() for member in await self.redis.smembers(keys.JOBS_WATCH))
+
+    async def past_deadline(self, limit: int) -> list[str]:
+        """Jobs still waiting whose TTL deadline passed (Redis clock)."""
+        now_s, now_us = await self.redis.time()
+        now_ms = now_s * 1000 + now_us // 1000
+        ids = await self.redis.zrangebyscore(keys.JOBS_WAITING, "-inf", now_ms, 0, limit)
+        return [i.decode() for i in ids]
+
+    async def expire(self, job_id: str, error: JobErrorInfo) -> str:
+        outcome = await self._scripts.job_expire(
+            keys=[keys.job(job_id), keys.JOBS_WAITING, keys.JOBS_WATCH],
+            args=[job_id, keys.REQUEST_PREFIX, keys.JOB_QUEUE_PREFIX, msgspec.json.encode(error)],
+        )
+        return outcome.decode()
+
+    async def update(self, job_id: str, request_id: str, **fields: object) -> bool:
+        """Change an unsettled job while `request_id` is its current attempt."""
+        encoded = encode_fields(fields)
+        return bool(
+            await self._scripts.job_update(
+                keys=[keys.job(job_id)],
+                args=[
+                    request_id,
+                    len(TERMINAL_STATUSES),
+                    *TERMINAL_STATUSES,
+                    *(item for pair in encoded.items() for item in pair),
+                ],
+            )
+        )
+
+    async def requeue(self, record: JobRecord, work: WorkItem, why: JobErrorInfo) -> int:
+        """Queue `work` as the job's next attempt; 1 done, 0 moved on, -1 cancel requested."""
+        return await self._scripts.job_requeue(
+            keys=[
+                keys.job(record.job_id),
+                keys.request(work.request_id),
+                keys.job_queue(record.deployment),
+                keys.JOBS_WAITING,
+                keys.JOBS_WATCH,
+                keys.queue_signal(record.deployment),
+                keys.WAKE,
+            ],
+            args=[
+                record.job_id,
+                record.request_id,
+                work.request_id,
+                encode(work),
+                record.deployment,
+                keys.JOB_ATTEMPT_TTL_S,
+                keys.SIGNAL_LIST_MAX,
+                msgspec.json.encode(why),
+                record.attempt + 1,
+            ],
+        )
+
+    async def announce(
+        self, record: JobRecord, announcements: list[Announcement], *, delivery_ttl_s: int
+    ) -> int:
+        """Create the deliveries of new events; stop watching the job once it is settled."""
+        events = [(a.event.value, a.webhook_id, a.body) for a in announcements]
+        return await self._scripts.job_announce(
+            keys=[
+                keys.job(record.job_id),
+                keys.job_deliveries(record.job_id),
+                keys.DELIVERIES_DUE,
+                keys.DELIVERIES_SIGNAL,
+                keys.JOBS_WATCH,
+                keys.JOBS_WAITING,
+            ],
+            args=[
+                record.job_id,
+                record.tenant,
+                record.webhook_url,
+                keys.DELIVERY_PREFIX,
+                delivery_ttl_s,
+                self._retention_s,
+                keys.SIGNAL_LIST_MAX,
+                ANNOUNCED_PREFIX,
+                len(TERMINAL_STATUSES),
+                *TERMINAL_STATUSES,
+                *(item for event in events for item in event),
+            ],
+        )
+
+    async def release_attempt(self, request_id: str) -> None:
+        """A collected attempt's record and stream are no longer needed beyond a while."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.expire(keys.request(request_id), self._result_ttl_s)
+        pipe.expire(keys.events(request_id), self._result_ttl_s)
+        await pipe.execute()

@@ -1,0 +1,29 @@
+-- A job past its TTL deadline: if its attempt still waits in the queue (or a claim found
+-- it late and marked it 'expired'), withdraw it and expire the job. A job that started in
+-- time only leaves the waiting set.
+-- KEYS: 1 job hash, 2 waiting zset, 3 watch set
+-- ARGV: 1 job id, 2 request key prefix, 3 job queue key prefix, 4 error (json)
+-- Returns 'expired', or the job's or its attempt's state when it was left alone.
+local job = redis.call('HMGET', KEYS[1], 'status', 'request_id', 'deployment')
+if not job[1] then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  return 'missing'
+end
+if job[1] ~= 'queued' and job[1] ~= 'running' then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  return job[1]
+end
+local rkey = ARGV[2] .. job[2]
+local state = redis.call('HGET', rkey, 'state')
+if state == 'queued' or state == 'expired' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZREM', ARGV[3] .. job[3], job[2])
+  redis.call('HSET', rkey, 'state', 'expired')
+  redis.call('HSET', KEYS[1], 'status', 'expired', 'finished_ms', now, 'error', ARGV[4])
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('SADD', KEYS[3], ARGV[1])
+  return 'expired'
+end
+redis.call('ZREM', KEYS[2], ARGV[1])
+return state or 'none'

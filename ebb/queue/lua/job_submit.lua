@@ -1,0 +1,41 @@
+-- Accept an async job: its record, its first attempt queued in the deployment's job queue
+-- (waking the controller and idle runners like any request), its TTL deadline and its
+-- place in the tenant's listing. With an Idempotency-Key, a key seen before returns the
+-- job it created, or a conflict when the submission differs.
+-- KEYS: 1 job hash, 2 request hash, 3 job queue, 4 waiting zset, 5 tenant index,
+--       6 idempotency key, 7 queue signal list, 8 controller wake list
+-- ARGV: 1 job id, 2 request id, 3 deployment, 4 job ttl ms (queued longer: expired),
+--       5 key ttl s, 6 idempotency value ('' without a key), 7 submission digest,
+--       8 signal list max, 9 work (json), 10 job key prefix, 11.. job field, value pairs
+-- Returns {1, job id} when created, {2, job id} when replayed, {3, job id} on conflict.
+if ARGV[6] ~= '' then
+  local existing = redis.call('GET', KEYS[6])
+  if existing then
+    local sep = string.find(existing, '|', 1, true)
+    local id = string.sub(existing, 1, sep - 1)
+    if redis.call('EXISTS', ARGV[10] .. id) == 1 then
+      if string.sub(existing, sep + 1) == ARGV[7] then return {2, id} end
+      return {3, id}
+    end
+  end
+  redis.call('SET', KEYS[6], ARGV[6], 'EX', tonumber(ARGV[5]))
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[5])
+redis.call('HSET', KEYS[1], unpack(ARGV, 11, #ARGV))
+local deadline = now + tonumber(ARGV[4])
+redis.call('HSET', KEYS[1], 'created_ms', now, 'expires_ms', deadline)
+redis.call('EXPIRE', KEYS[1], ttl)
+redis.call('HSET', KEYS[2], 'work', ARGV[9], 'state', 'queued', 'deployment', ARGV[3],
+  'deadline_ms', deadline, 'enqueued_ms', now, 'job', ARGV[1])
+redis.call('EXPIRE', KEYS[2], ttl)
+redis.call('ZADD', KEYS[3], now, ARGV[2])
+redis.call('ZADD', KEYS[4], deadline, ARGV[1])
+redis.call('ZADD', KEYS[5], 0, ARGV[1])
+local max = tonumber(ARGV[8])
+redis.call('RPUSH', KEYS[7], '1')
+redis.call('LTRIM', KEYS[7], -max, -1)
+redis.call('RPUSH', KEYS[8], ARGV[3])
+redis.call('LTRIM', KEYS[8], -max, -1)
+return {1, ARGV[1]}

@@ -1,0 +1,93 @@
+"""GPU-time metering records on the GPU usage stream, and the script that writes them.
+
+A runner's life, launch to exit, is cut into segments that never overlap and leave no
+gap (lua/meter_gpu.lua keeps a `metered_ms` watermark in the runner's hash). Each segment
+is billed to the attribution (`GpuMeter`) in force while it ran: the pre-warmed pool
+before an assignment, the deployment's owning tenant after it. The ledger consumer's
+hour closes are written on the same stream (`HourClosed`), so a replay books every
+segment where the consumer booked it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+import msgspec
+
+from ebb.queue import keys
+from ebb.queue.scripts import load_script
+
+# The deployment a pre-warmed runner's time is billed to until it is assigned one.
+POOL_DEPLOYMENT = "(pool)"
+# Where a segment ends, from the runner's hash: its last heartbeat, its recorded exit, or
+# its last sign of life (a runner killed before its first heartbeat ends where it was last
+# seen: ready, or launched).
+EndField = Literal["heartbeat_ms", "exited_ms", "heartbeat_ms,ready_ms,launched_ms"]
+LAST_SIGN_OF_LIFE: EndField = "heartbeat_ms,ready_ms,launched_ms"
+
+
+class GpuMeter(msgspec.Struct, kw_only=True, frozen=True):
+    """Who a runner's GPU time is billed to, and at which price."""
+
+    runner_id: str
+    deployment: str  # POOL_DEPLOYMENT while a pre-warmed runner waits for an assignment
+    tenant: str
+    gpu_count: int = 1  # a CPU runner counts as one
+    price_per_gpu_second_micros: int = 0
+
+
+class GpuSegment(msgspec.Struct, kw_only=True, frozen=True):
+    meter: GpuMeter
+    start_ms: int
+    end_ms: int
+
+    @property
+    def duration_ms(self) -> int:
+        return self.end_ms - self.start_ms
+
+
+class HourClosed(msgspec.Struct, kw_only=True, frozen=True):
+    """Every hour before `closed_through_ms` is final; later arrivals book after it."""
+
+    closed_through_ms: int
+
+
+_meter_decoder = msgspec.json.Decoder(GpuMeter)
+
+
+def decode_gpu_entry(fields: Mapping[bytes, bytes]) -> GpuSegment | HourClosed:
+    """One entry of the GPU usage stream; raises ValueError when it is neither kind."""
+    try:
+        if b"c" in fields:
+            return HourClosed(closed_through_ms=int(fields[b"c"]))
+        return GpuSegment(
+            meter=_meter_decoder.decode(fields[b"g"]),
+            start_ms=int(fields[b"s"]),
+            end_ms=int(fields[b"e"]),
+        )
+    except (KeyError, msgspec.DecodeError) as e:
+        raise ValueError(f"not a GPU usage entry: {dict(fields)!r}") from e
+
+
+class GpuMeterScript:
+    """meter_gpu.lua bound to a client: a sync client returns results, an async one
+    returns awaitables."""
+
+    def __init__(self, client):
+        self._script = load_script(client, "meter_gpu")
+
+    def switch(self, runner_id: str, meter: GpuMeter, *, end: int | EndField):
+        """Bill the time up to `end` to the attribution so far, then bill to `meter`."""
+        return self._call(runner_id, end, meter, "switch", close=False)
+
+    def close(self, runner_id: str, meter: GpuMeter, *, end: int | EndField):
+        """Bill the rest up to `end` and stop metering; `meter` is used only when the
+        runner never stored an attribution of its own (it died before its first meter)."""
+        return self._call(runner_id, end, meter, "fallback", close=True)
+
+    def _call(self, runner_id: str, end, meter: GpuMeter, mode: str, *, close: bool):
+        return self._script(
+            keys=[keys.runner(runner_id), keys.GPU_USAGE],
+            args=[end, msgspec.json.encode(meter), mode, "1" if close else "0"],
+        )

@@ -1,0 +1,96 @@
+"""Rate limits in Redis: per API key and per tenant, requests and tokens per minute.
+
+Limits are configured per subject ("key:ID" or "tenant:NAME"); the buckets that enforce
+them live in lua/ratelimit.lua, which checks and takes from a key's and its tenant's
+buckets in one atomic step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+import redis.asyncio as aioredis
+
+from ebb.queue import keys
+from ebb.queue.scripts import load_script
+
+_KINDS = {"rpm": "requests_per_minute", "tpm": "tokens_per_minute"}
+
+
+class RateLimits(msgspec.Struct, kw_only=True, frozen=True):
+    requests_per_minute: int | None = None  # None: unlimited
+    tokens_per_minute: int | None = None
+
+
+@dataclass(frozen=True)
+class LimitOutcome:
+    status: str  # "none" (no limit applies), "ok", "limited" or "too_large"
+    subject: str = ""  # the subject whose limit refused it
+    kind: str = ""  # "rpm" or "tpm"
+    wait_ms: int = 0  # "limited": until the bucket holds enough
+    limit: int = 0
+
+
+def key_subject(key_id: str) -> str:
+    return f"key:{key_id}"
+
+
+def tenant_subject(tenant: str) -> str:
+    return f"tenant:{tenant}"
+
+
+class RateLimitStore:
+    def __init__(self, client: aioredis.Redis):
+        self._redis = client
+        self._script = load_script(client, "ratelimit")
+
+    async def reserve(self, key_id: str, tenant: str, tokens: int) -> LimitOutcome:
+        """Take one request and `tokens` from the key's and the tenant's buckets, or none."""
+        reply = await self._call(key_id, tenant, "reserve", 1, tokens)
+        status = reply[0].decode()
+        if status == "limited":
+            return LimitOutcome(
+                status, reply[1].decode(), reply[2].decode(), int(reply[3]), int(reply[4])
+            )
+        if status == "too_large":
+            return LimitOutcome(status, reply[1].decode(), reply[2].decode(), limit=int(reply[3]))
+        return LimitOutcome(status)
+
+    async def adjust(self, key_id: str, tenant: str, *, requests: int, tokens: int) -> None:
+        """Give back what a reservation did not use (negative: take what it overran)."""
+        await self._call(key_id, tenant, "adjust", requests, tokens)
+
+    async def _call(self, key_id: str, tenant: str, mode: str, requests: int, tokens: int):
+        key, tenant_ = key_subject(key_id), tenant_subject(tenant)
+        return await self._script(
+            keys=[keys.RATE_LIMITS, keys.rate_bucket(key), keys.rate_bucket(tenant_)],
+            args=[key, tenant_, mode, requests, tokens, keys.RATE_BUCKET_TTL_S],
+        )
+
+    async def set_limits(self, subject: str, limits: RateLimits) -> None:
+        pipe = self._redis.pipeline(transaction=True)
+        for kind, attribute in _KINDS.items():
+            value = getattr(limits, attribute)
+            if value is None:
+                pipe.hdel(keys.RATE_LIMITS, f"{subject}:{kind}")
+            else:
+                pipe.hset(keys.RATE_LIMITS, f"{subject}:{kind}", str(value))
+        # A changed limit starts from a full bucket of its new size.
+        pipe.delete(keys.rate_bucket(subject))
+        await pipe.execute()
+
+    async def all_limits(self) -> dict[str, RateLimits]:
+        """{subject: its limits} for every subject with at least one limit."""
+        fields: dict[str, dict[str, int]] = {}
+        for name, value in (await self._redis.hgetall(keys.RATE_LIMITS)).items():
+            subject, _, kind = name.decode().rpartition(":")
+            fields.setdefault(subject, {})[_KINDS[kind]] = int(value)
+        return {subject: RateLimits(**values) for subject, values in fields.items()}
+
+    async def limits(self, subject: str) -> RateLimits:
+        rpm, tpm = await self._redis.hmget(keys.RATE_LIMITS, f"{subject}:rpm", f"{subject}:tpm")
+        return RateLimits(
+            requests_per_minute=int(rpm) if rpm else None,
+            tokens_per_minute=int(tpm) if tpm else None,
+        )
