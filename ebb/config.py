@@ -193,9 +193,9 @@ class Settings(BaseSettings):
 
     @field_validator("weights_fetch_concurrency", "weights_fetch_attempts")
     @classmethod
-    def _at_least_one(cls, value: int) -> int:
+    def _fetch_counts(cls, value: int, info: ValidationInfo) -> int:
         if not 1 <= value <= 256:
-            raise ValueError("EBB_WEIGHTS_FETCH_CONCURRENCY and _ATTEMPTS must be in [1, 256]")
+            raise ValueError(f"EBB_{info.field_name.upper()} must be in [1, 256]")
         return value
 
     @field_validator("weights_fetch_part_bytes")
