@@ -11,13 +11,17 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import logging
 import os
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ebb.errors import WeightsCorrupt
 from ebb.weights_cache.manifest import FileEntry
+
+logger = logging.getLogger(__name__)
 
 _CHUNK_BYTES = 8 * 1024 * 1024
 
@@ -132,3 +136,19 @@ def digest_file(
         if want is not None and actual[what] != want:
             return entry, f"{name}: {what} is {actual[what]}, the source says {want}"
     return entry, None
+
+
+def fetch_until_verified(fetch_round: Callable[[], list[str]], uri: str, hint: str) -> None:
+    """Run `fetch_round` once more if it reports mismatches (it drops those files, so the
+    next round fetches them again): bytes can be damaged in transit. A second mismatch is
+    the source disagreeing with its own checksums: WeightsCorrupt, with `hint`."""
+    problems = fetch_round()
+    if not problems:
+        return
+    logger.warning("weights: refetching from %s: %s", uri, "; ".join(problems))
+    problems = fetch_round()
+    if problems:
+        raise WeightsCorrupt(
+            f"{uri}: fetched twice, and the bytes never matched what the source states for "
+            f"them: {'; '.join(problems)}. {hint}"
+        )

@@ -26,13 +26,12 @@ from pathlib import Path
 
 from ebb.errors import (
     WeightsAuthError,
-    WeightsCorrupt,
     WeightsError,
     WeightsNotFound,
     WeightsTransientError,
 )
 from ebb.weights_cache.backend import Version, wanted
-from ebb.weights_cache.checksums import Expected, digest_file
+from ebb.weights_cache.checksums import Expected, digest_file, fetch_until_verified
 from ebb.weights_cache.manifest import FileEntry, Progress
 from ebb.weights_cache.options import CacheOptions
 from ebb.weights_cache.retry import with_retries
@@ -91,18 +90,13 @@ class HfBackend:
         files = self._list(source, commit)
         started = time.monotonic()
         entries: dict[str, FileEntry] = {}
-        for attempt in (1, 2):
+
+        def fetch_round() -> list[str]:
             with _report_sizes(dest, sum(f.size_bytes for f in files), progress):
                 self._download(source, commit, [f.name for f in files], dest)
-            bad = _verify(dest, files, entries)
-            if not bad:
-                break
-            if attempt == 2:
-                raise WeightsCorrupt(
-                    f"{source.uri}: downloaded twice and the files never matched the Hub's "
-                    f"listing: {'; '.join(bad)}"
-                )
-            logger.warning("weights: refetching from %s: %s", source.uri, "; ".join(bad))
+            return _verify(dest, files, entries)
+
+        fetch_until_verified(fetch_round, source.uri, "Check the repository on the Hub.")
         shutil.rmtree(dest / ".cache", ignore_errors=True)  # the Hub client's bookkeeping
         logger.info(
             "weights: fetched %s at %s: %d files, %d bytes in %.1fs",

@@ -24,13 +24,17 @@ from pathlib import Path
 
 from ebb.errors import (
     WeightsAuthError,
-    WeightsCorrupt,
     WeightsError,
     WeightsNotFound,
     WeightsTransientError,
 )
 from ebb.weights_cache.backend import Version, wanted
-from ebb.weights_cache.checksums import Expected, b64_to_hex, digest_file
+from ebb.weights_cache.checksums import (
+    Expected,
+    b64_to_hex,
+    digest_file,
+    fetch_until_verified,
+)
 from ebb.weights_cache.manifest import FileEntry, Progress
 from ebb.weights_cache.options import CacheOptions
 from ebb.weights_cache.ranged import RangedDownload, RemoteFile, forget, journal_path
@@ -107,20 +111,17 @@ class S3Backend:
         entries: dict[str, FileEntry] = {}
         todo = list(objects)
         started = time.monotonic()
-        for attempt in (1, 2):
+
+        def fetch_round() -> list[str]:
+            nonlocal todo
             bad = self._download(source, todo, dest, meter, entries)
-            if not bad:
-                break
-            if attempt == 2:
-                raise WeightsCorrupt(
-                    f"{source.uri}: downloaded twice, and the bytes never matched what S3 "
-                    f"states for them: {'; '.join(bad.values())}. Re-upload the object."
-                )
-            logger.warning("weights: refetching %s: %s", source.uri, "; ".join(bad.values()))
             todo = [o for o in objects if o.name in bad]
             for obj in todo:
                 forget(dest, obj.name)
                 meter.add(-obj.size_bytes)
+            return list(bad.values())
+
+        fetch_until_verified(fetch_round, source.uri, "Upload the object again.")
         # Kept until every file passed, so a fetch killed after some did resumes them too.
         for obj in objects:
             journal_path(dest, obj.name).unlink(missing_ok=True)
