@@ -88,7 +88,6 @@ class RangedDownload:
         self.options = options
         self.on_bytes = on_bytes
         self.on_complete = on_complete
-        self.resumed_bytes = 0
         self._stop = threading.Event()
 
     def run(self) -> None:
@@ -133,7 +132,6 @@ class RangedDownload:
             logger.info(
                 "weights: resuming %s: %d of %d bytes", remote.source, resumed, remote.size_bytes
             )
-            self.resumed_bytes += resumed
             self.on_bytes(resumed)
         todo = [i for i in range(parts) if i not in done] if remote.size_bytes else []
         return _FileState(remote, fd, journal, todo, remaining=len(todo))
