@@ -160,6 +160,7 @@ def bench_fetch(model_dir: Path, work: Path, streams: list[int], rounds: int) ->
                     runs.append(run)
             results[link] = _summarize_fetch(runs, streams)
         capped.close()
+        shutil.rmtree(work / "fetch-cache", ignore_errors=True)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -5,6 +5,8 @@ by a real vLLM runner from that cache, and asked about France through the openai
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from support import Platform, temp_home, wait_until
 from weights_support import MotoS3, upload_dir
@@ -28,6 +30,7 @@ def stack(default_local_model):
     yield platform, default_local_model, uploaded
     assert platform.stop() == 0
     s3.stop()
+    shutil.rmtree(home / "cache", ignore_errors=True)  # 270 MB; the logs stay for debugging
 
 
 @pytest.fixture(scope="module")
