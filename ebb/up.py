@@ -152,10 +152,11 @@ async def _deploy_default(settings: Settings) -> None:
 
 
 def _prepare_default_weights(settings: Settings) -> None:
-    from ebb.weights_cache import ensure
+    from ebb.weights_cache import CacheOptions, ensure
 
     with console.status("preparing the default model's weights (first run converts GGUF)"):
-        model = ensure(DEFAULT_MODEL_SOURCE, settings.weights_dir)
+        options = CacheOptions.from_settings(settings)
+        model = ensure(DEFAULT_MODEL_SOURCE, settings.weights_dir, options=options)
     console.print(f"weights ready: {model.path}")
 
 

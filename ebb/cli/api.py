@@ -64,6 +64,18 @@ class Api:
             self._refused(response)
         return _json_of(response)
 
+    def get_if_allowed(self, path: str) -> dict | None:
+        """GET `path`, or None when this key may not (admin-only views in mixed output)."""
+        try:
+            response = httpx.get(self.base_url + path, headers=self._headers, timeout=60)
+        except httpx.HTTPError as e:
+            self._unreachable(e)
+        if response.status_code in (401, 403):
+            return None
+        if response.status_code >= 400:
+            self._refused(response)
+        return _json_of(response)
+
     @contextmanager
     def stream(self, method: str, path: str, **kwargs: Any) -> Iterator[httpx.Response]:
         """An open streaming response; refusals and network errors exit like `call`."""

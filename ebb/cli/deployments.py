@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import typer
 from rich.table import Table
 
-from ebb.cli.api import EXIT_REFUSED, EXIT_USAGE, Api, JsonOpt, console, err_console, print_json
+from ebb.cli.api import EXIT_USAGE, Api, JsonOpt, console, err_console, print_json
+from ebb.cli.weights import print_cache, wait_for_weights
 
 deployments_app = typer.Typer(
     help="List deployments; show or delete one.", invoke_without_command=True
@@ -57,24 +56,11 @@ def deploy(
         },
     )
     if wait:
-        body = _wait_for_weights(api, name)
+        body = wait_for_weights(api, name)
     if as_json:
         print_json(body)
     else:
         console.print(f"deployed [bold]{name}[/] ({body['status']}); call it as model={name!r}")
-
-
-def _wait_for_weights(api: Api, name: str, timeout_s: float = 1800) -> dict:
-    deadline = time.monotonic() + timeout_s
-    with err_console.status(f"preparing weights of {name}"):
-        while True:
-            body = api.call("GET", f"/v1/deployments/{name}")
-            if body["weights"] in ("ready", "unknown") or time.monotonic() > deadline:
-                return body
-            if body["weights"] == "failed":
-                err_console.print(f"[red]weights failed:[/] {body['error']}")
-                raise typer.Exit(EXIT_REFUSED)
-            time.sleep(0.5)
 
 
 def scale(
@@ -121,10 +107,12 @@ def remove_deployment(name: str) -> None:
 
 
 def status(as_json: bool = JsonOpt) -> None:
-    """The platform at a glance: deployments, runners, cold starts."""
-    body = Api().call("GET", "/v1/deployments")
+    """The platform at a glance: deployments, runners, cold starts, the weight cache."""
+    api = Api()
+    body = api.call("GET", "/v1/deployments")
+    cache = api.get_if_allowed("/v1/weights")  # the admin's view; tenants see the rest
     if as_json:
-        print_json(body)
+        print_json({**body, "weights_cache": cache})
         return
     console.print(_deployments_table(body["data"]))
     runners = Table("deployment", "runner", "state", "tier", "pid", "error")
@@ -138,3 +126,5 @@ def status(as_json: bool = JsonOpt) -> None:
         if d["error"]:
             console.print(f"[red]{d['name']}: {d['error']}")
     console.print(runners)
+    if cache is not None:
+        print_cache(cache)

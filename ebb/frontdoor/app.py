@@ -25,6 +25,7 @@ from ebb.frontdoor import (
     routes_status,
     routes_usage,
     routes_webhooks,
+    routes_weights,
 )
 from ebb.frontdoor.catalog import ModelCatalog
 from ebb.frontdoor.execution import Executor
@@ -36,6 +37,7 @@ from ebb.queue.ledger import LedgerStore
 from ebb.queue.platform import PlatformState
 from ebb.queue.ratelimits import RateLimitStore
 from ebb.queue.requests import RequestQueue
+from ebb.weights_cache import CacheOptions
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +70,8 @@ def build_services(settings: Settings) -> Services:
         state=state,
         queue=queue,
         executor=Executor(settings, queue, state),
-        catalog=ModelCatalog(settings.weights_dir, state),
-        metrics=Metrics(),
+        catalog=ModelCatalog(settings.weights_dir, state, CacheOptions.from_settings(settings)),
+        metrics=Metrics(settings.weights_dir, settings.weights_cache_bytes),
         limiter=RateLimiter(ratelimits),
         ratelimits=ratelimits,
         ledger=LedgerStore(client),
@@ -98,6 +100,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_webhooks.router)
     app.include_router(routes_status.router)
     app.include_router(routes_console.router)
+    app.include_router(routes_weights.router)
     _install_error_handlers(app)
 
     @app.middleware("http")

@@ -3,13 +3,16 @@ its tokenizer (to render chats, count and check prompt tokens) and its context l
 
 Weights are prepared (fetched or converted into the weight cache) once per source, in a
 worker thread, when a deployment is created or first used; the deployment's status shows
-the progress. Requests that arrive meanwhile wait for it within their admission window.
+the phase and fraction done (`weights_phase`, `weights_progress`). Requests that arrive
+meanwhile wait for it within their admission window.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,8 +21,12 @@ from ebb.frontdoor.tokenizer import ByteTokenizer, HfPromptTokenizer, PromptToke
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec
 from ebb.runners.engine_fake import FakeModel, is_fake_source
+from ebb.weights_cache import CacheOptions
 
 log = logging.getLogger(__name__)
+
+# How often preparation progress is written into the deployment's status.
+_PROGRESS_PUSH_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -28,10 +35,30 @@ class ModelInfo:
     max_model_len: int
 
 
+class _LatestProgress:
+    """The newest (phase, fraction) a preparing thread reported; read by the event loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._value: tuple[str, float] | None = None
+
+    def update(self, phase: str, fraction: float) -> None:
+        with self._lock:
+            self._value = (phase, fraction)
+
+    def take(self) -> tuple[str, float] | None:
+        with self._lock:
+            value, self._value = self._value, None
+            return value
+
+
 class ModelCatalog:
-    def __init__(self, weights_dir: Path, state: PlatformState):
+    def __init__(
+        self, weights_dir: Path, state: PlatformState, options: CacheOptions | None = None
+    ):
         self._weights_dir = weights_dir
         self._state = state
+        self._options = options or CacheOptions()
         self._loading: dict[str, asyncio.Task[tuple[PromptTokenizer, int]]] = {}
 
     def prepare(self, spec: DeploymentSpec) -> asyncio.Task:
@@ -57,9 +84,13 @@ class ModelCatalog:
     async def _load(self, spec: DeploymentSpec) -> tuple[PromptTokenizer, int]:
         if is_fake_source(spec.source):
             return ByteTokenizer(), FakeModel.parse(spec.source).max_model_len
-        await self._state.set_deployment_status(spec.name, weights="preparing")
+        await self._state.set_deployment_status(
+            spec.name, weights="preparing", weights_phase="", weights_progress=0
+        )
+        progress = _LatestProgress()
+        pusher = asyncio.create_task(self._push_progress(spec.name, progress))
         try:
-            result = await asyncio.to_thread(self._load_blocking, spec.source)
+            result = await asyncio.to_thread(self._load_blocking, spec.source, progress.update)
         except WeightsError as e:
             await self._state.set_deployment_status(
                 spec.name, weights="failed", weights_error=e.message
@@ -71,11 +102,32 @@ class ModelCatalog:
                 spec.name, weights="failed", weights_error=str(e)
             )
             raise WeightsError(f"Preparing the weights of {spec.name!r} failed: {e}") from e
-        await self._state.set_deployment_status(spec.name, weights="ready", weights_error="")
+        finally:
+            pusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pusher  # no stale progress may land after the final status
+        await self._state.set_deployment_status(
+            spec.name, weights="ready", weights_error="", weights_progress=1
+        )
         return result
 
-    def _load_blocking(self, source: str) -> tuple[PromptTokenizer, int]:
-        from ebb.weights_cache import ensure
+    async def _push_progress(self, name: str, progress: _LatestProgress) -> None:
+        while True:
+            await asyncio.sleep(_PROGRESS_PUSH_S)
+            latest = progress.take()
+            if latest is not None:
+                phase, fraction = latest
+                await self._state.set_deployment_status(
+                    name, weights_phase=phase, weights_progress=round(fraction, 4)
+                )
 
-        model = ensure(source, self._weights_dir)
-        return HfPromptTokenizer.from_dir(model.path), model.max_model_len
+    def _load_blocking(self, source: str, progress) -> tuple[PromptTokenizer, int]:
+        from ebb.weights_cache import ensure, release
+
+        # Held while the tokenizer is read, so an eviction cannot pull the files away.
+        model = ensure(source, self._weights_dir, progress, options=self._options, hold=True)
+        progress("tokenizer", 0.0)
+        try:
+            return HfPromptTokenizer.from_dir(model.path), model.max_model_len
+        finally:
+            release(model)

@@ -6,6 +6,9 @@ Redis at scrape time, so they describe every process of the platform, not just t
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -17,7 +20,11 @@ _COLD_START_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(
+        self, weights_dir: Path | None = None, weights_budget_bytes: int | None = None
+    ) -> None:
+        self.weights_dir = weights_dir
+        self.weights_budget_bytes = weights_budget_bytes
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "ebb_http_requests",
@@ -59,7 +66,12 @@ class Metrics:
     async def render(self, state: PlatformState) -> bytes:
         await self._observe_cold_starts(state)
         scraped = CollectorRegistry(auto_describe=False)
-        scraped.register(_Families(await _platform_families(state)))
+        families = await _platform_families(state)
+        if self.weights_dir is not None:
+            families += await asyncio.to_thread(
+                _weights_families, self.weights_dir, self.weights_budget_bytes
+            )
+        scraped.register(_Families(families))
         return generate_latest(self.registry) + generate_latest(scraped)
 
 
@@ -105,3 +117,32 @@ async def _platform_families(state: PlatformState) -> list:
     for (dep, direction), n in sorted((await state.scale_decisions()).items()):
         decisions.add_metric([dep, direction], n)
     return [runners, depth, cold, decisions]
+
+
+def _weights_families(weights_dir: Path, budget_bytes: int | None) -> list:
+    """The local weight cache: bytes held, models by state, evictions so far."""
+    from ebb.weights_cache import cache_report
+
+    report = cache_report(weights_dir, budget_bytes)
+    used = GaugeMetricFamily("ebb_weights_cache_bytes", "Bytes the weight cache holds")
+    used.add_metric([], report.used_bytes)
+    models = GaugeMetricFamily(
+        "ebb_weights_cache_models", "Cached models by state", labels=["state"]
+    )
+    states = {"in_use": 0, "idle": 0, "partial": 0}
+    for entry in report.entries:
+        states["partial" if entry.partial else "in_use" if entry.in_use else "idle"] += 1
+    for name, count in states.items():
+        models.add_metric([name], count)
+    evictions = CounterMetricFamily(
+        "ebb_weights_evictions", "Models evicted from the weight cache to stay under budget"
+    )
+    evictions.add_metric([], report.evictions_total)
+    evicted = CounterMetricFamily("ebb_weights_evicted_bytes", "Bytes evicted from the cache")
+    evicted.add_metric([], report.evicted_bytes_total)
+    families = [used, models, evictions, evicted]
+    if budget_bytes is not None:
+        budget = GaugeMetricFamily("ebb_weights_cache_budget_bytes", "EBB_WEIGHTS_CACHE_BYTES")
+        budget.add_metric([], budget_bytes)
+        families.append(budget)
+    return families

@@ -101,6 +101,7 @@ async def deployment_view(request: Request, spec: DeploymentSpec) -> dict:
         "job_queue_depth": queue.job_depth,
         "oldest_wait_s": round(queue.oldest_wait_s, 3),
         "weights": status.get("weights", "unknown"),
+        "weights_progress": _weights_progress(status),
         "error": status.get("error") or status.get("weights_error") or None,
         "error_log": status.get("error_log") or None,
         "cold_start_ms": await state.cold_start_ms(spec.name),
@@ -117,6 +118,18 @@ async def deployment_view(request: Request, spec: DeploymentSpec) -> dict:
             for r in runners
         ],
     }
+
+
+def _weights_progress(status: dict[str, str]) -> dict | None:
+    """While weights are prepared: the phase (download, convert, hash, verify, publish,
+    tokenizer) and the fraction of it done."""
+    if status.get("weights") != "preparing":
+        return None
+    try:
+        fraction = float(status.get("weights_progress") or 0)
+    except ValueError:
+        fraction = 0.0
+    return {"phase": status.get("weights_phase") or "starting", "fraction": fraction}
 
 
 def _summary(counts: dict[str, int], status: dict[str, str]) -> str:

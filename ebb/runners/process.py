@@ -222,16 +222,21 @@ def _load_engine(
         options = EngineOptions(model_path=None, max_model_len=max_len)
         return FakeEngine.load(spec.source, options), tier
     from ebb.runners import engine_vllm
-    from ebb.weights_cache import ensure
+    from ebb.weights_cache import CacheOptions, ensure
 
     engine_vllm.preload()
     clock.lap("import")
-    fetched: list[str] = []
+    phases: set[str] = set()
+    # Held until this process exits: a model a live runner serves is never evicted.
     model = ensure(
-        spec.source, settings.weights_dir, progress=lambda phase, _: fetched.append(phase)
+        spec.source,
+        settings.weights_dir,
+        progress=lambda phase, _: phases.add(phase),
+        options=CacheOptions.from_settings(settings),
+        hold=True,
     )
     clock.lap("weights")
-    if fetched and tier == "fresh":
+    if phases & {"download", "convert"} and tier == "fresh":
         tier = "fresh_fetch"
     options = EngineOptions(
         model_path=model.path,

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from ebb.errors import WeightsError, WeightsNotFound
+from ebb.weights_cache.backend import Version
 from ebb.weights_cache.manifest import Progress, check_hf_layout, max_model_len
 from ebb.weights_cache.sources import GgufSource
 
@@ -38,15 +39,18 @@ class GgufBackend:
     """Backend for `gguf:` sources; the store owns the converted files."""
 
     in_place = False
+    resumable = False
 
-    def fingerprint(self, source: GgufSource) -> str:
+    def resolve(self, source: GgufSource) -> Version:
         stat = locate_gguf(source).stat()
-        return f"gguf-v{CONVERSION_VERSION}:{stat.st_size}:{stat.st_mtime_ns}"
+        return Version(f"gguf-v{CONVERSION_VERSION}:{stat.st_size}:{stat.st_mtime_ns}")
 
     def root(self, source: GgufSource) -> Path:
         raise NotImplementedError("GGUF sources are converted into the store")
 
-    def fetch(self, source: GgufSource, dest: Path, progress: Progress | None) -> None:
+    def fetch(
+        self, source: GgufSource, version: Version, dest: Path, progress: Progress | None
+    ) -> None:
         convert_gguf(locate_gguf(source), dest, progress)
 
 

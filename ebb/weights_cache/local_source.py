@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ebb.errors import WeightsNotFound
+from ebb.weights_cache.backend import Version
 from ebb.weights_cache.manifest import Progress
 from ebb.weights_cache.sources import LocalDirSource
 
@@ -14,12 +15,13 @@ class LocalDirBackend:
     checkpoint that is already on local disk would double its footprint for nothing."""
 
     in_place = True
+    resumable = False
 
-    def fingerprint(self, source: LocalDirSource) -> str:
+    def resolve(self, source: LocalDirSource) -> Version:
         self.root(source)
         # The version is tracked by the manifest (sizes and mtimes), not by the key: the
         # directory's contents can change under the same path.
-        return ""
+        return Version("")
 
     def root(self, source: LocalDirSource) -> Path:
         path = Path(source.path)
@@ -35,5 +37,7 @@ class LocalDirBackend:
             )
         return path
 
-    def fetch(self, source: LocalDirSource, dest: Path, progress: Progress | None) -> None:
+    def fetch(
+        self, source: LocalDirSource, version: Version, dest: Path, progress: Progress | None
+    ) -> None:
         raise NotImplementedError("local directories are used in place")

@@ -20,6 +20,11 @@ from ebb.errors import WeightsError
 logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
+SEAL_NAME = "seal.json"
+ACCESS_NAME = "last_access"
+# The store's own files beside a model's: never part of a model, wherever they turn up
+# (an entry synced to S3 as it is, a local source pointed at an entry).
+BOOKKEEPING_NAMES = (MANIFEST_NAME, SEAL_NAME, ACCESS_NAME)
 MANIFEST_FORMAT = 1
 _HASH_CHUNK_BYTES = 8 * 1024 * 1024
 # Weight formats vLLM ignores when safetensors are present (e.g. Meta's original/*.pth
@@ -104,10 +109,10 @@ def now_iso() -> str:
 def model_files(root: Path, *, exclude: Iterable[str] = ()) -> list[str]:
     """The files that make up the model under `root`, relative and sorted.
 
-    Top level only and no hidden files: HF checkpoints are flat, and a `.git` or
-    `.cache` folder beside them is not part of the model.
+    Top level only, no hidden files and none of the store's bookkeeping: HF checkpoints
+    are flat, and a `.git` or `.cache` folder beside them is not part of the model.
     """
-    skipped = set(exclude)
+    skipped = {*exclude, *BOOKKEEPING_NAMES}
     names = []
     for child in root.iterdir():
         if child.name.startswith(".") or child.name in skipped or not child.is_file():

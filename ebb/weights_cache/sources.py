@@ -7,10 +7,12 @@ Accepted forms (see `ACCEPTED_FORMS`):
 - `gguf:<package>/<file.gguf>` a GGUF file shipped inside an installed Python package;
 - `gguf:/abs/path/file.gguf`   a GGUF file on local disk;
 - `file:///abs/dir` or `/abs/dir`  a local directory already in Hugging Face layout;
+- `s3://bucket/prefix`         an HF-layout checkpoint under an S3 prefix (any endpoint);
+- `hf://org/name@revision`     a Hugging Face Hub model repository (revision defaults to main);
 - `fake://<name>`              a fake test model, served by the runner without weights.
 
-A new scheme (s3://, hf://) plugs in by adding its parser to `_SCHEME_PARSERS` and its
-backend to `ebb.weights_cache.cache`.
+A new scheme plugs in by adding its parser to `_SCHEME_PARSERS` and its backend to
+`ebb.weights_cache.cache`.
 """
 
 from __future__ import annotations
@@ -31,16 +33,25 @@ ACCEPTED_FORMS = (
     "gguf:/abs/path/file.gguf",
     "file:///abs/dir",
     "/abs/dir",
+    "s3://bucket/prefix",
+    "hf://org/name@revision",
     "fake://<name>",
 )
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 _PACKAGE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+# S3's rules for new buckets (3-63 lowercase letters, digits, dots, hyphens).
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+# The Hub's repo ids: an optional owner and a name, each of letters, digits, '-', '_', '.'.
+_HF_REPO_RE = re.compile(r"^(?:[A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}$")
+_HF_REVISION_RE = re.compile(r"^[\w][\w./-]{0,254}$")
 
 
 class SourceKind(StrEnum):
     GGUF = "gguf"
     LOCAL = "local"
+    S3 = "s3"
+    HF = "hf"
     FAKE = "fake"
 
 
@@ -75,6 +86,39 @@ class LocalDirSource:
 
 
 @dataclass(frozen=True)
+class S3Source:
+    """The objects under `s3://bucket/prefix/`: a checkpoint in HF layout (flat)."""
+
+    kind: ClassVar[SourceKind] = SourceKind.S3
+    uri: str
+    bucket: str
+    prefix: str  # without leading or trailing slash; "" for the bucket's top level
+
+    @property
+    def name(self) -> str:
+        return PurePosixPath(self.prefix).name or self.bucket
+
+    @property
+    def list_prefix(self) -> str:
+        """What to list: the prefix as a folder, so `m` never matches `m2/...`."""
+        return f"{self.prefix}/" if self.prefix else ""
+
+
+@dataclass(frozen=True)
+class HfSource:
+    """A Hugging Face Hub model repository at a revision (branch, tag or commit)."""
+
+    kind: ClassVar[SourceKind] = SourceKind.HF
+    uri: str
+    repo_id: str
+    revision: str
+
+    @property
+    def name(self) -> str:
+        return PurePosixPath(self.repo_id).name
+
+
+@dataclass(frozen=True)
 class FakeSource:
     """A fake test model: the runner's fake engine serves it; there are no weights."""
 
@@ -87,7 +131,7 @@ class FakeSource:
         return self.model
 
 
-Source = GgufSource | LocalDirSource | FakeSource
+Source = GgufSource | LocalDirSource | S3Source | HfSource | FakeSource
 
 
 def parse_source(source: str) -> Source:
@@ -150,6 +194,33 @@ def _parse_local_path(source: str, path: str) -> LocalDirSource:
     return LocalDirSource(uri=f"file://{normalized}", path=normalized)
 
 
+def _parse_s3(source: str) -> S3Source:
+    parts = urlsplit(source)
+    bucket = parts.netloc
+    if parts.query or parts.fragment or "@" in bucket:
+        raise _invalid(f"{source!r}: an S3 source looks like s3://bucket/prefix (no query)")
+    if not _BUCKET_RE.match(bucket) or ".." in bucket:
+        raise _invalid(f"{source!r}: {bucket!r} is not a valid S3 bucket name")
+    prefix = parts.path.strip("/")
+    segments = prefix.split("/") if prefix else []
+    if any(seg in ("", ".", "..") for seg in segments):
+        raise _invalid(f"{source!r}: the prefix must be a plain path (no '//', '.' or '..')")
+    return S3Source(uri=f"s3://{bucket}/{prefix}", bucket=bucket, prefix=prefix)
+
+
+def _parse_hf(source: str) -> HfSource:
+    rest = source[len("hf:") :]
+    if not rest.startswith("//"):
+        raise _invalid(f"{source!r}: a Hub source looks like hf://org/name@revision")
+    repo_id, at, revision = rest[2:].partition("@")
+    revision = revision if at else "main"
+    if not _HF_REPO_RE.match(repo_id) or ".." in repo_id:
+        raise _invalid(f"{source!r}: {repo_id!r} is not a Hub repo id like org/name")
+    if not _HF_REVISION_RE.match(revision) or ".." in revision:
+        raise _invalid(f"{source!r}: {revision!r} is not a branch, tag or commit")
+    return HfSource(uri=f"hf://{repo_id}@{revision}", repo_id=repo_id, revision=revision)
+
+
 def _parse_fake(source: str) -> FakeSource:
     rest = source[len("fake:") :]
     if not rest.startswith("//") or len(rest) == 2:
@@ -166,6 +237,8 @@ def _normalize_abs(path: str) -> str:
 _SCHEME_PARSERS: dict[str, Callable[[str], Source]] = {
     "gguf": _parse_gguf,
     "file": _parse_file_uri,
+    "s3": _parse_s3,
+    "hf": _parse_hf,
     "fake": _parse_fake,
 }
 

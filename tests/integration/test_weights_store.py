@@ -13,37 +13,15 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
+from weights_support import CONTEXT_LEN, leftovers, published, run_in_processes, write_hf_dir
 
 from ebb.errors import InvalidRequest, WeightsCorrupt, WeightsError, WeightsNotFound
 from ebb.weights_cache import LocalModel, ensure, gguf_source, verify
 from ebb.weights_cache import cache as cache_module
 
 pytestmark = pytest.mark.integration
-
-CONTEXT_LEN = 128
-
-
-def write_hf_dir(root: Path, *, seed: int = 0, rows: int = 4) -> Path:
-    """A tiny model directory in HF layout (shapes are all that matter here)."""
-    root.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    tensors = {
-        "model.embed_tokens.weight": rng.standard_normal((rows, 8)).astype(np.float32),
-        "model.norm.weight": np.ones(8, dtype=np.float32),
-    }
-    save_file(tensors, root / "model.safetensors", metadata={"format": "pt"})
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "max_position_embeddings": CONTEXT_LEN,
-        "tie_word_embeddings": True,
-    }
-    (root / "config.json").write_text(json.dumps(config))
-    (root / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ x }}"}))
-    return root
 
 
 def counting_convert(counter: Path, delay_s: float, gguf_path: Path, dest: Path, progress):
@@ -75,16 +53,6 @@ def fake_gguf(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gguf_source, "convert_gguf", convert)
     return f"gguf:{gguf}", counter
-
-
-def leftovers(cache_dir: Path) -> list[str]:
-    tmp = cache_dir / "tmp"
-    return sorted(p.name for p in tmp.iterdir()) if tmp.exists() else []
-
-
-def published(cache_dir: Path) -> list[str]:
-    models = cache_dir / "models"
-    return sorted(p.name for p in models.iterdir()) if models.exists() else []
 
 
 # --- local directories ------------------------------------------------------------------
@@ -357,24 +325,49 @@ def _ensure_in_child(source: str, cache_dir: str, counter: str, barrier, results
 def test_concurrent_processes_convert_once(tmp_path, fake_gguf):
     source, counter = fake_gguf
     cache_dir = tmp_path / "cache"
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(4)
-    results = ctx.Queue()
-    workers = [
-        ctx.Process(
-            target=_ensure_in_child, args=(source, str(cache_dir), str(counter), barrier, results)
-        )
-        for _ in range(4)
-    ]
-    for worker in workers:
-        worker.start()
-    paths = [results.get(timeout=120) for _ in workers]
-    for worker in workers:
-        worker.join(timeout=30)
-        assert worker.exitcode == 0
+    barrier = multiprocessing.get_context("spawn").Barrier(4)
+    args = (source, str(cache_dir), str(counter), barrier)
+    paths = run_in_processes(_ensure_in_child, args, count=4)
 
     assert not [p for p in paths if p.startswith("error")], paths
     assert conversions(counter) == 1
     assert len(set(paths)) == 1
     assert published(cache_dir) == [Path(paths[0]).name]
     assert leftovers(cache_dir) == []
+
+
+# --- integrity of published files before every load ------------------------------------------
+
+
+def test_flipped_byte_is_caught_by_the_next_ensure_and_rebuilt(tmp_path, fake_gguf):
+    source, counter = fake_gguf
+    cache_dir = tmp_path / "cache"
+    model = ensure(source, cache_dir)
+    weights = model.path / "model.safetensors"
+    stat = weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size, same mtime
+
+    rebuilt = ensure(source, cache_dir)
+
+    assert conversions(counter) == 2
+    assert rebuilt.path == model.path
+    verify(rebuilt, full=True)
+
+
+def test_a_touched_but_unchanged_file_is_rehashed_once_and_kept(tmp_path, fake_gguf):
+    source, counter = fake_gguf
+    cache_dir = tmp_path / "cache"
+    model = ensure(source, cache_dir)
+    os.utime(model.path / "model.safetensors")  # a write that changed nothing
+    phases = []
+
+    again = ensure(source, cache_dir, lambda phase, fraction: phases.append(phase))
+
+    assert again == model and conversions(counter) == 1
+    assert set(phases) == {"verify"}
+    phases.clear()
+    ensure(source, cache_dir, lambda phase, fraction: phases.append(phase))
+    assert phases == []  # resealed: no second re-hash

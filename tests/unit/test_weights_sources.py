@@ -12,7 +12,9 @@ from ebb.errors import InvalidRequest
 from ebb.weights_cache import (
     FakeSource,
     GgufSource,
+    HfSource,
     LocalDirSource,
+    S3Source,
     SourceKind,
     parse_source,
 )
@@ -65,6 +67,43 @@ def test_fake_source_is_typed_but_kept_verbatim():
     assert source.uri == "fake://echo?delay_ms=5"
 
 
+@pytest.mark.parametrize(
+    ("spelling", "bucket", "prefix", "uri"),
+    [
+        ("s3://models/smol", "models", "smol", "s3://models/smol"),
+        ("s3://models/org/smol/", "models", "org/smol", "s3://models/org/smol"),
+        ("S3://my.bucket-1/", "my.bucket-1", "", "s3://my.bucket-1/"),
+        ("s3://models", "models", "", "s3://models/"),
+    ],
+)
+def test_s3_sources_are_canonical(spelling, bucket, prefix, uri):
+    source = parse_source(spelling)
+    assert isinstance(source, S3Source)
+    assert source.kind is SourceKind.S3
+    assert (source.bucket, source.prefix, source.uri) == (bucket, prefix, uri)
+    # Listed as a folder: s3://models/smol must not pick up s3://models/smol2/...
+    assert source.list_prefix == (f"{prefix}/" if prefix else "")
+    assert source.name == (prefix.rsplit("/", 1)[-1] or bucket)
+
+
+@pytest.mark.parametrize(
+    ("spelling", "repo_id", "revision"),
+    [
+        ("hf://HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct", "main"),
+        ("hf://org/name@v1.0", "org/name", "v1.0"),
+        ("hf://gpt2@refs/pr/1", "gpt2", "refs/pr/1"),
+        ("hf://org/name@" + "a" * 40, "org/name", "a" * 40),
+    ],
+)
+def test_hub_sources_default_to_main(spelling, repo_id, revision):
+    source = parse_source(spelling)
+    assert isinstance(source, HfSource)
+    assert source.kind is SourceKind.HF
+    assert (source.repo_id, source.revision) == (repo_id, revision)
+    assert source.uri == f"hf://{repo_id}@{revision}"
+    assert source.name == repo_id.rsplit("/", 1)[-1]
+
+
 def test_scheme_is_case_insensitive():
     assert parse_source("GGUF:pkg/m.gguf").uri == "gguf:pkg/m.gguf"
     assert parse_source("FILE:///srv/m").uri == "file:///srv/m"
@@ -79,8 +118,19 @@ def test_scheme_is_case_insensitive():
         ("models/llama", "relative paths are refused"),
         ("./llama", "relative paths are refused"),
         ("HuggingFaceTB/SmolLM2-135M-Instruct", "not a recognised model source"),
-        ("s3://bucket/llama", "unsupported model source scheme 's3'"),
-        ("hf://HuggingFaceTB/SmolLM2", "unsupported model source scheme 'hf'"),
+        ("s3://Bucket/llama", "not a valid S3 bucket name"),
+        ("s3://ab/llama", "not a valid S3 bucket name"),
+        ("s3://bucket:9000/llama", "not a valid S3 bucket name"),
+        ("s3://bucket/a//b", "plain path"),
+        ("s3://bucket/a/../b", "plain path"),
+        ("s3://bucket/m?versionId=1", "no query"),
+        ("hf:org/name", "hf://org/name@revision"),
+        ("hf://", "not a Hub repo id"),
+        ("hf://a/b/c", "not a Hub repo id"),
+        ("hf://org/../x", "not a Hub repo id"),
+        ("hf://org/name@", "not a branch, tag or commit"),
+        ("hf://org/name@a..b", "not a branch, tag or commit"),
+        ("ftp://example.com/m", "unsupported model source scheme 'ftp'"),
         ("https://example.com/m.gguf", "unsupported model source scheme 'https'"),
         ("gguf:pkg/model.bin", "must name a file ending in .gguf"),
         ("gguf:pkg/../etc/m.gguf", "plain path inside the package"),
@@ -101,7 +151,13 @@ def test_refusals_say_why_and_list_accepted_forms(source, says):
     assert says in error.message
     assert error.status_code == 400
     assert error.param == "source"
-    for form in ("gguf:<package>/<file.gguf>", "gguf:/abs/path/file.gguf", "file:///abs/dir"):
+    for form in (
+        "gguf:<package>/<file.gguf>",
+        "gguf:/abs/path/file.gguf",
+        "file:///abs/dir",
+        "s3://bucket/prefix",
+        "hf://org/name@revision",
+    ):
         assert form in error.message
 
 
@@ -109,8 +165,8 @@ def test_importing_the_weights_cache_stays_cheap():
     # The frontdoor imports parse_source; torch/transformers would add seconds and GBs.
     code = (
         "import sys, ebb.weights_cache; "
-        "print(sorted(m for m in ('torch', 'transformers', 'safetensors', 'numpy') "
-        "if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'transformers', 'safetensors', 'numpy', 'boto3', "
+        "'botocore', 'huggingface_hub') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,0 +1,21 @@
+"""The local weight cache: what it holds, what is in use, what was evicted (admin key)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+
+from ebb.frontdoor.auth import AdminDep
+from ebb.weights_cache import cache_report
+
+router = APIRouter()
+
+
+@router.get("/v1/weights")
+async def weights_cache(request: Request, caller: AdminDep) -> dict:
+    settings = request.app.state.services.settings
+    report = await asyncio.to_thread(
+        cache_report, settings.weights_dir, settings.weights_cache_bytes
+    )
+    return {"object": "weights_cache", **report.to_dict()}
