@@ -194,7 +194,7 @@ def test_detail_shows_runners_with_log_lines_and_scales(page, admin):
     expect(runners.locator("tbody tr").first).to_contain_text("Ready")
     log = page.locator(".runner-log pre").first
     expect(log).to_be_visible()
-    expect(log).to_contain_text(re.compile(r"\d\d:\d\d:\d\d ready"))
+    expect(log).to_contain_text(re.compile(r"\d\d:\d\d:\d\d \w+ -> ready"))
     expect(page.get_by_text("No recent errors.")).to_be_visible()
     page.get_by_label("Max replicas").fill("2")
     page.get_by_role("button", name="Scale").click()
