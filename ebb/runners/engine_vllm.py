@@ -8,6 +8,7 @@ engine for one local HF-layout checkpoint. vLLM is imported only inside function
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -86,6 +87,12 @@ def preload() -> None:
             import vllm.v1.worker.gpu_worker  # noqa: F401
         else:
             import vllm.v1.worker.cpu_worker  # noqa: F401
+        # Engine init ends with full GC passes over every object (vLLM's freeze_gc_heap);
+        # the millions that torch and vLLM created at import live forever anyway. Freezing
+        # them now, while a stem waits, takes them out of every later collection (~0.4 s
+        # off the load that a waiting request pays for).
+        gc.collect()
+        gc.freeze()
     _preloaded = True
 
 
