@@ -1,11 +1,12 @@
 """The coldstart controller: watches queues and runners, launches and reclaims runners.
 
-Each reconcile, in order:
-  1. expire the leases of silent runners (their clients get an error event);
-  2. collect exited runner processes; a runner that died before EXITED is FAILED;
-  3. per deployment: snapshot demand, ask the policy, launch the difference (a pre-warmed
-     stem first, a fresh process otherwise), with backoff after failed starts;
-  4. refill the pre-warmed pool.
+Every tick (at most a second apart) it expires the leases of silent runners, so their
+clients get an error event within about a lease period. Each reconcile, in order:
+  1. collect exited runner processes; a runner that died before EXITED is FAILED;
+  2. per deployment: snapshot demand (queued requests and jobs), ask the policy, launch the
+     difference — a sleeping runner of the deployment first, then a pre-warmed stem, then a
+     fresh process — with backoff after failed starts;
+  3. refill the pre-warmed pool.
 A queued request for a deployment with no runner wakes the controller at once (the
 enqueue script pushes onto its wake list), so reaction is not bound to the poll interval.
 """
