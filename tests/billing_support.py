@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import httpx
 import msgspec
-from support import REPO_ROOT, Platform
+from support import Platform
 
 from ebb.queue import keys
 from ebb.queue.metering import GpuSegment, decode_gpu_entry
@@ -52,20 +50,7 @@ def usage_total(client: httpx.Client, **params) -> dict:
 
 
 def run_cli(platform: Platform, *args: str) -> subprocess.CompletedProcess:
-    env = dict(
-        os.environ,
-        EBB_HOME=str(platform.home),
-        EBB_PORT=str(platform.port),
-        EBB_ADMIN_KEY=platform.admin_key,
-    )
-    return subprocess.run(
-        [sys.executable, "-m", "ebb", *args],
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return platform.cli(*args)
 
 
 def raw_usage(platform_redis) -> list[UsageRecord]:

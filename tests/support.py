@@ -160,6 +160,30 @@ class Platform:
         run_info = json.loads((self.home / "run.json").read_text())
         return redis.Redis.from_url(run_info["redis_url"])
 
+    def cli(self, *args: str, **env: str) -> subprocess.CompletedProcess:
+        """Runs `ebb ARGS` against this platform as a script would.
+
+        Only the platform's address, key and home come from the test; `env` overrides them
+        (a value of "" removes the variable).
+        """
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("EBB_")}
+        full_env.update(
+            EBB_PORT=str(self.port),
+            EBB_ADMIN_KEY=self.admin_key,
+            EBB_HOME=str(self.home),
+            COLUMNS="200",  # rich wraps tables to the terminal; keep every cell on one line
+        )
+        full_env.update(env)
+        return subprocess.run(
+            [sys.executable, "-m", "ebb", *args],
+            env={k: v for k, v in full_env.items() if v != ""},
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+
     def openai(self, api_key: str | None = None, **kwargs):
         import openai
 

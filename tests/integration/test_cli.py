@@ -5,12 +5,10 @@ unreachable)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
-from support import REPO_ROOT, Platform, free_port, temp_home
+from support import Platform, free_port, temp_home
 
 from ebb.runners.engine_fake import FAKE_REPLY
 
@@ -27,25 +25,7 @@ def platform():
 
 
 def ebb(platform: Platform, *args: str, **env: str) -> subprocess.CompletedProcess:
-    """Runs `ebb ARGS` as a script would; env overrides (a value of "" removes the variable)."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("EBB_")}
-    full_env.update(
-        EBB_PORT=str(platform.port),
-        EBB_ADMIN_KEY=platform.admin_key,
-        EBB_HOME=str(platform.home),
-        COLUMNS="200",  # rich wraps tables to the terminal; keep every cell on one line
-    )
-    full_env.update(env)
-    full_env = {k: v for k, v in full_env.items() if v != ""}
-    return subprocess.run(
-        [sys.executable, "-m", "ebb", *args],
-        env=full_env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    return platform.cli(*args, **env)
 
 
 def ok_json(result: subprocess.CompletedProcess) -> dict:

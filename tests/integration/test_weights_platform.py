@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
-from support import REPO_ROOT, Platform, temp_home, wait_until
+from support import Platform, temp_home, wait_until
 from weights_support import CountingProxy, MotoS3, upload_dir, write_servable_dir
 
 pytestmark = pytest.mark.integration
@@ -52,14 +51,7 @@ def admin(stack):
 
 
 def ebb_cli(platform: Platform, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ebb", *args],
-        env=platform.env(),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return platform.cli(*args)
 
 
 def test_deploy_from_s3_shows_fetch_progress_then_is_ready(stack, admin):
