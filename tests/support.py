@@ -11,7 +11,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -197,3 +198,19 @@ class Platform:
 
 def temp_home(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+@contextmanager
+def real_engine_platform(
+    home_prefix: str, *, default_model: bool = False, **env: str
+) -> Iterator[Platform]:
+    """`ebb up` on the real engine, sharing the weights the session converted once; it must
+    stop cleanly."""
+    platform = Platform(
+        home=temp_home(home_prefix),
+        redis_url=None,
+        default_model=default_model,
+        env_extra={"EBB_WEIGHTS_CACHE_DIR": str(TEST_WEIGHTS_DIR), **env},
+    ).start(timeout_s=600)
+    yield platform
+    assert platform.stop() == 0

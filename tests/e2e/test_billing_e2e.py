@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import msgspec
 import pytest
-from support import TEST_WEIGHTS_DIR, Platform, temp_home, wait_until
+from support import real_engine_platform, wait_until
 
 from ebb.config import DEFAULT_MODEL_NAME
 from ebb.queue import keys
@@ -21,18 +21,10 @@ STORY = [{"role": "user", "content": "Tell me a long story about a lighthouse."}
 
 @pytest.fixture(scope="module")
 def platform(default_local_model):
-    p = Platform(
-        home=temp_home("ebb-e2e-bill-"),
-        redis_url=None,
-        default_model=True,
-        env_extra={
-            "EBB_PREWARM": "1",
-            "EBB_WEIGHTS_CACHE_DIR": str(TEST_WEIGHTS_DIR),
-            "EBB_GPU_METER_INTERVAL_S": "2",
-        },
-    ).start(timeout_s=600)
-    yield p
-    assert p.stop() == 0
+    with real_engine_platform(
+        "ebb-e2e-bill-", default_model=True, EBB_PREWARM="1", EBB_GPU_METER_INTERVAL_S="2"
+    ) as p:
+        yield p
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
-from support import REPO_ROOT, TEST_WEIGHTS_DIR, Platform, temp_home
+from support import REPO_ROOT, Platform, real_engine_platform
 
 from ebb.config import DEFAULT_MODEL_SOURCE
 
@@ -39,13 +39,8 @@ MODEL_READY_S = 300
 
 @pytest.fixture(scope="module")
 def platform(default_local_model) -> Iterator[Platform]:
-    p = Platform(
-        home=temp_home("ebb-console-"),
-        redis_url=None,
-        env_extra={"EBB_PREWARM": "1", "EBB_WEIGHTS_CACHE_DIR": str(TEST_WEIGHTS_DIR)},
-    ).start(timeout_s=600)
-    yield p
-    assert p.stop() == 0
+    with real_engine_platform("ebb-console-", EBB_PREWARM="1") as p:
+        yield p
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import json
 import pytest
 import redis
 from standardwebhooks import Webhook
-from support import TEST_WEIGHTS_DIR, Platform, temp_home, wait_until
+from support import real_engine_platform, wait_until
 
 from ebb.config import DEFAULT_MODEL_SOURCE
 from ebb.queue import keys
@@ -20,16 +20,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def platform(default_local_model):
-    p = Platform(
-        home=temp_home("ebb-e2e-jobs-"),
-        redis_url=None,
-        env_extra={
-            "EBB_WEIGHTS_CACHE_DIR": str(TEST_WEIGHTS_DIR),
-            "EBB_WEBHOOK_ALLOWED_CIDRS": "127.0.0.0/8",
-        },
-    ).start(timeout_s=600)
-    yield p
-    assert p.stop() == 0
+    with real_engine_platform("ebb-e2e-jobs-", EBB_WEBHOOK_ALLOWED_CIDRS="127.0.0.0/8") as p:
+        yield p
 
 
 def test_job_scales_from_zero_and_its_webhook_carries_the_answer(platform, admin, receiver):

@@ -8,7 +8,7 @@ import json
 import httpx
 import openai
 import pytest
-from support import TEST_WEIGHTS_DIR, Platform, temp_home, wait_until
+from support import real_engine_platform, wait_until
 
 from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE
 from ebb.queue import keys
@@ -20,15 +20,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def platform(default_local_model):
-    # The weight cache converted once for the session is shared; the rest is fresh.
-    p = Platform(
-        home=temp_home("ebb-e2e-"),
-        redis_url=None,
-        default_model=True,
-        env_extra={"EBB_PREWARM": "1", "EBB_WEIGHTS_CACHE_DIR": str(TEST_WEIGHTS_DIR)},
-    ).start(timeout_s=600)
-    yield p
-    assert p.stop() == 0
+    with real_engine_platform("ebb-e2e-", default_model=True, EBB_PREWARM="1") as p:
+        yield p
 
 
 @pytest.fixture(scope="module")
