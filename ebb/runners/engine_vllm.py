@@ -87,6 +87,10 @@ def preload() -> None:
             import vllm.v1.worker.gpu_worker  # noqa: F401
         else:
             import vllm.v1.worker.cpu_worker  # noqa: F401
+
+            _register_kernel_overrides_now()
+        _configure_vllm_logging_now()
+        _one_renderer_tokenizer_copy()
         # Engine init ends with full GC passes over every object (vLLM's freeze_gc_heap);
         # the millions that torch and vLLM created at import live forever anyway. Freezing
         # them now, while a stem waits, takes them out of every later collection (~0.4 s
@@ -94,6 +98,57 @@ def preload() -> None:
         gc.collect()
         gc.freeze()
     _preloaded = True
+
+
+def _configure_vllm_logging_now() -> None:
+    """Apply vLLM's logging configuration while the stem waits.
+
+    Every engine init applies it unless the same configuration is already active, and
+    `dictConfig` walks every logger that the imports created (~0.06 s).
+    """
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.logger import configure_logging_if_needed
+
+    configure_logging_if_needed(EngineArgs().create_logging_config())
+
+
+def _register_kernel_overrides_now() -> None:
+    """Install vLLM's CPU stand-ins for its Triton kernels once, while the stem waits.
+
+    Engine init installs them (`init_worker`) by scanning every attribute of every loaded
+    module for references to the kernels, ~0.25 s on 2 cores, and would wrap the wrappers
+    if called twice in one process. The kernels' modules are imported by `preload()`, and
+    modules imported later read the replaced attributes, so once per process is enough.
+    """
+    from vllm.platforms import current_platform
+
+    current_platform.register_triton_kernel_overrides()
+    current_platform.register_triton_kernel_overrides = _already_done
+
+
+def _already_done() -> None:
+    return None
+
+
+def _one_renderer_tokenizer_copy() -> None:
+    """Let vLLM's renderer build one deep copy of its tokenizer at engine init, not two.
+
+    The renderer makes its tokenizer thread-safe by routing calls through a pool of deep
+    copies, renderer_num_workers + 1 of them (at least two), ~0.2 s each for a 49k-token
+    vocabulary. ebb's runner renders from one thread, and the pool deep-copies another on
+    demand if two threads ever borrow at once, so one copy up front is enough.
+    """
+    import vllm.renderers.hf as hf_renderer
+
+    make_pool = getattr(hf_renderer, "maybe_make_thread_pool", None)
+    if not callable(make_pool):
+        logger.warning("engine: vLLM moved maybe_make_thread_pool; the renderer keeps two copies")
+        return
+
+    def one_copy_pool(tokenizer: Any, copies: int = 1) -> Any:
+        return make_pool(tokenizer, 1)
+
+    hf_renderer.maybe_make_thread_pool = one_copy_pool
 
 
 def _call_here(fn: Callable[[], Any]) -> Any:

@@ -14,13 +14,14 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ebb.billing.gpu import runner_meter
 from ebb.config import Settings
 from ebb.queue.connection import sync_client
 from ebb.queue.runner_side import RunnerQueue
-from ebb.queue.schema import DeploymentSpec, RunnerState
+from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
 from ebb.runners.engine import EngineAdapter, EngineOptions
 from ebb.runners.engine_fake import FakeEngine, is_fake_source
 from ebb.runners.lifecycle import Lifecycle
@@ -127,13 +128,15 @@ def _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat, m
     lifecycle.to(RunnerState.LOADING, deployment=deployment, tier=tier)
     engine, tier = _load_engine(settings, spec, clock, tier)
     clock.lap("engine")
-    _become_ready(lifecycle, queue, deployment, tier, clock)
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
+    loop.on_first_output = _become_ready(lifecycle, queue, deployment, tier, clock)
     heartbeat.held_ids = loop.held_ids
     try:
         while loop.run() is Outcome.SLEEP:
-            if not _sleep_until_woken(settings, lifecycle, queue, engine, deployment, stop):
+            woken = _sleep_until_woken(settings, lifecycle, queue, engine, deployment, stop)
+            if woken is None:
                 break
+            loop.on_first_output = woken
     except Exception as e:
         loop.fail_all(f"the engine failed: {e}")
         raise
@@ -145,8 +148,10 @@ def _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat, m
 
 def _become_ready(
     lifecycle: Lifecycle, queue: RunnerQueue, deployment: str, tier: str, clock: ColdStartClock
-) -> None:
+) -> Callable[[WorkItem], None]:
+    """Go READY and record the start's phases; returns what records its first token."""
     lifecycle.to(RunnerState.READY, tier=tier)
+    ready_s = time.time()
     clock.phases_ms["total"] = clock.total()
     queue.record_cold_start(deployment, tier, clock.phases_ms)
     phases = {k: round(v) for k, v in clock.phases_ms.items()}
@@ -159,6 +164,16 @@ def _become_ready(
         phases,
     )
 
+    def first_token(work: WorkItem) -> None:
+        # From READY for a request that waited on this start, else from its own arrival:
+        # a runner that went ready before any work came has no first-token cost to show.
+        waited_from_s = max(ready_s, work.enqueued_at_s)
+        queue.record_cold_start(
+            deployment, tier, {"first_token": (time.time() - waited_from_s) * 1000}
+        )
+
+    return first_token
+
 
 def _sleep_until_woken(
     settings: Settings,
@@ -167,11 +182,11 @@ def _sleep_until_woken(
     engine: EngineAdapter,
     deployment: str,
     stop: threading.Event,
-) -> bool:
+) -> Callable[[WorkItem], None] | None:
     """Park the engine asleep until the controller wakes this runner for new work.
 
-    Returns False when the runner should exit instead (slept past the sleep timeout, or
-    asked to stop).
+    Returns what records the first token after the wake-up, or None when the runner should
+    exit instead (slept past the sleep timeout, or asked to stop).
     """
     engine.sleep()
     deadline = time.monotonic() + settings.sleep_timeout_s
@@ -180,16 +195,15 @@ def _sleep_until_woken(
         woken = queue.wait_for_assignment(timeout_s=0.5)
     if not woken:
         if queue.leave_sleepers(deployment):
-            return False
+            return None
         # The controller took this sleeper at the instant it gave up: serve that work.
         woken = queue.wait_for_assignment(timeout_s=5.0)
         if not woken:
-            return False
+            return None
     clock = ColdStartClock(time.time() * 1000)
     engine.wake_up()
     clock.lap("wake")
-    _become_ready(lifecycle, queue, deployment, "sleeping", clock)
-    return True
+    return _become_ready(lifecycle, queue, deployment, "sleeping", clock)
 
 
 def _wait_as_stem(lifecycle: Lifecycle, queue: RunnerQueue, stop: threading.Event) -> str | None:
@@ -209,6 +223,8 @@ def _import_engine_libraries() -> None:
     from ebb.runners import engine_vllm
 
     engine_vllm.preload()
+    # What the load imports besides the engine: the weight cache (~30 ms).
+    import ebb.weights_cache  # noqa: F401
 
 
 def _load_engine(

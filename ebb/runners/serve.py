@@ -17,6 +17,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ebb.queue.runner_side import RunnerQueue
@@ -81,6 +82,9 @@ class ServingLoop:
         self._sleeping = False
         self._last_active = clock()
         self._spec_read_at = clock()
+        # Called once, with the work item, when the next token this runner publishes is
+        # out: the last phase of a cold start (set again after each wake-up).
+        self.on_first_output: Callable[[WorkItem], None] | None = None
 
     def held_ids(self) -> list[str]:
         return list(self.held)
@@ -155,6 +159,9 @@ class ServingLoop:
             if out.finished:
                 finished.append(out)
         self._queue.publish(progress)
+        if progress and self.on_first_output is not None:
+            first, self.on_first_output = self.on_first_output, None
+            first(self.held[next(iter(progress))].work)
         for out in finished:
             held = self.held[out.request_id]
             self._end(held, "finished", Finished(out.prompt_tokens, out.completion_tokens))

@@ -213,3 +213,18 @@ def test_invalid_sampling_is_a_request_error(engine, prompt_ids):
     # The engine still serves after refusing.
     outputs = run(engine, prompt, SamplingSpec(max_tokens=2, temperature=0.0), "after")
     assert outputs[-1].completion_tokens == 2
+
+
+def test_kernel_overrides_are_installed_once_per_process(engine):
+    # preload() installs vLLM's CPU stand-ins for Triton kernels while a stem waits; an
+    # engine init after it must neither pay the scan again nor wrap the stand-ins twice.
+    from vllm.platforms import current_platform
+    from vllm.triton_utils.dispatcher import KernelOverride
+    from vllm.v1.worker.block_table import ComputeSlotMappingKernel
+
+    if current_platform.is_cuda_alike():
+        pytest.skip("Triton runs natively on GPUs: no stand-ins to install")
+    installed = ComputeSlotMappingKernel.kernel
+    assert isinstance(installed, KernelOverride)
+    current_platform.register_triton_kernel_overrides()
+    assert ComputeSlotMappingKernel.kernel is installed

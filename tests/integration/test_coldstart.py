@@ -92,9 +92,12 @@ def test_cold_starts_and_scale_decisions_are_metrics(platform, admin):
         return 'ebb_scale_decisions_total{deployment="counted",direction="down"}' in text and text
 
     text = wait_until(scraped, 10, "the drain to be counted")
-    assert (
-        'ebb_cold_start_seconds_count{deployment="counted",phase="total",tier="fresh"} 1.0' in text
-    )
+    for phase in ("total", "first_token"):
+        labels = f'deployment="counted",phase="{phase}",tier="fresh"'
+        assert f"ebb_cold_start_seconds_count{{{labels}}} 1.0" in text
+    # The fake engine imports nothing, so it has no import phase.
+    phases = view(admin, "counted")["cold_start_ms"]["fresh"]
+    assert {"spawn", "weights", "engine", "total", "first_token"} <= set(phases)
     assert 'ebb_scale_decisions_total{deployment="counted",direction="up"} 1.0' in text
     assert 'ebb_runners{deployment="counted",state="ready"} 0.0' in text
 
@@ -116,7 +119,7 @@ def test_an_engine_that_can_sleep_parks_when_idle_and_wakes_for_work(platform, a
     assert reply.usage.completion_tokens == 3
     woken = view(admin, "sleepy")
     assert [r["id"] for r in woken["runners"]] == [runner["id"]], "woken, not relaunched"
-    assert "wake" in woken["cold_start_ms"]["sleeping"]
+    assert {"wake", "first_token"} <= set(woken["cold_start_ms"]["sleeping"])
 
 
 def test_engines_without_sleep_mode_never_sleep(admin):
