@@ -19,7 +19,7 @@ from starlette.requests import Request
 
 from ebb.config import Settings
 from ebb.errors import CapacityError, JobError
-from ebb.frontdoor.admission import retry_after_s
+from ebb.frontdoor.admission import StartingRunner, retry_after_s
 from ebb.queue.platform import PlatformState
 from ebb.queue.requests import EventReader, QueueFull, RequestQueue
 from ebb.queue.schema import (
@@ -70,7 +70,6 @@ class Executor:
             raise await self._capacity_error(
                 spec,
                 f"The queue of {spec.name!r} is full ({depth} waiting); retry later.",
-                waited_s=0.0,
                 code="queue_full",
             ) from e
         reader = self._queue.events(work.request_id)
@@ -87,7 +86,6 @@ class Executor:
                     spec,
                     f"No runner of {spec.name!r} could take the request within {window_s:g}s "
                     "(it is scaling up from zero or busy); retry after the indicated time.",
-                    waited_s=window_s,
                     code="admission_timeout",
                 )
             # Claimed at the deadline: its Claimed event is already on the stream.
@@ -123,25 +121,25 @@ class Executor:
             raise await self._capacity_error(
                 spec,
                 f"Deployment {spec.name!r} cannot start a runner: {status['error']}",
-                waited_s=0.0,
                 code="deployment_failing",
             )
 
-    async def _capacity_error(
-        self, spec: DeploymentSpec, message: str, *, waited_s: float, code: str
-    ) -> CapacityError:
+    async def _capacity_error(self, spec: DeploymentSpec, message: str, code: str) -> CapacityError:
         runners = [r for r in await self._state.runners() if r.state.is_live]
-        ready = sum(r.deployment == spec.name and r.state is RunnerState.READY for r in runners)
-        stems = any(r.deployment == "" and r.state is RunnerState.PREWARMED for r in runners)
-        sleepers = any(
-            r.deployment == spec.name and r.state is RunnerState.SLEEPING for r in runners
-        )
+        mine = [r for r in runners if r.deployment == spec.name]
+        now_ms = time.time() * 1000
         retry = retry_after_s(
-            ready_runners=ready,
+            ready_runners=sum(r.state is RunnerState.READY for r in mine),
             cold_starts_ms=await self._state.cold_start_ms(spec.name),
-            stems_available=stems,
-            sleepers_available=sleepers,
-            waited_s=waited_s,
+            stems_available=any(
+                r.deployment == "" and r.state is RunnerState.PREWARMED for r in runners
+            ),
+            sleepers_available=any(r.state is RunnerState.SLEEPING for r in mine),
+            starting=[
+                StartingRunner(r.starting_tier, (now_ms - r.start_began_ms) / 1000)
+                for r in mine
+                if r.is_starting
+            ],
         )
         return CapacityError(message, retry_after_s=retry, code=code)
 

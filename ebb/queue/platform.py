@@ -187,7 +187,10 @@ class PlatformState:
 
     async def assign(self, runner_id: str, deployment: str) -> None:
         pipe = self.redis.pipeline()
-        pipe.hset(keys.runner(runner_id), "deployment", deployment)
+        pipe.hset(
+            keys.runner(runner_id),
+            mapping={"deployment": deployment, "assigned_ms": int(time.time() * 1000)},
+        )
         pipe.rpush(keys.runner_assignment(runner_id), deployment)
         await pipe.execute()
 

@@ -172,6 +172,9 @@ class RunnerRecord(msgspec.Struct, kw_only=True):
     # When the controller last woke this runner from sleep; after its last ready_ms, the
     # runner is waking up and already counts as capacity on its way.
     woken_ms: int = 0
+    # When the controller last gave it a deployment (a stem taken from the pool, a sleeper
+    # woken); 0 for a runner launched with its deployment.
+    assigned_ms: int = 0
 
     @property
     def is_starting(self) -> bool:
@@ -179,6 +182,15 @@ class RunnerRecord(msgspec.Struct, kw_only=True):
         if self.state is RunnerState.SLEEPING:
             return self.woken_ms > self.ready_ms
         return self.state in (RunnerState.STARTING, RunnerState.PREWARMED, RunnerState.LOADING)
+
+    @property
+    def start_began_ms(self) -> int:
+        """When the start it is making for its deployment began."""
+        return self.assigned_ms or self.launched_ms
+
+    @property
+    def starting_tier(self) -> str:
+        return "sleeping" if self.state is RunnerState.SLEEPING else self.tier
 
 
 class ApiKeyRecord(msgspec.Struct, kw_only=True):

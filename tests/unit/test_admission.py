@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ebb.errors import CapacityError, InvalidRequest, NotFound, RateLimited
-from ebb.frontdoor.admission import DEFAULT_COLD_START_S, retry_after_s
+from ebb.frontdoor.admission import DEFAULT_COLD_START_S, StartingRunner, retry_after_s
 
 
 def test_retry_soon_when_a_runner_is_ready():
@@ -18,17 +18,29 @@ def test_retry_after_the_measured_cold_start_of_the_tier_it_will_get():
     assert retry_after_s(ready_runners=0, cold_starts_ms=measured, stems_available=False) == 13
 
 
-def test_time_already_waited_counts_toward_the_cold_start():
-    measured = {"fresh": {"total": 12600.0}}
+def test_a_start_under_way_is_waited_for_not_a_new_one():
+    measured = {"prewarmed": {"total": 2400.0}, "fresh": {"total": 12600.0}}
+    fresh_for_10s = [StartingRunner("fresh", elapsed_s=10.0)]
+    # A stem is free again, but the request's runner is the fresh one already loading: it
+    # is ready in 2.6 s, not in a pre-warmed start's 2.4 s from now.
     assert (
         retry_after_s(
-            ready_runners=0, cold_starts_ms=measured, stems_available=False, waited_s=10.0
+            ready_runners=0, cold_starts_ms=measured, stems_available=True, starting=fresh_for_10s
         )
         == 3
     )
+    # Of several starts, the first expected to finish; one overdue means "any moment".
+    both = [StartingRunner("fresh", elapsed_s=1.0), StartingRunner("prewarmed", elapsed_s=0.5)]
+    overdue = [StartingRunner("prewarmed", elapsed_s=30.0)]
     assert (
         retry_after_s(
-            ready_runners=0, cold_starts_ms=measured, stems_available=False, waited_s=60.0
+            ready_runners=0, cold_starts_ms=measured, stems_available=False, starting=both
+        )
+        == 2
+    )
+    assert (
+        retry_after_s(
+            ready_runners=0, cold_starts_ms=measured, stems_available=False, starting=overdue
         )
         == 1
     )

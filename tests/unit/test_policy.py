@@ -45,14 +45,20 @@ def test_scale_up_only_after_sustained_queueing():
     assert desired_replicas(snap(ready=1, queue_depth=5, oldest_wait_s=2.5), CONFIG) == 2
 
 
+def test_sustained_queueing_adds_runners_for_the_whole_queue():
+    # 20 queued at 8 per runner: three more runners at once, not one per episode.
+    at = snap(ready=1, queue_depth=20, oldest_wait_s=3.0, max_replicas=10)
+    assert desired_replicas(at, CONFIG) == 4
+
+
 def test_no_flapping_while_a_new_runner_is_on_its_way():
     # Queueing persists while the added runner loads: wait for it instead of adding more.
     at = snap(ready=1, starting=1, queue_depth=40, oldest_wait_s=10.0)
     assert desired_replicas(at, CONFIG) == 2
 
 
-def test_a_fake_clock_run_adds_one_runner_per_sustained_episode():
-    """Replay a queue that builds up with one runner busy, on a fake clock."""
+def test_a_fake_clock_run_scales_once_per_sustained_episode():
+    """Replay a queue that stays at 10 with runners busy, on a fake clock."""
     replicas, starting = 1, 0
     decisions = []
     for second in range(10):
@@ -62,10 +68,11 @@ def test_a_fake_clock_run_adds_one_runner_per_sustained_episode():
         )
         if desired > replicas + starting:
             starting += desired - replicas - starting
-        if second == 5 and starting:  # the new runner became ready
+        if second == 5 and starting:  # the new runners became ready
             replicas, starting = replicas + starting, 0
         decisions.append(replicas + starting)
-    assert decisions == [1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
+    # +2 (10 queued at 8 each) after 2 s, nothing more while they load, then the bound.
+    assert decisions == [1, 1, 3, 3, 3, 3, 4, 4, 4, 4]
 
 
 def test_bounds_are_respected():
