@@ -5,8 +5,9 @@
 Each trace (bench/traces) is replayed on a simulated clock (ebb.coldstart.simulation) with
 the platform's own policy, idle drain, pre-warmed pool and Retry-After, and the runner
 speeds and start times measured on this machine (RunnerModel's defaults). Per trace:
-  ebb         scale to zero, one pre-warmed stem (the defaults)
-  no pool     the same without stems (every start is a fresh process)
+  ebb         scale to zero, one pre-warmed stem, runners beyond it forked (the defaults)
+  no forks    the same without the fork server: runners beyond the stem start fresh
+  no pool     neither stems nor forks: every start is a fresh process
   always on   min = max replicas: the baseline the runner-seconds are a ratio of
 Printed: requests refused at the admission window, queue wait percentiles of the
 admitted, starts by tier, times the deployment fell to zero, and runner-seconds.
@@ -65,7 +66,8 @@ def main() -> None:
         )
         variants = {
             "ebb": ebb,
-            "no pool": replace(ebb, prewarm=0),
+            "no forks": replace(ebb, fork_server=False),
+            "no pool": replace(ebb, prewarm=0, fork_server=False),
             "always on": replace(ebb, min_replicas=ebb.max_replicas),
         }
         trace = load_azure_trace(path)

@@ -5,6 +5,7 @@
 Tiers measured through ebb, each on a platform of its own so that no background work
 (a refilling pool) competes for the cores:
   prewarmed    a pre-warmed stem (engine imported) loads the cached model
+  forked       a runner forked from the fork server (engine imported) loads it
   fresh        a new process imports the engine and loads the cached model
   fresh_fetch  as fresh, with an empty weight cache (the GGUF is converted first)
 Baseline, same run: starting vLLM's own OpenAI server (eager) on the same model directory
@@ -89,10 +90,18 @@ def ebb_tier(tier: str, work: Path, model_dir: Path) -> dict:
         redis_url=None,
         env_extra={
             "EBB_PREWARM": "1" if tier == "prewarmed" else "0",
+            # As `ebb up` runs by default, but for the tiers that start without it.
+            "EBB_FORK_SERVER": "1" if tier in ("prewarmed", "forked") else "0",
             "EBB_WEIGHTS_CACHE_DIR": str(weights),
             "EBB_KV_CACHE_GIB": KV_CACHE_GIB,
         },
     ).start(timeout_s=600)
+    if tier == "forked":
+        wait_until(
+            lambda: b"fork server is ready" in (platform.home / "logs/coldstart.log").read_bytes(),
+            300,
+            "the fork server to import the engine",
+        )
     try:
         with platform.admin() as admin:
             deploy_started = time.perf_counter()
@@ -139,7 +148,7 @@ def main() -> None:
     args = parser.parse_args()
     model = ensure(DEFAULT_MODEL_SOURCE, TEST_WEIGHTS_DIR)
     work = temp_home("ebb-coldstart-")
-    tiers = ["prewarmed", "fresh"] + ([] if args.skip_fetch else ["fresh_fetch"])
+    tiers = ["prewarmed", "forked", "fresh"] + ([] if args.skip_fetch else ["fresh_fetch"])
     results = [ebb_tier(tier, work, model.path) for tier in tiers]
     base = baseline_s(model.path, work)
     print(f"baseline: vLLM OpenAI server start + first token = {base:.2f} s")

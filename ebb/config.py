@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = 1.0
     # Pre-warmed runner processes (libraries imported, no model) kept by the controller.
     prewarm: int = 1
+    # Fork runners from one process that imported the engine once (else each imports it).
+    fork_server: bool = True
     # Upper bound on `n` (choices per request).
     max_n: int = 8
     # The controller reconciles at least this often; queued work wakes it sooner.

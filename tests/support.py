@@ -111,6 +111,8 @@ class Platform:
             EBB_PORT=str(self.port),
             EBB_ADMIN_KEY=self.admin_key,
             EBB_PREWARM="0",
+            # Each would import vLLM (~8 s of CPU); the tests that need one turn it on.
+            EBB_FORK_SERVER="0",
             PYTHONUNBUFFERED="1",
         )
         if self.redis_url:

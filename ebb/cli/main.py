@@ -110,5 +110,14 @@ def runner(
     raise typer.Exit(run_runner(Settings(), runner_id, deployment, tier))
 
 
+@app.command("fork-server", hidden=True)
+def fork_server() -> None:
+    """Import the engine once and fork runners on request (started by the controller)."""
+    from ebb.runners.fork_server import serve_forks
+
+    _logging()
+    raise typer.Exit(serve_forks(Settings()))
+
+
 def main() -> None:
     app()

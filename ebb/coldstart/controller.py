@@ -5,8 +5,9 @@ clients get an error event within about a lease period. Each reconcile, in order
   1. collect exited runner processes; a runner that died before EXITED is FAILED;
   2. per deployment: snapshot demand (queued requests and jobs), ask the policy, launch the
      difference — a sleeping runner of the deployment first, then a pre-warmed stem, then a
-     fresh process — with backoff after failed starts;
-  3. refill the pre-warmed pool.
+     runner forked from the fork server (a fresh process while it is not up) — with
+     backoff after failed starts;
+  3. refill the pre-warmed pool (from the fork server, once it is up).
 A queued request for a deployment with no runner wakes the controller at once (the
 enqueue script pushes onto its wake list), so reaction is not bound to the poll interval.
 """
@@ -218,7 +219,8 @@ class Controller:
 
     async def _launch_for(self, deployment: str) -> None:
         # Tiers, fastest first: a sleeping runner of this deployment, a pre-warmed stem, a
-        # fresh process. Sleepers exist only where engines support sleep mode (GPUs).
+        # process forked from the fork server, a fresh process. Sleepers exist only where
+        # engines support sleep mode (GPUs).
         sleeper = await self._state.take_sleeper(deployment)
         if sleeper is not None:
             await self._state.wake_sleeper(sleeper, deployment)
@@ -236,12 +238,16 @@ class Controller:
                 error="stem died while pre-warmed",
                 exited_ms=int(time.time() * 1000),
             )
-        await self._launch(deployment, tier="fresh")
+        await self._launch(deployment, tier="forked" if self._launcher.forks_ready() else "fresh")
 
     async def _refill_pool(self, runners: list[RunnerRecord]) -> None:
         # A new stem's imports compete for the same cores as a model that is loading to
         # serve a waiting request: refill only once no runner is starting for real work.
         if any(r.deployment and r.is_starting for r in runners):
+            return
+        # Stems forked from the fork server are ready at once; one spawned while it imports
+        # would import the engine a second time, on the same cores.
+        if self._launcher.forks_starting():
             return
         stems = sum(
             r.deployment == "" and r.state in (RunnerState.STARTING, RunnerState.PREWARMED)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ebb.coldstart.fork_client import ForkServerClient
 from ebb.config import Settings
 from ebb.runners.process import LAUNCHED_AT_ENV
 
@@ -39,6 +40,14 @@ class Launcher(Protocol):
 
     def alive(self, runner_id: str) -> bool: ...
 
+    def forks_ready(self) -> bool:
+        """New runners will start from a process that already imported the engine."""
+        ...
+
+    def forks_starting(self) -> bool:
+        """That process is on its way up (worth waiting for, for what is not urgent)."""
+        ...
+
     def stop_all(self, grace_s: float) -> None: ...
 
 
@@ -59,15 +68,38 @@ def child_environment(settings: Settings) -> dict[str, str]:
 
 
 class LocalProcessLauncher:
+    """Runners as local processes: forked from the fork server once it is ready (the
+    engine already imported), spawned as new interpreters before that or without one."""
+
     def __init__(self, settings: Settings):
         self._settings = settings
         self._procs: dict[str, subprocess.Popen] = {}
         settings.logs_dir.mkdir(parents=True, exist_ok=True)
+        self._forks = (
+            ForkServerClient(child_environment(settings), settings.logs_dir / "fork-server.log")
+            if settings.fork_server
+            else None
+        )
 
     def log_path(self, runner_id: str) -> Path:
         return self._settings.logs_dir / f"runner-{runner_id}.log"
 
+    def forks_ready(self) -> bool:
+        return self._forks is not None and self._forks.ready()
+
+    def forks_starting(self) -> bool:
+        return self._forks is not None and self._forks.starting()
+
     def launch(self, runner_id: str, deployment: str | None, tier: str) -> None:
+        if self.forks_ready():
+            self._forks.spawn(runner_id, deployment, tier, self.log_path(runner_id))
+            how = "forked"
+        else:
+            self._spawn(runner_id, deployment, tier)
+            how = "spawned"
+        log.info("coldstart: %s runner %s (%s) for %r", how, runner_id, tier, deployment or "")
+
+    def _spawn(self, runner_id: str, deployment: str | None, tier: str) -> None:
         cmd = [sys.executable, "-m", "ebb", "runner", "--runner-id", runner_id, "--tier", tier]
         if deployment is not None:
             cmd += ["--deployment", deployment]
@@ -77,7 +109,6 @@ class LocalProcessLauncher:
             self._procs[runner_id] = subprocess.Popen(
                 cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
-        log.info("coldstart: launched runner %s (%s) for %r", runner_id, tier, deployment or "")
 
     def poll(self) -> list[Exit]:
         exits = []
@@ -86,21 +117,30 @@ class LocalProcessLauncher:
             if code is not None:
                 del self._procs[runner_id]
                 exits.append(Exit(runner_id, code))
+        if self._forks is not None:
+            exits += [Exit(e.runner_id, e.code) for e in self._forks.poll()]
         return exits
 
     def alive(self, runner_id: str) -> bool:
         proc = self._procs.get(runner_id)
-        return proc is not None and proc.poll() is None
+        if proc is not None:
+            return proc.poll() is None
+        return self._forks is not None and self._forks.alive(runner_id)
 
     def kill(self, runner_id: str) -> None:
         proc = self._procs.get(runner_id)
         if proc is not None and proc.poll() is None:
             proc.kill()
+        elif self._forks is not None:
+            self._forks.signal(runner_id, signal.SIGKILL)
 
     def stop_all(self, grace_s: float) -> None:
+        forked = self._forks.runner_ids() if self._forks is not None else []
         for proc in self._procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
+        for runner_id in forked:
+            self._forks.signal(runner_id, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for runner_id, proc in self._procs.items():
             try:
@@ -112,3 +152,15 @@ class LocalProcessLauncher:
                 proc.kill()
                 proc.wait()
         self._procs.clear()
+        if self._forks is not None:
+            self._stop_forked(forked, deadline)
+
+    def _stop_forked(self, forked: list[str], deadline: float) -> None:
+        while any(self._forks.alive(r) for r in forked) and time.monotonic() < deadline:
+            self._forks.poll()
+            time.sleep(0.1)
+        for runner_id in forked:
+            if self._forks.alive(runner_id):
+                log.warning("coldstart: runner %s did not drain in time, killing", runner_id)
+                self._forks.signal(runner_id, signal.SIGKILL)
+        self._forks.close()

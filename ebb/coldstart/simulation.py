@@ -63,6 +63,7 @@ class RunnerModel:
     prefill_tokens_per_s: float = 2000.0
     decode_tokens_per_s: float = 25.0
     prewarmed_start_s: float = 2.0
+    forked_start_s: float = 2.0
     fresh_start_s: float = 10.0
     # A new stem is usable this long after it is launched (imports).
     stem_import_s: float = 8.0
@@ -74,7 +75,9 @@ class RunnerModel:
         )
 
     def start_s(self, tier: str) -> float:
-        return self.prewarmed_start_s if tier == "prewarmed" else self.fresh_start_s
+        return {"prewarmed": self.prewarmed_start_s, "forked": self.forked_start_s}.get(
+            tier, self.fresh_start_s
+        )
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,8 @@ class ScalingSettings:
     idle_timeout_s: float = 60.0
     admission_timeout_s: float = 10.0
     prewarm: int = 1
+    # Runners beyond the pool are forked from the fork server (else fresh processes).
+    fork_server: bool = True
     controller_poll_s: float = 0.5
 
 
@@ -170,7 +175,7 @@ class _Simulation:
         self.runners: list[_Runner] = []
         self.stems: list[float] = [0.0] * settings.prewarm  # when each stem is usable
         self.cold_starts_ms = {
-            tier: {"total": model.start_s(tier) * 1000} for tier in ("prewarmed", "fresh")
+            tier: {"total": model.start_s(tier) * 1000} for tier in ("prewarmed", "forked", "fresh")
         }
         self.last_drain_s = -math.inf
         self.next_reconcile_s = 0.0
@@ -271,13 +276,15 @@ class _Simulation:
             self._launch(now)
         # The pool refills once no start for real work competes for the cores.
         if all(r.ready(now) for r in self.runners):
-            self.stems += [now + self.model.stem_import_s] * (s.prewarm - len(self.stems))
+            # A stem forked from the fork server has nothing left to import.
+            ready_at = now if s.fork_server else now + self.model.stem_import_s
+            self.stems += [ready_at] * (s.prewarm - len(self.stems))
 
     def _launch(self, now: float) -> None:
         usable = [at for at in self.stems if at <= now]
-        tier = "prewarmed" if usable else "fresh"
         if usable:
             self.stems.remove(usable[0])
+        tier = "prewarmed" if usable else "forked" if self.settings.fork_server else "fresh"
         self.runners.append(_Runner(tier, now, now + self.model.start_s(tier)))
         self.result.starts[tier] += 1
         if now - self.last_drain_s < FLAP_WINDOW_S:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 # Before any cold start was observed: a fresh runner on a small CPU machine.
 DEFAULT_COLD_START_S = 15.0
 # Tiers in the order a new runner gets them.
-TIER_PREFERENCE = ("sleeping", "prewarmed", "fresh", "fresh_fetch")
+# "forked" needs the controller's fork server, which is up but for its first seconds.
+TIER_PREFERENCE = ("sleeping", "prewarmed", "forked", "fresh", "fresh_fetch")
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
 
 def _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat, meter) -> int:
     if deployment is None:
-        _import_engine_libraries()
+        import_engine_libraries()
         clock.lap("import")
         deployment = _wait_as_stem(lifecycle, queue, stop)
         if deployment is None:
@@ -219,7 +219,7 @@ def _wait_as_stem(lifecycle: Lifecycle, queue: RunnerQueue, stop: threading.Even
     return queue.wait_for_assignment(timeout_s=5.0)
 
 
-def _import_engine_libraries() -> None:
+def import_engine_libraries() -> None:
     from ebb.runners import engine_vllm
 
     engine_vllm.preload()
@@ -252,7 +252,7 @@ def _load_engine(
         hold=True,
     )
     clock.lap("weights")
-    if phases & {"download", "convert"} and tier == "fresh":
+    if phases & {"download", "convert"} and tier in ("fresh", "forked"):
         tier = "fresh_fetch"
     options = EngineOptions(
         model_path=model.path,

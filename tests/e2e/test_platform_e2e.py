@@ -20,7 +20,9 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def platform(default_local_model):
-    with real_engine_platform("ebb-e2e-", default_model=True, EBB_PREWARM="1") as p:
+    with real_engine_platform(
+        "ebb-e2e-", default_model=True, EBB_PREWARM="1", EBB_FORK_SERVER="1"
+    ) as p:
         yield p
 
 

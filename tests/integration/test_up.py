@@ -6,7 +6,7 @@ import signal
 
 import psutil
 import pytest
-from support import Platform, temp_home
+from support import Platform, temp_home, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -42,13 +42,25 @@ def test_a_second_up_on_the_same_home_keeps_keys_and_deployments():
         assert second.stop() == 0
 
 
-def test_ctrl_c_stops_every_process():
+@pytest.mark.parametrize("fork_server", [False, True], ids=["spawned", "forked"])
+def test_ctrl_c_stops_every_process(fork_server):
     home = temp_home("ebb-up-")
-    platform = Platform(home=home, redis_url=None).start()
+    platform = Platform(
+        home=home, redis_url=None, env_extra={"EBB_FORK_SERVER": str(int(fork_server))}
+    ).start()
+    if fork_server:
+        wait_until(
+            lambda: b"fork server is ready" in (home / "logs" / "coldstart.log").read_bytes(),
+            180,
+            "the fork server to import the engine",
+        )
     with platform.admin() as admin:
         admin.post("/v1/deployments", json={"name": "busy", "source": "fake://m"})
     platform.openai().chat.completions.create(model="busy", messages=MESSAGES, max_tokens=2)
-    assert any("ebb runner" in cmd for cmd in ebb_processes(home)), "a runner is up"
+    # A forked runner carries its parent's command line: the server's and its own.
+    runner = "ebb fork-server" if fork_server else "ebb runner"
+    running = [cmd for cmd in ebb_processes(home) if runner in cmd]
+    assert len(running) == (2 if fork_server else 1), running
     platform.proc.send_signal(signal.SIGINT)
     assert platform.proc.wait(timeout=60) == 0
     assert not ebb_processes(home)

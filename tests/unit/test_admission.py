@@ -78,3 +78,9 @@ def test_a_sleeping_runner_is_the_fastest_tier_when_there_is_one():
     )
     without = retry_after_s(ready_runners=0, cold_starts_ms=measured, stems_available=True)
     assert (with_sleeper, without) == (1, 3)
+
+
+def test_with_the_pool_empty_a_forked_start_is_expected_before_a_fresh_one():
+    measured = {"prewarmed": {"total": 1500.0}, "forked": {"total": 1700.0}}
+    measured["fresh"] = {"total": 9800.0}
+    assert retry_after_s(ready_runners=0, cold_starts_ms=measured, stems_available=False) == 2

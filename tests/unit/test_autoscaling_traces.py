@@ -8,6 +8,7 @@ The code-completion trace is bursty (1-585 requests a minute) with idle gaps of 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -62,21 +63,33 @@ def test_min_replicas_keeps_the_deployment_warm(code_trace):
 
 
 def test_the_pool_turns_cold_start_refusals_into_admissions(code_trace):
-    # Fresh starts slower than the admission window refuse whoever waits on them alone.
+    # Without a fork server, fresh starts slower than the admission window refuse whoever
+    # waits on them alone.
     slow_fresh = RunnerModel(fresh_start_s=12.0)
-    without = simulate(code_trace, ScalingSettings(prewarm=0), slow_fresh, tick_s=TICK_S)
-    pooled = simulate(code_trace, ScalingSettings(prewarm=1), slow_fresh, tick_s=TICK_S)
+    spawning = ScalingSettings(fork_server=False)
+    without = simulate(code_trace, replace(spawning, prewarm=0), slow_fresh, tick_s=TICK_S)
+    pooled = simulate(code_trace, spawning, slow_fresh, tick_s=TICK_S)
     assert without.refused_while_starting > 0
     assert pooled.refused_while_starting == 0
     assert pooled.refused < without.refused / 2
+
+
+def test_forking_every_start_absorbs_the_bursts_the_pool_alone_cannot(code_trace):
+    # Beyond the one stem, each burst's runners start fresh (10 s) without a fork server.
+    settings = ScalingSettings(max_replicas=8)
+    forked = simulate(code_trace, settings, tick_s=TICK_S)
+    spawned = simulate(code_trace, replace(settings, fork_server=False), tick_s=TICK_S)
+    assert forked.starts["forked"] > 0 and spawned.starts["fresh"] > 0
+    assert forked.refused < spawned.refused / 4
 
 
 @pytest.mark.parametrize(("prewarm", "fresh_start_s"), [(0, 12.0), (0, 14.0), (1, 14.0)])
 def test_retry_after_never_sends_a_client_back_before_a_runner_is_ready(
     code_trace, prewarm, fresh_start_s
 ):
-    # A short idle timeout makes the deployment fall to zero, and start again, often.
-    settings = ScalingSettings(prewarm=prewarm, idle_timeout_s=5)
+    # A short idle timeout makes the deployment fall to zero, and start again, often; fresh
+    # starts (no fork server) outlast the admission window.
+    settings = ScalingSettings(prewarm=prewarm, idle_timeout_s=5, fork_server=False)
     result = simulate(code_trace, settings, RunnerModel(fresh_start_s=fresh_start_s), tick_s=TICK_S)
     assert result.refused > 0
     assert result.retry_after_early == 0
