@@ -97,11 +97,7 @@ def ebb_tier(tier: str, work: Path, model_dir: Path) -> dict:
         },
     ).start(timeout_s=600)
     if tier == "forked":
-        wait_until(
-            lambda: b"fork server is ready" in (platform.home / "logs/coldstart.log").read_bytes(),
-            300,
-            "the fork server to import the engine",
-        )
+        platform.wait_for_fork_server()
     try:
         with platform.admin() as admin:
             deploy_started = time.perf_counter()

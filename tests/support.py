@@ -143,6 +143,20 @@ class Platform:
             raise AssertionError(f"ebb up exited early:\n{self.log_path.read_text()[-4000:]}")
         return re.search(rb"^ready: http", self.log_path.read_bytes(), re.MULTILINE) is not None
 
+    def wait_for_fork_server(self, timeout_s: float = 300) -> None:
+        """Until the controller's fork server has imported the engine (EBB_FORK_SERVER=1)."""
+        try:
+            with self.admin() as admin:
+                wait_until(
+                    lambda: admin.get("/v1/status").json()["fork_server"] == "ready",
+                    timeout_s,
+                    "the fork server to import the engine",
+                    poll_s=0.2,
+                )
+        except AssertionError:
+            self.stop()  # a fixture that fails here never reaches its teardown
+            raise
+
     def stop(self, timeout_s: float = 60) -> int:
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
@@ -214,5 +228,19 @@ def real_engine_platform(
         default_model=default_model,
         env_extra={"EBB_WEIGHTS_CACHE_DIR": str(TEST_WEIGHTS_DIR), **env},
     ).start(timeout_s=600)
-    yield platform
+    try:
+        yield platform
+    except BaseException:
+        platform.stop()
+        raise
     assert platform.stop() == 0
+
+
+def deploy(admin: httpx.Client, name: str, source: str = "fake://m", **fields) -> dict:
+    response = admin.post("/v1/deployments", json={"name": name, "source": source, **fields})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def deployment(admin: httpx.Client, name: str) -> dict:
+    return admin.get(f"/v1/deployments/{name}").json()

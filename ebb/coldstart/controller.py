@@ -69,6 +69,7 @@ class Controller:
         self._backoff: dict[str, _Backoff] = {}
         self._stopping = asyncio.Event()
         self._gpu_meter = GpuMeterScript(state.redis)
+        self._fork_server_state = ""  # as last published
 
     def stop(self) -> None:
         self._stopping.set()
@@ -104,6 +105,12 @@ class Controller:
                 )
                 await self._close_gpu_meter(r)
 
+    async def _publish_fork_server_state(self) -> None:
+        state = self._launcher.fork_server_state()
+        if state != self._fork_server_state:
+            await self._state.set_fork_server_state(state)
+            self._fork_server_state = state
+
     async def _reap(self) -> None:
         reaped = await self._state.reap_expired_leases()
         if reaped:
@@ -111,6 +118,7 @@ class Controller:
 
     async def reconcile(self) -> None:
         runners = await self._collect_exits(await self._state.runners())
+        await self._publish_fork_server_state()
         for spec in await self._state.list_deployments():
             await self._scale(spec, [r for r in runners if r.deployment == spec.name])
         await self._refill_pool(runners)

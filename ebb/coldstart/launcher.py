@@ -48,6 +48,10 @@ class Launcher(Protocol):
         """That process is on its way up (worth waiting for, for what is not urgent)."""
         ...
 
+    def fork_server_state(self) -> str:
+        """off, starting, ready or down."""
+        ...
+
     def stop_all(self, grace_s: float) -> None: ...
 
 
@@ -89,6 +93,11 @@ class LocalProcessLauncher:
 
     def forks_starting(self) -> bool:
         return self._forks is not None and self._forks.starting()
+
+    def fork_server_state(self) -> str:
+        if self._forks is None:
+            return "off"
+        return "ready" if self.forks_ready() else "starting" if self.forks_starting() else "down"
 
     def launch(self, runner_id: str, deployment: str | None, tier: str) -> None:
         if self.forks_ready():

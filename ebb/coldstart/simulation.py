@@ -238,6 +238,7 @@ class _Simulation:
                 ready_runners=len(self.runners) - len(starting),
                 cold_starts_ms=self.cold_starts_ms,
                 stems_available=any(at <= now for at in self.stems),
+                forks_available=self.settings.fork_server,
                 starting=[StartingRunner(r.tier, now - r.started_s) for r in starting],
             )
             self.result.retry_after_s.append(retry_s)

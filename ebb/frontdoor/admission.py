@@ -9,7 +9,6 @@ from dataclasses import dataclass
 # Before any cold start was observed: a fresh runner on a small CPU machine.
 DEFAULT_COLD_START_S = 15.0
 # Tiers in the order a new runner gets them.
-# "forked" needs the controller's fork server, which is up but for its first seconds.
 TIER_PREFERENCE = ("sleeping", "prewarmed", "forked", "fresh", "fresh_fetch")
 
 
@@ -27,13 +26,15 @@ def cold_start_estimate_s(
     *,
     stems_available: bool,
     sleepers_available: bool = False,
+    forks_available: bool = True,
 ) -> float:
     """The measured moving-average cold start for the tier the next runner will come from."""
-    unavailable = {
-        tier
-        for tier, available in (("sleeping", sleepers_available), ("prewarmed", stems_available))
-        if not available
+    available = {
+        "sleeping": sleepers_available,
+        "prewarmed": stems_available,
+        "forked": forks_available,
     }
+    unavailable = {tier for tier, ok in available.items() if not ok}
     for tier in TIER_PREFERENCE:
         total = cold_starts_ms.get(tier, {}).get("total")
         if tier not in unavailable and total:
@@ -52,6 +53,7 @@ def retry_after_s(
     cold_starts_ms: dict[str, dict[str, float]],
     stems_available: bool,
     sleepers_available: bool = False,
+    forks_available: bool = True,
     starting: Sequence[StartingRunner] = (),
 ) -> int:
     """Seconds a refused client should wait before its retry can be admitted.
@@ -67,6 +69,9 @@ def retry_after_s(
         estimate = min(tier_estimate_s(cold_starts_ms, r.tier) - r.elapsed_s for r in starting)
     else:
         estimate = cold_start_estimate_s(
-            cold_starts_ms, stems_available=stems_available, sleepers_available=sleepers_available
+            cold_starts_ms,
+            stems_available=stems_available,
+            sleepers_available=sleepers_available,
+            forks_available=forks_available,
         )
     return max(1, math.ceil(estimate))

@@ -135,6 +135,7 @@ class Executor:
                 r.deployment == "" and r.state is RunnerState.PREWARMED for r in runners
             ),
             sleepers_available=any(r.state is RunnerState.SLEEPING for r in mine),
+            forks_available=await self._state.fork_server_state() == "ready",
             starting=[
                 StartingRunner(r.starting_tier, (now_ms - r.start_began_ms) / 1000)
                 for r in mine

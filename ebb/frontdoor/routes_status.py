@@ -22,6 +22,8 @@ async def platform_status(request: Request, caller: AdminDep) -> dict:
             "prewarmed": sum(r.state is RunnerState.PREWARMED for r in stems),
             "starting": sum(r.state is RunnerState.STARTING for r in stems),
         },
+        # Runners beyond the pool are forked from it when "ready" (EBB_FORK_SERVER).
+        "fork_server": await state.fork_server_state(),
         "runners": [
             {
                 "id": r.runner_id,

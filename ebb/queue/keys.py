@@ -18,6 +18,7 @@ API_KEYS = PREFIX + "apikeys"  # hash: sha256(key) -> ApiKeyRecord (json)
 USAGE = PREFIX + "usage"  # stream: one UsageRecord per finished request
 COLD_STARTS = PREFIX + "coldstarts"  # stream: one ColdStartRecord per runner start (capped)
 SCALE_DECISIONS = PREFIX + "scale_decisions"  # hash: "deployment|up" / "|down" -> count
+FORK_SERVER = PREFIX + "fork_server"  # string: the controller's fork server state
 
 # Cold-start records kept for metrics scrapes; older ones have long been scraped.
 COLD_STARTS_MAX = 10_000

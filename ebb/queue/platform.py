@@ -121,6 +121,13 @@ class PlatformState:
     async def cold_start_ms(self, deployment: str) -> dict[str, dict[str, float]]:
         return parse_cold_start(await self.redis.hgetall(keys.coldstart(deployment)))
 
+    async def set_fork_server_state(self, state: str) -> None:
+        await self.redis.set(keys.FORK_SERVER, state)
+
+    async def fork_server_state(self) -> str:
+        """off, starting, ready or down, as the controller last saw its fork server."""
+        return ((await self.redis.get(keys.FORK_SERVER)) or b"off").decode()
+
     # --- runners and the pre-warmed pool -------------------------------------------------
 
     async def put_runner(self, record: RunnerRecord) -> None:

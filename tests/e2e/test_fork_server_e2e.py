@@ -17,11 +17,7 @@ IMPORT_LOG_LINE = b"preload (vllm imports) took"
 @pytest.fixture(scope="module")
 def platform(default_local_model):
     with real_engine_platform("ebb-e2e-fork-", EBB_PREWARM="0", EBB_FORK_SERVER="1") as p:
-        wait_until(
-            lambda: b"the fork server is ready" in (p.home / "logs" / "coldstart.log").read_bytes(),
-            300,
-            "the fork server to import the engine",
-        )
+        p.wait_for_fork_server()
         yield p
 
 

@@ -10,22 +10,13 @@ import signal
 import httpx
 import openai
 import pytest
-from support import wait_until
+from support import deploy, deployment, wait_until
 
 from ebb.coldstart.controller import MAX_START_FAILURES
 
 pytestmark = pytest.mark.integration
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def deploy(admin: httpx.Client, name: str, source: str, **fields) -> None:
-    response = admin.post("/v1/deployments", json={"name": name, "source": source, **fields})
-    assert response.status_code == 201, response.text
-
-
-def view(admin: httpx.Client, name: str) -> dict:
-    return admin.get(f"/v1/deployments/{name}").json()
 
 
 def test_crash_while_loading_backs_off_into_an_error_state(platform, admin):
@@ -37,7 +28,7 @@ def test_crash_while_loading_backs_off_into_an_error_state(platform, admin):
         with pytest.raises(openai.APIStatusError) as refused:
             client.chat.completions.create(model="broken", messages=MESSAGES, max_tokens=2)
         assert refused.value.status_code == 503
-        return (d := view(admin, "broken"))["status"] == "failing" and d
+        return (d := deployment(admin, "broken"))["status"] == "failing" and d
 
     failing = wait_until(retrying_client_sees_failing, 90, "the deployment's error state")
     assert "failed to load" in failing["error"]
@@ -62,7 +53,9 @@ def test_sigkilled_runner_ends_its_streams_with_an_error(platform, admin):
         assert response.status_code == 200
         lines = (line for line in response.iter_lines() if line.startswith("data: "))
         events.append(next(lines))
-        pid = next(r["pid"] for r in view(admin, "victim")["runners"] if r["state"] == "ready")
+        pid = next(
+            r["pid"] for r in deployment(admin, "victim")["runners"] if r["state"] == "ready"
+        )
         os.kill(pid, signal.SIGKILL)
         events += list(lines)  # the stream must end on its own: a hang fails by timeout
     assert events[-1] == "data: [DONE]"
@@ -71,7 +64,7 @@ def test_sigkilled_runner_ends_its_streams_with_an_error(platform, admin):
     killed = wait_until(
         lambda: [
             r
-            for r in view(admin, "victim")["runners"]
+            for r in deployment(admin, "victim")["runners"]
             if r["pid"] == pid and r["state"] == "failed"
         ],
         30,
@@ -84,7 +77,9 @@ def test_cold_starts_and_scale_decisions_are_metrics(platform, admin):
     deploy(admin, "counted", "fake://m", idle_timeout_s=1)
     platform.openai().chat.completions.create(model="counted", messages=MESSAGES, max_tokens=2)
     wait_until(
-        lambda: view(admin, "counted")["runners"][0]["state"] == "exited", 30, "the runner to drain"
+        lambda: deployment(admin, "counted")["runners"][0]["state"] == "exited",
+        30,
+        "the runner to drain",
     )
 
     def scraped() -> str | None:
@@ -96,7 +91,7 @@ def test_cold_starts_and_scale_decisions_are_metrics(platform, admin):
         labels = f'deployment="counted",phase="{phase}",tier="fresh"'
         assert f"ebb_cold_start_seconds_count{{{labels}}} 1.0" in text
     # The fake engine imports nothing, so it has no import phase.
-    phases = view(admin, "counted")["cold_start_ms"]["fresh"]
+    phases = deployment(admin, "counted")["cold_start_ms"]["fresh"]
     assert {"spawn", "weights", "engine", "total", "first_token"} <= set(phases)
     assert 'ebb_scale_decisions_total{deployment="counted",direction="up"} 1.0' in text
     assert 'ebb_runners{deployment="counted",state="ready"} 0.0' in text
@@ -108,7 +103,7 @@ def test_an_engine_that_can_sleep_parks_when_idle_and_wakes_for_work(platform, a
     client = platform.openai()
     client.chat.completions.create(model="sleepy", messages=MESSAGES, max_tokens=2)
     asleep = wait_until(
-        lambda: (d := view(admin, "sleepy"))["status"] == "sleeping" and d,
+        lambda: (d := deployment(admin, "sleepy"))["status"] == "sleeping" and d,
         30,
         "the idle runner to fall asleep instead of exiting",
     )
@@ -117,12 +112,12 @@ def test_an_engine_that_can_sleep_parks_when_idle_and_wakes_for_work(platform, a
 
     reply = client.chat.completions.create(model="sleepy", messages=MESSAGES, max_tokens=3)
     assert reply.usage.completion_tokens == 3
-    woken = view(admin, "sleepy")
+    woken = deployment(admin, "sleepy")
     assert [r["id"] for r in woken["runners"]] == [runner["id"]], "woken, not relaunched"
     assert {"wake", "first_token"} <= set(woken["cold_start_ms"]["sleeping"])
 
 
 def test_engines_without_sleep_mode_never_sleep(admin):
     # The CPU case: the vLLM adapter reports no sleep support, like this fake engine.
-    assert "sleeping" not in view(admin, "counted")["cold_start_ms"]
-    assert {r["state"] for r in view(admin, "counted")["runners"]} == {"exited"}
+    assert "sleeping" not in deployment(admin, "counted")["cold_start_ms"]
+    assert {r["state"] for r in deployment(admin, "counted")["runners"]} == {"exited"}

@@ -8,9 +8,8 @@ import os
 import signal
 from pathlib import Path
 
-import httpx
 import pytest
-from support import Platform, temp_home, wait_until
+from support import Platform, deploy, deployment, temp_home, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -23,11 +22,7 @@ def platform():
         home=temp_home("ebb-fork-"), redis_url=None, env_extra={"EBB_FORK_SERVER": "1"}
     ).start()
     # The server imports vLLM before it takes requests; until then runners are spawned.
-    wait_until(
-        lambda: b"the fork server is ready" in (p.home / "logs" / "coldstart.log").read_bytes(),
-        180,
-        "the fork server to import the engine",
-    )
+    p.wait_for_fork_server()
     yield p
     server = fork_server_pid(p)
     assert p.stop() == 0
@@ -51,27 +46,18 @@ def parent_pid(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
-def deploy(admin: httpx.Client, name: str, source: str, **fields) -> None:
-    response = admin.post("/v1/deployments", json={"name": name, "source": source, **fields})
-    assert response.status_code == 201, response.text
-
-
-def view(admin: httpx.Client, name: str) -> dict:
-    return admin.get(f"/v1/deployments/{name}").json()
-
-
 def test_a_runner_from_zero_is_forked_and_drains_when_idle(platform, admin):
     deploy(admin, "forked", "fake://m", idle_timeout_s=1)
     reply = platform.openai().chat.completions.create(
         model="forked", messages=MESSAGES, max_tokens=3
     )
     assert reply.usage.completion_tokens == 3
-    [runner] = view(admin, "forked")["runners"]
+    [runner] = deployment(admin, "forked")["runners"]
     assert runner["tier"] == "forked"
     assert parent_pid(runner["pid"]) == fork_server_pid(platform)
-    assert "forked" in view(admin, "forked")["cold_start_ms"]
+    assert "forked" in deployment(admin, "forked")["cold_start_ms"]
     drained = wait_until(
-        lambda: (r := view(admin, "forked")["runners"][0])["state"] == "exited" and r,
+        lambda: (r := deployment(admin, "forked")["runners"][0])["state"] == "exited" and r,
         30,
         "the forked runner to drain, and its exit to reach the controller",
     )
@@ -86,14 +72,14 @@ def test_a_sigkilled_forked_runner_ends_its_stream_and_is_marked_failed(platform
         assert response.status_code == 200
         lines = (line for line in response.iter_lines() if line.startswith("data: "))
         events.append(next(lines))
-        [runner] = view(admin, "victim")["runners"]
+        [runner] = deployment(admin, "victim")["runners"]
         assert runner["tier"] == "forked"
         os.kill(runner["pid"], signal.SIGKILL)
         events += list(lines)
     error = json.loads(events[-2][len("data: ") :])["error"]
     assert error["code"] == "runner_lost"
     failed = wait_until(
-        lambda: (r := view(admin, "victim")["runners"][0])["state"] == "failed" and r,
+        lambda: (r := deployment(admin, "victim")["runners"][0])["state"] == "failed" and r,
         30,
         "the fork server to report the killed runner",
     )

@@ -8,7 +8,7 @@ import threading
 import httpx
 import openai
 import pytest
-from support import Platform, temp_home, wait_until
+from support import Platform, deploy, deployment, temp_home, wait_until
 
 from ebb.queue import keys
 from ebb.runners.engine_fake import FAKE_REPLY
@@ -28,16 +28,6 @@ def platform():
     yield p
     assert p.stop() == 0
     assert not _live_children(p), "ebb up left processes behind"
-
-
-def deploy(admin: httpx.Client, name: str, source: str = "fake://m", **fields) -> dict:
-    response = admin.post("/v1/deployments", json={"name": name, "source": source, **fields})
-    assert response.status_code == 201, response.text
-    return response.json()
-
-
-def deployment(admin: httpx.Client, name: str) -> dict:
-    return admin.get(f"/v1/deployments/{name}").json()
 
 
 def test_chat_through_openai_client(platform, admin):

@@ -6,7 +6,7 @@ import signal
 
 import psutil
 import pytest
-from support import Platform, temp_home, wait_until
+from support import Platform, temp_home
 
 pytestmark = pytest.mark.integration
 
@@ -49,11 +49,7 @@ def test_ctrl_c_stops_every_process(fork_server):
         home=home, redis_url=None, env_extra={"EBB_FORK_SERVER": str(int(fork_server))}
     ).start()
     if fork_server:
-        wait_until(
-            lambda: b"fork server is ready" in (home / "logs" / "coldstart.log").read_bytes(),
-            180,
-            "the fork server to import the engine",
-        )
+        platform.wait_for_fork_server()
     with platform.admin() as admin:
         admin.post("/v1/deployments", json={"name": "busy", "source": "fake://m"})
     platform.openai().chat.completions.create(model="busy", messages=MESSAGES, max_tokens=2)

@@ -84,3 +84,10 @@ def test_with_the_pool_empty_a_forked_start_is_expected_before_a_fresh_one():
     measured = {"prewarmed": {"total": 1500.0}, "forked": {"total": 1700.0}}
     measured["fresh"] = {"total": 9800.0}
     assert retry_after_s(ready_runners=0, cold_starts_ms=measured, stems_available=False) == 2
+    # The fork server not up (starting, or turned off): a fresh start it is.
+    assert (
+        retry_after_s(
+            ready_runners=0, cold_starts_ms=measured, stems_available=False, forks_available=False
+        )
+        == 10
+    )

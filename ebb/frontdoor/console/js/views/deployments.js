@@ -78,7 +78,10 @@ function poolLine(platform) {
     { class: "pool", dataset: { pool: "" } },
     h("strong", {}, "Pre-warmed pool: "),
     `${pool.prewarmed} ready, ${pool.starting} starting (target ${pool.target}). `,
-    h("span", { class: "muted" }, "A request for a deployment at zero takes one of these first."),
+    h("span", { class: "muted" }, "A request for a deployment at zero takes one of these first"),
+    platform.fork_server === "ready"
+      ? h("span", { class: "muted" }, "; beyond them, runners are forked from the fork server.")
+      : h("span", { class: "muted" }, `. Fork server: ${platform.fork_server ?? "off"}.`),
   );
 }
 
