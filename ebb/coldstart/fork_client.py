@@ -3,8 +3,8 @@
 Requests go down the server's stdin; its answers (ready, spawned, exited) are read without
 blocking whenever the launcher is asked something. Forked runners are the server's
 children, not ours: it reaps them and reports their exits. Should the server itself die,
-its runners notice their parent went and drain; they are then followed by pid until
-they are gone.
+its runners notice their parent went and drain, followed by pid until they are gone, and
+a new server is started.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+# A server that died is restarted after this, doubled for each death before it came up.
+_RESTART_BACKOFF_S = 2.0
+_RESTART_BACKOFF_MAX_S = 300.0
+
 
 @dataclass(frozen=True)
 class ForkExit:
@@ -30,10 +34,22 @@ class ForkExit:
 
 class ForkServerClient:
     def __init__(self, env: dict[str, str], log_path: Path):
-        with open(log_path, "ab") as log_file:
+        self._env = env
+        self._log_path = log_path
+        self._pending: set[str] = set()  # asked for, pid not reported yet
+        self._pids: dict[str, int] = {}  # forked by the running server
+        self._orphans: dict[str, int] = {}  # forked by a server that has died since
+        self._exits: list[ForkExit] = []
+        self._restarts = 0
+        self._restart_at = 0.0
+        self._closed = False
+        self._start()
+
+    def _start(self) -> None:
+        with open(self._log_path, "ab") as log_file:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "ebb", "fork-server"],
-                env=env,
+                env=self._env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log_file,
@@ -41,9 +57,6 @@ class ForkServerClient:
         os.set_blocking(self._proc.stdout.fileno(), False)
         self._buffer = b""
         self._ready = False
-        self._pending: set[str] = set()  # asked for, pid not reported yet
-        self._pids: dict[str, int] = {}
-        self._exits: list[ForkExit] = []
 
     def ready(self) -> bool:
         """The server has imported the engine and takes requests."""
@@ -68,10 +81,15 @@ class ForkServerClient:
         self._pending.add(runner_id)
 
     def poll(self) -> list[ForkExit]:
-        """Runners that exited since the last call, each reported once."""
+        """Runners that exited since the last call, each reported once; a server that died
+        is restarted (after a backoff that grows while it keeps dying)."""
         self._pump()
-        if self._proc.poll() is not None:
-            self._follow_orphans()
+        if self._proc.poll() is not None and not self._closed:
+            self._server_died()
+        for runner_id, pid in list(self._orphans.items()):
+            if not _pid_exists(pid):
+                del self._orphans[runner_id]
+                self._exits.append(ForkExit(runner_id, -1))
         exits, self._exits = self._exits, []
         return exits
 
@@ -79,20 +97,21 @@ class ForkServerClient:
         self._pump()
         if runner_id in self._pending:
             return self._proc.poll() is None
-        pid = self._pids.get(runner_id)
+        pid = self._pids.get(runner_id) or self._orphans.get(runner_id)
         return pid is not None and _pid_exists(pid)
 
     def signal(self, runner_id: str, sig: int) -> None:
-        pid = self._pids.get(runner_id)
+        pid = self._pids.get(runner_id) or self._orphans.get(runner_id)
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
     def runner_ids(self) -> list[str]:
         self._pump()
-        return [*self._pending, *self._pids]
+        return [*self._pending, *self._pids, *self._orphans]
 
     def close(self, timeout_s: float = 10.0) -> None:
+        self._closed = True
         if self._proc.poll() is None:
             self._proc.stdin.close()
             try:
@@ -118,6 +137,7 @@ class ForkServerClient:
         kind = event["event"]
         if kind == "ready":
             self._ready = True
+            self._restarts = 0
             log.info("coldstart: the fork server is ready")
         elif kind == "spawned":
             self._pending.discard(event["runner_id"])
@@ -126,19 +146,24 @@ class ForkServerClient:
             self._pids.pop(event["runner_id"], None)
             self._exits.append(ForkExit(event["runner_id"], event["code"]))
 
-    def _follow_orphans(self) -> None:
-        """The server is gone: what it never forked failed; what it forked is followed by
-        pid (draining on its own) and reported once it has exited."""
-        if self._ready:
+    def _server_died(self) -> None:
+        """What it never forked failed; what it forked drains on its own (its parent went)
+        and is followed by pid until it has exited. Then, in time, a new server."""
+        if self._restart_at == 0.0:
             log.warning("coldstart: the fork server exited with %s", self._proc.returncode)
-            self._ready = False
-        for runner_id in self._pending:
-            self._exits.append(ForkExit(runner_id, -1))
-        self._pending.clear()
-        for runner_id, pid in list(self._pids.items()):
-            if not _pid_exists(pid):
-                del self._pids[runner_id]
+            for runner_id in self._pending:
                 self._exits.append(ForkExit(runner_id, -1))
+            self._pending.clear()
+            self._orphans.update(self._pids)
+            self._pids.clear()
+            self._restart_at = time.monotonic() + min(
+                _RESTART_BACKOFF_S * 2**self._restarts, _RESTART_BACKOFF_MAX_S
+            )
+        elif time.monotonic() >= self._restart_at:
+            self._restarts += 1
+            self._restart_at = 0.0
+            log.info("coldstart: restarting the fork server")
+            self._start()
 
 
 def _pid_exists(pid: int) -> bool:

@@ -84,3 +84,23 @@ def test_a_sigkilled_forked_runner_ends_its_stream_and_is_marked_failed(platform
         "the fork server to report the killed runner",
     )
     assert "-9" in failed["error"]
+
+
+def test_a_fork_server_that_dies_is_replaced(platform, admin):
+    first = fork_server_pid(platform)
+    os.kill(first, signal.SIGKILL)
+
+    def fork_server() -> str:
+        return admin.get("/v1/status").json()["fork_server"]
+
+    wait_until(lambda: fork_server() != "ready", 30, "the controller to notice")
+    platform.wait_for_fork_server()
+    second = fork_server_pid(platform)
+    assert second != first
+    deploy(admin, "after", "fake://m", idle_timeout_s=60)
+    reply = platform.openai().chat.completions.create(
+        model="after", messages=MESSAGES, max_tokens=2
+    )
+    assert reply.usage.completion_tokens == 2
+    [runner] = deployment(admin, "after")["runners"]
+    assert runner["tier"] == "forked" and parent_pid(runner["pid"]) == second
