@@ -4,9 +4,10 @@ What a deployment's traffic would meet under its scaling settings (how long requ
 wait, how many are refused at the admission window and with what `Retry-After`, how many
 runner-seconds it costs) without starting a process. The decisions are the platform's
 own: `desired_replicas` on the controller's snapshot, idle drain only above
-`min_replicas`, the pre-warmed pool and its refill, `retry_after_s` for refusals. What is
-modelled: a runner serves up to `target_concurrency` requests at once, each for
-prompt / prefill rate + output / decode rate seconds, and a start takes its tier's time.
+`min_replicas`, the pre-warmed pool and its refill, forked starts beyond it,
+`retry_after_s` for refusals. What is modelled: a runner serves up to
+`target_concurrency` requests at once, each for prompt / prefill rate + output / decode
+rate seconds, and a start takes its tier's time.
 """
 
 from __future__ import annotations
