@@ -111,9 +111,16 @@ def status(as_json: bool = JsonOpt) -> None:
     api = Api()
     body = api.call("GET", "/v1/deployments")
     cache = api.get_if_allowed("/v1/weights")  # the admin's view; tenants see the rest
+    platform = api.get_if_allowed("/v1/status")
     if as_json:
-        print_json({**body, "weights_cache": cache})
+        print_json({**body, "weights_cache": cache, "platform": platform})
         return
+    if platform is not None:
+        pool = platform["pool"]
+        console.print(
+            f"pre-warmed pool: {pool['prewarmed']} ready, {pool['starting']} starting "
+            f"(target {pool['target']}); fork server: {platform['fork_server']}"
+        )
     console.print(_deployments_table(body["data"]))
     runners = Table("deployment", "runner", "state", "tier", "pid", "error")
     for d in body["data"]:

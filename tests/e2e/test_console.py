@@ -179,6 +179,10 @@ def test_deployments_list_shows_replicas_by_state(page):
     expect(row.locator('td[data-label="Ready"]')).to_have_text("1")
     expect(row.locator('td[data-label="Queue"]')).to_have_text("0")
     expect(row.locator('td[data-label="Cold start"]')).to_contain_text(re.compile(r"\d"))
+    # This platform keeps one stem and no fork server; the admin sees both.
+    pool = page.locator("[data-pool]")
+    expect(pool).to_contain_text("target 1")
+    expect(pool).to_contain_text("Fork server: off")
     shot(page, "07-deployments")
 
 

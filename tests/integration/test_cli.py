@@ -68,6 +68,9 @@ def test_deploy_show_scale_chat_delete(platform):
     status = ok_json(ebb(platform, "status", "--json"))
     assert "cli-a" in [d["name"] for d in status["data"]]
     assert ready[0]["id"] in ebb(platform, "status").stdout
+    # The test platform runs without a pool or a fork server; the admin sees both.
+    assert status["platform"]["pool"]["target"] == 0
+    assert "fork server: off" in ebb(platform, "status").stdout
 
     usage = ok_json(ebb(platform, "usage", "--json"))
     row = next(r for r in usage["data"] if r["deployment"] == "cli-a")
