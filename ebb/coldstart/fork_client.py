@@ -32,10 +32,16 @@ class ForkExit:
     code: int
 
 
+SERVER_COMMAND = (sys.executable, "-m", "ebb", "fork-server")
+
+
 class ForkServerClient:
-    def __init__(self, env: dict[str, str], log_path: Path):
+    def __init__(
+        self, env: dict[str, str], log_path: Path, command: tuple[str, ...] = SERVER_COMMAND
+    ):
         self._env = env
         self._log_path = log_path
+        self._command = command
         self._pending: set[str] = set()  # asked for, pid not reported yet
         self._pids: dict[str, int] = {}  # forked by the running server
         self._orphans: dict[str, int] = {}  # forked by a server that has died since
@@ -48,7 +54,7 @@ class ForkServerClient:
     def _start(self) -> None:
         with open(self._log_path, "ab") as log_file:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "ebb", "fork-server"],
+                self._command,
                 env=self._env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -76,8 +82,15 @@ class ForkServerClient:
             "log_path": str(log_path),
             "launched_ms": time.time() * 1000,
         }
-        self._proc.stdin.write(json.dumps(request).encode() + b"\n")
-        self._proc.stdin.flush()
+        try:
+            self._proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self._proc.stdin.flush()
+        except OSError:
+            # The server died since it said ready: this start failed (the controller backs
+            # off and retries, spawning while the server is down).
+            log.warning("coldstart: the fork server is gone; %s was not started", runner_id)
+            self._exits.append(ForkExit(runner_id, -1))
+            return
         self._pending.add(runner_id)
 
     def poll(self) -> list[ForkExit]:
@@ -97,14 +110,19 @@ class ForkServerClient:
         self._pump()
         if runner_id in self._pending:
             return self._proc.poll() is None
-        pid = self._pids.get(runner_id) or self._orphans.get(runner_id)
+        pid = self.pid(runner_id)
         return pid is not None and _pid_exists(pid)
 
     def signal(self, runner_id: str, sig: int) -> None:
-        pid = self._pids.get(runner_id) or self._orphans.get(runner_id)
+        pid = self.pid(runner_id)
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
+
+    def pid(self, runner_id: str) -> int | None:
+        """The runner's process id, once the server has reported the fork."""
+        self._pump()
+        return self._pids.get(runner_id) or self._orphans.get(runner_id)
 
     def runner_ids(self) -> list[str]:
         self._pump()
