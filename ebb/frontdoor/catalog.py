@@ -60,14 +60,41 @@ class ModelCatalog:
         self._state = state
         self._options = options or CacheOptions()
         self._loading: dict[str, asyncio.Task[tuple[PromptTokenizer, int]]] = {}
+        # Per source, the deployments (name, created at) whose status tells of its task.
+        self._followers: dict[str, set[tuple[str, float]]] = {}
+        self._background: set[asyncio.Task] = set()
 
     def prepare(self, spec: DeploymentSpec) -> asyncio.Task:
         """Start (or join) preparing the deployment's model; idempotent per source."""
         task = self._loading.get(spec.source)
+        follower = (spec.name, spec.created_at_s)
         if task is None or (task.done() and task.exception() is not None):
             task = asyncio.create_task(self._load(spec))
             self._loading[spec.source] = task
+            self._followers[spec.source] = {follower}
+        elif follower not in self._followers[spec.source]:
+            # Another deployment of a source already prepared (or being prepared): no
+            # second preparation, but this one's status must say how that one goes.
+            self._followers[spec.source].add(follower)
+            joined = asyncio.create_task(self._follow(spec.name, task))
+            self._background.add(joined)
+            joined.add_done_callback(self._background.discard)
         return task
+
+    async def _follow(self, name: str, task: asyncio.Task) -> None:
+        if not task.done():
+            await self._state.set_deployment_status(
+                name, weights="preparing", weights_phase="", weights_progress=0
+            )
+        try:
+            await asyncio.shield(task)
+        except Exception as e:
+            error = e.message if isinstance(e, WeightsError) else str(e)
+            await self._state.set_deployment_status(name, weights="failed", weights_error=error)
+            return
+        await self._state.set_deployment_status(
+            name, weights="ready", weights_error="", weights_progress=1
+        )
 
     async def info(self, spec: DeploymentSpec, wait_s: float) -> ModelInfo:
         task = self.prepare(spec)

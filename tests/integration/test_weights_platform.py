@@ -65,7 +65,21 @@ def test_deploy_from_s3_shows_fetch_progress_then_is_ready(stack, admin):
             seen.append(body["weights_progress"])
         return body["weights"] == "ready" and body
 
+    # A second deployment of the same source joins that fetch, and its status follows it.
+    again = admin.post("/v1/deployments", json={"name": "again", "source": "s3://models/one"})
+    assert again.status_code == 201, again.text
+    wait_until(
+        lambda: admin.get("/v1/deployments/again").json()["weights"] == "preparing",
+        5,
+        "the second deployment to show the fetch under way",
+    )
     body = wait_until(ready, 60, "the weights of one to be ready", poll_s=0.1)
+    wait_until(
+        lambda: admin.get("/v1/deployments/again").json()["weights"] == "ready",
+        10,
+        "the second deployment of the source to show it ready too",
+    )
+    assert admin.delete("/v1/deployments/again").status_code in (200, 204)
 
     downloading = [p["fraction"] for p in seen if p["phase"] == "download"]
     assert any(0 < f < 1 for f in downloading), seen
