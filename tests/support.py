@@ -244,3 +244,23 @@ def deploy(admin: httpx.Client, name: str, source: str = "fake://m", **fields) -
 
 def deployment(admin: httpx.Client, name: str) -> dict:
     return admin.get(f"/v1/deployments/{name}").json()
+
+
+def sigkill_runner_mid_stream(admin: httpx.Client, name: str) -> tuple[dict, list[str]]:
+    """Stream a long answer from deployment `name`, SIGKILL its runner after the first
+    event; the runner (as the API showed it) and every `data:` line of the stream, which
+    must end on its own (a hang fails by timeout)."""
+    body = {
+        "model": name,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 1500,
+        "stream": True,
+    }
+    with admin.stream("POST", "/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        lines = (line for line in response.iter_lines() if line.startswith("data: "))
+        events = [next(lines)]
+        [runner] = [r for r in deployment(admin, name)["runners"] if r["state"] == "ready"]
+        os.kill(runner["pid"], signal.SIGKILL)
+        events += list(lines)
+    return runner, events

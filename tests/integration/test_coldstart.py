@@ -4,13 +4,11 @@ a SIGKILLed runner's requests end with an error, and every start shows up in the
 from __future__ import annotations
 
 import json
-import os
-import signal
 
 import httpx
 import openai
 import pytest
-from support import deploy, deployment, wait_until
+from support import deploy, deployment, sigkill_runner_mid_stream, wait_until
 
 from ebb.coldstart.controller import MAX_START_FAILURES
 
@@ -47,17 +45,8 @@ def test_crash_while_loading_backs_off_into_an_error_state(platform, admin):
 
 def test_sigkilled_runner_ends_its_streams_with_an_error(platform, admin):
     deploy(admin, "victim", "fake://m?step_ms=40", idle_timeout_s=60)
-    body = {"model": "victim", "messages": MESSAGES, "max_tokens": 1500, "stream": True}
-    events = []
-    with admin.stream("POST", "/v1/chat/completions", json=body, timeout=60) as response:
-        assert response.status_code == 200
-        lines = (line for line in response.iter_lines() if line.startswith("data: "))
-        events.append(next(lines))
-        pid = next(
-            r["pid"] for r in deployment(admin, "victim")["runners"] if r["state"] == "ready"
-        )
-        os.kill(pid, signal.SIGKILL)
-        events += list(lines)  # the stream must end on its own: a hang fails by timeout
+    runner, events = sigkill_runner_mid_stream(admin, "victim")
+    pid = runner["pid"]
     assert events[-1] == "data: [DONE]"
     error = json.loads(events[-2][len("data: ") :])["error"]
     assert error["code"] == "runner_lost"

@@ -9,7 +9,14 @@ import signal
 from pathlib import Path
 
 import pytest
-from support import Platform, deploy, deployment, temp_home, wait_until
+from support import (
+    Platform,
+    deploy,
+    deployment,
+    sigkill_runner_mid_stream,
+    temp_home,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -66,16 +73,8 @@ def test_a_runner_from_zero_is_forked_and_drains_when_idle(platform, admin):
 
 def test_a_sigkilled_forked_runner_ends_its_stream_and_is_marked_failed(platform, admin):
     deploy(admin, "victim", "fake://m?step_ms=40", idle_timeout_s=60)
-    body = {"model": "victim", "messages": MESSAGES, "max_tokens": 1500, "stream": True}
-    events = []
-    with admin.stream("POST", "/v1/chat/completions", json=body, timeout=60) as response:
-        assert response.status_code == 200
-        lines = (line for line in response.iter_lines() if line.startswith("data: "))
-        events.append(next(lines))
-        [runner] = deployment(admin, "victim")["runners"]
-        assert runner["tier"] == "forked"
-        os.kill(runner["pid"], signal.SIGKILL)
-        events += list(lines)
+    runner, events = sigkill_runner_mid_stream(admin, "victim")
+    assert runner["tier"] == "forked"
     error = json.loads(events[-2][len("data: ") :])["error"]
     assert error["code"] == "runner_lost"
     failed = wait_until(
