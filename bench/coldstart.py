@@ -29,7 +29,13 @@ from bench.serving import KV_CACHE_GIB, MAX_MODEL_LEN, REPO, start_vllm_server
 
 sys.path.insert(0, str(REPO / "tests"))
 
-from support import TEST_WEIGHTS_DIR, Platform, free_port, temp_home, wait_until  # noqa: E402
+from support import (  # noqa: E402
+    TEST_WEIGHTS_DIR,
+    Platform,
+    free_port,
+    temp_home,
+    wait_for_weights,
+)
 
 from ebb.config import DEFAULT_MODEL_SOURCE  # noqa: E402
 from ebb.weights_cache import ensure  # noqa: E402
@@ -115,11 +121,7 @@ def ebb_tier(tier: str, work: Path, model_dir: Path) -> dict:
             if tier != "fresh_fetch":
                 # The deploy's own prefetch is a cache hit; wait for it so that only the
                 # request's cold start is timed.
-                wait_until(
-                    lambda: admin.get("/v1/deployments/smol").json()["weights"] == "ready",
-                    120,
-                    "the deployment's weights",
-                )
+                wait_for_weights(admin, "smol", 120)
                 read_into_page_cache(model_dir)
             sent, first_token = request_timing(
                 platform.base_url + "/v1", platform.admin_key, "smol"

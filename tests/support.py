@@ -264,3 +264,12 @@ def sigkill_runner_mid_stream(admin: httpx.Client, name: str) -> tuple[dict, lis
         os.kill(runner["pid"], signal.SIGKILL)
         events += list(lines)
     return runner, events
+
+
+def wait_for_weights(admin: httpx.Client, name: str, timeout_s: float = 300) -> dict:
+    """Until the deployment's weights are in the cache (its deploy-time prefetch)."""
+    return wait_until(
+        lambda: (d := deployment(admin, name))["weights"] == "ready" and d,
+        timeout_s,
+        f"the weights of {name}",
+    )

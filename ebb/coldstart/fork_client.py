@@ -27,7 +27,10 @@ _RESTART_BACKOFF_MAX_S = 300.0
 
 
 @dataclass(frozen=True)
-class ForkExit:
+class Exit:
+    """A runner process that ended, with its exit code (negative: killed by that signal;
+    -1 where nobody could collect it)."""
+
     runner_id: str
     code: int
 
@@ -45,7 +48,7 @@ class ForkServerClient:
         self._pending: set[str] = set()  # asked for, pid not reported yet
         self._pids: dict[str, int] = {}  # forked by the running server
         self._orphans: dict[str, int] = {}  # forked by a server that has died since
-        self._exits: list[ForkExit] = []
+        self._exits: list[Exit] = []
         self._restarts = 0
         self._restart_at = 0.0
         self._closed = False
@@ -89,11 +92,11 @@ class ForkServerClient:
             # The server died since it said ready: this start failed (the controller backs
             # off and retries, spawning while the server is down).
             log.warning("coldstart: the fork server is gone; %s was not started", runner_id)
-            self._exits.append(ForkExit(runner_id, -1))
+            self._exits.append(Exit(runner_id, -1))
             return
         self._pending.add(runner_id)
 
-    def poll(self) -> list[ForkExit]:
+    def poll(self) -> list[Exit]:
         """Runners that exited since the last call, each reported once; a server that died
         is restarted (after a backoff that grows while it keeps dying)."""
         self._pump()
@@ -102,7 +105,7 @@ class ForkServerClient:
         for runner_id, pid in list(self._orphans.items()):
             if not _pid_exists(pid):
                 del self._orphans[runner_id]
-                self._exits.append(ForkExit(runner_id, -1))
+                self._exits.append(Exit(runner_id, -1))
         exits, self._exits = self._exits, []
         return exits
 
@@ -162,7 +165,7 @@ class ForkServerClient:
             self._pids[event["runner_id"]] = event["pid"]
         elif kind == "exited":
             self._pids.pop(event["runner_id"], None)
-            self._exits.append(ForkExit(event["runner_id"], event["code"]))
+            self._exits.append(Exit(event["runner_id"], event["code"]))
 
     def _server_died(self) -> None:
         """What it never forked failed; what it forked drains on its own (its parent went)
@@ -170,7 +173,7 @@ class ForkServerClient:
         if self._restart_at == 0.0:
             log.warning("coldstart: the fork server exited with %s", self._proc.returncode)
             for runner_id in self._pending:
-                self._exits.append(ForkExit(runner_id, -1))
+                self._exits.append(Exit(runner_id, -1))
             self._pending.clear()
             self._orphans.update(self._pids)
             self._pids.clear()

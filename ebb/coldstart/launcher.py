@@ -12,21 +12,14 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ebb.coldstart.fork_client import ForkServerClient
+from ebb.coldstart.fork_client import Exit, ForkServerClient
 from ebb.config import Settings
 from ebb.runners.process import LAUNCHED_AT_ENV
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Exit:
-    runner_id: str
-    code: int
 
 
 class Launcher(Protocol):
@@ -127,7 +120,7 @@ class LocalProcessLauncher:
                 del self._procs[runner_id]
                 exits.append(Exit(runner_id, code))
         if self._forks is not None:
-            exits += [Exit(e.runner_id, e.code) for e in self._forks.poll()]
+            exits += self._forks.poll()
         return exits
 
     def alive(self, runner_id: str) -> bool:

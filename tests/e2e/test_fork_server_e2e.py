@@ -4,7 +4,7 @@ server, and a deployment at zero answered by a runner that never imported it its
 from __future__ import annotations
 
 import pytest
-from support import real_engine_platform, wait_until
+from support import real_engine_platform, wait_for_weights
 
 from ebb.config import DEFAULT_MODEL_SOURCE
 
@@ -27,11 +27,7 @@ def test_a_forked_runner_answers_from_zero_without_importing_vllm(platform, admi
         json={"name": "smol-forked", "source": DEFAULT_MODEL_SOURCE, "idle_timeout_s": 60},
     )
     assert created.status_code == 201, created.text
-    wait_until(
-        lambda: admin.get("/v1/deployments/smol-forked").json()["weights"] == "ready",
-        120,
-        "the deployment's weights",
-    )
+    wait_for_weights(admin, "smol-forked")
     reply = platform.openai(timeout=120).chat.completions.create(
         model="smol-forked", messages=QUESTION, temperature=0, max_tokens=24
     )

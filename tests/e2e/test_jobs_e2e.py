@@ -8,7 +8,7 @@ import json
 import pytest
 import redis
 from standardwebhooks import Webhook
-from support import real_engine_platform, wait_until
+from support import real_engine_platform, wait_for_weights, wait_until
 
 from ebb.config import DEFAULT_MODEL_SOURCE
 from ebb.queue import keys
@@ -30,11 +30,7 @@ def test_job_scales_from_zero_and_its_webhook_carries_the_answer(platform, admin
         json={"name": "smol-jobs", "source": DEFAULT_MODEL_SOURCE, "idle_timeout_s": 30},
     )
     assert created.status_code == 201, created.text
-    wait_until(
-        lambda: admin.get("/v1/deployments/smol-jobs").json()["weights"] == "ready",
-        300,
-        "the weights to be prepared",
-    )
+    wait_for_weights(admin, "smol-jobs")
     assert admin.get("/v1/deployments/smol-jobs").json()["status"] == "scaled_to_zero"
     secret = admin.get("/v1/webhooks/secret").json()["secret"]
 

@@ -12,7 +12,7 @@ import pytest
 from support import temp_home, wait_until
 
 from ebb.coldstart import fork_client
-from ebb.coldstart.fork_client import ForkExit, ForkServerClient
+from ebb.coldstart.fork_client import Exit, ForkServerClient
 
 pytestmark = pytest.mark.integration
 
@@ -52,14 +52,14 @@ def test_forked_runners_are_followed_past_their_servers_death(client, tmp_path):
     assert not client.ready()
     client.signal("r-1", signal.SIGKILL)
     exits = wait_until(client.poll, 10, "the orphan's exit")
-    assert exits == [ForkExit("r-1", -1)] and not client.alive("r-1")
+    assert exits == [Exit("r-1", -1)] and not client.alive("r-1")
 
 
 def test_a_start_asked_of_a_dead_server_fails_at_once(client, tmp_path):
     client._proc.kill()
     client._proc.wait()
     client.spawn("r-2", "d", "forked", tmp_path / "r-2.log")
-    assert ForkExit("r-2", -1) in client.poll()
+    assert Exit("r-2", -1) in client.poll()
     assert not client.alive("r-2")
 
 
