@@ -13,6 +13,7 @@ from ebb.cli.deployments import deploy, deployments_app, scale, status
 from ebb.cli.jobs import jobs_app
 from ebb.cli.keys import keys_app
 from ebb.cli.usage import price, usage_app
+from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
 
 app = typer.Typer(
@@ -100,7 +101,7 @@ def webhooks() -> None:
 @app.command(hidden=True)
 def runner(
     runner_id: str = typer.Option(...),
-    tier: str = typer.Option("fresh"),
+    tier: Tier = typer.Option(Tier.FRESH),
     deployment: str | None = typer.Option(None),
 ) -> None:
     """Run one runner (started by the controller)."""

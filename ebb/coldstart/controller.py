@@ -25,6 +25,7 @@ import msgspec
 from ebb.billing.gpu import meter_for
 from ebb.coldstart.launcher import Launcher
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
+from ebb.coldstart.tiers import Tier, launch_tier
 from ebb.config import Settings
 from ebb.queue.metering import LAST_SIGN_OF_LIFE, GpuMeterScript
 from ebb.queue.platform import PlatformState
@@ -246,7 +247,7 @@ class Controller:
                 error="stem died while pre-warmed",
                 exited_ms=int(time.time() * 1000),
             )
-        await self._launch(deployment, tier="forked" if self._launcher.forks_ready() else "fresh")
+        await self._launch(deployment, launch_tier(self._launcher.forks_ready()))
 
     async def _refill_pool(self, runners: list[RunnerRecord]) -> None:
         # A new stem's imports compete for the same cores as a model that is loading to
@@ -262,9 +263,9 @@ class Controller:
             for r in runners
         )
         for _ in range(self._settings.prewarm - stems):
-            await self._launch(None, tier="prewarmed")
+            await self._launch(None, Tier.PREWARMED)
 
-    async def _launch(self, deployment: str | None, tier: str) -> None:
+    async def _launch(self, deployment: str | None, tier: Tier) -> None:
         runner_id = new_runner_id()
         # The record exists before the process does, so the next reconcile already counts
         # it: one queued request never launches two runners.

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from ebb.coldstart.estimate import StartingRunner, retry_after_s
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
-from ebb.frontdoor.admission import StartingRunner, retry_after_s
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
+from ebb.coldstart.estimate import retry_after_for
 from ebb.config import Settings
 from ebb.errors import CapacityError, JobError
-from ebb.frontdoor.admission import StartingRunner, retry_after_s
 from ebb.queue.platform import PlatformState
 from ebb.queue.requests import EventReader, QueueFull, RequestQueue
 from ebb.queue.schema import (
@@ -28,7 +28,6 @@ from ebb.queue.schema import (
     Failed,
     Finished,
     Progress,
-    RunnerState,
     WorkItem,
 )
 
@@ -125,22 +124,12 @@ class Executor:
             )
 
     async def _capacity_error(self, spec: DeploymentSpec, message: str, code: str) -> CapacityError:
-        runners = [r for r in await self._state.runners() if r.state.is_live]
-        mine = [r for r in runners if r.deployment == spec.name]
-        now_ms = time.time() * 1000
-        retry = retry_after_s(
-            ready_runners=sum(r.state is RunnerState.READY for r in mine),
-            cold_starts_ms=await self._state.cold_start_ms(spec.name),
-            stems_available=any(
-                r.deployment == "" and r.state is RunnerState.PREWARMED for r in runners
-            ),
-            sleepers_available=any(r.state is RunnerState.SLEEPING for r in mine),
-            forks_available=await self._state.fork_server_state() == "ready",
-            starting=[
-                StartingRunner(r.starting_tier, (now_ms - r.start_began_ms) / 1000)
-                for r in mine
-                if r.is_starting
-            ],
+        retry = retry_after_for(
+            spec.name,
+            await self._state.runners(),
+            await self._state.cold_start_ms(spec.name),
+            fork_server_ready=await self._state.fork_server_state() == "ready",
+            now_ms=time.time() * 1000,
         )
         return CapacityError(message, retry_after_s=retry, code=code)
 

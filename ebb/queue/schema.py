@@ -183,15 +183,6 @@ class RunnerRecord(msgspec.Struct, kw_only=True):
             return self.woken_ms > self.ready_ms
         return self.state in (RunnerState.STARTING, RunnerState.PREWARMED, RunnerState.LOADING)
 
-    @property
-    def start_began_ms(self) -> int:
-        """When the start it is making for its deployment began."""
-        return self.assigned_ms or self.launched_ms
-
-    @property
-    def starting_tier(self) -> str:
-        return "sleeping" if self.state is RunnerState.SLEEPING else self.tier
-
 
 class ApiKeyRecord(msgspec.Struct, kw_only=True):
     key_id: str  # public prefix shown in listings, e.g. "ebb-sk-ab12"

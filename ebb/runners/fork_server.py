@@ -104,9 +104,11 @@ def _become_runner(settings: Settings, request: dict) -> NoReturn:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.environ[LAUNCHED_AT_ENV] = str(request["launched_ms"])
+        from ebb.coldstart.tiers import Tier
         from ebb.runners.process import run_runner
 
-        code = run_runner(settings, request["runner_id"], request["deployment"], request["tier"])
+        tier = Tier(request["tier"])
+        code = run_runner(settings, request["runner_id"], request["deployment"], tier)
     except BaseException:
         traceback.print_exc()
     finally:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ebb.billing.gpu import runner_meter
+from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
 from ebb.queue.connection import sync_client
 from ebb.queue.runner_side import RunnerQueue
@@ -79,7 +80,7 @@ class Heartbeat(threading.Thread):
                 log.exception("runner: heartbeat failed")
 
 
-def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier: str) -> int:
+def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier: Tier) -> int:
     """The runner process body; returns its exit code."""
     launched_ms = float(os.environ.get(LAUNCHED_AT_ENV, time.time() * 1000))
     clock = ColdStartClock(launched_ms)
@@ -147,7 +148,7 @@ def _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat, m
 
 
 def _become_ready(
-    lifecycle: Lifecycle, queue: RunnerQueue, deployment: str, tier: str, clock: ColdStartClock
+    lifecycle: Lifecycle, queue: RunnerQueue, deployment: str, tier: Tier, clock: ColdStartClock
 ) -> Callable[[WorkItem], None]:
     """Go READY and record the start's phases; returns what records its first token."""
     lifecycle.to(RunnerState.READY, tier=tier)
@@ -203,7 +204,7 @@ def _sleep_until_woken(
     clock = ColdStartClock(time.time() * 1000)
     engine.wake_up()
     clock.lap("wake")
-    return _become_ready(lifecycle, queue, deployment, "sleeping", clock)
+    return _become_ready(lifecycle, queue, deployment, Tier.SLEEPING, clock)
 
 
 def _wait_as_stem(lifecycle: Lifecycle, queue: RunnerQueue, stop: threading.Event) -> str | None:
@@ -228,8 +229,8 @@ def import_engine_libraries() -> None:
 
 
 def _load_engine(
-    settings: Settings, spec: DeploymentSpec, clock: ColdStartClock, tier: str
-) -> tuple[EngineAdapter, str]:
+    settings: Settings, spec: DeploymentSpec, clock: ColdStartClock, tier: Tier
+) -> tuple[EngineAdapter, Tier]:
     if is_fake_source(spec.source):
         from ebb.runners.engine_fake import FakeModel
 
@@ -252,8 +253,8 @@ def _load_engine(
         hold=True,
     )
     clock.lap("weights")
-    if phases & {"download", "convert"} and tier in ("fresh", "forked"):
-        tier = "fresh_fetch"
+    if phases & {"download", "convert"}:
+        tier = tier.after_weights_fetch()
     options = EngineOptions(
         model_path=model.path,
         max_model_len=spec.max_model_len or model.max_model_len,

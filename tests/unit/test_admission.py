@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ebb.coldstart.estimate import DEFAULT_COLD_START_S, StartingRunner, retry_after_s
 from ebb.errors import CapacityError, InvalidRequest, NotFound, RateLimited
-from ebb.frontdoor.admission import DEFAULT_COLD_START_S, StartingRunner, retry_after_s
 
 
 def test_retry_soon_when_a_runner_is_ready():
