@@ -1,23 +1,24 @@
 """vLLM behind the `EngineAdapter` seam: the synchronous, in-process `LLMEngine`.
 
-`preload()` sets the environment vLLM reads and pays for its imports, so that a pre-warmed
-stem process can do both before it knows its model; `VllmEngine.load()` then builds the
-engine for one local HF-layout checkpoint. vLLM is imported only inside functions, after
-`preload()` has set the environment, because some of its settings are read at import.
+`preload()` sets the environment vLLM reads, pays for its imports and applies ebb's patches
+to vLLM (all of them in `vllm_compat`), so that a pre-warmed stem process can do this before
+it knows its model; `VllmEngine.load()` then builds the engine for one local HF-layout
+checkpoint. vLLM is imported only inside functions, after `preload()` has set the
+environment, because some of its settings are read at import.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ebb.queue.schema import ChoiceDelta, FinishReason, SamplingSpec, TokenLogprob, TopLogprob
+from ebb.runners import vllm_compat
 from ebb.runners.engine import EngineOptions, EngineRequestError, StepOutput
 
 if TYPE_CHECKING:
@@ -29,18 +30,6 @@ if TYPE_CHECKING:
     from vllm.v1.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
-
-# Defaults only (setdefault): an operator's own value wins.
-_PRELOAD_ENV = {
-    # The engine core runs in this process: ~12 s to a ready engine instead of ~31 s for
-    # three processes that each import vLLM again.
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    # Runners are offline and disposable; usage reporting would only try the network.
-    "VLLM_NO_USAGE_STATS": "1",
-    "VLLM_DO_NOT_TRACK": "1",
-    # Not HF_HUB_OFFLINE: the model is a local directory, so vLLM makes no hub calls, and
-    # the flag would also bind weight sources that fetch from a hub in this process.
-}
 
 # A step that produces nothing has (nearly always) run nothing: its requests wait on a
 # structured-output grammar that vLLM compiles in a worker thread. A caller looping on step()
@@ -64,18 +53,14 @@ def _has_cuda() -> bool:
 
 
 def preload() -> None:
-    """Set vLLM's environment and import its heavy modules; idempotent."""
+    """Set vLLM's environment, import its heavy modules and patch it; idempotent.
+
+    Raises `vllm_compat.VllmPatchError` when a required patch cannot apply.
+    """
     global _preloaded
     if _preloaded:
         return
-    for key, value in _PRELOAD_ENV.items():
-        os.environ.setdefault(key, value)
-    # The in-process engine skips the OpenMP binding vLLM's multiprocess executor does, and
-    # torch would spread its compute threads over every core. Those threads spin at their
-    # barriers: one preempted by the runner's own Python work, the frontdoor or Redis stalls
-    # the others. Leaving one core free (as vLLM's binding does) measured 10x faster decode
-    # on a busy 2-core machine. Read by OpenMP when torch loads, so it must come first.
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) - 1)))
+    vllm_compat.set_process_env()
     with _phase("preload (vllm imports)"):
         import vllm.engine.arg_utils
         import vllm.inputs
@@ -83,14 +68,12 @@ def preload() -> None:
         import vllm.v1.engine.llm_engine  # noqa: F401
 
         # The worker module is otherwise imported during engine init (~0.7 s on CPU).
-        if _has_cuda():
+        cuda = _has_cuda()
+        if cuda:
             import vllm.v1.worker.gpu_worker  # noqa: F401
         else:
             import vllm.v1.worker.cpu_worker  # noqa: F401
-
-            _register_kernel_overrides_now()
-        _configure_vllm_logging_now()
-        _one_renderer_tokenizer_copy()
+        vllm_compat.apply_preload(cuda=cuda)
         # Engine init ends with full GC passes over every object (vLLM's freeze_gc_heap);
         # the millions that torch and vLLM created at import live forever anyway. Freezing
         # them now, while a stem waits, takes them out of every later collection (~0.4 s
@@ -98,77 +81,6 @@ def preload() -> None:
         gc.collect()
         gc.freeze()
     _preloaded = True
-
-
-def _configure_vllm_logging_now() -> None:
-    """Apply vLLM's logging configuration while the stem waits.
-
-    Every engine init applies it unless the same configuration is already active, and
-    `dictConfig` walks every logger that the imports created (~0.06 s).
-    """
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.logger import configure_logging_if_needed
-
-    configure_logging_if_needed(EngineArgs().create_logging_config())
-
-
-def _register_kernel_overrides_now() -> None:
-    """Install vLLM's CPU stand-ins for its Triton kernels once, while the stem waits.
-
-    Engine init installs them (`init_worker`) by scanning every attribute of every loaded
-    module for references to the kernels, ~0.25 s on 2 cores, and would wrap the wrappers
-    if called twice in one process. The kernels' modules are imported by `preload()`, and
-    modules imported later read the replaced attributes, so once per process is enough.
-    """
-    from vllm.platforms import current_platform
-
-    current_platform.register_triton_kernel_overrides()
-    current_platform.register_triton_kernel_overrides = _already_done
-
-
-def _already_done() -> None:
-    return None
-
-
-def _one_renderer_tokenizer_copy() -> None:
-    """Let vLLM's renderer build one deep copy of its tokenizer at engine init, not two.
-
-    The renderer makes its tokenizer thread-safe by routing calls through a pool of deep
-    copies, renderer_num_workers + 1 of them (at least two), ~0.2 s each for a 49k-token
-    vocabulary. ebb's runner renders from one thread, and the pool deep-copies another on
-    demand if two threads ever borrow at once, so one copy up front is enough.
-    """
-    import vllm.renderers.hf as hf_renderer
-
-    make_pool = getattr(hf_renderer, "maybe_make_thread_pool", None)
-    if not callable(make_pool):
-        logger.warning("engine: vLLM moved maybe_make_thread_pool; the renderer keeps two copies")
-        return
-
-    def one_copy_pool(tokenizer: Any, copies: int = 1) -> Any:
-        return make_pool(tokenizer, 1)
-
-    hf_renderer.maybe_make_thread_pool = one_copy_pool
-
-
-def _call_here(fn: Callable[[], Any]) -> Any:
-    return fn()
-
-
-def _inspect_models_in_process() -> None:
-    """Let vLLM inspect the model class in this process instead of a fresh interpreter.
-
-    vLLM runs that inspection in a subprocess so that importing a model module cannot
-    initialize CUDA before workers fork. The answer is cached under VLLM_CACHE_ROOT, but a
-    fresh runner has no cache and waits ~11 s (2 cores) for the subprocess to import vLLM
-    again. On CPU there is no CUDA to protect and the model module is imported here anyway.
-    """
-    from vllm.model_executor.models import registry
-
-    if not callable(getattr(registry, "_run_in_subprocess", None)):
-        logger.warning("engine: vLLM moved _run_in_subprocess; model inspection stays slow")
-        return
-    registry._run_in_subprocess = _call_here
 
 
 def _engine_args(options: EngineOptions, cuda: bool) -> EngineArgs:
@@ -283,10 +195,8 @@ class VllmEngine:
         started = time.perf_counter()
         preload()
         cuda = _has_cuda()
-        if not cuda:
-            # vLLM's CPU platform reads this (GiB) instead of a memory-utilization share.
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(options.kv_cache_gib)
-            _inspect_models_in_process()
+        # On CPU: the KV cache size vLLM reads (GiB, instead of a memory-utilization share).
+        vllm_compat.apply_before_load(cuda=cuda, kv_cache_gib=options.kv_cache_gib)
         from vllm.v1.engine.llm_engine import LLMEngine
 
         with _phase("config"):

