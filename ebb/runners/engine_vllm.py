@@ -49,7 +49,7 @@ def _phase(name: str) -> Iterator[None]:
 def _has_cuda() -> bool:
     import torch
 
-    return torch.cuda.is_available()
+    return bool(torch.cuda.is_available())
 
 
 def preload() -> None:
@@ -238,7 +238,7 @@ class VllmEngine:
             self._engine.abort_request(known)
 
     def has_unfinished(self) -> bool:
-        return self._engine.has_unfinished_requests()
+        return bool(self._engine.has_unfinished_requests())
 
     def step(self) -> list[StepOutput]:
         """One engine iteration, regrouped per request.

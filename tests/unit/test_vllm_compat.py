@@ -1,0 +1,269 @@
+"""Each vLLM patch against the installed vLLM: it applies, does what it claims, applies once,
+and when its target is not what it expects, fails (required) or warns once (optional).
+
+vLLM is imported once for the module (~7 s). Patches are applied against a fresh record and
+with their targets restored after each test (`isolated`), except the kernel stand-ins: their
+registration cannot be undone, so that test leaves the process as a runner's preload does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from ebb.runners import vllm_compat
+from ebb.runners.vllm_compat import VERIFIED_ON, VllmPatchError
+
+ENV_VARIABLES = (
+    "VLLM_ENABLE_V1_MULTIPROCESSING",
+    "VLLM_NO_USAGE_STATS",
+    "VLLM_DO_NOT_TRACK",
+    "OMP_NUM_THREADS",
+    "VLLM_CPU_KVCACHE_SPACE",
+)
+
+
+@pytest.fixture(scope="module")
+def vllm():
+    import vllm
+    import vllm.logger
+    import vllm.platforms
+    import vllm.renderers.hf
+    from vllm.model_executor.models import registry
+
+    return SimpleNamespace(
+        package=vllm,
+        logger=vllm.logger,
+        platforms=vllm.platforms,
+        renderer=vllm.renderers.hf,
+        registry=registry,
+    )
+
+
+@pytest.fixture
+def isolated(vllm, monkeypatch):
+    """A fresh patch record; the patched attributes and variables are restored after."""
+    monkeypatch.setattr(vllm_compat, "_applied", {})
+    monkeypatch.setattr(vllm_compat, "_warned", set())
+    for host, attribute in (
+        (vllm.registry, "_run_in_subprocess"),
+        (vllm.renderer, "maybe_make_thread_pool"),
+    ):
+        monkeypatch.setattr(host, attribute, getattr(host, attribute))
+    for variable in ENV_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    return vllm
+
+
+def warnings_about(caplog, patch_name: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == vllm_compat.__name__
+        and r.levelno == logging.WARNING
+        and patch_name in r.getMessage()
+    ]
+
+
+def assert_warns_once(caplog, patch: vllm_compat.Patch, problem: str) -> None:
+    caplog.set_level(logging.WARNING, logger=vllm_compat.__name__)
+    assert vllm_compat.apply(patch) is False
+    assert vllm_compat.apply(patch) is False
+    (message,) = warnings_about(caplog, patch.name)
+    assert f"verified on vLLM {VERIFIED_ON}" in message
+    assert f"to vLLM {vllm_compat.installed_version()}" in message
+    assert problem in message
+    assert patch.name not in vllm_compat.applied()
+
+
+# --- version and record -----------------------------------------------------------------
+
+
+def test_the_record_names_the_installed_vllm_version(isolated):
+    assert vllm_compat.installed_version() == isolated.package.__version__
+    assert vllm_compat.apply(vllm_compat.LOGGING_CONFIGURED_EARLY)
+    assert vllm_compat.applied() == {"logging-configured-early": isolated.package.__version__}
+    with pytest.raises(TypeError):
+        vllm_compat.applied()["forged"] = "0"  # type: ignore[index]
+
+
+def test_a_patch_applied_once_is_not_installed_again(isolated):
+    installs = []
+    patch = vllm_compat.Patch(
+        name="counted",
+        required=True,
+        check=lambda: None,
+        install=lambda: installs.append(1),
+        without="nothing",
+    )
+    assert vllm_compat.apply(patch) and vllm_compat.apply(patch)
+    assert installs == [1]
+
+
+# --- process environment ----------------------------------------------------------------
+
+
+def test_process_env_sets_defaults_and_an_operators_value_wins(isolated, monkeypatch):
+    monkeypatch.delitem(sys.modules, "torch")  # as in a runner, before torch loads
+    monkeypatch.setenv("VLLM_DO_NOT_TRACK", "0")
+    vllm_compat.set_process_env()
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert os.environ["VLLM_NO_USAGE_STATS"] == "1"
+    assert os.environ["VLLM_DO_NOT_TRACK"] == "0"
+    assert int(os.environ["OMP_NUM_THREADS"]) == max(1, (os.cpu_count() or 2) - 1)
+    assert {"in-process-engine-core", "no-usage-stats", "omp-threads"} <= set(vllm_compat.applied())
+
+
+def test_an_env_default_vllm_no_longer_reads_only_warns(isolated, monkeypatch, caplog):
+    monkeypatch.setattr(vllm_compat, "vllm_env_source", lambda: '"VLLM_NO_USAGE_STATS": 1')
+    assert_warns_once(caplog, vllm_compat.NO_USAGE_STATS, "vLLM no longer reads VLLM_DO_NOT_TRACK")
+    assert "VLLM_NO_USAGE_STATS" not in os.environ
+
+
+def test_omp_threads_set_after_torch_loaded_only_warns(isolated, caplog):
+    assert "torch" in sys.modules  # vLLM's import loaded it
+    assert_warns_once(caplog, vllm_compat.OMP_THREADS, "torch is already imported")
+    assert "OMP_NUM_THREADS" not in os.environ
+
+
+def test_omp_threads_chosen_by_the_operator_is_kept(isolated, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    assert vllm_compat.apply(vllm_compat.OMP_THREADS)
+    assert os.environ["OMP_NUM_THREADS"] == "7"
+
+
+# --- per load ---------------------------------------------------------------------------
+
+
+def test_cpu_kv_cache_space_is_set_for_every_load(isolated):
+    vllm_compat.apply_before_load(cuda=False, kv_cache_gib=3)
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    vllm_compat.apply_before_load(cuda=False, kv_cache_gib=2)
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert "cpu-kv-cache-space" in vllm_compat.applied()
+
+
+def test_cpu_kv_cache_space_vllm_no_longer_reads_fails(isolated, monkeypatch):
+    monkeypatch.setattr(vllm_compat, "vllm_env_source", lambda: "")
+    with pytest.raises(VllmPatchError) as failure:
+        vllm_compat.apply_before_load(cuda=False, kv_cache_gib=3)
+    reason = str(failure.value)
+    assert "'cpu-kv-cache-space'" in reason and f"verified on vLLM {VERIFIED_ON}" in reason
+    assert "no longer reads VLLM_CPU_KVCACHE_SPACE" in reason
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ
+
+
+def test_on_cuda_a_load_patches_nothing(isolated):
+    original = isolated.registry._run_in_subprocess
+    vllm_compat.apply_before_load(cuda=True, kv_cache_gib=3)
+    assert isolated.registry._run_in_subprocess is original
+    assert vllm_compat.applied() == {}
+
+
+def test_model_inspection_runs_in_process(isolated):
+    original = isolated.registry._run_in_subprocess
+    assert vllm_compat.IN_PROCESS_MODEL_INSPECTION.check() is None  # the real target fits
+    assert vllm_compat.apply(vllm_compat.IN_PROCESS_MODEL_INSPECTION)
+    replaced = isolated.registry._run_in_subprocess
+    assert replaced is not original
+    assert replaced(lambda: sys.modules[__name__]) is sys.modules[__name__]  # same process
+    assert vllm_compat.apply(vllm_compat.IN_PROCESS_MODEL_INSPECTION)
+    assert isolated.registry._run_in_subprocess is replaced
+
+
+def test_model_inspection_moved_only_warns(isolated, monkeypatch, caplog):
+    monkeypatch.delattr(isolated.registry, "_run_in_subprocess")
+    assert_warns_once(caplog, vllm_compat.IN_PROCESS_MODEL_INSPECTION, "is missing")
+
+
+# --- preload ----------------------------------------------------------------------------
+
+
+def test_renderer_builds_one_tokenizer_copy(isolated, monkeypatch):
+    assert vllm_compat.ONE_RENDERER_TOKENIZER_COPY.check() is None  # the real target fits
+    copies_asked = []
+
+    def make_pool(tokenizer, copies=1):
+        copies_asked.append(copies)
+        return tokenizer
+
+    monkeypatch.setattr(isolated.renderer, "maybe_make_thread_pool", make_pool)
+    assert vllm_compat.apply(vllm_compat.ONE_RENDERER_TOKENIZER_COPY)
+    wrapped = isolated.renderer.maybe_make_thread_pool
+    assert wrapped("tokenizer", 3) == "tokenizer"
+    assert copies_asked == [1]
+    assert vllm_compat.apply(vllm_compat.ONE_RENDERER_TOKENIZER_COPY)
+    assert isolated.renderer.maybe_make_thread_pool is wrapped
+
+
+def test_renderer_pool_with_another_signature_only_warns(isolated, monkeypatch, caplog):
+    monkeypatch.setattr(isolated.renderer, "maybe_make_thread_pool", lambda tokenizer: None)
+    assert_warns_once(
+        caplog, vllm_compat.ONE_RENDERER_TOKENIZER_COPY, "takes (tokenizer), expected"
+    )
+
+
+def test_logging_is_configured_up_front(isolated):
+    from vllm.engine.arg_utils import EngineArgs
+
+    assert vllm_compat.apply(vllm_compat.LOGGING_CONFIGURED_EARLY)
+    expected = EngineArgs().create_logging_config()
+    assert isolated.logger._last_configured_logging_config == expected
+
+
+def test_logging_configuration_moved_only_warns(isolated, monkeypatch, caplog):
+    monkeypatch.delattr(isolated.logger, "configure_logging_if_needed")
+    assert_warns_once(caplog, vllm_compat.LOGGING_CONFIGURED_EARLY, "is missing")
+
+
+def test_kernel_overrides_are_installed_once(vllm):
+    # On the process's own record, and left applied: the stand-ins cannot be unregistered.
+    from vllm.triton_utils.dispatcher import KernelOverride
+    from vllm.v1.worker.block_table import ComputeSlotMappingKernel
+
+    platform = vllm.platforms.current_platform
+    if platform.is_cuda_alike():
+        pytest.skip("Triton runs natively on GPUs: no stand-ins to install")
+    assert vllm_compat.apply(vllm_compat.KERNEL_OVERRIDES_ONCE)
+    installed = ComputeSlotMappingKernel.kernel
+    assert isinstance(installed, KernelOverride)
+    assert vllm_compat.apply(vllm_compat.KERNEL_OVERRIDES_ONCE)
+    platform.register_triton_kernel_overrides()  # what engine init calls
+    assert ComputeSlotMappingKernel.kernel is installed
+    assert "kernel-overrides-once" in vllm_compat.applied()
+
+
+@pytest.mark.parametrize(
+    ("platform", "problem"),
+    [
+        (SimpleNamespace(), "SimpleNamespace.register_triton_kernel_overrides is missing"),
+        (SimpleNamespace(register_triton_kernel_overrides=1), "is not callable"),
+        (
+            SimpleNamespace(register_triton_kernel_overrides=lambda kernels: None),
+            "takes (kernels), expected ()",
+        ),
+    ],
+)
+def test_kernel_overrides_that_do_not_fit_fail_the_preload(
+    isolated, monkeypatch, platform, problem
+):
+    # What the preload imports, imported here while the real platform is current.
+    import vllm.v1.worker.cpu_worker  # noqa: F401
+
+    from ebb.runners import engine_vllm
+
+    monkeypatch.setattr(isolated.platforms, "_current_platform", platform)
+    monkeypatch.setattr(engine_vllm, "_preloaded", False)
+    monkeypatch.setattr(engine_vllm, "_has_cuda", lambda: False)
+    with pytest.raises(VllmPatchError) as failure:
+        engine_vllm.preload()
+    reason = str(failure.value)
+    assert reason.startswith(f"vLLM patch 'kernel-overrides-once' (verified on vLLM {VERIFIED_ON})")
+    assert f"to vLLM {vllm_compat.installed_version()}" in reason
+    assert problem in reason
+    assert "kernel-overrides-once" not in vllm_compat.applied()
+    assert engine_vllm._preloaded is False
