@@ -228,3 +228,23 @@ def test_kernel_overrides_are_installed_once_per_process(engine):
     assert isinstance(installed, KernelOverride)
     current_platform.register_triton_kernel_overrides()
     assert ComputeSlotMappingKernel.kernel is installed
+
+
+def test_every_vllm_patch_applied_to_the_installed_vllm(engine):
+    from vllm.platforms import current_platform
+
+    from ebb.runners import vllm_compat
+
+    expected = {
+        "in-process-engine-core",
+        "no-usage-stats",
+        "logging-configured-early",
+        "one-renderer-tokenizer-copy",
+    }
+    if not current_platform.is_cuda_alike():
+        expected |= {"kernel-overrides-once", "cpu-kv-cache-space", "in-process-model-inspection"}
+    # omp-threads is left out: it applies only if torch was not imported before the engine,
+    # and this test session may have imported it first.
+    applied = vllm_compat.applied()
+    assert expected <= set(applied)
+    assert set(applied.values()) == {vllm_compat.installed_version()}

@@ -55,7 +55,10 @@ def isolated(vllm, monkeypatch):
     ):
         monkeypatch.setattr(host, attribute, getattr(host, attribute))
     for variable in ENV_VARIABLES:
-        monkeypatch.delenv(variable, raising=False)
+        # setenv first: delenv alone records nothing for an unset variable, and what a
+        # test then sets would outlive it.
+        monkeypatch.setenv(variable, "")
+        monkeypatch.delenv(variable)
     return vllm
 
 
