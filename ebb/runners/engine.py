@@ -1,8 +1,9 @@
 """The seam between a runner and the inference engine it drives.
 
 `EngineAdapter` is what the runner loop calls; `engine_vllm.VllmEngine` wraps vLLM and
-`engine_fake.FakeEngine` stands in for it in unit and integration tests. Only modules named
-`engine*.py` in this package may import vLLM.
+`engine_fake.FakeEngine` stands in for it in unit and integration tests. Only
+`engine_vllm.py` and `vllm_compat.py` (every patch ebb applies to vLLM) in this package may
+import vLLM.
 """
 
 from __future__ import annotations
