@@ -80,12 +80,14 @@ class ManualClock:
 
 
 class ObservedEngine(FakeEngine):
-    """The fake engine, recording which requests each step ran (the batch)."""
+    """The fake engine, recording which requests each step ran (the batch); with
+    `breaks_at_step` set, that step raises as a broken engine would."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.running: set[str] = set()
         self.batches: list[frozenset[str]] = []
+        self.breaks_at_step: int | None = None
 
     def add_request(self, request_id: str, prompt_token_ids, sampling) -> None:
         super().add_request(request_id, prompt_token_ids, sampling)
@@ -97,6 +99,8 @@ class ObservedEngine(FakeEngine):
         self.running.difference_update(request_ids)
 
     def step(self):
+        if len(self.batches) == self.breaks_at_step:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
         self.batches.append(frozenset(self.running))
         outputs = super().step()
         self.running.difference_update(o.request_id for o in outputs if o.finished)

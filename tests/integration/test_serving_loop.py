@@ -120,6 +120,22 @@ async def test_a_request_the_engine_refuses_fails_alone(redis_url):
         assert usage == {bad.request_id: ("failed", 0), good.request_id: ("finished", 3)}
 
 
+async def test_a_broken_engine_ends_every_held_request_with_an_error(redis_url):
+    """What the runner process does when the loop raises: none of its requests hangs."""
+    async with serving_harness(redis_url, max_concurrency=4) as h:
+        works = [await h.submit(50) for _ in range(2)]
+        h.engine.breaks_at_step = 3
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            await h.serve()
+        h.loop.fail_all("the engine failed")
+        for work in works:
+            ended = (await h.events(work.request_id))[-1]
+            assert (ended.code, ended.retryable) == ("engine_error", True)
+        usage = [(u.state, u.completion_tokens) for u in await h.usage()]
+        assert usage == [("failed", 3)] * 2, "billed for what was generated before"
+        assert h.leases() == []
+
+
 # --- cancellation --------------------------------------------------------------------------
 
 
@@ -148,6 +164,22 @@ async def test_cancel_aborts_the_running_request_in_the_engine(redis_url):
         assert h.leases() == []
 
 
+async def test_a_job_cancelled_while_running_is_aborted_billed_once_and_settled(redis_url):
+    async with serving_harness(redis_url, source=SLOW) as h:
+        await h.submit_job("job_c", max_tokens=1500)
+        serving = h.start()
+        await h.wait_running("job_c.1")
+        assert await h.jobs.cancel("job_c") == "aborting"
+        assert await asyncio.wait_for(serving, 10) is Outcome.IDLE
+        assert h.engine.aborted == ["job_c.1"]
+        [usage] = await h.usage()
+        assert usage.state == "cancelled" and 0 < usage.completion_tokens < 1500
+        await JobCollector(h.jobs, Settings(redis_url=redis_url)).pass_once()
+        record = await h.jobs.get("job_c")
+        assert record.status is JobStatus.CANCELLED
+        assert record.usage["completion_tokens"] == usage.completion_tokens
+
+
 async def test_a_request_cancelled_while_queued_never_reaches_the_engine(redis_url):
     async with serving_harness(redis_url) as h:
         gone, kept = await h.submit(4), await h.submit(4)
@@ -162,17 +194,17 @@ async def test_a_request_cancelled_while_queued_never_reaches_the_engine(redis_u
 
 async def test_the_heartbeat_keeps_a_long_request_leased(redis_url):
     async with serving_harness(redis_url, source=SLOW, lease_ttl_s=0.3, heartbeat_s=0.05) as h:
-        work = await h.submit(200)  # a second of work: several lease lifetimes
+        work = await h.submit(150)  # 0.75 s of work: several lease lifetimes
         serving = h.start()
         assert await reap_until(h, serving.done) == []
         assert serving.result() is Outcome.IDLE
-        assert (await h.events(work.request_id))[-1] == Finished(3, 200)
-        assert [u.completion_tokens for u in await h.usage()] == [200]
+        assert (await h.events(work.request_id))[-1] == Finished(3, 150)
+        assert [u.completion_tokens for u in await h.usage()] == [150]
 
 
 async def test_a_request_whose_lease_ran_out_is_never_finished_or_billed(redis_url):
     async with serving_harness(redis_url, source=SLOW, lease_ttl_s=0.2) as h:
-        work = await h.submit(400)  # no heartbeat: the lease runs out while it runs
+        work = await h.submit(200)  # no heartbeat: the lease runs out while it runs
         serving = h.start()
         await h.wait_running(work.request_id)
         reaped: list[str] = []
@@ -203,7 +235,7 @@ async def test_jobs_leave_a_quarter_of_the_slots_to_synchronous_requests(redis_u
     async with serving_harness(redis_url, source=SLOW, max_concurrency=4) as h:
         assert job_slots(4) == 3
         for i in range(5):
-            await h.submit_job(f"job_{i}", max_tokens=300)
+            await h.submit_job(f"job_{i}", max_tokens=150)
         serving = h.start()
         await asyncio.to_thread(
             wait_until,
@@ -281,13 +313,13 @@ async def test_a_deleted_deployment_drains_its_runner(redis_url):
 
 async def test_asked_to_stop_it_finishes_what_it_holds_and_claims_nothing_more(redis_url):
     async with serving_harness(redis_url, source=SLOW) as h:
-        held = await h.submit(200)
+        held = await h.submit(100)
         serving = h.start()
         await h.wait_running(held.request_id)
         h.stop.set()
         waiting = await h.submit(3)
         assert await asyncio.wait_for(serving, 20) is Outcome.DRAINED
-        assert (await h.events(held.request_id))[-1] == Finished(3, 200)
+        assert (await h.events(held.request_id))[-1] == Finished(3, 100)
         assert h.engine.aborted == [], "scale-down never aborts in-flight work"
         assert (await h.state(waiting.request_id))["state"] == "queued"
         assert h.runner_state() is RunnerState.DRAINING
