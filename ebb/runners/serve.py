@@ -8,6 +8,10 @@ One thread runs it, numbered steps per iteration:
   3. run one engine step and publish every request's new output in one round trip;
   4. finish requests that completed (terminal event + usage, atomically, once);
   5. drain when idle past the deployment's timeout, or when asked to stop.
+
+Burst mode (`run(burst=True)`, as arq's burst workers): the loop serves what is queued and
+returns `Outcome.IDLE` the first time it is idle with nothing claimed, instead of waiting
+for more work. Tests drive the loop in-process this way; runners never use it.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ def job_slots(max_concurrency: int) -> int:
 class Outcome(enum.Enum):
     DRAINED = "drained"  # everything finished; the runner should exit
     SLEEP = "sleep"  # idle, parked as a sleeper: put the engine to sleep, wait to be woken
+    IDLE = "idle"  # burst mode only: nothing queued, nothing held, not draining
 
 
 @dataclass
@@ -89,8 +94,12 @@ class ServingLoop:
     def held_ids(self) -> list[str]:
         return list(self.held)
 
-    def run(self) -> Outcome:
-        """Serve until drained or parked asleep; returns only with nothing held."""
+    def run(self, *, burst: bool = False) -> Outcome:
+        """Serve until drained or parked asleep; returns only with nothing held.
+
+        With `burst`, it also returns (IDLE) once an idle iteration claimed nothing and the
+        idle-drain check (step 5, run as usual) decided neither to drain nor to sleep; it
+        never blocks waiting for work."""
         log.info("runner: %s serving %s", self._queue.runner_id, self._spec.name)
         self._draining = self._sleeping = False
         self._last_active = self._clock()
@@ -99,19 +108,22 @@ class ServingLoop:
                 return Outcome.SLEEP
             if self._stop.is_set() and not self._draining:
                 self._start_draining("asked to stop")
-            self._claim_and_cancel()
+            claimed = self._claim_and_cancel(wait=not burst)
             if self._engine.has_unfinished():
                 self._step()
             elif self._draining and not self.held:
                 return Outcome.DRAINED
             elif not self.held:
                 self._maybe_drain_idle()
+                if burst and not claimed and not (self._draining or self._sleeping):
+                    return Outcome.IDLE
 
     # 1 + 2: claims and cancellations --------------------------------------------------
 
-    def _claim_and_cancel(self) -> None:
+    def _claim_and_cancel(self, *, wait: bool = True) -> int:
+        """Returns how many requests it claimed."""
         free = 0 if self._draining else self._spec.max_concurrency - len(self.held)
-        if free > 0 and not self.held:
+        if free > 0 and not self.held and wait:
             self._queue.wait_for_work(self._spec.name, _IDLE_WAIT_S)
         held_jobs = sum(1 for h in self.held.values() if h.work.job_id)
         max_jobs = min(free, job_slots(self._spec.max_concurrency) - held_jobs)
@@ -120,6 +132,7 @@ class ServingLoop:
             self._admit(work)
         for request_id in result.cancelled:
             self._abort(request_id)
+        return len(result.claimed)
 
     def _admit(self, work: WorkItem) -> None:
         log.debug("runner: claimed %s", work.request_id)

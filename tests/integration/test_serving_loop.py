@@ -1,0 +1,325 @@
+"""A runner's serving loop (fake engine, real Redis, burst mode, in-process) as the
+frontdoor sees it: events, usage, leases, cancellation, job slots and drain rules."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from serving_harness import DEP, FAKE_REPLY, serving_harness, text_of
+from support import wait_until
+
+from ebb.config import Settings
+from ebb.queue import keys
+from ebb.queue.job_schema import JobStatus
+from ebb.queue.schema import Claimed, Failed, Finished, Progress, RunnerState
+from ebb.runners.serve import Outcome, job_slots
+from ebb.webhooks.collector import JobCollector
+
+pytestmark = pytest.mark.integration
+
+# Five milliseconds a token: a 1500-token request runs for seconds, long enough to act on
+# while it runs and far from finishing on its own.
+SLOW = "fake://m?step_ms=5"
+
+
+def deltas(events) -> list:
+    return [c for e in events if isinstance(e, Progress) for c in e.choices]
+
+
+async def reap_until(h, done, *, into: list[str] | None = None, timeout_s=10) -> list[str]:
+    """Run the lease reaper as the controller does (a pass every 20 ms) until `done()`;
+    returns what it reaped."""
+    reaped = [] if into is None else into
+    async with asyncio.timeout(timeout_s):
+        while not done():
+            reaped += await h.platform.reap_expired_leases()
+            await asyncio.sleep(0.02)
+    return reaped
+
+
+# --- output, finish once, usage ----------------------------------------------------------
+
+
+async def test_a_request_streams_its_reply_then_finishes_once_with_its_usage(redis_url):
+    async with serving_harness(redis_url) as h:
+        work = await h.submit(
+            12,
+            tenant="acme",
+            key_id="ebb-sk-k1",
+            price_per_1m_input_tokens_micros=5,
+            price_per_1m_output_tokens_micros=7,
+        )
+        assert await h.serve() is Outcome.IDLE
+        events = await h.events(work.request_id)
+        assert events[0] == Claimed(runner_id="r-h")
+        assert text_of(events) == FAKE_REPLY[:12]
+        assert deltas(events)[-1].finish_reason == "length"
+        assert events[-1] == Finished(prompt_tokens=3, completion_tokens=12)
+        assert h.all_events(work.request_id) == events, "exactly one terminal event"
+        state = await h.state(work.request_id)
+        assert (state["state"], state["completion_tokens"]) == ("finished", "12")
+        [usage] = await h.usage()
+        assert (usage.request_id, usage.state, usage.runner_id, usage.deployment) == (
+            work.request_id,
+            "finished",
+            "r-h",
+            DEP,
+        )
+        assert (usage.prompt_tokens, usage.completion_tokens) == (3, 12)
+        assert (usage.tenant, usage.key_id) == ("acme", "ebb-sk-k1")
+        prices = (usage.price_per_1m_input_tokens_micros, usage.price_per_1m_output_tokens_micros)
+        assert prices == (5, 7), "the prices in force at admission"
+        assert h.leases() == [], "the lease ends with the request"
+        assert h.first_outputs == [work], "the first token is reported once"
+        assert h.runner_state() is RunnerState.READY
+
+
+async def test_queued_requests_share_one_batch_and_each_ends_on_its_own(redis_url):
+    async with serving_harness(redis_url, max_concurrency=4) as h:
+        works = [await h.submit(n) for n in (2, 5, 9)]
+        assert await h.serve() is Outcome.IDLE
+        assert h.engine.batches[0] == {w.request_id for w in works}
+        for work, n in zip(works, (2, 5, 9), strict=True):
+            events = await h.events(work.request_id)
+            assert text_of(events) == FAKE_REPLY[:n]
+            assert events[-1] == Finished(3, n)
+        usage = {u.request_id: u.completion_tokens for u in await h.usage()}
+        assert usage == {w.request_id: n for w, n in zip(works, (2, 5, 9), strict=True)}
+
+
+async def test_n_choices_and_stop_sequences(redis_url):
+    async with serving_harness(redis_url) as h:
+        two = await h.submit(5, n=2)
+        stopped = await h.submit(100, stop=["Paris"])
+        assert await h.serve() is Outcome.IDLE
+
+        events = await h.events(two.request_id)
+        assert text_of(events, 0) == text_of(events, 1) == FAKE_REPLY[:5]
+        assert sorted(d.index for d in deltas(events) if d.finish_reason == "length") == [0, 1]
+        assert events[-1] == Finished(3, 10), "completion tokens count every choice"
+
+        events = await h.events(stopped.request_id)
+        said = text_of(events)
+        assert "Paris" not in said and FAKE_REPLY.startswith(said)
+        assert deltas(events)[-1].finish_reason == "stop"
+        assert isinstance(events[-1], Finished) and events[-1].completion_tokens < 100
+        usage = {u.request_id: u.completion_tokens for u in await h.usage()}
+        assert usage == {two.request_id: 10, stopped.request_id: events[-1].completion_tokens}
+
+
+async def test_a_request_the_engine_refuses_fails_alone(redis_url):
+    async with serving_harness(redis_url) as h:
+        bad, good = await h.submit(0), await h.submit(3)
+        assert await h.serve() is Outcome.IDLE
+        failed = (await h.events(bad.request_id))[-1]
+        assert isinstance(failed, Failed) and failed.code == "invalid_request"
+        assert "max_tokens" in failed.message
+        assert (await h.events(good.request_id))[-1] == Finished(3, 3)
+        usage = {u.request_id: (u.state, u.completion_tokens) for u in await h.usage()}
+        assert usage == {bad.request_id: ("failed", 0), good.request_id: ("finished", 3)}
+
+
+async def test_a_broken_engine_ends_every_held_request_with_an_error(redis_url):
+    """What the runner process does when the loop raises: none of its requests hangs."""
+    async with serving_harness(redis_url, max_concurrency=4) as h:
+        works = [await h.submit(50) for _ in range(2)]
+        h.engine.breaks_at_step = 3
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            await h.serve()
+        h.loop.fail_all("the engine failed")
+        for work in works:
+            ended = (await h.events(work.request_id))[-1]
+            assert (ended.code, ended.retryable) == ("engine_error", True)
+        usage = [(u.state, u.completion_tokens) for u in await h.usage()]
+        assert usage == [("failed", 3)] * 2, "billed for what was generated before"
+        assert h.leases() == []
+
+
+# --- cancellation --------------------------------------------------------------------------
+
+
+async def test_cancel_aborts_the_running_request_in_the_engine(redis_url):
+    """What the frontdoor does when a streaming client disconnects: the runner aborts the
+    request in its engine (freeing its KV cache) and bills what was generated."""
+    async with serving_harness(redis_url, source=SLOW) as h:
+        work = await h.submit(1500)
+        serving = h.start()
+        await asyncio.to_thread(
+            wait_until,
+            lambda: len(h.all_events(work.request_id)) >= 6,
+            10,
+            "some of the reply to stream",
+        )
+        assert await h.requests.cancel(work) == "aborting"
+        assert await asyncio.wait_for(serving, 10) is Outcome.IDLE
+        assert h.engine.aborted == [work.request_id]
+        ended = (await h.events(work.request_id))[-1]
+        assert isinstance(ended, Failed) and ended.code == "cancelled"
+        state = await h.state(work.request_id)
+        assert state["state"] == "cancelled"
+        tokens = int(state["completion_tokens"])
+        assert 0 < tokens < 1500, "billed for what was generated before the client left"
+        assert [(u.state, u.completion_tokens) for u in await h.usage()] == [("cancelled", tokens)]
+        assert h.leases() == []
+
+
+async def test_a_job_cancelled_while_running_is_aborted_billed_once_and_settled(redis_url):
+    async with serving_harness(redis_url, source=SLOW) as h:
+        await h.submit_job("job_c", max_tokens=1500)
+        serving = h.start()
+        await h.wait_running("job_c.1")
+        assert await h.jobs.cancel("job_c") == "aborting"
+        assert await asyncio.wait_for(serving, 10) is Outcome.IDLE
+        assert h.engine.aborted == ["job_c.1"]
+        [usage] = await h.usage()
+        assert usage.state == "cancelled" and 0 < usage.completion_tokens < 1500
+        await JobCollector(h.jobs, Settings(redis_url=redis_url)).pass_once()
+        record = await h.jobs.get("job_c")
+        assert record.status is JobStatus.CANCELLED
+        assert record.usage["completion_tokens"] == usage.completion_tokens
+
+
+async def test_a_request_cancelled_while_queued_never_reaches_the_engine(redis_url):
+    async with serving_harness(redis_url) as h:
+        gone, kept = await h.submit(4), await h.submit(4)
+        assert await h.requests.cancel(gone) == "withdrawn"
+        assert await h.serve() is Outcome.IDLE
+        assert set().union(*h.engine.batches) == {kept.request_id}
+        assert [u.request_id for u in await h.usage()] == [kept.request_id]
+
+
+# --- leases ----------------------------------------------------------------------------------
+
+
+async def test_the_heartbeat_keeps_a_long_request_leased(redis_url):
+    async with serving_harness(redis_url, source=SLOW, lease_ttl_s=0.3, heartbeat_s=0.05) as h:
+        work = await h.submit(150)  # 0.75 s of work: several lease lifetimes
+        serving = h.start()
+        assert await reap_until(h, serving.done) == []
+        assert serving.result() is Outcome.IDLE
+        assert (await h.events(work.request_id))[-1] == Finished(3, 150)
+        assert [u.completion_tokens for u in await h.usage()] == [150]
+
+
+async def test_a_request_whose_lease_ran_out_is_never_finished_or_billed(redis_url):
+    async with serving_harness(redis_url, source=SLOW, lease_ttl_s=0.2) as h:
+        work = await h.submit(200)  # no heartbeat: the lease runs out while it runs
+        serving = h.start()
+        await h.wait_running(work.request_id)
+        reaped: list[str] = []
+        assert await reap_until(h, lambda: reaped, into=reaped) == [work.request_id]
+        assert not serving.done(), "the lease must run out while the request runs"
+        assert await asyncio.wait_for(serving, 20) is Outcome.IDLE
+        terminal = [e for e in h.all_events(work.request_id) if isinstance(e, Finished | Failed)]
+        assert len(terminal) == 1 and terminal[0].code == "runner_lost"
+        assert await h.usage() == [], "the client was told it failed: nothing is billed"
+
+
+# --- async jobs and synchronous traffic ------------------------------------------------------
+
+
+async def test_a_claim_prefers_synchronous_requests_over_jobs(redis_url):
+    async with serving_harness(redis_url, max_concurrency=4) as h:
+        for i in range(3):
+            await h.submit_job(f"job_{i}")
+        sync = [(await h.submit(4)).request_id for _ in range(2)]
+        assert await h.serve() is Outcome.IDLE
+        first = h.engine.batches[0]
+        assert set(sync) <= first and len(first) == 4
+        ran = set().union(*h.engine.batches)
+        assert ran == {*sync, "job_0.1", "job_1.1", "job_2.1"}
+
+
+async def test_jobs_leave_a_quarter_of_the_slots_to_synchronous_requests(redis_url):
+    async with serving_harness(redis_url, source=SLOW, max_concurrency=4) as h:
+        assert job_slots(4) == 3
+        for i in range(5):
+            await h.submit_job(f"job_{i}", max_tokens=150)
+        serving = h.start()
+        await asyncio.to_thread(
+            wait_until,
+            lambda: any(len(b) == 3 for b in h.engine.batches),
+            10,
+            "three jobs to run",
+        )
+        sync = await h.submit(4)
+        assert await asyncio.wait_for(serving, 30) is Outcome.IDLE
+        assert max(len(b) for b in h.engine.batches if sync.request_id not in b) == 3
+        with_sync = [b for b in h.engine.batches if sync.request_id in b]
+        assert len(with_sync[0]) == 4, "the request ran beside three jobs, without waiting"
+        assert (await h.events(sync.request_id))[-1] == Finished(3, 4)
+        states = await h.jobs.attempt_states([f"job_{i}.1" for i in range(5)])
+        assert states == ["finished"] * 5
+
+
+async def test_a_finished_job_attempt_is_collected_as_its_result(redis_url):
+    async with serving_harness(redis_url) as h:
+        await h.submit_job("job_r", max_tokens=8)
+        assert await h.serve() is Outcome.IDLE
+        await JobCollector(h.jobs, Settings(redis_url=redis_url)).pass_once()
+        record = await h.jobs.get("job_r")
+        assert record.status is JobStatus.SUCCEEDED
+        assert record.result["choices"][0]["text"] == FAKE_REPLY[:8]
+        assert record.usage == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}
+
+
+# --- drain rules --------------------------------------------------------------------------------
+
+
+async def test_an_idle_runner_drains_once_past_its_timeout(redis_url):
+    async with serving_harness(redis_url, idle_timeout_s=5) as h:
+        assert await h.serve(idle_s=4.9) is Outcome.IDLE
+        assert h.runner_state() is RunnerState.READY
+        assert await h.serve(idle_s=5) is Outcome.DRAINED
+        assert h.runner_state() is RunnerState.DRAINING
+        assert await h.platform.scale_decisions() == {(DEP, "down"): 1}
+
+
+async def test_a_runner_within_min_replicas_never_drains(redis_url):
+    async with serving_harness(redis_url, idle_timeout_s=5, min_replicas=1) as h:
+        assert await h.serve(idle_s=600) is Outcome.IDLE
+        assert h.runner_state() is RunnerState.READY
+
+
+@pytest.mark.parametrize("kind", ["request", "job"])
+async def test_idle_drain_is_refused_while_work_waits(redis_url, kind):
+    """Work that lands the instant the runner decides to drain keeps it serving: else it
+    would wait for a whole new cold start."""
+    async with serving_harness(redis_url, idle_timeout_s=5) as h:
+        arrived = h.submit_before_drain(3, job_id="job_late" if kind == "job" else "")
+        assert await h.serve(idle_s=60) is Outcome.IDLE
+        late = await arrived
+        assert h.runner_state() is RunnerState.READY, "the drain was refused"
+        assert h.engine.batches == [], "it arrived after the claim"
+        assert await h.serve() is Outcome.IDLE
+        assert (await h.events(late.request_id))[-1] == Finished(3, 3)
+        assert await h.platform.scale_decisions() == {}
+
+
+async def test_an_idle_runner_that_can_sleep_parks_instead(redis_url):
+    async with serving_harness(redis_url, source="fake://m?step_ms=0&sleep=1") as h:
+        assert await h.serve(idle_s=120) is Outcome.SLEEP
+        assert h.runner_state() is RunnerState.SLEEPING
+        assert h.redis.sismember(keys.sleepers(DEP), "r-h")
+
+
+async def test_a_deleted_deployment_drains_its_runner(redis_url):
+    async with serving_harness(redis_url, idle_timeout_s=60) as h:
+        assert await h.platform.delete_deployment(DEP)
+        assert await h.serve(idle_s=3) is Outcome.DRAINED
+        assert h.runner_state() is RunnerState.DRAINING
+
+
+async def test_asked_to_stop_it_finishes_what_it_holds_and_claims_nothing_more(redis_url):
+    async with serving_harness(redis_url, source=SLOW) as h:
+        held = await h.submit(100)
+        serving = h.start()
+        await h.wait_running(held.request_id)
+        h.stop.set()
+        waiting = await h.submit(3)
+        assert await asyncio.wait_for(serving, 20) is Outcome.DRAINED
+        assert (await h.events(held.request_id))[-1] == Finished(3, 100)
+        assert h.engine.aborted == [], "scale-down never aborts in-flight work"
+        assert (await h.state(waiting.request_id))["state"] == "queued"
+        assert h.runner_state() is RunnerState.DRAINING
