@@ -64,16 +64,17 @@ class Heartbeat(threading.Thread):
         super().__init__(name="heartbeat", daemon=True)
         self._queue = queue
         self._interval_s = interval_s
-        self._stop = stop
+        # Not `_stop`: threading.Thread has a method of that name, used by join().
+        self._stop_runner = stop
         self.done = threading.Event()
         self._parent = os.getppid()
         self.held_ids = lambda: []
 
     def run(self) -> None:
         while not self.done.wait(self._interval_s):
-            if os.getppid() != self._parent and not self._stop.is_set():
+            if os.getppid() != self._parent and not self._stop_runner.is_set():
                 log.warning("runner: parent %d is gone, draining", self._parent)
-                self._stop.set()
+                self._stop_runner.set()
             try:
                 self._queue.heartbeat(self.held_ids())
             except Exception:  # a Redis blip must not kill the runner; leases outlast one
