@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,11 +79,16 @@ class EngineEntry:
     def check(self, source: str) -> None:
         load_object(self.validate)(source)
 
-    def load_preload(self) -> Callable[[], None] | None:
-        return load_object(self.preload) if self.preload else None
+    def preload_engine(self) -> bool:
+        """Import the engine's libraries now; False when the entry has none to import."""
+        if self.preload is None:
+            return False
+        load_object(self.preload)()
+        return True
 
-    def load_engine(self) -> Callable[..., Any]:
-        return load_object(self.engine)
+    def load_engine(self, options: Any) -> Any:
+        """The engine for `options` (an `EngineAdapter`), built in this process."""
+        return load_object(self.engine)(options)
 
     def make_tokenizer(self) -> Any:
         if self.tokenizer is None:
@@ -113,10 +118,10 @@ class EngineRegistry:
         self.default = default
         self._by_scheme: dict[str, EngineEntry] = {}
         for entry in entries:
-            for scheme in entry.schemes:
+            for scheme in map(str.lower, entry.schemes):
                 if scheme in self._by_scheme:
                     raise ValueError(f"two engine entries claim the scheme {scheme!r}")
-                self._by_scheme[scheme.lower()] = entry
+                self._by_scheme[scheme] = entry
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EngineRegistry:

@@ -233,9 +233,7 @@ def _load_engine(
     settings: Settings, spec: DeploymentSpec, clock: ColdStartClock, tier: Tier
 ) -> tuple[EngineAdapter, Tier]:
     entry = EngineRegistry.from_settings(settings).entry_for(spec.source)
-    preload = entry.load_preload()
-    if preload is not None:
-        preload()
+    if entry.preload_engine():
         clock.lap("import")
     if entry.prepares_weights:
         model_path, model_len, tier = _prepare_weights(settings, spec.source, tier)
@@ -249,7 +247,7 @@ def _load_engine(
         kv_cache_gib=settings.kv_cache_gib,
         source=spec.source,
     )
-    return entry.load_engine()(options), tier
+    return entry.load_engine(options), tier
 
 
 def _prepare_weights(settings: Settings, source: str, tier: Tier) -> tuple[Path, int, Tier]:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ebb.queue.schema import ChoiceDelta, SamplingSpec, TokenLogprob, TopLogprob
+from ebb.queue.schema import ChoiceDelta, FinishReason, SamplingSpec, TokenLogprob, TopLogprob
 from ebb.runners.engine import EngineOptions, EngineRequestError, StepOutput
 from ebb.testing.fake_model import FAKE_JSON_REPLY, FAKE_REPLY, FakeModel
 
@@ -98,7 +98,7 @@ class FakeEngine:
         token = choice.reply[at : at + 1]
         choice.produced += 1
         text_so_far = (choice.reply * 8)[: choice.produced].decode(errors="ignore")
-        finish = None
+        finish: FinishReason | None = None
         if any(text_so_far.endswith(s) for s in sampling.stop):
             finish, token = "stop", b""
         elif choice.produced >= len(choice.reply) and choice.reply.startswith(b"{"):
