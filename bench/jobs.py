@@ -169,6 +169,8 @@ def main() -> None:
         home=work / "ebb",
         redis_url=redis_server.url,
         env_extra={
+            # --engine fake deploys a fake:// source: a test engine, off unless asked for.
+            "EBB_TEST_ENGINES": "1",
             "EBB_WEIGHTS_CACHE_DIR": str(TEST_WEIGHTS_DIR),
             "EBB_WEBHOOK_ALLOWED_CIDRS": "127.0.0.0/8",
             "EBB_WEBHOOK_RETRY_BASE_S": "0.2",

@@ -46,7 +46,12 @@ def start(metering: bool, limits: dict) -> tuple[Platform, str]:
     platform = Platform(
         home=temp_home("ebb-bench-metering-"),
         redis_url=None,
-        env_extra={"EBB_METERING": "1" if metering else "0", "EBB_GPU_METER_INTERVAL_S": "5"},
+        env_extra={
+            "EBB_METERING": "1" if metering else "0",
+            "EBB_GPU_METER_INTERVAL_S": "5",
+            # SOURCE is a fake:// source: a test engine, off unless asked for.
+            "EBB_TEST_ENGINES": "1",
+        },
     ).start()
     with platform.admin() as admin:
         admin.post(

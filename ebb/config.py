@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     weights_fetch_attempts: int = 5
     # The key the CLI calls the API with (a tenant's); unset means the admin key.
     api_key: str | None = None
+    # Tests only: accept the test engines' sources (`fake://`, see `ebb.engines`). The test
+    # session sets EBB_TEST_ENGINES=1 for every process it starts; off, they get a 400.
+    test_engines: bool = False
 
     # Async jobs: how long a job may wait to start (default and most a client may ask),
     # how long a settled job stays retrievable, attempts before a job fails for lost runners.

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from support import TEST_WEIGHTS_DIR
 from webhook_receiver import Receiver
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The switch that registers the test engines (`fake://` sources, see ebb.engines). Set
+    # before any test builds Settings or starts a process, so every frontdoor, controller
+    # and runner the session starts inherits it.
+    os.environ["EBB_TEST_ENGINES"] = "1"
 
 
 @pytest.fixture(scope="session")

@@ -49,12 +49,13 @@ from ebb.queue.schema import (
     decode_event,
 )
 from ebb.runners.engine import EngineOptions
-
-# The one place the tests' harness names the fake engine's module.
-from ebb.runners.engine_fake import FAKE_REPLY, FakeEngine
 from ebb.runners.lifecycle import Lifecycle
 from ebb.runners.process import Heartbeat
 from ebb.runners.serve import Outcome, ServingLoop
+
+# The one place the tests' harness names the fake engine's module.
+from ebb.testing.fake_engine import FakeEngine
+from ebb.testing.fake_model import FAKE_REPLY
 
 __all__ = ["FAKE_REPLY", "DEP", "ManualClock", "ServingHarness", "serving_harness", "text_of"]
 
@@ -276,7 +277,7 @@ async def serving_harness(
         sync_client(redis_url), runner_id, lease_ttl_s=lease_ttl_s, result_ttl_s=60
     )
     runner.register(RunnerRecord(runner_id=runner_id, state=RunnerState.READY, deployment=DEP))
-    engine = ObservedEngine.load(source, EngineOptions(model_path=None, max_model_len=2048))
+    engine = ObservedEngine.load(EngineOptions(model_path=None, max_model_len=2048, source=source))
     stop, clock = threading.Event(), ManualClock()
     loop = ServingLoop(runner, engine, spec, stop, Lifecycle(runner, RunnerState.READY), clock)
     harness = ServingHarness(

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ebb.config import Settings
+from ebb.engines import EngineRegistry
 from ebb.errors import CapacityError, EbbError, InvalidRequest, NotFound, RateLimited
 from ebb.frontdoor import (
     routes_admin,
@@ -51,6 +52,7 @@ class Services:
     queue: RequestQueue
     executor: Executor
     catalog: ModelCatalog
+    engines: EngineRegistry
     metrics: Metrics
     limiter: RateLimiter
     ratelimits: RateLimitStore
@@ -63,6 +65,8 @@ def build_services(settings: Settings) -> Services:
     # A request record must outlive its admission window and generation.
     queue = RequestQueue(client, request_ttl_s=max(settings.result_ttl_s, 3600))
     ratelimits = RateLimitStore(client)
+    engines = EngineRegistry.from_settings(settings)
+    cache_options = CacheOptions.from_settings(settings)
     return Services(
         settings=settings,
         admin_key=resolve_admin_key(settings),
@@ -70,7 +74,8 @@ def build_services(settings: Settings) -> Services:
         state=state,
         queue=queue,
         executor=Executor(settings, queue, state),
-        catalog=ModelCatalog(settings.weights_dir, state, CacheOptions.from_settings(settings)),
+        catalog=ModelCatalog(settings.weights_dir, state, cache_options, engines),
+        engines=engines,
         metrics=Metrics(settings.weights_dir, settings.weights_cache_bytes),
         limiter=RateLimiter(ratelimits),
         ratelimits=ratelimits,

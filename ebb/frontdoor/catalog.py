@@ -16,11 +16,11 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ebb.engines import EngineRegistry
 from ebb.errors import CapacityError, WeightsError
-from ebb.frontdoor.tokenizer import ByteTokenizer, HfPromptTokenizer, PromptTokenizer
+from ebb.frontdoor.tokenizer import HfPromptTokenizer, PromptTokenizer
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec
-from ebb.runners.engine_fake import FakeModel, is_fake_source
 from ebb.weights_cache import CacheOptions
 
 log = logging.getLogger(__name__)
@@ -54,9 +54,15 @@ class _LatestProgress:
 
 class ModelCatalog:
     def __init__(
-        self, weights_dir: Path, state: PlatformState, options: CacheOptions | None = None
+        self,
+        weights_dir: Path,
+        state: PlatformState,
+        options: CacheOptions | None = None,
+        engines: EngineRegistry | None = None,
     ):
         self._weights_dir = weights_dir
+        # Sources without weights to prepare (test engines) bring their own tokenizer.
+        self._engines = engines or EngineRegistry()
         self._state = state
         self._options = options or CacheOptions()
         self._loading: dict[str, asyncio.Task[tuple[PromptTokenizer, int]]] = {}
@@ -109,8 +115,9 @@ class ModelCatalog:
         return ModelInfo(tokenizer, spec.max_model_len or model_len)
 
     async def _load(self, spec: DeploymentSpec) -> tuple[PromptTokenizer, int]:
-        if is_fake_source(spec.source):
-            return ByteTokenizer(), FakeModel.parse(spec.source).max_model_len
+        entry = self._engines.entry_for(spec.source)
+        if not entry.prepares_weights:
+            return entry.make_tokenizer(), entry.context_len_of(spec.source)
         await self._state.set_deployment_status(
             spec.name, weights="preparing", weights_phase="", weights_progress=0
         )

@@ -9,11 +9,11 @@ import msgspec
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from ebb.engines import EngineRegistry
 from ebb.errors import Conflict, InvalidRequest, NotFound
 from ebb.frontdoor.auth import AdminDep, CallerDep
 from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.queue.schema import DeploymentSpec, RunnerState
-from ebb.runners.engine_fake import is_fake_source
 
 router = APIRouter(prefix="/v1/deployments")
 
@@ -75,12 +75,8 @@ def _check_bounds(spec: DeploymentSpec) -> None:
         )
 
 
-def _check_source(source: str) -> None:
-    if is_fake_source(source):
-        return
-    from ebb.weights_cache import parse_source
-
-    parse_source(source)  # raises InvalidRequest naming the accepted forms
+def _check_source(engines: EngineRegistry, source: str) -> None:
+    engines.validate(source)  # raises InvalidRequest naming the accepted forms
 
 
 async def deployment_view(request: Request, spec: DeploymentSpec) -> dict:
@@ -149,7 +145,7 @@ def _summary(counts: dict[str, int], status: dict[str, str]) -> str:
 @router.post("", status_code=201)
 async def create_deployment(request: Request, body: DeploymentCreate, caller: AdminDep) -> dict:
     services = request.app.state.services
-    _check_source(body.source)
+    _check_source(services.engines, body.source)
     spec = DeploymentSpec(**body.model_dump(exclude_none=True), created_at_s=time.time())
     _check_bounds(spec)
     if not await services.state.put_deployment(spec, create_only=True):

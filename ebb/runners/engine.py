@@ -1,9 +1,9 @@
 """The seam between a runner and the inference engine it drives.
 
-`EngineAdapter` is what the runner loop calls; `engine_vllm.VllmEngine` wraps vLLM and
-`engine_fake.FakeEngine` stands in for it in unit and integration tests. Only
-`engine_vllm.py` and `vllm_compat.py` (every patch ebb applies to vLLM) in this package may
-import vLLM.
+`EngineAdapter` is what the runner loop calls; `engine_vllm.VllmEngine` wraps vLLM, and
+in tests `ebb.testing.fake_engine.FakeEngine` stands in for it. Which one a deployment
+gets is the engine registry's answer (`ebb.engines`). Only `engine_vllm.py` and
+`vllm_compat.py` (every patch ebb applies to vLLM) import vLLM.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ class EngineOptions:
     max_num_seqs: int = 32
     kv_cache_gib: int = 1
     seed: int = 0
+    # The deployment's source, for engines that serve it without prepared weights.
+    source: str = ""
 
 
 class EngineAdapter(Protocol):

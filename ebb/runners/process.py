@@ -16,15 +16,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ebb.billing.gpu import runner_meter
 from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
+from ebb.engines import EngineRegistry
 from ebb.queue.connection import sync_client
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
 from ebb.runners.engine import EngineAdapter, EngineOptions
-from ebb.runners.engine_fake import FakeEngine, is_fake_source
 from ebb.runners.lifecycle import Lifecycle
 from ebb.runners.serve import Outcome, ServingLoop
 
@@ -232,34 +233,37 @@ def import_engine_libraries() -> None:
 def _load_engine(
     settings: Settings, spec: DeploymentSpec, clock: ColdStartClock, tier: Tier
 ) -> tuple[EngineAdapter, Tier]:
-    if is_fake_source(spec.source):
-        from ebb.runners.engine_fake import FakeModel
+    entry = EngineRegistry.from_settings(settings).entry_for(spec.source)
+    if entry.preload_engine():
+        clock.lap("import")
+    if entry.prepares_weights:
+        model_path, model_len, tier = _prepare_weights(settings, spec.source, tier)
+    else:
+        model_path, model_len = None, entry.context_len_of(spec.source)
+    clock.lap("weights")
+    options = EngineOptions(
+        model_path=model_path,
+        max_model_len=spec.max_model_len or model_len,
+        max_num_seqs=spec.max_concurrency,
+        kv_cache_gib=settings.kv_cache_gib,
+        source=spec.source,
+    )
+    return entry.load_engine(options), tier
 
-        max_len = spec.max_model_len or FakeModel.parse(spec.source).max_model_len
-        clock.lap("weights")
-        options = EngineOptions(model_path=None, max_model_len=max_len)
-        return FakeEngine.load(spec.source, options), tier
-    from ebb.runners import engine_vllm
+
+def _prepare_weights(settings: Settings, source: str, tier: Tier) -> tuple[Path, int, Tier]:
+    """The source's weights in the local cache: (path, context length, tier after fetching)."""
     from ebb.weights_cache import CacheOptions, ensure
 
-    engine_vllm.preload()
-    clock.lap("import")
     phases: set[str] = set()
     # Held until this process exits: a model a live runner serves is never evicted.
     model = ensure(
-        spec.source,
+        source,
         settings.weights_dir,
         progress=lambda phase, _: phases.add(phase),
         options=CacheOptions.from_settings(settings),
         hold=True,
     )
-    clock.lap("weights")
     if phases & {"download", "convert"}:
         tier = tier.after_weights_fetch()
-    options = EngineOptions(
-        model_path=model.path,
-        max_model_len=spec.max_model_len or model.max_model_len,
-        max_num_seqs=spec.max_concurrency,
-        kv_cache_gib=settings.kv_cache_gib,
-    )
-    return engine_vllm.VllmEngine.load(options), tier
+    return model.path, model.max_model_len, tier

@@ -15,7 +15,6 @@ from ebb.weights_cache.eviction import CacheReport, cache_report
 from ebb.weights_cache.options import CacheOptions
 from ebb.weights_cache.sources import (
     ACCEPTED_FORMS,
-    FakeSource,
     GgufSource,
     HfSource,
     LocalDirSource,
@@ -29,7 +28,6 @@ __all__ = [
     "ACCEPTED_FORMS",
     "CacheOptions",
     "CacheReport",
-    "FakeSource",
     "GgufSource",
     "HfSource",
     "LocalDirSource",

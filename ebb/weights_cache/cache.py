@@ -29,7 +29,6 @@ from pathlib import Path
 
 from ebb.errors import (
     EbbError,
-    InvalidRequest,
     WeightsCorrupt,
     WeightsError,
     WeightsTransientError,
@@ -120,7 +119,7 @@ def ensure(
     sources), "convert" (GGUF), "hash", "verify" (files written to since they were last
     hashed) and "publish"; a cached model reports nothing. With `hold`, the entry is in use
     by this process, and never evicted, until `release(model)` or the process exits.
-    Raises InvalidRequest for a source that is malformed or has no weights (fake://),
+    Raises InvalidRequest for a source that is malformed (see `parse_source`),
     WeightsNotFound / WeightsAuthError / WeightsTransientError (after retries) from the
     remote, WeightsError when it cannot be prepared; nothing half-written is published.
     """
@@ -230,14 +229,7 @@ def verify(model: LocalModel, full: bool = True, progress: Progress | None = Non
 
 
 def _backend_for(source: Source, options: CacheOptions) -> Backend:
-    factory = _BACKENDS.get(source.kind)
-    if factory is None:
-        raise InvalidRequest(
-            f"{source.uri} is a {source.kind} model source with no weights to fetch "
-            "(the runner serves fake:// models itself)",
-            param="source",
-        )
-    return factory(options)
+    return _BACKENDS[source.kind](options)
 
 
 def _lookup(

@@ -8,8 +8,7 @@ Accepted forms (see `ACCEPTED_FORMS`):
 - `gguf:/abs/path/file.gguf`   a GGUF file on local disk;
 - `file:///abs/dir` or `/abs/dir`  a local directory already in Hugging Face layout;
 - `s3://bucket/prefix`         an HF-layout checkpoint under an S3 prefix (any endpoint);
-- `hf://org/name@revision`     a Hugging Face Hub model repository (revision defaults to main);
-- `fake://<name>`              a fake test model, served by the runner without weights.
+- `hf://org/name@revision`     a Hugging Face Hub model repository (revision defaults to main).
 
 A new scheme plugs in by adding its parser to `_SCHEME_PARSERS` and its backend to
 `ebb.weights_cache.cache`.
@@ -35,7 +34,6 @@ ACCEPTED_FORMS = (
     "/abs/dir",
     "s3://bucket/prefix",
     "hf://org/name@revision",
-    "fake://<name>",
 )
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
@@ -52,7 +50,6 @@ class SourceKind(StrEnum):
     LOCAL = "local"
     S3 = "s3"
     HF = "hf"
-    FAKE = "fake"
 
 
 @dataclass(frozen=True)
@@ -118,20 +115,7 @@ class HfSource:
         return PurePosixPath(self.repo_id).name
 
 
-@dataclass(frozen=True)
-class FakeSource:
-    """A fake test model: the runner's fake engine serves it; there are no weights."""
-
-    kind: ClassVar[SourceKind] = SourceKind.FAKE
-    uri: str
-    model: str
-
-    @property
-    def name(self) -> str:
-        return self.model
-
-
-Source = GgufSource | LocalDirSource | S3Source | HfSource | FakeSource
+Source = GgufSource | LocalDirSource | S3Source | HfSource
 
 
 def parse_source(source: str) -> Source:
@@ -221,13 +205,6 @@ def _parse_hf(source: str) -> HfSource:
     return HfSource(uri=f"hf://{repo_id}@{revision}", repo_id=repo_id, revision=revision)
 
 
-def _parse_fake(source: str) -> FakeSource:
-    rest = source[len("fake:") :]
-    if not rest.startswith("//") or len(rest) == 2:
-        raise _invalid(f"{source!r}: a fake model source looks like fake://<name>")
-    return FakeSource(uri=f"fake:{rest}", model=rest[2:])
-
-
 def _normalize_abs(path: str) -> str:
     # normpath keeps a leading '//' (POSIX leaves it implementation-defined); fold it so
     # both spellings key the same cache entry.
@@ -239,7 +216,6 @@ _SCHEME_PARSERS: dict[str, Callable[[str], Source]] = {
     "file": _parse_file_uri,
     "s3": _parse_s3,
     "hf": _parse_hf,
-    "fake": _parse_fake,
 }
 
 

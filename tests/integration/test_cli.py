@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from support import Platform, free_port, temp_home
 
-from ebb.runners.engine_fake import FAKE_REPLY
+from ebb.testing.fake_model import FAKE_REPLY
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from test_cli import ebb, ok_json
 from webhook_receiver import Receiver
 
 from ebb.queue import keys
-from ebb.runners.engine_fake import FAKE_REPLY
+from ebb.testing.fake_model import FAKE_REPLY
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import pytest
 from support import Platform, deploy, deployment, temp_home, wait_until
 
 from ebb.queue import keys
-from ebb.runners.engine_fake import FAKE_REPLY
+from ebb.testing.fake_model import FAKE_REPLY
 
 pytestmark = pytest.mark.integration
 

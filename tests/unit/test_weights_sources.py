@@ -10,7 +10,6 @@ import pytest
 from ebb.config import DEFAULT_MODEL_SOURCE
 from ebb.errors import InvalidRequest
 from ebb.weights_cache import (
-    FakeSource,
     GgufSource,
     HfSource,
     LocalDirSource,
@@ -57,14 +56,6 @@ def test_local_dir_spellings_share_one_canonical_uri(spelling):
 def test_file_uri_is_percent_decoded_and_localhost_allowed():
     source = parse_source("file://localhost/srv/my%20model")
     assert source.path == "/srv/my model"
-
-
-def test_fake_source_is_typed_but_kept_verbatim():
-    source = parse_source("fake://echo?delay_ms=5")
-    assert isinstance(source, FakeSource)
-    assert source.kind is SourceKind.FAKE
-    assert source.model == "echo?delay_ms=5"
-    assert source.uri == "fake://echo?delay_ms=5"
 
 
 @pytest.mark.parametrize(
@@ -140,8 +131,8 @@ def test_scheme_is_case_insensitive():
         ("file://host/srv/m", "no host"),
         ("file:relative/dir", "absolute path"),
         ("/", "root directory"),
-        ("fake://", "fake://<name>"),
-        ("fake:echo", "fake://<name>"),
+        # Test sources are the engine registry's (ebb.engines), never the weight cache's.
+        ("fake://echo", "unsupported model source scheme 'fake'"),
     ],
 )
 def test_refusals_say_why_and_list_accepted_forms(source, says):

@@ -1,8 +1,8 @@
 """A deterministic stand-in for vLLM, for unit and integration tests only.
 
-Selected by a deployment source `fake://NAME?ctx=2048&step_ms=5&load_s=0&fail=0`. Tokens are
-UTF-8 bytes (the frontdoor pairs it with `ByteTokenizer`); every step emits one byte of a
-fixed reply per running choice, so tests can predict text and token counts exactly.
+Serves the deployment sources `fake://NAME?...` (see `ebb.testing.fake_model`) when test
+engines are on. Every step emits one byte of a fixed reply per running choice, so tests
+can predict text and token counts exactly.
 """
 
 from __future__ import annotations
@@ -10,43 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from urllib.parse import parse_qs, urlsplit
 
-from ebb.queue.schema import ChoiceDelta, SamplingSpec, TokenLogprob, TopLogprob
+from ebb.queue.schema import ChoiceDelta, FinishReason, SamplingSpec, TokenLogprob, TopLogprob
 from ebb.runners.engine import EngineOptions, EngineRequestError, StepOutput
-
-FAKE_SCHEME = "fake"
-FAKE_REPLY = "The capital of France is Paris. "
-FAKE_JSON_REPLY = '{"answer": "Paris"}'
-
-
-@dataclass(frozen=True)
-class FakeModel:
-    name: str
-    max_model_len: int = 2048
-    step_ms: float = 2.0
-    load_s: float = 0.0
-    fail: bool = False  # the engine raises while loading
-    sleep: bool = False  # the engine supports sleep mode, as vLLM does on a GPU
-
-    @classmethod
-    def parse(cls, source: str) -> FakeModel:
-        parts = urlsplit(source)
-        if parts.scheme != FAKE_SCHEME:
-            raise ValueError(f"not a fake source: {source}")
-        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        return cls(
-            name=parts.netloc or parts.path,
-            max_model_len=int(query.get("ctx", 2048)),
-            step_ms=float(query.get("step_ms", 2.0)),
-            load_s=float(query.get("load_s", 0.0)),
-            fail=query.get("fail", "0") == "1",
-            sleep=query.get("sleep", "0") == "1",
-        )
-
-
-def is_fake_source(source: str) -> bool:
-    return source.startswith(FAKE_SCHEME + "://")
+from ebb.testing.fake_model import FAKE_JSON_REPLY, FAKE_REPLY, FakeModel
 
 
 @dataclass
@@ -76,8 +43,9 @@ class FakeEngine:
         self.sleeping = False
 
     @classmethod
-    def load(cls, source: str, options: EngineOptions) -> FakeEngine:
-        model = FakeModel.parse(source)
+    def load(cls, options: EngineOptions) -> FakeEngine:
+        """The engine for `options.source` (the registry's engine contract)."""
+        model = FakeModel.parse(options.source)
         if model.load_s:
             time.sleep(model.load_s)  # simulates weight loading
         if model.fail:
@@ -130,7 +98,7 @@ class FakeEngine:
         token = choice.reply[at : at + 1]
         choice.produced += 1
         text_so_far = (choice.reply * 8)[: choice.produced].decode(errors="ignore")
-        finish = None
+        finish: FinishReason | None = None
         if any(text_so_far.endswith(s) for s in sampling.stop):
             finish, token = "stop", b""
         elif choice.produced >= len(choice.reply) and choice.reply.startswith(b"{"):

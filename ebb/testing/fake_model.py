@@ -1,0 +1,79 @@
+"""The fake test model's source, `fake://NAME?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0`,
+and its registry entry. Light on purpose: the frontdoor process reads it (through the
+registry) to admit requests, so it imports nothing of `ebb.runners`; the engine itself is
+`ebb.testing.fake_engine`.
+
+Tokens are UTF-8 bytes (the frontdoor pairs it with `ByteTokenizer`); the engine emits
+one byte of a fixed reply per step, so tests can predict text and token counts exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import parse_qs, urlsplit
+
+from ebb.engines import EngineEntry
+from ebb.errors import InvalidRequest
+
+FAKE_SCHEME = "fake"
+FAKE_REPLY = "The capital of France is Paris. "
+FAKE_JSON_REPLY = '{"answer": "Paris"}'
+_FORM = "fake://<name>?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0"
+
+
+@dataclass(frozen=True)
+class FakeModel:
+    name: str
+    max_model_len: int = 2048
+    step_ms: float = 2.0
+    load_s: float = 0.0
+    fail: bool = False  # the engine raises while loading
+    sleep: bool = False  # the engine supports sleep mode, as vLLM does on a GPU
+
+    @classmethod
+    def parse(cls, source: str) -> FakeModel:
+        """The model `source` describes; ValueError when it is not a fake source."""
+        parts = urlsplit(source)
+        if parts.scheme != FAKE_SCHEME:
+            raise ValueError(f"not a fake source: {source}")
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        return cls(
+            name=parts.netloc or parts.path,
+            max_model_len=int(query.get("ctx", 2048)),
+            step_ms=float(query.get("step_ms", 2.0)),
+            load_s=float(query.get("load_s", 0.0)),
+            fail=query.get("fail", "0") == "1",
+            sleep=query.get("sleep", "0") == "1",
+        )
+
+
+def validate(source: str) -> FakeModel:
+    """The model `source` describes; InvalidRequest (400) naming the form otherwise."""
+    if not source.lower().startswith(FAKE_SCHEME + "://"):
+        raise _invalid(f"{source!r}: a fake model source looks like {_FORM}")
+    try:
+        model = FakeModel.parse(source)
+    except ValueError as e:
+        raise _invalid(f"{source!r}: {e}; a fake model source looks like {_FORM}") from e
+    if not model.name:
+        raise _invalid(f"{source!r}: a fake model source looks like {_FORM}")
+    return model
+
+
+def max_model_len(source: str) -> int:
+    return FakeModel.parse(source).max_model_len
+
+
+def _invalid(message: str) -> InvalidRequest:
+    return InvalidRequest(message, param="source")
+
+
+FAKE_ENTRY = EngineEntry(
+    name="fake",
+    schemes=(FAKE_SCHEME,),
+    validate="ebb.testing.fake_model:validate",
+    engine="ebb.testing.fake_engine:FakeEngine.load",
+    prepares_weights=False,
+    tokenizer="ebb.frontdoor.tokenizer:ByteTokenizer",
+    context_len="ebb.testing.fake_model:max_model_len",
+)
