@@ -11,7 +11,7 @@ of try_drain.lua; refusals get `retry_after_for`, as the frontdoor's do.
 What is modelled, not measured: service and start times (`RunnerModel`); every
 admission wakes the controller (as enqueue.lua does) and it reconciles within the tick;
 a fork server, when on, is up from the start; the platform starts with its pool full
-(`ebb up` waits for it); ticks are `tick_s` apart.
+(`ebb up` waits for it) and min_replicas up; ticks are `tick_s` apart.
 """
 
 from __future__ import annotations
@@ -104,12 +104,27 @@ class SimulatedPlatform:
         self.state.deployments[spec.name] = spec
 
     async def start(self) -> None:
-        """The platform's first reconcile, with its pool full before traffic (`ebb up`
-        reports ready once its stems are)."""
+        """The platform's first reconcile, with what it starts up before traffic: the
+        pool (`ebb up` reports ready once its stems are) and the deployments'
+        `min_replicas` (an always-on deployment is on before the trace begins)."""
         await self.controller.reconcile()
+        now = self.clock.now_s
         for proc in self.launcher.procs.values():
-            proc.pooled_at_s = self.clock.now_s
+            if proc.ready_at_s is None:
+                proc.pooled_at_s = now
+            else:
+                proc.ready_at_s = now
         self.launcher.advance()
+
+    async def run_until(self, until_s: float, tick_s: float = 0.05) -> None:
+        """Every part takes its turn each tick (runner starts, serving, the controller)
+        until simulated time reaches `until_s`."""
+        while self.clock.now_s + tick_s <= until_s + 1e-9:
+            self.clock.advance(tick_s)
+            self.launcher.advance()
+            for name in list(self.state.deployments):
+                self.launcher.serve(name)
+            await self.control()
 
     async def control(self) -> None:
         """The controller's turn, as its run loop takes it: reconcile when woken by an
@@ -200,7 +215,8 @@ class _Replay:
             tick += 1
             self.platform.clock.advance_to(now)
             while self.arrivals and self.arrivals[0].arrival_s <= now:
-                self.state.enqueue(DEPLOYMENT, self.arrivals.popleft())
+                request = self.arrivals.popleft()
+                self.state.enqueue(DEPLOYMENT, request, at_s=request.arrival_s)
             self.launcher.advance()
             drained = self.launcher.serve(DEPLOYMENT, self._claimed)
             self.result.drains += len(drained)

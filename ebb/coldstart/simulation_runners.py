@@ -79,7 +79,8 @@ class SimRunner:
 
 
 class SimulatedLauncher:
-    """Runners as `SimRunner`s; `forks` stands for a fork server that is up throughout."""
+    """Runners as `SimRunner`s; `forks` stands for a fork server that is up throughout
+    (set `warm` to play it starting or down)."""
 
     def __init__(
         self,
@@ -91,7 +92,7 @@ class SimulatedLauncher:
         failing: frozenset[str] = frozenset(),
     ):
         self._clock, self._state, self.model = clock, state, model
-        self.forks = forks
+        self.warm = WarmState.READY if forks else WarmState.OFF
         # Deployments whose runners fail while loading.
         self.failing = failing
         self.procs: dict[str, SimRunner] = {}
@@ -104,7 +105,8 @@ class SimulatedLauncher:
         now = self._clock.now_s
         proc = SimRunner(runner_id, tier, now, deployment or "", fails=deployment in self.failing)
         if deployment is None:
-            proc.pooled_at_s = now if self.forks else now + self.model.stem_import_s
+            forked = self.warm is WarmState.READY
+            proc.pooled_at_s = now if forked else now + self.model.stem_import_s
         else:
             proc.ready_at_s = now + self.model.start_s(tier)
         self.procs[runner_id] = proc
@@ -123,7 +125,7 @@ class SimulatedLauncher:
             self.exit(runner_id, 0)
 
     def warm_state(self) -> WarmState:
-        return WarmState.READY if self.forks else WarmState.OFF
+        return self.warm
 
     # --- what the processes do ------------------------------------------------------------
 

@@ -128,9 +128,11 @@ class InMemoryState:
 
     # --- the frontdoor's side ---------------------------------------------------------------
 
-    def enqueue(self, deployment: str, request: TraceRequest) -> None:
-        """Admit a request; like enqueue.lua, every admission wakes the controller."""
-        self.queues.setdefault(deployment, deque()).append(Queued(request, self.clock.now_s))
+    def enqueue(self, deployment: str, request: TraceRequest, *, at_s: float | None = None) -> None:
+        """Admit a request (arrived at `at_s`, default now); like enqueue.lua, every
+        admission wakes the controller."""
+        enqueued_s = self.clock.now_s if at_s is None else at_s
+        self.queues.setdefault(deployment, deque()).append(Queued(request, enqueued_s))
         self._wakes[deployment] = None
 
     def take_wakes(self) -> set[str]:
