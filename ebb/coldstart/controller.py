@@ -27,14 +27,14 @@ from typing import Protocol
 
 import msgspec
 
-from ebb.billing.gpu import GpuMeter, meter_for
+from ebb.billing.gpu import meter_for
 from ebb.coldstart.clock import SYSTEM_CLOCK, Clock
 from ebb.coldstart.launcher import Launcher, NoWarmStarts, WarmStarts, WarmState
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
 from ebb.coldstart.state import ControllerState
 from ebb.coldstart.tiers import Tier, launch_tier
 from ebb.config import Settings
-from ebb.queue.metering import LAST_SIGN_OF_LIFE, EndField
+from ebb.queue.metering import LAST_SIGN_OF_LIFE, EndField, GpuMeter
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
 
 log = logging.getLogger(__name__)

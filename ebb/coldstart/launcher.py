@@ -158,12 +158,14 @@ class LocalProcessLauncher:
             self._forks.signal(runner_id, signal.SIGKILL)
 
     def stop_all(self, grace_s: float) -> None:
-        forked = self._forks.runner_ids() if self._forks is not None else []
+        forks = self._forks
+        forked = forks.runner_ids() if forks is not None else []
         for proc in self._procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for runner_id in forked:
-            self._forks.signal(runner_id, signal.SIGTERM)
+        if forks is not None:
+            for runner_id in forked:
+                forks.signal(runner_id, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for runner_id, proc in self._procs.items():
             try:
@@ -175,8 +177,8 @@ class LocalProcessLauncher:
                 proc.kill()
                 proc.wait()
         self._procs.clear()
-        if self._forks is not None:
-            _stop_forked(self._forks, forked, deadline)
+        if forks is not None:
+            _stop_forked(forks, forked, deadline)
 
 
 def _stop_forked(forks: ForkServerClient, forked: list[str], deadline: float) -> None:

@@ -276,6 +276,7 @@ class _Replay:
             starting = [r for r in mine if r.is_starting]
             if starting and len(starting) == len(mine):  # waited on a cold start
                 self.result.refused_while_starting += 1
-                ready_at = [self.launcher.procs[r.runner_id].ready_at_s for r in starting]
-                if now + retry_s < min(at for at in ready_at if at is not None):
+                procs = [self.launcher.procs.get(r.runner_id) for r in starting]
+                ready_at = [p.ready_at_s for p in procs if p and p.ready_at_s is not None]
+                if ready_at and now + retry_s < min(ready_at):
                     self.result.retry_after_early += 1
