@@ -10,25 +10,31 @@ clients get an error event within about a lease period. Each reconcile, in order
   3. refill the pre-warmed pool (from the fork server, once it is up).
 A queued request for a deployment with no runner wakes the controller at once (the
 enqueue script pushes onto its wake list), so reaction is not bound to the poll interval.
+
+Its seams are narrow so that a simulation can run it unchanged on simulated time: the
+platform's state (`ControllerState`), the runners' processes (`Launcher`), warm capacity
+(`WarmStarts`), time (`Clock`) and the GPU meter of dead runners (`GpuMeterCloser`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import Protocol
 
 import msgspec
 
 from ebb.billing.gpu import meter_for
-from ebb.coldstart.launcher import Launcher
+from ebb.coldstart.clock import SYSTEM_CLOCK, Clock
+from ebb.coldstart.launcher import Launcher, NoWarmStarts, WarmStarts, WarmState
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
+from ebb.coldstart.state import ControllerState
 from ebb.coldstart.tiers import Tier, launch_tier
 from ebb.config import Settings
-from ebb.queue.metering import LAST_SIGN_OF_LIFE, GpuMeterScript
-from ebb.queue.platform import PlatformState
+from ebb.queue.metering import LAST_SIGN_OF_LIFE, EndField, GpuMeter
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
 
 log = logging.getLogger(__name__)
@@ -51,6 +57,14 @@ class _Backoff:
     next_try_s: float = 0.0
 
 
+class GpuMeterCloser(Protocol):
+    """`ebb.queue.metering.GpuMeterScript` over an async client."""
+
+    def close(
+        self, runner_id: str, meter: GpuMeter, *, end: int | EndField
+    ) -> Awaitable[object]: ...
+
+
 def new_runner_id() -> str:
     return "r-" + uuid.uuid4().hex[:10]
 
@@ -59,17 +73,25 @@ class Controller:
     def __init__(
         self,
         settings: Settings,
-        state: PlatformState,
+        state: ControllerState,
         launcher: Launcher,
         policy: PolicyConfig = PolicyConfig(),
+        *,
+        warm: WarmStarts | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        gpu_meter: GpuMeterCloser | None = None,
     ):
+        """`warm`: where forked starts come from (none: every launch is fresh);
+        `gpu_meter`: closes dead runners' GPU metering when `settings.metering` is on."""
         self._settings = settings
         self._state = state
         self._launcher = launcher
+        self._warm = warm or NoWarmStarts()
         self._policy = policy
+        self._clock = clock
+        self._gpu_meter = gpu_meter
         self._backoff: dict[str, _Backoff] = {}
         self._stopping = asyncio.Event()
-        self._gpu_meter = GpuMeterScript(state.redis)
         self._fork_server_state = ""  # as last published
 
     def stop(self) -> None:
@@ -84,9 +106,9 @@ class Controller:
             try:
                 woken = await self._state.wait_for_wake(tick_s)
                 await self._reap()
-                if woken or time.monotonic() >= next_reconcile:
+                if woken or self._clock.monotonic() >= next_reconcile:
                     await self.reconcile()
-                    next_reconcile = time.monotonic() + self._settings.controller_poll_s
+                    next_reconcile = self._clock.monotonic() + self._settings.controller_poll_s
             except Exception:
                 # Redis restarting or a bug in one pass: log, breathe, and go on.
                 log.exception("coldstart: reconcile failed")
@@ -102,12 +124,15 @@ class Controller:
                     r.runner_id,
                     state=RunnerState.EXITED,
                     error="platform restarted",
-                    exited_ms=int(time.time() * 1000),
+                    exited_ms=self._now_ms(),
                 )
                 await self._close_gpu_meter(r)
 
+    def _now_ms(self) -> int:
+        return int(self._clock.time() * 1000)
+
     async def _publish_fork_server_state(self) -> None:
-        state = self._launcher.fork_server_state()
+        state = self._warm.warm_state().value
         if state != self._fork_server_state:
             await self._state.set_fork_server_state(state)
             self._fork_server_state = state
@@ -126,9 +151,9 @@ class Controller:
 
     async def _collect_exits(self, runners: list[RunnerRecord]) -> list[RunnerRecord]:
         exits = {e.runner_id: e.code for e in self._launcher.poll()}
-        now_ms = time.time() * 1000
+        now_ms = self._clock.time() * 1000
         silent_ms = _SILENT_LEASES * self._settings.lease_ttl_s * 1000
-        live = []
+        live: list[RunnerRecord] = []
         for r in runners:
             silent = (
                 r.state.is_live
@@ -156,7 +181,7 @@ class Controller:
                 why,
             )
             r = msgspec.structs.replace(
-                r, state=RunnerState.FAILED, error=r.error or why, exited_ms=int(time.time() * 1000)
+                r, state=RunnerState.FAILED, error=r.error or why, exited_ms=self._now_ms()
             )
             await self._state.mark_runner_gone(
                 r.runner_id, state=r.state, error=r.error, exited_ms=r.exited_ms
@@ -169,7 +194,7 @@ class Controller:
         """Bill a dead runner's GPU time up to its last heartbeat (or, without one, up to
         its last sign of life). A runner that exited cleanly closed its own metering at its
         exit, which makes this a no-op."""
-        if not self._settings.metering:
+        if not self._settings.metering or self._gpu_meter is None:
             return
         spec = await self._state.get_deployment(r.deployment) if r.deployment else None
         await self._gpu_meter.close(
@@ -179,7 +204,7 @@ class Controller:
     async def _start_failed(self, r: RunnerRecord) -> None:
         backoff = self._backoff.setdefault(r.deployment, _Backoff())
         backoff.failures += 1
-        backoff.next_try_s = time.monotonic() + min(2.0**backoff.failures, 60.0)
+        backoff.next_try_s = self._clock.monotonic() + min(2.0**backoff.failures, 60.0)
         if backoff.failures >= MAX_START_FAILURES:
             last_lines = await self._state.runner_log(r.runner_id)
             await self._state.set_deployment_status(
@@ -211,7 +236,7 @@ class Controller:
             await self._state.set_deployment_status(spec.name, error="", error_log="")
             backoff = None
         missing = desired_replicas(snap, self._policy) - snap.serving
-        if missing <= 0 or (backoff and time.monotonic() < backoff.next_try_s):
+        if missing <= 0 or (backoff and self._clock.monotonic() < backoff.next_try_s):
             return
         for _ in range(missing):
             await self._launch_for(spec.name)
@@ -245,9 +270,9 @@ class Controller:
                 stem,
                 state=RunnerState.FAILED,
                 error="stem died while pre-warmed",
-                exited_ms=int(time.time() * 1000),
+                exited_ms=self._now_ms(),
             )
-        await self._launch(deployment, launch_tier(self._launcher.forks_ready()))
+        await self._launch(deployment, launch_tier(self._warm.warm_state() is WarmState.READY))
 
     async def _refill_pool(self, runners: list[RunnerRecord]) -> None:
         # A new stem's imports compete for the same cores as a model that is loading to
@@ -256,7 +281,7 @@ class Controller:
             return
         # Stems forked from the fork server are ready at once; one spawned while it imports
         # would import the engine a second time, on the same cores.
-        if self._launcher.forks_starting():
+        if self._warm.warm_state() is WarmState.STARTING:
             return
         stems = sum(
             r.deployment == "" and r.state in (RunnerState.STARTING, RunnerState.PREWARMED)
@@ -275,7 +300,7 @@ class Controller:
                 state=RunnerState.STARTING,
                 deployment=deployment or "",
                 tier=tier,
-                launched_ms=int(time.time() * 1000),
+                launched_ms=self._now_ms(),
             )
         )
         self._launcher.launch(runner_id, deployment, tier)

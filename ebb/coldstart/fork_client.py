@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,9 @@ class ForkServerClient:
                 stdout=subprocess.PIPE,
                 stderr=log_file,
             )
-        os.set_blocking(self._proc.stdout.fileno(), False)
+        self._stdin: IO[bytes] = _piped(self._proc.stdin)
+        self._stdout: IO[bytes] = _piped(self._proc.stdout)
+        os.set_blocking(self._stdout.fileno(), False)
         self._buffer = b""
         self._ready = False
 
@@ -86,8 +89,8 @@ class ForkServerClient:
             "launched_ms": time.time() * 1000,
         }
         try:
-            self._proc.stdin.write(json.dumps(request).encode() + b"\n")
-            self._proc.stdin.flush()
+            self._stdin.write(json.dumps(request).encode() + b"\n")
+            self._stdin.flush()
         except OSError:
             # The server died since it said ready: this start failed (the controller backs
             # off and retries, spawning while the server is down).
@@ -134,7 +137,7 @@ class ForkServerClient:
     def close(self, timeout_s: float = 10.0) -> None:
         self._closed = True
         if self._proc.poll() is None:
-            self._proc.stdin.close()
+            self._stdin.close()
             try:
                 self._proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -143,7 +146,7 @@ class ForkServerClient:
 
     def _pump(self) -> None:
         try:
-            chunk = self._proc.stdout.read()
+            chunk = self._stdout.read()
         except (BlockingIOError, ValueError):
             chunk = None
         if not chunk:
@@ -154,7 +157,7 @@ class ForkServerClient:
             if line.strip():
                 self._handle(json.loads(line))
 
-    def _handle(self, event: dict) -> None:
+    def _handle(self, event: dict[str, Any]) -> None:
         kind = event["event"]
         if kind == "ready":
             self._ready = True
@@ -185,6 +188,12 @@ class ForkServerClient:
             self._restart_at = 0.0
             log.info("coldstart: restarting the fork server")
             self._start()
+
+
+def _piped(stream: IO[bytes] | None) -> IO[bytes]:
+    if stream is None:  # Popen gives the pipe it was asked for
+        raise RuntimeError("the fork server was started without a pipe")
+    return stream
 
 
 def _pid_exists(pid: int) -> bool:

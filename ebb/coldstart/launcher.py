@@ -1,7 +1,10 @@
 """Launchers start and stop runner processes; the controller decides when.
 
-`Launcher` is the seam for other placements (Kubernetes pods in infra/); the local one
-runs runners as child processes of the controller, each logging to its own file.
+Two seams: `Launcher` (start a runner, learn of its exit, stop them all) for other
+placements (Kubernetes pods, Ray actors), and `WarmStarts` (is there warm capacity a new
+runner can start from: today the local fork server, per node later). The local launcher
+implements both: runners as child processes of the controller, each logging to its own
+file, forked from the fork server once it is ready.
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ import signal
 import subprocess
 import sys
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
 from ebb.coldstart.fork_client import Exit, ForkServerClient
+from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
 from ebb.runners.process import LAUNCHED_AT_ENV
 
@@ -23,29 +28,48 @@ log = logging.getLogger(__name__)
 
 
 class Launcher(Protocol):
-    """Contract: `launch` returns once the runner was started (not once it is ready);
-    `poll` reports each runner that exited exactly once; `stop_all` asks every runner to
-    drain and waits up to `grace_s` before killing the rest."""
+    """Starts runner processes wherever they run; knows nothing of deployments' demand."""
 
-    def launch(self, runner_id: str, deployment: str | None, tier: str) -> None: ...
-
-    def poll(self) -> list[Exit]: ...
-
-    def alive(self, runner_id: str) -> bool: ...
-
-    def forks_ready(self) -> bool:
-        """New runners will start from a process that already imported the engine."""
+    def launch(self, runner_id: str, deployment: str | None, tier: Tier) -> None:
+        """Start a runner (a stem for the pool when `deployment` is None) and return once
+        it was started, not once it is ready; the runner reports its own progress in its
+        record. A start that fails here is reported by `poll` like any exit."""
         ...
 
-    def forks_starting(self) -> bool:
-        """That process is on its way up (worth waiting for, for what is not urgent)."""
+    def poll(self) -> list[Exit]:
+        """Runners that exited since the last call: each launched runner exactly once."""
         ...
 
-    def fork_server_state(self) -> str:
-        """off, starting, ready or down."""
+    def alive(self, runner_id: str) -> bool:
+        """The runner's process is running (False once it exited, or if never launched)."""
         ...
 
-    def stop_all(self, grace_s: float) -> None: ...
+    def stop_all(self, grace_s: float) -> None:
+        """Ask every runner to drain, wait up to `grace_s`, then kill the rest."""
+        ...
+
+
+class WarmState(StrEnum):
+    """Where warm capacity (the fork server) stands; published for the frontdoor."""
+
+    OFF = "off"  # none configured: every launch starts a fresh process
+    STARTING = "starting"  # importing the engine: worth waiting for what is not urgent
+    READY = "ready"  # new runners start from a process that already imported the engine
+    DOWN = "down"  # died; restarted in time
+
+
+class WarmStarts(Protocol):
+    def warm_state(self) -> WarmState:
+        """Contract: READY means the next `launch` starts from a process that already
+        imported the engine (the forked tier); anything else, a fresh one."""
+        ...
+
+
+class NoWarmStarts:
+    """Warm capacity for a launcher that has none."""
+
+    def warm_state(self) -> WarmState:
+        return WarmState.OFF
 
 
 def child_environment(settings: Settings) -> dict[str, str]:
@@ -66,11 +90,12 @@ def child_environment(settings: Settings) -> dict[str, str]:
 
 class LocalProcessLauncher:
     """Runners as local processes: forked from the fork server once it is ready (the
-    engine already imported), spawned as new interpreters before that or without one."""
+    engine already imported), spawned as new interpreters before that or without one.
+    A `Launcher` and the `WarmStarts` of its fork server."""
 
     def __init__(self, settings: Settings):
         self._settings = settings
-        self._procs: dict[str, subprocess.Popen] = {}
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
         settings.logs_dir.mkdir(parents=True, exist_ok=True)
         self._forks = (
             ForkServerClient(child_environment(settings), settings.logs_dir / "fork-server.log")
@@ -81,19 +106,15 @@ class LocalProcessLauncher:
     def log_path(self, runner_id: str) -> Path:
         return self._settings.logs_dir / f"runner-{runner_id}.log"
 
-    def forks_ready(self) -> bool:
-        return self._forks is not None and self._forks.ready()
-
-    def forks_starting(self) -> bool:
-        return self._forks is not None and self._forks.starting()
-
-    def fork_server_state(self) -> str:
+    def warm_state(self) -> WarmState:
         if self._forks is None:
-            return "off"
-        return "ready" if self.forks_ready() else "starting" if self.forks_starting() else "down"
+            return WarmState.OFF
+        if self._forks.ready():
+            return WarmState.READY
+        return WarmState.STARTING if self._forks.starting() else WarmState.DOWN
 
-    def launch(self, runner_id: str, deployment: str | None, tier: str) -> None:
-        if self.forks_ready():
+    def launch(self, runner_id: str, deployment: str | None, tier: Tier) -> None:
+        if self._forks is not None and self._forks.ready():
             self._forks.spawn(runner_id, deployment, tier, self.log_path(runner_id))
             how = "forked"
         else:
@@ -101,7 +122,7 @@ class LocalProcessLauncher:
             how = "spawned"
         log.info("coldstart: %s runner %s (%s) for %r", how, runner_id, tier, deployment or "")
 
-    def _spawn(self, runner_id: str, deployment: str | None, tier: str) -> None:
+    def _spawn(self, runner_id: str, deployment: str | None, tier: Tier) -> None:
         cmd = [sys.executable, "-m", "ebb", "runner", "--runner-id", runner_id, "--tier", tier]
         if deployment is not None:
             cmd += ["--deployment", deployment]
@@ -137,12 +158,14 @@ class LocalProcessLauncher:
             self._forks.signal(runner_id, signal.SIGKILL)
 
     def stop_all(self, grace_s: float) -> None:
-        forked = self._forks.runner_ids() if self._forks is not None else []
+        forks = self._forks
+        forked = forks.runner_ids() if forks is not None else []
         for proc in self._procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for runner_id in forked:
-            self._forks.signal(runner_id, signal.SIGTERM)
+        if forks is not None:
+            for runner_id in forked:
+                forks.signal(runner_id, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for runner_id, proc in self._procs.items():
             try:
@@ -154,15 +177,16 @@ class LocalProcessLauncher:
                 proc.kill()
                 proc.wait()
         self._procs.clear()
-        if self._forks is not None:
-            self._stop_forked(forked, deadline)
+        if forks is not None:
+            _stop_forked(forks, forked, deadline)
 
-    def _stop_forked(self, forked: list[str], deadline: float) -> None:
-        while any(self._forks.alive(r) for r in forked) and time.monotonic() < deadline:
-            self._forks.poll()
-            time.sleep(0.1)
-        for runner_id in forked:
-            if self._forks.alive(runner_id):
-                log.warning("coldstart: runner %s did not drain in time, killing", runner_id)
-                self._forks.signal(runner_id, signal.SIGKILL)
-        self._forks.close()
+
+def _stop_forked(forks: ForkServerClient, forked: list[str], deadline: float) -> None:
+    while any(forks.alive(r) for r in forked) and time.monotonic() < deadline:
+        forks.poll()
+        time.sleep(0.1)
+    for runner_id in forked:
+        if forks.alive(runner_id):
+            log.warning("coldstart: runner %s did not drain in time, killing", runner_id)
+            forks.signal(runner_id, signal.SIGKILL)
+    forks.close()

@@ -10,6 +10,7 @@ from ebb.coldstart.launcher import LocalProcessLauncher
 from ebb.config import Settings
 from ebb.process_guard import exit_when_orphaned
 from ebb.queue.connection import async_client
+from ebb.queue.metering import GpuMeterScript
 from ebb.queue.platform import PlatformState
 
 
@@ -20,10 +21,13 @@ def run_controller(settings: Settings) -> None:
 
 async def _main(settings: Settings) -> None:
     client = async_client(settings.redis_url)
+    launcher = LocalProcessLauncher(settings)
     controller = Controller(
         settings,
         PlatformState(client, result_ttl_s=settings.result_ttl_s),
-        LocalProcessLauncher(settings),
+        launcher,
+        warm=launcher,
+        gpu_meter=GpuMeterScript(client),
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

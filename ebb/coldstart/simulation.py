@@ -1,84 +1,51 @@
-"""Replay a request trace through the autoscaling policy on a simulated clock.
+"""Replay a request trace through the platform's autoscaling on a simulated clock.
 
 What a deployment's traffic would meet under its scaling settings (how long requests
 wait, how many are refused at the admission window and with what `Retry-After`, how many
 runner-seconds it costs) without starting a process. The decisions are the platform's
-own: `desired_replicas` on the controller's snapshot, idle drain only above
-`min_replicas`, the pre-warmed pool and its refill, forked starts beyond it,
-`retry_after_s` for refusals. What is modelled: a runner serves up to
-`target_concurrency` requests at once, each for prompt / prefill rate + output / decode
-rate seconds, and a start takes its tier's time.
+own code, not a model of it: the real `Controller` (its policy, tier choice, pre-warmed
+pool and its refill, backoff) runs on a `ManualClock` against an `InMemoryState`, with
+`SimulatedLauncher` runners that drain by the runner's own `idle_action` and the guard
+of try_drain.lua; refusals get `retry_after_for`, as the frontdoor's do.
+
+What is modelled, not measured: service and start times (`RunnerModel`); every
+admission wakes the controller (as enqueue.lua does) and it reconciles within the tick;
+a fork server, when on, is up from the start; the platform starts with its pool full
+(`ebb up` waits for it) and min_replicas up; ticks are `tick_s` apart.
 """
 
 from __future__ import annotations
 
-import csv
+import asyncio
 import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from datetime import datetime
-from pathlib import Path
 
-from ebb.coldstart.estimate import StartingRunner, retry_after_s
-from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
+from ebb.coldstart.clock import ManualClock
+from ebb.coldstart.controller import Controller
+from ebb.coldstart.estimate import retry_after_for
+from ebb.coldstart.launcher import WarmState
+from ebb.coldstart.policy import PolicyConfig
+from ebb.coldstart.simulation_runners import RunnerModel, SimRunner, SimulatedLauncher
+from ebb.coldstart.simulation_state import InMemoryState, Queued
+from ebb.coldstart.simulation_trace import TraceRequest, load_azure_trace
+from ebb.config import Settings
+from ebb.queue.schema import DeploymentSpec
 
+__all__ = [
+    "FLAP_WINDOW_S",
+    "RunnerModel",
+    "ScalingSettings",
+    "SimulatedPlatform",
+    "SimulationResult",
+    "TraceRequest",
+    "load_azure_trace",
+    "simulate",
+]
 
-@dataclass(frozen=True)
-class TraceRequest:
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
-
-
-def load_azure_trace(
-    path: Path, *, start_s: float = 0.0, duration_s: float | None = None
-) -> list[TraceRequest]:
-    """The Azure LLM inference trace format (TIMESTAMP, ContextTokens, GeneratedTokens),
-    arrivals in seconds from the trace's first request, cut to [start_s, start_s + duration_s)
-    and shifted to start at 0."""
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    stamps = [_seconds(row["TIMESTAMP"]) for row in rows]
-    first = min(stamps)
-    end = math.inf if duration_s is None else start_s + duration_s
-    requests = [
-        TraceRequest(at - first - start_s, int(row["ContextTokens"]), int(row["GeneratedTokens"]))
-        for at, row in zip(stamps, rows, strict=True)
-        if start_s <= at - first < end
-    ]
-    return sorted(requests, key=lambda r: r.arrival_s)
-
-
-def _seconds(stamp: str) -> float:
-    # Seven fractional digits: more than datetime parses, so the fraction is added apart.
-    whole, _, fraction = stamp.partition(".")
-    parsed = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S")
-    return parsed.timestamp() + (float("0." + fraction) if fraction else 0.0)
-
-
-@dataclass(frozen=True)
-class RunnerModel:
-    """How fast a runner serves and starts. Defaults: the default model on a 2-core CPU
-    machine (bench.serving, bench.coldstart), rounded."""
-
-    prefill_tokens_per_s: float = 2000.0
-    decode_tokens_per_s: float = 25.0
-    prewarmed_start_s: float = 2.0
-    forked_start_s: float = 2.0
-    fresh_start_s: float = 10.0
-    # A new stem is usable this long after it is launched (imports).
-    stem_import_s: float = 8.0
-
-    def service_s(self, request: TraceRequest) -> float:
-        return (
-            request.prompt_tokens / self.prefill_tokens_per_s
-            + request.output_tokens / self.decode_tokens_per_s
-        )
-
-    def start_s(self, tier: str) -> float:
-        return {"prewarmed": self.prewarmed_start_s, "forked": self.forked_start_s}.get(
-            tier, self.fresh_start_s
-        )
+DEPLOYMENT = "sim"
+# Starts within this long of a drain: capacity given back and taken again.
+FLAP_WINDOW_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -95,17 +62,77 @@ class ScalingSettings:
     fork_server: bool = True
     controller_poll_s: float = 0.5
 
+    def spec(self, name: str = DEPLOYMENT) -> DeploymentSpec:
+        return DeploymentSpec(
+            name=name,
+            source="sim://",
+            min_replicas=self.min_replicas,
+            max_replicas=self.max_replicas,
+            idle_timeout_s=self.idle_timeout_s,
+            max_concurrency=self.target_concurrency,
+            admission_timeout_s=self.admission_timeout_s,
+        )
 
-@dataclass
-class _Runner:
-    tier: str
-    started_s: float
-    ready_s: float
-    busy_until: list[float] = field(default_factory=list)
-    idle_since_s: float = 0.0
 
-    def ready(self, now: float) -> bool:
-        return now >= self.ready_s
+class SimulatedPlatform:
+    """The real `Controller` over simulated state, runners and time; also the harness
+    controller tests run on."""
+
+    def __init__(
+        self,
+        settings: ScalingSettings = ScalingSettings(),
+        model: RunnerModel = RunnerModel(),
+        policy: PolicyConfig = PolicyConfig(),
+        *,
+        failing: frozenset[str] = frozenset(),
+    ):
+        self.settings = settings
+        self.clock = ManualClock()
+        self.state = InMemoryState(self.clock)
+        self.launcher = SimulatedLauncher(
+            self.clock, self.state, model, forks=settings.fork_server, failing=failing
+        )
+        platform = Settings(
+            prewarm=settings.prewarm, controller_poll_s=settings.controller_poll_s, metering=False
+        )
+        self.controller = Controller(
+            platform, self.state, self.launcher, policy, warm=self.launcher, clock=self.clock
+        )
+        self._next_reconcile_s = 0.0
+
+    def deploy(self, spec: DeploymentSpec) -> None:
+        self.state.deployments[spec.name] = spec
+
+    async def start(self) -> None:
+        """The platform's first reconcile, with what it starts up before traffic: the
+        pool (`ebb up` reports ready once its stems are) and the deployments'
+        `min_replicas` (an always-on deployment is on before the trace begins)."""
+        await self.controller.reconcile()
+        now = self.clock.now_s
+        for proc in self.launcher.procs.values():
+            if proc.ready_at_s is None:
+                proc.pooled_at_s = now
+            else:
+                proc.ready_at_s = now
+        self.launcher.advance()
+
+    async def run_until(self, until_s: float, tick_s: float = 0.05) -> None:
+        """Every part takes its turn each tick (runner starts, serving, the controller)
+        until simulated time reaches `until_s`."""
+        while self.clock.now_s + tick_s <= until_s + 1e-9:
+            self.clock.advance(tick_s)
+            self.launcher.advance()
+            for name in list(self.state.deployments):
+                self.launcher.serve(name)
+            await self.control()
+
+    async def control(self) -> None:
+        """The controller's turn, as its run loop takes it: reconcile when woken by an
+        admission or when the poll interval has passed."""
+        woken = await self.state.wait_for_wake(0.0)
+        if woken or self.clock.now_s >= self._next_reconcile_s:
+            await self.controller.reconcile()
+            self._next_reconcile_s = self.clock.now_s + self.settings.controller_poll_s
 
 
 @dataclass
@@ -115,12 +142,14 @@ class SimulationResult:
     refused: int = 0
     waits_s: list[float] = field(default_factory=list)
     retry_after_s: list[int] = field(default_factory=list)
+    # Admitted by a runner that came up after the request arrived: it waited on a start.
+    admitted_after_start: int = 0
     # Refusals with no runner ready, only starting ones: the request waited on a cold start.
     refused_while_starting: int = 0
     # Of those, the ones whose Retry-After ended before any of the runners was ready: a
     # client that trusted it would come back too early.
     retry_after_early: int = 0
-    starts: Counter = field(default_factory=Counter)
+    starts: Counter[str] = field(default_factory=Counter)
     drains: int = 0
     # Starts within `FLAP_WINDOW_S` of a drain: capacity given back and taken again.
     flaps: int = 0
@@ -133,14 +162,17 @@ class SimulationResult:
     def refused_fraction(self) -> float:
         return self.refused / self.requests if self.requests else 0.0
 
+    @property
+    def cold_wait_fraction(self) -> float:
+        """Share of requests that waited on a cold start (admitted or refused)."""
+        waited = self.admitted_after_start + self.refused_while_starting
+        return waited / self.requests if self.requests else 0.0
+
     def wait_percentile_s(self, p: float) -> float:
         if not self.waits_s:
             return 0.0
         ordered = sorted(self.waits_s)
         return ordered[min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1)]
-
-
-FLAP_WINDOW_S = 10.0
 
 
 def simulate(
@@ -153,141 +185,98 @@ def simulate(
 ) -> SimulationResult:
     """Replay `trace` until every request was served or refused; see the module doc.
 
-    Runner-seconds stop with the last request served: the idle tail is not counted.
+    Runner-seconds (of runners given to the deployment, from launch or assignment to
+    exit) stop with the last request served: the idle tail is not counted.
     """
-    return _Simulation(trace, settings, model, policy).run(tick_s)
+    return asyncio.run(_Replay(trace, SimulatedPlatform(settings, model, policy)).run(tick_s))
 
 
-class _Simulation:
-    """One replay; each tick follows the platform's order: arrivals, completions, claims,
-    the admission window, idle drain, then (when due or woken) the controller."""
+class _Replay:
+    """One replay; each tick follows the platform's order: arrivals, runner starts, the
+    runners' serving turn (finish, claim, idle drain), the admission window, then the
+    controller."""
 
-    def __init__(
-        self,
-        trace: list[TraceRequest],
-        settings: ScalingSettings,
-        model: RunnerModel,
-        policy: PolicyConfig,
-    ):
-        self.settings, self.model, self.policy = settings, model, policy
+    def __init__(self, trace: list[TraceRequest], platform: SimulatedPlatform):
+        self.platform = platform
+        self.state, self.launcher = platform.state, platform.launcher
         self.result = SimulationResult(requests=len(trace))
         self.arrivals = deque(trace)
-        self.queue: deque[TraceRequest] = deque()
-        self.runners: list[_Runner] = []
-        self.stems: list[float] = [0.0] * settings.prewarm  # when each stem is usable
-        self.cold_starts_ms = {
-            tier: {"total": model.start_s(tier) * 1000} for tier in ("prewarmed", "forked", "fresh")
-        }
+        self.cold_starts_ms = platform.launcher.model.cold_starts_ms()
         self.last_drain_s = -math.inf
-        self.next_reconcile_s = 0.0
+        self.runners_seen: set[str] = set()
 
-    def run(self, tick_s: float) -> SimulationResult:
-        tick = 0
-        at_zero = True
-        while self.arrivals or self.queue or any(r.busy_until for r in self.runners):
+    async def run(self, tick_s: float) -> SimulationResult:
+        self.platform.deploy(self.platform.settings.spec())
+        await self.platform.start()
+        queue = self.state.queues.setdefault(DEPLOYMENT, deque())
+        tick, at_zero = 0, True
+        while self.arrivals or queue or self._busy():
             now = tick * tick_s
             tick += 1
-            woken = self._arrive(now)
-            self._complete(now)
-            self._claim(now)
-            self._refuse_expired(now)
-            self._drain_idle(now)
-            if woken or now >= self.next_reconcile_s:
-                self.next_reconcile_s = now + self.settings.controller_poll_s
-                self._reconcile(now)
-            self.result.runner_seconds += len(self.runners) * tick_s
-            self.result.peak_replicas = max(self.result.peak_replicas, len(self.runners))
-            if not self.runners and not at_zero:
+            self.platform.clock.advance_to(now)
+            while self.arrivals and self.arrivals[0].arrival_s <= now:
+                request = self.arrivals.popleft()
+                self.state.enqueue(DEPLOYMENT, request, at_s=request.arrival_s)
+            self.launcher.advance()
+            drained = self.launcher.serve(DEPLOYMENT, self._claimed)
+            self.result.drains += len(drained)
+            if drained:
+                self.last_drain_s = now
+            self._refuse_expired(queue, now)
+            await self.platform.control()
+            serving = self._count_serving()
+            self.result.runner_seconds += serving * tick_s
+            self.result.peak_replicas = max(self.result.peak_replicas, serving)
+            if not serving and not at_zero:
                 self.result.zero_periods += 1
-            at_zero = not self.runners
+            at_zero = not serving
         self.result.duration_s = tick * tick_s
         return self.result
 
-    def _arrive(self, now: float) -> bool:
-        """Queue what arrived; True when that wakes the controller (nothing running)."""
-        woken = False
-        while self.arrivals and self.arrivals[0].arrival_s <= now:
-            self.queue.append(self.arrivals.popleft())
-            woken = woken or not self.runners
-        return woken
+    def _busy(self) -> bool:
+        return any(p.busy_until_s for p in self.launcher.procs.values())
 
-    def _complete(self, now: float) -> None:
-        for r in self.runners:
-            if r.busy_until:
-                r.busy_until = [t for t in r.busy_until if t > now]
-                if not r.busy_until:
-                    r.idle_since_s = now
+    def _count_serving(self) -> int:
+        """Runners given to the deployment and still running; each new one is a start."""
+        now = self.platform.clock.now_s
+        count = 0
+        for proc in self.launcher.procs.values():
+            if proc.deployment != DEPLOYMENT:
+                continue
+            count += 1
+            if proc.runner_id not in self.runners_seen:
+                self.runners_seen.add(proc.runner_id)
+                self.result.starts[proc.tier] += 1
+                if now - self.last_drain_s < FLAP_WINDOW_S:
+                    self.result.flaps += 1
+        return count
 
-    def _claim(self, now: float) -> None:
-        """Ready runners take queued requests, oldest first, into their free slots."""
-        for r in self.runners:
-            while (
-                r.ready(now) and self.queue and len(r.busy_until) < self.settings.target_concurrency
-            ):
-                request = self.queue.popleft()
-                self.result.admitted += 1
-                self.result.waits_s.append(now - request.arrival_s)
-                r.busy_until.append(now + self.model.service_s(request))
+    def _claimed(self, queued: Queued, proc: SimRunner) -> None:
+        now = self.platform.clock.now_s
+        self.result.admitted += 1
+        self.result.waits_s.append(now - queued.enqueued_s)
+        if proc.ready_at_s is not None and proc.ready_at_s > queued.enqueued_s:
+            self.result.admitted_after_start += 1
 
-    def _refuse_expired(self, now: float) -> None:
-        timeout_s = self.settings.admission_timeout_s
-        while self.queue and now - self.queue[0].arrival_s >= timeout_s:
-            self.queue.popleft()
+    def _refuse_expired(self, queue: deque[Queued], now: float) -> None:
+        timeout_s = self.platform.settings.admission_timeout_s
+        while queue and now - queue[0].enqueued_s >= timeout_s:
+            queue.popleft()
             self.result.refused += 1
-            starting = [r for r in self.runners if not r.ready(now)]
-            retry_s = retry_after_s(
-                ready_runners=len(self.runners) - len(starting),
-                cold_starts_ms=self.cold_starts_ms,
-                stems_available=any(at <= now for at in self.stems),
-                forks_available=self.settings.fork_server,
-                starting=[StartingRunner(r.tier, now - r.started_s) for r in starting],
+            records = list(self.state.records.values())
+            retry_s = retry_after_for(
+                DEPLOYMENT,
+                records,
+                self.cold_starts_ms,
+                fork_server_ready=self.launcher.warm_state() is WarmState.READY,
+                now_ms=self.platform.clock.ms(),
             )
             self.result.retry_after_s.append(retry_s)
-            if starting and len(starting) == len(self.runners):  # waited on a cold start
+            mine = [r for r in records if r.deployment == DEPLOYMENT and r.state.is_live]
+            starting = [r for r in mine if r.is_starting]
+            if starting and len(starting) == len(mine):  # waited on a cold start
                 self.result.refused_while_starting += 1
-                if now + retry_s < min(r.ready_s for r in starting):
+                procs = [self.launcher.procs.get(r.runner_id) for r in starting]
+                ready_at = [p.ready_at_s for p in procs if p and p.ready_at_s is not None]
+                if ready_at and now + retry_s < min(ready_at):
                     self.result.retry_after_early += 1
-
-    def _drain_idle(self, now: float) -> None:
-        """Idle past the timeout, with nothing queued, and above min_replicas: drain."""
-        for r in list(self.runners):
-            idle_s = now - max(r.idle_since_s, r.ready_s)
-            if (
-                r.ready(now)
-                and not r.busy_until
-                and not self.queue
-                and idle_s >= self.settings.idle_timeout_s
-                and len(self.runners) > self.settings.min_replicas
-            ):
-                self.runners.remove(r)
-                self.result.drains += 1
-                self.last_drain_s = now
-
-    def _reconcile(self, now: float) -> None:
-        s = self.settings
-        snap = DemandSnapshot(
-            queue_depth=len(self.queue),
-            oldest_wait_s=now - self.queue[0].arrival_s if self.queue else 0.0,
-            starting=sum(not r.ready(now) for r in self.runners),
-            ready=sum(r.ready(now) for r in self.runners),
-            min_replicas=s.min_replicas,
-            max_replicas=s.max_replicas,
-            target_concurrency=s.target_concurrency,
-        )
-        for _ in range(desired_replicas(snap, self.policy) - snap.serving):
-            self._launch(now)
-        # The pool refills once no start for real work competes for the cores.
-        if all(r.ready(now) for r in self.runners):
-            # A stem forked from the fork server has nothing left to import.
-            ready_at = now if s.fork_server else now + self.model.stem_import_s
-            self.stems += [ready_at] * (s.prewarm - len(self.stems))
-
-    def _launch(self, now: float) -> None:
-        usable = [at for at in self.stems if at <= now]
-        if usable:
-            self.stems.remove(usable[0])
-        tier = "prewarmed" if usable else "forked" if self.settings.fork_server else "fresh"
-        self.runners.append(_Runner(tier, now, now + self.model.start_s(tier)))
-        self.result.starts[tier] += 1
-        if now - self.last_drain_s < FLAP_WINDOW_S:
-            self.result.flaps += 1

@@ -34,6 +34,7 @@ from ebb.queue.schema import (
     WorkItem,
 )
 from ebb.runners.engine import EngineAdapter, EngineRequestError, StepOutput
+from ebb.runners.idle import IdleAction, idle_action
 from ebb.runners.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
@@ -209,16 +210,19 @@ class ServingLoop:
                 self._start_draining("deployment deleted")
                 return
             self._spec = spec
-        if now - self._last_active < self._spec.idle_timeout_s:
-            return
-        if self._queue.serving_runner_count(self._spec.name) <= self._spec.min_replicas:
-            return
-        if self._engine.supports_sleep:
+        action = idle_action(
+            idle_s=now - self._last_active,
+            idle_timeout_s=self._spec.idle_timeout_s,
+            min_replicas=self._spec.min_replicas,
+            serving_runners=lambda: self._queue.serving_runner_count(self._spec.name),
+            supports_sleep=self._engine.supports_sleep,
+        )
+        if action is IdleAction.SLEEP:
             if self._queue.try_sleep(self._spec.name):
                 self._sleeping = True
                 self._lifecycle.adopt(RunnerState.SLEEPING)
             return
-        if self._queue.try_drain(self._spec.name):
+        if action is IdleAction.DRAIN and self._queue.try_drain(self._spec.name):
             self._draining = True
             self._lifecycle.adopt(RunnerState.DRAINING)
             self._queue.count_scale_down(self._spec.name)

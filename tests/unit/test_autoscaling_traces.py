@@ -1,5 +1,6 @@
 """The autoscaling policy and Retry-After against real arrival patterns: the Azure LLM
-inference traces (bench/traces) replayed on a simulated clock by ebb.coldstart.simulation.
+inference traces (bench/traces) replayed on a simulated clock by ebb.coldstart.simulation,
+through the real Controller and the runner's own idle decision.
 
 The code-completion trace is bursty (1-585 requests a minute) with idle gaps of up to
 217 s; the conversation trace is steady. Runner speed and start times are the defaults of
@@ -100,6 +101,15 @@ def test_scaling_to_zero_costs_well_under_always_on(code_trace):
     always_on = simulate(code_trace, ScalingSettings(min_replicas=4, max_replicas=4), tick_s=TICK_S)
     assert always_on.zero_periods == 0
     assert scaled.runner_seconds < 0.8 * always_on.runner_seconds
+
+
+def test_a_shorter_keep_alive_trades_runner_seconds_for_cold_starts(code_trace):
+    # RunPod's default idle timeout against Baseten's default scale-down delay.
+    short = simulate(code_trace, ScalingSettings(idle_timeout_s=5), tick_s=TICK_S)
+    long = simulate(code_trace, ScalingSettings(idle_timeout_s=900), tick_s=TICK_S)
+    assert short.runner_seconds < long.runner_seconds / 2
+    assert short.cold_wait_fraction > 4 * long.cold_wait_fraction > 0
+    assert short.zero_periods > long.zero_periods
 
 
 def test_steady_traffic_with_room_never_waits_on_a_cold_start():

@@ -1,0 +1,217 @@
+"""Simulated runner processes: a `Launcher` (and `WarmStarts`) whose runners start,
+serve and drain on a `ManualClock` against an `InMemoryState`.
+
+What a runner does is the platform's: it comes up through its tier, a stem joins the pool
+and loads the deployment it is assigned, it claims queued requests into its free batch
+slots, and, holding nothing, decides to drain with the runner's own `idle_action` and the
+atomic guard of try_drain.lua (`InMemoryState.try_drain`). What is modelled: a request
+takes prompt / prefill rate + output / decode rate seconds however many share the batch,
+and a start takes its tier's time. Engines here have no sleep mode (the CPU case).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ebb.coldstart.clock import ManualClock
+from ebb.coldstart.fork_client import Exit
+from ebb.coldstart.launcher import WarmState
+from ebb.coldstart.simulation_state import InMemoryState, Queued
+from ebb.coldstart.simulation_trace import TraceRequest
+from ebb.coldstart.tiers import Tier
+from ebb.queue.schema import RunnerState
+from ebb.runners.idle import IdleAction, idle_action
+
+log = logging.getLogger(__name__)
+
+# Called with each request a runner claims, and the runner.
+ClaimObserver = Callable[[Queued, "SimRunner"], None]
+
+
+@dataclass(frozen=True)
+class RunnerModel:
+    """How fast a runner serves and starts. Defaults: the default model on a 2-core CPU
+    machine (bench.serving, bench.coldstart), rounded."""
+
+    prefill_tokens_per_s: float = 2000.0
+    decode_tokens_per_s: float = 25.0
+    prewarmed_start_s: float = 2.0
+    forked_start_s: float = 2.0
+    fresh_start_s: float = 10.0
+    # A new stem is usable this long after it is launched (imports), unless forked.
+    stem_import_s: float = 8.0
+
+    def service_s(self, request: TraceRequest) -> float:
+        return (
+            request.prompt_tokens / self.prefill_tokens_per_s
+            + request.output_tokens / self.decode_tokens_per_s
+        )
+
+    def start_s(self, tier: str) -> float:
+        return {Tier.PREWARMED: self.prewarmed_start_s, Tier.FORKED: self.forked_start_s}.get(
+            Tier(tier), self.fresh_start_s
+        )
+
+    def cold_starts_ms(self) -> dict[str, dict[str, float]]:
+        """The measured cold starts these speeds would leave behind (for Retry-After)."""
+        tiers = (Tier.PREWARMED, Tier.FORKED, Tier.FRESH)
+        return {tier.value: {"total": self.start_s(tier) * 1000} for tier in tiers}
+
+
+@dataclass
+class SimRunner:
+    runner_id: str
+    tier: Tier
+    launched_s: float
+    deployment: str = ""  # "" for a stem until it is assigned
+    # When it joins the pool (a stem) or is READY (a runner with its deployment); a stem's
+    # ready time is set once it is assigned.
+    pooled_at_s: float | None = None
+    ready_at_s: float | None = None
+    ready: bool = False
+    fails: bool = False  # fails while loading (a broken deployment)
+    exited: bool = False
+    busy_until_s: list[float] = field(default_factory=list)
+    last_active_s: float = 0.0
+
+
+class SimulatedLauncher:
+    """Runners as `SimRunner`s; `forks` stands for a fork server that is up throughout
+    (set `warm` to play it starting or down)."""
+
+    def __init__(
+        self,
+        clock: ManualClock,
+        state: InMemoryState,
+        model: RunnerModel,
+        *,
+        forks: bool = True,
+        failing: frozenset[str] = frozenset(),
+    ):
+        self._clock, self._state, self.model = clock, state, model
+        self.warm = WarmState.READY if forks else WarmState.OFF
+        # Deployments whose runners fail while loading.
+        self.failing = failing
+        self.procs: dict[str, SimRunner] = {}
+        self._exits: list[Exit] = []
+        self.launches: list[tuple[str, str | None, Tier]] = []
+
+    # --- Launcher and WarmStarts ---------------------------------------------------------
+
+    def launch(self, runner_id: str, deployment: str | None, tier: Tier) -> None:
+        now = self._clock.now_s
+        proc = SimRunner(runner_id, tier, now, deployment or "", fails=deployment in self.failing)
+        if deployment is None:
+            forked = self.warm is WarmState.READY
+            proc.pooled_at_s = now if forked else now + self.model.stem_import_s
+        else:
+            proc.ready_at_s = now + self.model.start_s(tier)
+        self.procs[runner_id] = proc
+        self.launches.append((runner_id, deployment, tier))
+
+    def poll(self) -> list[Exit]:
+        exits, self._exits = self._exits, []
+        return exits
+
+    def alive(self, runner_id: str) -> bool:
+        proc = self.procs.get(runner_id)
+        return proc is not None and not proc.exited
+
+    def stop_all(self, grace_s: float) -> None:
+        for runner_id in list(self.procs):
+            self.exit(runner_id, 0)
+
+    def warm_state(self) -> WarmState:
+        return self.warm
+
+    # --- what the processes do ------------------------------------------------------------
+
+    def exit(self, runner_id: str, code: int) -> None:
+        """The process ends (its record says what it last wrote, if anything)."""
+        proc = self.procs.pop(runner_id, None)
+        if proc is not None:
+            proc.exited = True
+            self._exits.append(Exit(runner_id, code))
+
+    def kill(self, runner_id: str) -> None:
+        """SIGKILL: gone without a word in its record."""
+        self.exit(runner_id, -9)
+
+    def advance(self) -> None:
+        """Starts that progressed by now: stems join the pool, assigned stems begin
+        loading, loads finish (READY) or fail (FAILED, exit 1)."""
+        now = self._clock.now_s
+        for proc in list(self.procs.values()):
+            if proc.ready:
+                continue
+            record = self._state.records[proc.runner_id]
+            if proc.pooled_at_s is not None and proc.ready_at_s is None:
+                if record.state is RunnerState.STARTING and now >= proc.pooled_at_s:
+                    self._state.join_pool(proc.runner_id)
+                elif record.deployment:  # assigned (the record's deployment was "")
+                    assigned_s = self._clock.seconds_at(record.assigned_ms)
+                    proc.ready_at_s = assigned_s + self.model.start_s(Tier.PREWARMED)
+                    proc.deployment = record.deployment
+                    proc.fails = record.deployment in self.failing
+                    self._state.update_runner(proc.runner_id, state=RunnerState.LOADING)
+            if proc.ready_at_s is not None and now >= proc.ready_at_s:
+                self._come_up(proc)
+
+    def _come_up(self, proc: SimRunner) -> None:
+        if proc.fails:
+            self._state.update_runner(
+                proc.runner_id, state=RunnerState.FAILED, error="failed to load: simulated"
+            )
+            self._state.logs[proc.runner_id] = ["loading", "failed to load: simulated"]
+            self.exit(proc.runner_id, 1)
+            return
+        proc.ready = True
+        proc.last_active_s = self._clock.now_s
+        self._state.update_runner(
+            proc.runner_id, state=RunnerState.READY, ready_ms=self._clock.ms()
+        )
+
+    def serve(self, deployment: str, on_claim: ClaimObserver | None = None) -> list[str]:
+        """One turn of each READY runner's serving loop: finish, claim, and, idle past
+        the timeout, drain (exiting at once: it holds nothing). Returns who drained."""
+        now = self._clock.now_s
+        spec = self._state.deployments[deployment]
+        queue = self._state.queues.setdefault(deployment, deque())
+        drained: list[str] = []
+        for proc in list(self.procs.values()):
+            if not proc.ready or proc.deployment != deployment:
+                continue
+            if proc.busy_until_s:
+                proc.busy_until_s = [t for t in proc.busy_until_s if t > now]
+                if not proc.busy_until_s:
+                    proc.last_active_s = now
+            while queue and len(proc.busy_until_s) < spec.max_concurrency:
+                queued = queue.popleft()
+                proc.busy_until_s.append(now + self.model.service_s(queued.request))
+                proc.last_active_s = now
+                if on_claim is not None:
+                    on_claim(queued, proc)
+            if not proc.busy_until_s and self._idle_drains(proc, deployment):
+                drained.append(proc.runner_id)
+        return drained
+
+    def _idle_drains(self, proc: SimRunner, deployment: str) -> bool:
+        spec = self._state.deployments[deployment]
+        action = idle_action(
+            idle_s=self._clock.now_s - proc.last_active_s,
+            idle_timeout_s=spec.idle_timeout_s,
+            min_replicas=spec.min_replicas,
+            serving_runners=lambda: self._state.serving_runner_count(deployment),
+            supports_sleep=False,
+        )
+        if action is not IdleAction.DRAIN or not self._state.try_drain(deployment, proc.runner_id):
+            return False
+        # Nothing held: the drain is over as it begins; the runner records its exit.
+        self._state.update_runner(
+            proc.runner_id, state=RunnerState.EXITED, exited_ms=self._clock.ms()
+        )
+        self.exit(proc.runner_id, 0)
+        return True

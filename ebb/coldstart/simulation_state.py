@@ -1,0 +1,175 @@
+"""The platform's state in memory: what `PlatformState` (Redis) is to the controller, for
+simulations and controller tests, with the runner-side and frontdoor-side steps a
+simulated world takes against it.
+
+Each method is one atomic step, as its Redis counterpart is (nothing here awaits, so
+no other task runs in between). Where the platform decides in Lua, the rule is mirrored
+here and named: keep them in step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass
+
+import msgspec
+
+from ebb.coldstart.clock import ManualClock
+from ebb.coldstart.simulation_trace import TraceRequest
+from ebb.queue.platform import QueueSnapshot
+from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
+
+
+@dataclass(frozen=True)
+class Queued:
+    request: TraceRequest
+    enqueued_s: float
+
+
+class InMemoryState:
+    """A `ControllerState` over dicts, on a `ManualClock`."""
+
+    def __init__(self, clock: ManualClock):
+        self.clock = clock
+        self.deployments: dict[str, DeploymentSpec] = {}
+        self.status: dict[str, dict[str, str]] = {}
+        self.records: dict[str, RunnerRecord] = {}
+        self.queues: dict[str, deque[Queued]] = {}
+        self.job_depth: Counter[str] = Counter()
+        self.logs: dict[str, list[str]] = {}
+        self.scale_ups: Counter[str] = Counter()
+        self.fork_server: str = "off"
+        # Ordered sets (dicts): taking from them is deterministic, unlike SPOP.
+        self._stems: dict[str, None] = {}
+        self._sleepers: dict[str, dict[str, None]] = {}
+        self._wakes: dict[str, None] = {}
+
+    # --- ControllerState: deployments ----------------------------------------------------
+
+    async def list_deployments(self) -> list[DeploymentSpec]:
+        return sorted(self.deployments.values(), key=lambda s: s.name)
+
+    async def get_deployment(self, name: str) -> DeploymentSpec | None:
+        return self.deployments.get(name)
+
+    async def set_deployment_status(self, name: str, **fields: object) -> None:
+        self.status.setdefault(name, {}).update({k: str(v) for k, v in fields.items()})
+
+    async def queue_snapshot(self, deployment: str) -> QueueSnapshot:
+        queue = self.queues.get(deployment)
+        oldest_wait_s = self.clock.now_s - queue[0].enqueued_s if queue else 0.0
+        return QueueSnapshot(
+            depth=len(queue) if queue else 0,
+            oldest_wait_s=oldest_wait_s,
+            job_depth=self.job_depth[deployment],
+        )
+
+    async def count_scale_up(self, deployment: str, count: int) -> None:
+        self.scale_ups[deployment] += count
+
+    # --- ControllerState: runners and the pool ---------------------------------------------
+
+    async def runners(self) -> list[RunnerRecord]:
+        return sorted(self.records.values(), key=lambda r: r.launched_ms)
+
+    async def put_runner(self, record: RunnerRecord) -> None:
+        self.records[record.runner_id] = record
+
+    async def mark_runner_gone(self, runner_id: str, **fields: object) -> None:
+        self.update_runner(runner_id, **fields)
+        self._stems.pop(runner_id, None)
+
+    async def forget_runner(self, runner_id: str) -> None:
+        self.records.pop(runner_id, None)
+        self._stems.pop(runner_id, None)
+        self.logs.pop(runner_id, None)
+
+    async def runner_log(self, runner_id: str) -> list[str]:
+        return list(self.logs.get(runner_id, []))
+
+    async def take_stem(self) -> str | None:
+        # As PlatformState.take_stem: stems that left PREWARMED are dropped on the way.
+        while self._stems:
+            runner_id = next(iter(self._stems))
+            del self._stems[runner_id]
+            record = self.records.get(runner_id)
+            if record is not None and record.state is RunnerState.PREWARMED:
+                return runner_id
+        return None
+
+    async def take_sleeper(self, deployment: str) -> str | None:
+        sleepers = self._sleepers.get(deployment, {})
+        while sleepers:
+            runner_id = next(iter(sleepers))
+            del sleepers[runner_id]
+            record = self.records.get(runner_id)
+            if record is not None and record.state is RunnerState.SLEEPING:
+                return runner_id
+        return None
+
+    async def wake_sleeper(self, runner_id: str, deployment: str) -> None:
+        self.update_runner(runner_id, woken_ms=self.clock.ms())
+        await self.assign(runner_id, deployment)
+
+    async def assign(self, runner_id: str, deployment: str) -> None:
+        self.update_runner(runner_id, deployment=deployment, assigned_ms=self.clock.ms())
+
+    async def set_fork_server_state(self, state: str) -> None:
+        self.fork_server = state
+
+    # --- ControllerState: wake-ups and leases ----------------------------------------------
+
+    async def wait_for_wake(self, timeout_s: float) -> set[str]:
+        """Never waits: simulated time moves only when its driver moves it."""
+        return self.take_wakes()
+
+    async def reap_expired_leases(self) -> list[str]:
+        return []  # simulated runners never die holding a lease
+
+    # --- the frontdoor's side ---------------------------------------------------------------
+
+    def enqueue(self, deployment: str, request: TraceRequest, *, at_s: float | None = None) -> None:
+        """Admit a request (arrived at `at_s`, default now); like enqueue.lua, every
+        admission wakes the controller."""
+        enqueued_s = self.clock.now_s if at_s is None else at_s
+        self.queues.setdefault(deployment, deque()).append(Queued(request, enqueued_s))
+        self._wakes[deployment] = None
+
+    def take_wakes(self) -> set[str]:
+        wakes, self._wakes = set(self._wakes), {}
+        return wakes
+
+    # --- the runners' side -------------------------------------------------------------------
+
+    def update_runner(self, runner_id: str, **fields: object) -> None:
+        record = self.records.get(runner_id)
+        if record is not None:
+            self.records[runner_id] = msgspec.structs.replace(record, **fields)
+
+    def join_pool(self, runner_id: str) -> None:
+        """A stem done importing: PREWARMED and takeable."""
+        self.update_runner(runner_id, state=RunnerState.PREWARMED)
+        self._stems[runner_id] = None
+
+    def serving_runner_count(self, deployment: str) -> int:
+        """As `RunnerQueue.serving_runner_count`: runners that serve or are about to."""
+        return sum(r.deployment == deployment and r.state.will_serve for r in self.records.values())
+
+    def _nothing_queued(self, deployment: str) -> bool:
+        return not self.queues.get(deployment) and not self.job_depth[deployment]
+
+    def try_drain(self, deployment: str, runner_id: str) -> bool:
+        """Mirrors try_drain.lua: drain only if nothing waits in the deployment's queues
+        (else a request that arrived at that instant would wait for a new cold start)."""
+        if not self._nothing_queued(deployment):
+            return False
+        self.update_runner(runner_id, state=RunnerState.DRAINING)
+        return True
+
+    def try_sleep(self, deployment: str, runner_id: str) -> bool:
+        """Mirrors try_sleep.lua: the same guard as `try_drain`, then wakeable."""
+        if not self._nothing_queued(deployment):
+            return False
+        self.update_runner(runner_id, state=RunnerState.SLEEPING)
+        self._sleepers.setdefault(deployment, {})[runner_id] = None
+        return True
