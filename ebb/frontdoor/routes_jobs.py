@@ -24,13 +24,12 @@ from ebb.errors import Conflict, InvalidRequest, NotFound
 from ebb.frontdoor.auth import Caller, CallerDep
 from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
 from ebb.frontdoor.translate import Prepared, prepare_chat, prepare_completion
-from ebb.queue.delivery_store import DeliveryStore
+from ebb.openai_responses import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
+from ebb.queue.delivery_store import DeliveryStore, delivery_record_ttl_s
 from ebb.queue.job_schema import JobEvent, JobRecord, JobStatus, attempt_request_id
 from ebb.queue.job_store import IdempotencyConflict, JobStore
 from ebb.queue.schema import DeploymentSpec, WorkItem
 from ebb.queue.webhook_secrets import WebhookSecrets
-from ebb.webhooks.collector import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
-from ebb.webhooks.main import delivery_record_ttl_s
 from ebb.webhooks.signing import new_secret
 from ebb.webhooks.ssrf import UnsafeUrl, resolve_target
 from ebb.webhooks.views import current_status, job_view
@@ -84,7 +83,12 @@ def job_services(request: Request) -> JobServices:
                 retention_s=settings.job_retention_s,
                 result_ttl_s=settings.result_ttl_s,
             ),
-            deliveries=DeliveryStore(services.redis, record_ttl_s=delivery_record_ttl_s(settings)),
+            deliveries=DeliveryStore(
+                services.redis,
+                record_ttl_s=delivery_record_ttl_s(
+                    settings.webhook_give_up_s, settings.job_retention_s
+                ),
+            ),
             secrets=WebhookSecrets(services.redis),
         )
     return app_state.job_services

@@ -17,14 +17,12 @@ from ebb.frontdoor.auth import Caller, CallerDep
 from ebb.frontdoor.execution import ClientGone, Running, unless_disconnected
 from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
 from ebb.frontdoor.ratelimit import Reservation
-from ebb.frontdoor.translate import (
+from ebb.frontdoor.translate import Prepared, prepare_chat, prepare_completion
+from ebb.openai_responses import (
     SSE_DONE,
     EndpointKind,
-    Prepared,
     ResponseBuilder,
     new_request_id,
-    prepare_chat,
-    prepare_completion,
     sse_line,
 )
 from ebb.queue.schema import Failed, Finished, Progress, WorkItem

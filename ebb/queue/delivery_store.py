@@ -16,6 +16,11 @@ from ebb.queue.job_schema import DeliveryAttempt, DeliveryRecord, decode_deliver
 from ebb.queue.job_scripts import JobScripts
 
 
+def delivery_record_ttl_s(give_up_s: float, job_retention_s: int) -> int:
+    """Deliveries stay readable through their retry period and the job's retention."""
+    return int(give_up_s) + job_retention_s
+
+
 class DeliveryStore:
     def __init__(self, client: aioredis.Redis, *, record_ttl_s: int):
         self.redis = client
