@@ -24,26 +24,21 @@ def delivery_record_ttl_s(give_up_s: float, job_retention_s: int) -> int:
 class DeliveryStore:
     def __init__(self, client: aioredis.Redis, *, record_ttl_s: int):
         self.redis = client
-        self._scripts = JobScripts.register(client)
+        self._scripts = JobScripts(client)
         self._record_ttl_s = record_ttl_s
 
     async def claim_due(self, limit: int, *, lease_ms: int, owner: str) -> list[DeliveryRecord]:
-        ids = await self._scripts.delivery_claim(
-            keys=[keys.DELIVERIES_DUE], args=[limit, lease_ms, owner, keys.DELIVERY_PREFIX]
-        )
+        ids = await self._scripts.delivery_claim(limit=limit, lease_ms=lease_ms, owner=owner)
         if not ids:
             return []
         pipe = self.redis.pipeline(transaction=False)
         for webhook_id in ids:
-            pipe.hgetall(keys.delivery(webhook_id.decode()))
+            pipe.hgetall(keys.delivery(webhook_id))
         return [r for r in map(decode_delivery, await pipe.execute()) if r is not None]
 
     async def renew(self, webhook_ids: list[str], *, lease_ms: int, owner: str) -> None:
         if webhook_ids:
-            await self._scripts.delivery_renew(
-                keys=[keys.DELIVERIES_DUE],
-                args=[lease_ms, owner, keys.DELIVERY_PREFIX, *webhook_ids],
-            )
+            await self._scripts.delivery_renew(webhook_ids, lease_ms=lease_ms, owner=owner)
 
     async def record(
         self,
@@ -55,24 +50,15 @@ class DeliveryStore:
         next_ms: int = 0,
     ) -> bool:
         """Record an attempt; outcome 'delivered', 'retry' (at next_ms) or 'failed'."""
-        return bool(
-            await self._scripts.delivery_record(
-                keys=[
-                    keys.delivery(webhook_id),
-                    keys.delivery_attempts(webhook_id),
-                    keys.DELIVERIES_DUE,
-                ],
-                args=[
-                    webhook_id,
-                    owner,
-                    msgspec.json.encode(attempt),
-                    outcome,
-                    next_ms,
-                    attempt.status_code or 0,
-                    attempt.error or "",
-                    self._record_ttl_s,
-                ],
-            )
+        return await self._scripts.delivery_record(
+            webhook_id,
+            owner=owner,
+            attempt=msgspec.json.encode(attempt),
+            outcome=outcome,
+            next_ms=next_ms,
+            status_code=attempt.status_code or 0,
+            error=attempt.error or "",
+            record_ttl_s=self._record_ttl_s,
         )
 
     async def seconds_to_next_due(self) -> float | None:

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from ebb.queue import keys
 from ebb.queue.metering import GpuSegment, HourClosed, decode_gpu_entry
 from ebb.queue.schema import UsageRecord
-from ebb.queue.scripts import load_script
+from ebb.queue.scripts import register_async, reply_int, reply_list, reply_text
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,8 @@ _STATE_FIELDS = ("usage_cursor", "gpu_cursor", "closed_through_ms")
 class LedgerStore:
     def __init__(self, client: aioredis.Redis):
         self.redis = client
-        self._fold = load_script(client, "ledger_fold")
-        self._close = load_script(client, "ledger_close")
+        self._fold = register_async(client, "ledger_fold")
+        self._close = register_async(client, "ledger_close")
 
     # --- consumer state ----------------------------------------------------------------
 
@@ -134,7 +134,7 @@ class LedgerStore:
     async def fold(
         self, state: LedgerState, usage_cursor: str, gpu_cursor: str, entries_json: bytes
     ) -> FoldResult:
-        applied, folded, duplicates = await self._fold(
+        reply = await self._fold(
             keys=[keys.LEDGER_STATE, keys.LEDGER_HOURS],
             args=[
                 state.usage_cursor,
@@ -149,15 +149,18 @@ class LedgerStore:
                 entries_json,
             ],
         )
+        applied, folded, duplicates = (reply_int(n) for n in reply_list(reply))
         return FoldResult(bool(applied), folded, duplicates)
 
     async def close_hour(self, state: LedgerState, *, grace_ms: int, export: bool) -> str:
         """Close the oldest open hour: 'closed', or why not: 'early', 'behind', 'conflict'."""
-        ok, detail = await self._close(
-            keys=[keys.LEDGER_STATE, keys.USAGE, keys.GPU_USAGE, keys.LEDGER_PENDING],
-            args=[_closed_arg(state), grace_ms, HOUR_MS, keys.LEDGER_LINES_PREFIX, int(export)],
+        ok, detail = reply_list(
+            await self._close(
+                keys=[keys.LEDGER_STATE, keys.USAGE, keys.GPU_USAGE, keys.LEDGER_PENDING],
+                args=[_closed_arg(state), grace_ms, HOUR_MS, keys.LEDGER_LINES_PREFIX, int(export)],
+            )
         )
-        return "closed" if ok else detail.decode()
+        return "closed" if reply_int(ok) else reply_text(detail)
 
     # --- hour files ----------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from ebb.queue.schema import (
     UsageRecord,
     encode,
 )
-from ebb.queue.scripts import Scripts
+from ebb.queue.scripts import QueueScripts
 
 _LOST = encode(
     Failed(
@@ -48,7 +48,7 @@ class QueueSnapshot:
 class PlatformState:
     def __init__(self, client: aioredis.Redis, *, result_ttl_s: int = 600):
         self.redis = client
-        self._scripts = Scripts.register(client)
+        self._scripts = QueueScripts(client)
         self._result_ttl_s = result_ttl_s
 
     # --- deployments -----------------------------------------------------------------
@@ -218,11 +218,7 @@ class PlatformState:
         await self.redis.rpush(keys.WAKE, deployment)
 
     async def reap_expired_leases(self) -> list[str]:
-        expired = await self._scripts.reap(
-            keys=[keys.LEASES],
-            args=[keys.REQUEST_PREFIX, keys.EVENTS_PREFIX, _LOST, self._result_ttl_s],
-        )
-        return [request_id.decode() for request_id in expired]
+        return await self._scripts.reap(lost_event=_LOST, result_ttl_s=self._result_ttl_s)
 
     # --- API keys ----------------------------------------------------------------------
 

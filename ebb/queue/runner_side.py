@@ -34,7 +34,7 @@ from ebb.queue.schema import (
     decode_work,
     encode,
 )
-from ebb.queue.scripts import Scripts
+from ebb.queue.scripts import RunnerScripts
 
 # The runner's log tail kept in Redis for `ebb status` and the console.
 _LOG_LINES_KEPT = 50
@@ -58,7 +58,7 @@ class RunnerQueue:
     ):
         self._redis = client
         self._record_usage = record_usage
-        self._scripts = Scripts.register(client)
+        self._scripts = RunnerScripts(client)
         self.runner_id = runner_id
         self._lease_ttl_ms = int(lease_ttl_s * 1000)
         self._result_ttl_s = result_ttl_s
@@ -100,15 +100,7 @@ class RunnerQueue:
         pipe.execute()
 
     def try_drain(self, deployment: str) -> bool:
-        return bool(
-            self._scripts.try_drain(
-                keys=[
-                    keys.queue(deployment),
-                    keys.runner(self.runner_id),
-                    keys.job_queue(deployment),
-                ]
-            )
-        )
+        return self._scripts.try_drain(runner_id=self.runner_id, deployment=deployment)
 
     # --- work ------------------------------------------------------------------------
 
@@ -120,28 +112,14 @@ class RunnerQueue:
         """Claim up to `max_count` requests; async job attempts fill at most `max_jobs` of
         those slots, and only when no synchronous request is waiting."""
         claimed, cancelled = self._scripts.claim(
-            keys=[
-                keys.queue(deployment),
-                keys.LEASES,
-                keys.runner_cancels(self.runner_id),
-                keys.runner(self.runner_id),
-                keys.job_queue(deployment),
-                keys.JOBS_WATCH,
-                keys.JOBS_SIGNAL,
-            ],
-            args=[
-                self.runner_id,
-                max_count,
-                self._lease_ttl_ms,
-                keys.REQUEST_PREFIX,
-                keys.EVENTS_PREFIX,
-                self._claimed_event,
-                max_jobs,
-                keys.SIGNAL_LIST_MAX,
-            ],
+            runner_id=self.runner_id,
+            deployment=deployment,
+            max_count=max_count,
+            max_jobs=max_jobs,
+            lease_ttl_ms=self._lease_ttl_ms,
+            claimed_event=self._claimed_event,
         )
-        work = [decode_work(claimed[i + 1]) for i in range(0, len(claimed), 2)]
-        return ClaimResult(work, [c.decode() for c in cancelled])
+        return ClaimResult([decode_work(work) for work in claimed], cancelled)
 
     def publish(self, progress: dict[str, Progress]) -> None:
         """One round trip for every request that produced output in an engine step."""
@@ -175,26 +153,16 @@ class RunnerQueue:
             price_per_1m_input_tokens_micros=work.price_per_1m_input_tokens_micros,
             price_per_1m_output_tokens_micros=work.price_per_1m_output_tokens_micros,
         )
-        done = bool(
-            self._scripts.finish(
-                keys=[
-                    keys.request(work.request_id),
-                    keys.events(work.request_id),
-                    keys.LEASES,
-                    keys.USAGE,
-                ],
-                args=[
-                    work.request_id,
-                    self.runner_id,
-                    state,
-                    encode(event),
-                    prompt_tokens,
-                    completion_tokens,
-                    # A job's attempt waits for the webhooks worker to collect its result.
-                    keys.JOB_ATTEMPT_TTL_S if work.job_id else self._result_ttl_s,
-                    encode(usage) if self._record_usage else "",
-                ],
-            )
+        done = self._scripts.finish(
+            runner_id=self.runner_id,
+            request_id=work.request_id,
+            state=state,
+            event=encode(event),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            # A job's attempt waits for the webhooks worker to collect its result.
+            result_ttl_s=keys.JOB_ATTEMPT_TTL_S if work.job_id else self._result_ttl_s,
+            usage=encode(usage) if self._record_usage else None,
         )
         if done and work.job_id:
             # A hint only: the collector also looks at every claimed job periodically.
@@ -207,25 +175,14 @@ class RunnerQueue:
     def heartbeat(self, held_request_ids: Iterable[str]) -> None:
         """Prove liveness and extend the leases of what this runner holds."""
         self._scripts.heartbeat(
-            keys=[keys.runner(self.runner_id), keys.LEASES],
-            args=[self._lease_ttl_ms, *held_request_ids],
+            runner_id=self.runner_id, lease_ttl_ms=self._lease_ttl_ms, held=held_request_ids
         )
 
     def leave_pool(self) -> None:
         self._redis.srem(keys.STEMS, self.runner_id)
 
     def try_sleep(self, deployment: str) -> bool:
-        return bool(
-            self._scripts.try_sleep(
-                keys=[
-                    keys.queue(deployment),
-                    keys.runner(self.runner_id),
-                    keys.sleepers(deployment),
-                    keys.job_queue(deployment),
-                ],
-                args=[self.runner_id],
-            )
-        )
+        return self._scripts.try_sleep(runner_id=self.runner_id, deployment=deployment)
 
     def leave_sleepers(self, deployment: str) -> bool:
         """Stop being wakeable; False when the controller already took this sleeper."""
@@ -234,11 +191,10 @@ class RunnerQueue:
     def record_cold_start(self, deployment: str, tier: str, phases_ms: dict[str, float]) -> None:
         """Fold this start's phase times into the deployment's moving averages (for
         Retry-After) and append it to the cold-start stream (for the metrics histogram)."""
-        fields: list[object] = []
-        for phase, ms in phases_ms.items():
-            fields += [cold_start_field(tier, phase), ms]
         self._scripts.fold_ema(
-            keys=[keys.coldstart(deployment)], args=[COLD_START_EMA_WEIGHT, *fields]
+            deployment=deployment,
+            weight=COLD_START_EMA_WEIGHT,
+            values={cold_start_field(tier, phase): ms for phase, ms in phases_ms.items()},
         )
         record = ColdStartRecord(deployment=deployment, tier=tier, phases_ms=phases_ms)
         self._redis.xadd(
