@@ -14,6 +14,7 @@ from ebb.queue import keys
 from ebb.queue.connection import MAX_BLOCK_S
 from ebb.queue.job_schema import DeliveryAttempt, DeliveryRecord, decode_delivery
 from ebb.queue.job_scripts import JobScripts
+from ebb.queue.replies import reply_texts
 
 
 def delivery_record_ttl_s(give_up_s: float, job_retention_s: int) -> int:
@@ -69,7 +70,9 @@ class DeliveryStore:
         head, (now_s, now_us) = await pipe.execute()
         if not head:
             return None
-        return max(0.0, (head[0][1] - (now_s * 1000 + now_us / 1000)) / 1000)
+        due_ms = float(head[0][1])
+        now_ms = int(now_s) * 1000 + int(now_us) / 1000
+        return max(0.0, (due_ms - now_ms) / 1000)
 
     async def wait_for_new(self, timeout_s: float) -> None:
         """Block until a delivery was created (or timeout_s passed)."""
@@ -78,7 +81,7 @@ class DeliveryStore:
 
     async def for_job(self, job_id: str) -> list[tuple[DeliveryRecord, list[DeliveryAttempt]]]:
         """A job's deliveries in creation order, each with its attempts, oldest first."""
-        ids = [i.decode() for i in await self.redis.lrange(keys.job_deliveries(job_id), 0, -1)]
+        ids = reply_texts(await self.redis.lrange(keys.job_deliveries(job_id), 0, -1))
         if not ids:
             return []
         pipe = self.redis.pipeline(transaction=False)

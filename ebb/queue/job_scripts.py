@@ -15,8 +15,9 @@ import redis.asyncio as aioredis
 
 from ebb.queue import keys
 from ebb.queue.job_schema import ANNOUNCED_PREFIX, TERMINAL_STATUSES, JobRecord
+from ebb.queue.replies import reply_int, reply_list, reply_text, reply_texts
 from ebb.queue.schema import WorkItem, encode
-from ebb.queue.scripts import Arg, register_async, reply_int, reply_list, reply_text, reply_texts
+from ebb.queue.scripts import Arg, register_async
 
 
 class Submitted(IntEnum):

@@ -24,6 +24,7 @@ from ebb.queue.job_schema import (
     encode_job,
 )
 from ebb.queue.job_scripts import JobScripts, Submitted
+from ebb.queue.replies import reply_entries, reply_hash, reply_text, reply_texts
 from ebb.queue.schema import RequestEvent, WorkItem, decode_event
 
 
@@ -76,7 +77,7 @@ class JobStore:
         return job_id, outcome is Submitted.REPLAYED
 
     async def get(self, job_id: str) -> JobRecord | None:
-        return decode_job(await self.redis.hgetall(keys.job(job_id)))
+        return decode_job(reply_hash(await self.redis.hgetall(keys.job(job_id))))
 
     async def get_many(self, job_ids: list[str]) -> list[JobRecord | None]:
         pipe = self.redis.pipeline(transaction=False)
@@ -86,17 +87,17 @@ class JobStore:
 
     async def attempt_state(self, request_id: str) -> dict[str, str]:
         """The attempt's request record (state, runner, token counts), without its work."""
-        raw = await self.redis.hgetall(keys.request(request_id))
+        raw = reply_hash(await self.redis.hgetall(keys.request(request_id)))
         return {k.decode(): v.decode() for k, v in raw.items() if k != b"work"}
 
     async def attempt_states(self, request_ids: list[str]) -> list[str | None]:
         pipe = self.redis.pipeline(transaction=False)
         for request_id in request_ids:
             pipe.hget(keys.request(request_id), "state")
-        return [state.decode() if state else None for state in await pipe.execute()]
+        return [reply_text(state) if state else None for state in await pipe.execute()]
 
     async def attempt_events(self, request_id: str) -> list[RequestEvent]:
-        entries = await self.redis.xrange(keys.events(request_id))
+        entries = reply_entries(await self.redis.xrange(keys.events(request_id)))
         return [decode_event(fields[b"e"]) for _, fields in entries]
 
     async def tenant_job_ids(self, tenant: str, *, before: str | None, count: int) -> list[str]:
@@ -105,7 +106,7 @@ class JobStore:
         ids = await self.redis.zrevrangebylex(
             keys.tenant_jobs(tenant), upper, "-", start=0, num=count
         )
-        return [i.decode() for i in ids]
+        return reply_texts(ids)
 
     async def forget_listed(self, tenant: str, job_ids: list[str]) -> None:
         """Drop ids whose job records expired from the tenant's listing."""
@@ -126,14 +127,14 @@ class JobStore:
             await self.redis.delete(keys.JOBS_SIGNAL)  # one pass covers every token
 
     async def watched(self) -> list[str]:
-        return sorted(member.decode() for member in await self.redis.smembers(keys.JOBS_WATCH))
+        return sorted(reply_texts(list(await self.redis.smembers(keys.JOBS_WATCH))))
 
     async def past_deadline(self, limit: int) -> list[str]:
         """Jobs still waiting whose TTL deadline passed (Redis clock)."""
         now_s, now_us = await self.redis.time()
-        now_ms = now_s * 1000 + now_us // 1000
+        now_ms = int(now_s) * 1000 + int(now_us) // 1000
         ids = await self.redis.zrangebyscore(keys.JOBS_WAITING, "-inf", now_ms, 0, limit)
-        return [i.decode() for i in ids]
+        return reply_texts(ids)
 
     async def expire(self, job_id: str, error: JobErrorInfo) -> str:
         return await self._scripts.job_expire(job_id, error=msgspec.json.encode(error))

@@ -14,7 +14,8 @@ import msgspec
 import redis.asyncio as aioredis
 
 from ebb.queue import keys
-from ebb.queue.scripts import register_async, reply_texts
+from ebb.queue.replies import reply_text, reply_texts
+from ebb.queue.scripts import register_async
 
 _KINDS = {"rpm": "requests_per_minute", "tpm": "tokens_per_minute"}
 
@@ -94,7 +95,7 @@ class RateLimitStore:
         """{subject: its limits} for every subject with at least one limit."""
         fields: dict[str, dict[str, int]] = {}
         for name, value in (await self._redis.hgetall(keys.RATE_LIMITS)).items():
-            subject, _, kind = name.decode().rpartition(":")
+            subject, _, kind = reply_text(name).rpartition(":")
             fields.setdefault(subject, {})[_KINDS[kind]] = int(value)
         return {subject: RateLimits(**values) for subject, values in fields.items()}
 

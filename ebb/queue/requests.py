@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 
 from ebb.queue import keys
 from ebb.queue.connection import MAX_BLOCK_S
+from ebb.queue.replies import reply_entries, reply_hash, reply_list
 from ebb.queue.schema import Failed, RequestEvent, WorkItem, decode_event
 from ebb.queue.scripts import QueueScripts
 
@@ -67,7 +68,7 @@ class RequestQueue:
         return await self._scripts.cancel(work)
 
     async def request_state(self, request_id: str) -> dict[str, str]:
-        raw = await self._redis.hgetall(keys.request(request_id))
+        raw = reply_hash(await self._redis.hgetall(keys.request(request_id)))
         return {k.decode(): v.decode() for k, v in raw.items() if k != b"work"}
 
     async def depth(self, deployment: str) -> int:
@@ -83,7 +84,7 @@ class EventReader:
     def __init__(self, client: aioredis.Redis, request_id: str):
         self._redis = client
         self._key = keys.events(request_id)
-        self._last_id = b"0-0"
+        self._last_id = "0-0"
         self._buffer: list[RequestEvent] = []
 
     async def next(self, timeout_s: float) -> RequestEvent | None:
@@ -99,7 +100,8 @@ class EventReader:
             )
             if not reply:
                 continue
-            for entry_id, fields in reply[0][1]:
+            _stream, entries = reply_list(reply_list(reply)[0])
+            for entry_id, fields in reply_entries(entries):
                 self._last_id = entry_id
                 try:
                     self._buffer.append(decode_event(fields[b"e"]))

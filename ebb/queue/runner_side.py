@@ -21,6 +21,7 @@ from ebb.queue.records import (
     decode_runner,
     encode_runner,
 )
+from ebb.queue.replies import reply_hash, reply_text
 from ebb.queue.schema import (
     Claimed,
     ColdStartRecord,
@@ -68,22 +69,24 @@ class RunnerQueue:
 
     def register(self, record: RunnerRecord) -> None:
         pipe = self._redis.pipeline()
-        pipe.hset(keys.runner(self.runner_id), mapping=encode_runner(record))
+        fields = encode_runner(record)
+        pipe.hset(keys.runner(self.runner_id), mapping=fields)  # type: ignore[arg-type]  # redis-py: Mapping[FieldT, ...] is invariant in its key
         pipe.sadd(keys.RUNNERS, self.runner_id)
         pipe.execute()
 
     def set_fields(self, **fields: object) -> None:
-        self._redis.hset(keys.runner(self.runner_id), mapping=encode_runner(fields))
+        encoded = encode_runner(fields)
+        self._redis.hset(keys.runner(self.runner_id), mapping=encoded)  # type: ignore[arg-type]  # redis-py: Mapping[FieldT, ...] is invariant in its key
 
     def record(self) -> RunnerRecord | None:
-        return decode_runner(self._redis.hgetall(keys.runner(self.runner_id)))
+        return decode_runner(reply_hash(self._redis.hgetall(keys.runner(self.runner_id))))
 
     def offer_as_stem(self) -> None:
         self._redis.sadd(keys.STEMS, self.runner_id)
 
     def wait_for_assignment(self, timeout_s: float) -> str | None:
         reply = self._redis.blpop([keys.runner_assignment(self.runner_id)], timeout=timeout_s)
-        return reply[1].decode() if reply else None
+        return reply_text(reply[1]) if reply else None
 
     def withdraw_stem(self) -> bool:
         """Leave the pool; False when the controller already picked this stem."""
@@ -212,7 +215,7 @@ class RunnerQueue:
         ids = self._redis.smembers(keys.RUNNERS)
         pipe = self._redis.pipeline(transaction=False)
         for runner_id in ids:
-            pipe.hmget(keys.runner(runner_id.decode()), "deployment", "state")
+            pipe.hmget(keys.runner(reply_text(runner_id)), "deployment", "state")
         count = 0
         for dep, state in pipe.execute():
             if dep and dep.decode() == deployment and state:

@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript, Script
 
 from ebb.queue import keys
+from ebb.queue.replies import reply_bytes, reply_int, reply_list, reply_text, reply_texts
 from ebb.queue.schema import WorkItem, encode
 
 # What Redis accepts as a script argument.
@@ -40,39 +41,6 @@ def register(client: redis.Redis, name: str) -> Script:
 def register_async(client: aioredis.Redis, name: str) -> AsyncScript:
     """lua/NAME.lua bound to an asyncio client."""
     return client.register_script(lua_source(name))
-
-
-# --- replies: Lua integers arrive as int, strings as bytes, tables as lists ------------
-
-
-def reply_int(reply: object) -> int:
-    if isinstance(reply, int | bytes | str):
-        return int(reply)
-    raise TypeError(f"expected an integer reply, got {reply!r}")
-
-
-def reply_text(reply: object) -> str:
-    if isinstance(reply, bytes):
-        return reply.decode()
-    if isinstance(reply, str | int):
-        return str(reply)
-    raise TypeError(f"expected a string reply, got {reply!r}")
-
-
-def reply_bytes(reply: object) -> bytes:
-    if isinstance(reply, bytes):
-        return reply
-    raise TypeError(f"expected a bulk string reply, got {reply!r}")
-
-
-def reply_list(reply: object) -> list[object]:
-    if isinstance(reply, list):
-        return list(reply)
-    raise TypeError(f"expected an array reply, got {reply!r}")
-
-
-def reply_texts(reply: object) -> list[str]:
-    return [reply_text(item) for item in reply_list(reply)]
 
 
 class QueueScripts:

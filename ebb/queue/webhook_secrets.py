@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 
 from ebb.queue import keys
 from ebb.queue.job_scripts import JobScripts
+from ebb.queue.replies import reply_hash
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class WebhookSecrets:
         self._scripts = JobScripts(client)
 
     async def get(self, tenant: str) -> SecretSet | None:
-        raw = await self.redis.hgetall(keys.webhook_secret(tenant))
+        raw = reply_hash(await self.redis.hgetall(keys.webhook_secret(tenant)))
         if b"current" not in raw:
             return None
         fields = {k.decode(): v.decode() for k, v in raw.items()}
