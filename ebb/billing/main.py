@@ -25,6 +25,8 @@ def run_billing(settings: Settings) -> None:
 
 
 async def _main(settings: Settings) -> None:
+    if settings.redis_url is None:
+        raise RuntimeError("ebb billing needs EBB_REDIS_URL; 'ebb up' sets it")
     client = async_client(settings.redis_url)
     consumer = LedgerConsumer(
         LedgerStore(client), exporter_from(settings), grace_s=settings.billing_close_grace_s
