@@ -68,4 +68,4 @@ bench-metering: install
 	$(PY) -m bench.metering
 
 clean:
-	rm -rf $(VENV) .ebb .pytest_cache .ruff_cache
+	rm -rf $(VENV) .ebb .pytest_cache .ruff_cache .mypy_cache .import_linter_cache
