@@ -68,7 +68,7 @@ class _Choice:
 
     texts: list[str] = field(default_factory=list)
     chars: int = 0
-    logprobs: dict[str, list] | None = None
+    logprobs: dict[str, list[Any]] | None = None
     finish_reason: str | None = None
     role_sent: bool = False
 
@@ -260,7 +260,9 @@ def _top_dict(token: TokenLogprob) -> dict[str, float]:
     return top
 
 
-def _merge_logprobs(acc: dict[str, list] | None, new: dict[str, list]) -> dict[str, list]:
+def _merge_logprobs(
+    acc: dict[str, list[Any]] | None, new: dict[str, list[Any]]
+) -> dict[str, list[Any]]:
     if acc is None:
         return {key: list(values) for key, values in new.items()}
     for key, values in new.items():
