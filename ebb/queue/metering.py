@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript, Script
 
 from ebb.queue import keys
-from ebb.queue.scripts import register, register_async
+from ebb.queue.scripts import lua_source
 
 # The deployment a pre-warmed runner's time is billed to until it is assigned one.
 POOL_DEPLOYMENT = "(pool)"
@@ -87,11 +87,7 @@ class GpuMeterScript(Generic[_Reply]):
     @overload
     def __init__(self: GpuMeterScript[Awaitable[int]], client: aioredis.Redis) -> None: ...
     def __init__(self, client: redis.Redis | aioredis.Redis) -> None:
-        self._script: Script | AsyncScript = (
-            register_async(client, "meter_gpu")
-            if isinstance(client, aioredis.Redis)
-            else register(client, "meter_gpu")
-        )
+        self._script: Script | AsyncScript = client.register_script(lua_source("meter_gpu"))
 
     def switch(self, runner_id: str, meter: GpuMeter, *, end: int | EndField) -> _Reply:
         """Bill the time up to `end` to the attribution so far, then bill to `meter`."""
