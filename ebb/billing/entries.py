@@ -139,7 +139,7 @@ def book_usage(
 
 def book_gpu(entry_id: str, seg: GpuSegment, closed_through_ms: int) -> list[Entry]:
     m = seg.meter
-    entries = []
+    entries: list[Entry] = []
     start = seg.start_ms
     while start < seg.end_ms:
         stop = min(seg.end_ms, hour_floor(start) + HOUR_MS)

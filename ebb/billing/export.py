@@ -65,7 +65,8 @@ class S3HourExporter:
 
     def fetch(self, hour_ms: int) -> bytes:
         reply = self._s3.get_object(Bucket=self.bucket, Key=self.object_key(hour_ms))
-        return reply["Body"].read()
+        # boto3 publishes no types: the body is bytes, as botocore documents.
+        return bytes(reply["Body"].read())
 
 
 def exporter_from(settings: Settings) -> S3HourExporter | None:

@@ -16,6 +16,8 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 
+import redis
+
 from ebb.config import Settings
 from ebb.queue.metering import POOL_DEPLOYMENT, GpuMeter, GpuMeterScript
 from ebb.queue.schema import DeploymentSpec
@@ -59,7 +61,7 @@ class RunnerMeter(threading.Thread):
 
     def __init__(
         self,
-        client,
+        client: redis.Redis,
         runner_id: str,
         *,
         interval_s: float,
@@ -124,7 +126,10 @@ class NoMeter:
 
 
 def runner_meter(
-    settings: Settings, client, runner_id: str, read_spec: Callable[[str], DeploymentSpec | None]
+    settings: Settings,
+    client: redis.Redis,
+    runner_id: str,
+    read_spec: Callable[[str], DeploymentSpec | None],
 ) -> RunnerMeter | NoMeter:
     if not settings.metering:
         return NoMeter()

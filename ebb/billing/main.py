@@ -25,7 +25,7 @@ def run_billing(settings: Settings) -> None:
 
 
 async def _main(settings: Settings) -> None:
-    client = async_client(settings.redis_url)
+    client = async_client(settings.platform_redis_url("ebb billing"))
     consumer = LedgerConsumer(
         LedgerStore(client), exporter_from(settings), grace_s=settings.billing_close_grace_s
     )

@@ -13,12 +13,13 @@ import asyncio
 import hashlib
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import msgspec
 
 from ebb.billing.entries import METRICS, aggregate_field, book, hour_iso
 from ebb.billing.export import S3HourExporter
-from ebb.queue.ledger import LedgerStore
+from ebb.queue.ledger import LedgerStore, RawRecord
 from ebb.queue.metering import HourClosed
 
 Aggregates = dict[int, dict[str, int]]
@@ -48,7 +49,7 @@ class ReconcileReport:
     def ok(self) -> bool:
         return not self.drift and not self.undecodable
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, **asdict(self)}
 
 
@@ -73,7 +74,9 @@ async def reconcile(store: LedgerStore, exporter: S3HourExporter | None = None) 
     return report
 
 
-def _replay(raw, closed_ms: int, into: Aggregates, report: ReconcileReport, billed: set) -> None:
+def _replay(
+    raw: RawRecord, closed_ms: int, into: Aggregates, report: ReconcileReport, billed: set[str]
+) -> None:
     report.records += 1
     if raw.record is None:
         report.undecodable.append(f"{raw.stream}:{raw.entry_id}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 from ebb.billing.entries import METRICS, book, hour_iso, split_field
 from ebb.billing.pricing import divide_half_up
@@ -47,9 +48,11 @@ def with_unfolded(view: LedgerView) -> Aggregates:
     return result
 
 
-def report(aggregates: Aggregates, query: UsageQuery, gpu_second_cost_micros: int) -> dict:
+def report(
+    aggregates: Aggregates, query: UsageQuery, gpu_second_cost_micros: int
+) -> dict[str, Any]:
     """{"data": rows, "total": metrics, "unit_economics": per deployment} for the query."""
-    groups: dict[tuple, dict[str, int]] = defaultdict(lambda: dict.fromkeys(METRICS, 0))
+    groups: dict[tuple[str, ...], dict[str, int]] = defaultdict(lambda: dict.fromkeys(METRICS, 0))
     per_deployment: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(METRICS, 0))
     total = dict.fromkeys(METRICS, 0)
     for hour_ms, counts in aggregates.items():
@@ -59,7 +62,11 @@ def report(aggregates: Aggregates, query: UsageQuery, gpu_second_cost_micros: in
             tenant, deployment, metric = split_field(name)
             if query.tenant is not None and tenant != query.tenant:
                 continue
-            labels = {"tenant": tenant, "deployment": deployment, "hour": hour_ms}
+            labels: dict[str, str | int] = {
+                "tenant": tenant,
+                "deployment": deployment,
+                "hour": hour_ms,
+            }
             key = tuple(_label(k, labels) for k in query.group_by)
             groups[key][metric] += n
             per_deployment[deployment][metric] += n
@@ -79,15 +86,16 @@ def report(aggregates: Aggregates, query: UsageQuery, gpu_second_cost_micros: in
     }
 
 
-def _label(key: str, labels: dict) -> str:
+def _label(key: str, labels: dict[str, str | int]) -> str:
+    hour_ms = int(labels["hour"])
     if key == "day":
-        return time.strftime("%Y-%m-%d", time.gmtime(labels["hour"] / 1000))
+        return time.strftime("%Y-%m-%d", time.gmtime(hour_ms / 1000))
     if key == "hour":
-        return hour_iso(labels["hour"])
-    return labels[key]
+        return hour_iso(hour_ms)
+    return str(labels[key])
 
 
-def metrics_view(counts: dict[str, int]) -> dict:
+def metrics_view(counts: dict[str, int]) -> dict[str, int | float]:
     return {
         "requests": counts["requests"],
         "prompt_tokens": counts["prompt_tokens"],
@@ -100,7 +108,9 @@ def metrics_view(counts: dict[str, int]) -> dict:
     }
 
 
-def unit_economics(deployment: str, counts: dict[str, int], gpu_second_cost_micros: int) -> dict:
+def unit_economics(
+    deployment: str, counts: dict[str, int], gpu_second_cost_micros: int
+) -> dict[str, Any]:
     """GPU time per million output tokens, and its cost at the operator's GPU-second cost:
     the floor under a per-token price that pays for the GPUs."""
     output = counts["completion_tokens"]

@@ -20,7 +20,7 @@ def run_controller(settings: Settings) -> None:
 
 
 async def _main(settings: Settings) -> None:
-    client = async_client(settings.redis_url)
+    client = async_client(settings.platform_redis_url("ebb coldstart"))
     launcher = LocalProcessLauncher(settings)
     controller = Controller(
         settings,

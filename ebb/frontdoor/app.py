@@ -5,16 +5,13 @@ from __future__ import annotations
 import logging
 import math
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
-import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ebb.config import Settings
-from ebb.engines import EngineRegistry
 from ebb.errors import CapacityError, EbbError, InvalidRequest, NotFound, RateLimited
 from ebb.frontdoor import (
     routes_admin,
@@ -28,59 +25,9 @@ from ebb.frontdoor import (
     routes_webhooks,
     routes_weights,
 )
-from ebb.frontdoor.catalog import ModelCatalog
-from ebb.frontdoor.execution import Executor
-from ebb.frontdoor.metrics import Metrics
-from ebb.frontdoor.ratelimit import RateLimiter
-from ebb.home import resolve_admin_key
-from ebb.queue.connection import async_client
-from ebb.queue.ledger import LedgerStore
-from ebb.queue.platform import PlatformState
-from ebb.queue.ratelimits import RateLimitStore
-from ebb.queue.requests import RequestQueue
-from ebb.weights_cache import CacheOptions
+from ebb.frontdoor.services import build_services
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Services:
-    settings: Settings
-    admin_key: str
-    redis: aioredis.Redis
-    state: PlatformState
-    queue: RequestQueue
-    executor: Executor
-    catalog: ModelCatalog
-    engines: EngineRegistry
-    metrics: Metrics
-    limiter: RateLimiter
-    ratelimits: RateLimitStore
-    ledger: LedgerStore
-
-
-def build_services(settings: Settings) -> Services:
-    client = async_client(settings.redis_url)
-    state = PlatformState(client, result_ttl_s=settings.result_ttl_s)
-    # A request record must outlive its admission window and generation.
-    queue = RequestQueue(client, request_ttl_s=max(settings.result_ttl_s, 3600))
-    ratelimits = RateLimitStore(client)
-    engines = EngineRegistry.from_settings(settings)
-    cache_options = CacheOptions.from_settings(settings)
-    return Services(
-        settings=settings,
-        admin_key=resolve_admin_key(settings),
-        redis=client,
-        state=state,
-        queue=queue,
-        executor=Executor(settings, queue, state),
-        catalog=ModelCatalog(settings.weights_dir, state, cache_options, engines),
-        engines=engines,
-        metrics=Metrics(settings.weights_dir, settings.weights_cache_bytes),
-        limiter=RateLimiter(ratelimits),
-        ratelimits=ratelimits,
-        ledger=LedgerStore(client),
-    )
 
 
 def create_app(settings: Settings) -> FastAPI:

@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from ebb.errors import AuthenticationFailed, PermissionDenied
-
-ADMIN_TENANT = "admin"
-
-
-@dataclass(frozen=True)
-class Caller:
-    tenant: str
-    key_id: str
-    is_admin: bool
+from ebb.frontdoor.caller import ADMIN_TENANT, Caller
+from ebb.frontdoor.services import ServicesDep
 
 
 def _bearer(request: Request) -> str:
@@ -31,9 +23,8 @@ def _bearer(request: Request) -> str:
     return token.strip()
 
 
-async def authenticate(request: Request) -> Caller:
+async def authenticate(request: Request, services: ServicesDep) -> Caller:
     token = _bearer(request)
-    services = request.app.state.services
     if hmac.compare_digest(token.encode(), services.admin_key.encode()):
         return Caller(tenant=ADMIN_TENANT, key_id="admin", is_admin=True)
     record = await services.state.lookup_api_key(token)

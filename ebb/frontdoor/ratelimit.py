@@ -13,7 +13,7 @@ import logging
 import math
 
 from ebb.errors import InvalidRequest, RateLimited
-from ebb.frontdoor.auth import Caller
+from ebb.frontdoor.caller import Caller
 from ebb.queue.ratelimits import LimitOutcome, RateLimitStore
 from ebb.queue.schema import Finished, Progress, WorkItem
 

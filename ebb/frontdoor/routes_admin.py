@@ -6,13 +6,14 @@ import secrets
 import time
 
 import msgspec
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from pydantic import Field
 
 from ebb.errors import NotFound
 from ebb.frontdoor.auth import AdminDep
 from ebb.frontdoor.routes_limits import TENANT_PATTERN, RateLimitsBody
+from ebb.frontdoor.services import ServicesDep
 from ebb.home import new_secret
 from ebb.queue.ratelimits import RateLimits, key_subject
 from ebb.queue.schema import ApiKeyRecord
@@ -58,7 +59,7 @@ def _matches(record: ApiKeyRecord, prefix: str | None, tenant: str | None) -> bo
 
 
 @router.post("/v1/keys", status_code=201)
-async def create_key(request: Request, body: KeyCreate, caller: AdminDep) -> dict:
+async def create_key(body: KeyCreate, caller: AdminDep, services: ServicesDep) -> dict:
     secret = new_secret(KEY_PREFIX)
     # The id is a random public handle, not a slice of the secret: listing keys must
     # reveal nothing of them.
@@ -69,7 +70,6 @@ async def create_key(request: Request, body: KeyCreate, caller: AdminDep) -> dic
         created_at_s=time.time(),
         prefix=secret[: len(KEY_PREFIX) + SHOWN_SECRET_CHARS],
     )
-    services = request.app.state.services
     limits = body.limits()
     if limits != RateLimits():
         await services.ratelimits.set_limits(key_subject(record.key_id), limits)
@@ -79,10 +79,12 @@ async def create_key(request: Request, body: KeyCreate, caller: AdminDep) -> dic
 
 @router.get("/v1/keys")
 async def list_keys(
-    request: Request, caller: AdminDep, prefix: str | None = None, tenant: str | None = None
+    caller: AdminDep,
+    services: ServicesDep,
+    prefix: str | None = None,
+    tenant: str | None = None,
 ) -> dict:
     """Keys, optionally those whose id or shown secret starts with `prefix`, or a tenant's."""
-    services = request.app.state.services
     records = await services.state.list_api_keys()
     limits = await services.ratelimits.all_limits()
     return {
@@ -96,8 +98,8 @@ async def list_keys(
 
 
 @router.delete("/v1/keys/{key_id}")
-async def revoke_key(request: Request, key_id: str, caller: AdminDep) -> dict:
-    if not await request.app.state.services.state.revoke_api_key(key_id):
+async def revoke_key(key_id: str, caller: AdminDep, services: ServicesDep) -> dict:
+    if not await services.state.revoke_api_key(key_id):
         raise NotFound(f"No active key with id {key_id!r}. 'ebb keys list' shows them.")
     return {"object": "api_key", "id": key_id, "revoked": True}
 
@@ -108,16 +110,15 @@ async def healthz() -> dict:
 
 
 @router.get("/readyz")
-async def readyz(request: Request) -> Response:
+async def readyz(services: ServicesDep) -> Response:
     try:
-        await request.app.state.services.state.ping()
+        await services.state.ping()
     except Exception as e:
         return JSONResponse({"status": "unavailable", "redis": str(e)}, status_code=503)
     return JSONResponse({"status": "ready"})
 
 
 @router.get("/metrics")
-async def metrics(request: Request) -> Response:
-    services = request.app.state.services
+async def metrics(services: ServicesDep) -> Response:
     body = await services.metrics.render(services.state)
     return Response(body, media_type="text/plain; version=0.0.4")

@@ -6,13 +6,15 @@ import time
 from typing import Annotated
 
 import msgspec
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from ebb.engines import EngineRegistry
 from ebb.errors import Conflict, InvalidRequest, NotFound
 from ebb.frontdoor.auth import AdminDep, CallerDep
 from ebb.frontdoor.routes_limits import TENANT_PATTERN
+from ebb.frontdoor.services import ServicesDep
+from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec, RunnerState
 
 router = APIRouter(prefix="/v1/deployments")
@@ -79,8 +81,7 @@ def _check_source(engines: EngineRegistry, source: str) -> None:
     engines.validate(source)  # raises InvalidRequest naming the accepted forms
 
 
-async def deployment_view(request: Request, spec: DeploymentSpec) -> dict:
-    state = request.app.state.services.state
+async def deployment_view(state: PlatformState, spec: DeploymentSpec) -> dict:
     runners = [r for r in await state.runners() if r.deployment == spec.name]
     counts = {s.value: 0 for s in RunnerState if s.is_live}
     for r in runners:
@@ -143,8 +144,9 @@ def _summary(counts: dict[str, int], status: dict[str, str]) -> str:
 
 
 @router.post("", status_code=201)
-async def create_deployment(request: Request, body: DeploymentCreate, caller: AdminDep) -> dict:
-    services = request.app.state.services
+async def create_deployment(
+    body: DeploymentCreate, caller: AdminDep, services: ServicesDep
+) -> dict:
     _check_source(services.engines, body.source)
     spec = DeploymentSpec(**body.model_dump(exclude_none=True), created_at_s=time.time())
     _check_bounds(spec)
@@ -157,27 +159,27 @@ async def create_deployment(request: Request, body: DeploymentCreate, caller: Ad
     # Prefetch now, so the first cold start finds the weights in the cache.
     services.catalog.prepare(spec)
     await services.state.wake(spec.name)
-    return await deployment_view(request, spec)
+    return await deployment_view(services.state, spec)
 
 
 @router.get("")
-async def list_deployments(request: Request, caller: CallerDep) -> dict:
-    specs = await request.app.state.services.state.list_deployments()
-    return {"object": "list", "data": [await deployment_view(request, s) for s in specs]}
+async def list_deployments(caller: CallerDep, services: ServicesDep) -> dict:
+    specs = await services.state.list_deployments()
+    return {"object": "list", "data": [await deployment_view(services.state, s) for s in specs]}
 
 
-async def _get(request: Request, name: str) -> DeploymentSpec:
-    spec = await request.app.state.services.state.get_deployment(name)
+async def _get(state: PlatformState, name: str) -> DeploymentSpec:
+    spec = await state.get_deployment(name)
     if spec is None:
         raise NotFound(f"No deployment named {name!r}. 'ebb deployments' lists them.", param="name")
     return spec
 
 
 @router.get("/{name}")
-async def get_deployment(request: Request, name: str, caller: CallerDep) -> dict:
-    view = await deployment_view(request, await _get(request, name))
+async def get_deployment(name: str, caller: CallerDep, services: ServicesDep) -> dict:
+    state = services.state
+    view = await deployment_view(state, await _get(state, name))
     # Only the single-deployment view carries log lines: lists stay cheap to poll.
-    state = request.app.state.services.state
     for runner in view["runners"]:
         runner["log_tail"] = (await state.runner_log(runner["id"]))[-RUNNER_LOG_TAIL_LINES:]
     return view
@@ -185,18 +187,18 @@ async def get_deployment(request: Request, name: str, caller: CallerDep) -> dict
 
 @router.patch("/{name}")
 async def patch_deployment(
-    request: Request, name: str, body: DeploymentPatch, caller: AdminDep
+    name: str, body: DeploymentPatch, caller: AdminDep, services: ServicesDep
 ) -> dict:
-    services = request.app.state.services
-    spec = msgspec.structs.replace(await _get(request, name), **body.model_dump(exclude_none=True))
+    spec = await _get(services.state, name)
+    spec = msgspec.structs.replace(spec, **body.model_dump(exclude_none=True))
     _check_bounds(spec)
     await services.state.put_deployment(spec)
     await services.state.wake(spec.name)
-    return await deployment_view(request, spec)
+    return await deployment_view(services.state, spec)
 
 
 @router.delete("/{name}")
-async def delete_deployment(request: Request, name: str, caller: AdminDep) -> dict:
-    await _get(request, name)
-    await request.app.state.services.state.delete_deployment(name)
+async def delete_deployment(name: str, caller: AdminDep, services: ServicesDep) -> dict:
+    await _get(services.state, name)
+    await services.state.delete_deployment(name)
     return {"object": "deployment.deleted", "name": name, "deleted": True}

@@ -12,25 +12,23 @@ import asyncio
 import hashlib
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import msgspec
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from ebb.errors import Conflict, InvalidRequest, NotFound
-from ebb.frontdoor.auth import Caller, CallerDep
+from ebb.frontdoor.auth import CallerDep
+from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
+from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.translate import Prepared, prepare_chat, prepare_completion
-from ebb.queue.delivery_store import DeliveryStore
+from ebb.openai_responses import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
 from ebb.queue.job_schema import JobEvent, JobRecord, JobStatus, attempt_request_id
 from ebb.queue.job_store import IdempotencyConflict, JobStore
 from ebb.queue.schema import DeploymentSpec, WorkItem
-from ebb.queue.webhook_secrets import WebhookSecrets
-from ebb.webhooks.collector import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
-from ebb.webhooks.main import delivery_record_ttl_s
 from ebb.webhooks.signing import new_secret
 from ebb.webhooks.ssrf import UnsafeUrl, resolve_target
 from ebb.webhooks.views import current_status, job_view
@@ -65,31 +63,6 @@ class JobCreate(BaseModel):
     ttl_s: int | None = Field(None, ge=1)
 
 
-@dataclass(frozen=True)
-class JobServices:
-    jobs: JobStore
-    deliveries: DeliveryStore
-    secrets: WebhookSecrets
-
-
-def job_services(request: Request) -> JobServices:
-    """The job stores of this frontdoor, built once on the shared Redis client."""
-    app_state = request.app.state
-    if getattr(app_state, "job_services", None) is None:
-        services = app_state.services
-        settings = services.settings
-        app_state.job_services = JobServices(
-            jobs=JobStore(
-                services.redis,
-                retention_s=settings.job_retention_s,
-                result_ttl_s=settings.result_ttl_s,
-            ),
-            deliveries=DeliveryStore(services.redis, record_ttl_s=delivery_record_ttl_s(settings)),
-            secrets=WebhookSecrets(services.redis),
-        )
-    return app_state.job_services
-
-
 def new_job_id() -> str:
     # Ids sort by creation time, which the tenant listing's cursor relies on.
     return f"job_{int(time.time() * 1000):012x}{uuid.uuid4().hex[:12]}"
@@ -97,12 +70,11 @@ def new_job_id() -> str:
 
 @router.post("", status_code=202)
 async def submit_job(
-    request: Request,
     payload: JobCreate,
     caller: CallerDep,
+    services: ServicesDep,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> JSONResponse:
-    services = request.app.state.services
     settings = services.settings
     ttl_s = payload.ttl_s or settings.job_ttl_s
     if ttl_s > settings.job_max_ttl_s:
@@ -116,13 +88,12 @@ async def submit_job(
             await resolve_target(payload.webhook.url, settings.webhook_allowed_networks)
         except UnsafeUrl as e:
             raise InvalidRequest(str(e), param="webhook.url", code="unsafe_webhook_url") from e
-    stores = job_services(request)
     # The tenant's signing secret exists before its first event, so it can be read first.
-    await stores.secrets.ensure(caller.tenant, new_secret())
+    await services.webhook_secrets.ensure(caller.tenant, new_secret())
     record = _new_record(caller, spec, payload, prepared, settings.job_max_attempts)
     submission = msgspec.json.encode(payload.model_dump(mode="json"), order="sorted")
     try:
-        job_id, replayed = await stores.jobs.submit(
+        job_id, replayed = await services.jobs.submit(
             record,
             ttl_s=ttl_s,
             idempotency_digest=_digest(idempotency_key.encode()) if idempotency_key else "",
@@ -138,13 +109,13 @@ async def submit_job(
     headers = {"Location": f"/v1/jobs/{job_id}"}
     if replayed:
         headers["Idempotent-Replayed"] = "true"
-    return JSONResponse(await _view(stores, job_id), status_code=202, headers=headers)
+    return JSONResponse(await _view(services, job_id), status_code=202, headers=headers)
 
 
 @router.get("")
 async def list_jobs(
-    request: Request,
     caller: CallerDep,
+    services: ServicesDep,
     status: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: str | None = None,
@@ -154,7 +125,7 @@ async def list_jobs(
         raise InvalidRequest(
             f"status must be one of {', '.join(JobStatus)}; got {status!r}.", param="status"
         )
-    jobs = job_services(request).jobs
+    jobs = services.jobs
     found: list[dict] = []
     cursor = after
     while len(found) <= limit:
@@ -182,30 +153,28 @@ async def list_jobs(
 
 
 @router.get("/{job_id}")
-async def get_job(request: Request, job_id: str, caller: CallerDep) -> dict:
-    stores = job_services(request)
-    await _owned(stores.jobs, job_id, caller)
-    return await _view(stores, job_id)
+async def get_job(job_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+    await _owned(services.jobs, job_id, caller)
+    return await _view(services, job_id)
 
 
 @router.delete("/{job_id}")
-async def cancel_job(request: Request, job_id: str, caller: CallerDep) -> dict:
+async def cancel_job(job_id: str, caller: CallerDep, services: ServicesDep) -> dict:
     """Queued: removed, never runs. Running: aborted in the engine, billed for what it
     generated (the answer shows it settled unless that takes over 5 s). Settled: 409."""
-    stores = job_services(request)
-    await _owned(stores.jobs, job_id, caller)
-    outcome = await stores.jobs.cancel(job_id)
+    await _owned(services.jobs, job_id, caller)
+    outcome = await services.jobs.cancel(job_id)
     if outcome in JobStatus.__members__.values():
         raise Conflict(
             f"Job {job_id} already {outcome}; there is nothing to cancel.", code="job_settled"
         )
     deadline = time.monotonic() + _CANCEL_WAIT_S
     while outcome != "withdrawn" and time.monotonic() < deadline:
-        current = await stores.jobs.get(job_id)
+        current = await services.jobs.get(job_id)
         if current is None or current.status.is_terminal:
             break
         await asyncio.sleep(0.05)
-    return await _view(stores, job_id)
+    return await _view(services, job_id)
 
 
 async def _owned(jobs: JobStore, job_id: str, caller: Caller) -> JobRecord:
@@ -215,21 +184,21 @@ async def _owned(jobs: JobStore, job_id: str, caller: Caller) -> JobRecord:
     return record
 
 
-async def _view(stores: JobServices, job_id: str) -> dict:
-    record = await stores.jobs.get(job_id)
+async def _view(services: Services, job_id: str) -> dict:
+    record = await services.jobs.get(job_id)
     if record is None:
         raise NotFound(f"No job {job_id!r}; it has expired.", param="job_id")
     state = None
     if not record.status.is_terminal:
-        state = (await stores.jobs.attempt_state(record.request_id)).get("state")
+        state = (await services.jobs.attempt_state(record.request_id)).get("state")
     return job_view(
         record,
         status=current_status(record, state),
-        deliveries=await stores.deliveries.for_job(job_id),
+        deliveries=await services.deliveries.for_job(job_id),
     )
 
 
-async def _deployment(services, model: str) -> DeploymentSpec:
+async def _deployment(services: Services, model: str) -> DeploymentSpec:
     spec = await services.state.get_deployment(model)
     if spec is None:
         raise NotFound(
@@ -240,7 +209,7 @@ async def _deployment(services, model: str) -> DeploymentSpec:
     return spec
 
 
-async def _prepare(services, spec: DeploymentSpec, payload: JobCreate) -> Prepared:
+async def _prepare(services: Services, spec: DeploymentSpec, payload: JobCreate) -> Prepared:
     """Check and tokenize the job's request exactly as the synchronous endpoint would."""
     body = dict(payload.body)
     if body.setdefault("model", payload.model) != payload.model:

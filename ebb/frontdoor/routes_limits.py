@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from ebb.errors import NotFound
 from ebb.frontdoor.auth import AdminDep
+from ebb.frontdoor.services import ServicesDep
 from ebb.queue.ratelimits import RateLimits, key_subject, tenant_subject
 
 router = APIRouter(prefix="/v1")
@@ -39,9 +40,8 @@ def _limits_view(subject_kind: str, name: str, limits: RateLimits) -> dict:
 
 
 @router.get("/tenants")
-async def list_tenants(request: Request, caller: AdminDep) -> dict:
+async def list_tenants(caller: AdminDep, services: ServicesDep) -> dict:
     """Every tenant that has keys or limits, with its active keys and limits."""
-    services = request.app.state.services
     active: dict[str, int] = {}
     for record in await services.state.list_api_keys():
         active[record.tenant] = active.get(record.tenant, 0) + (not record.revoked)
@@ -66,18 +66,17 @@ async def list_tenants(request: Request, caller: AdminDep) -> dict:
 
 @router.put("/tenants/{tenant}/limits")
 async def set_tenant_limits(
-    request: Request, tenant: TenantName, body: RateLimitsBody, caller: AdminDep
+    tenant: TenantName, body: RateLimitsBody, caller: AdminDep, services: ServicesDep
 ) -> dict:
     """A tenant's limits, shared by all its keys (each key may have its own as well)."""
-    await request.app.state.services.ratelimits.set_limits(tenant_subject(tenant), body.limits())
+    await services.ratelimits.set_limits(tenant_subject(tenant), body.limits())
     return _limits_view("tenant", tenant, body.limits())
 
 
 @router.put("/keys/{key_id}/limits")
 async def set_key_limits(
-    request: Request, key_id: str, body: RateLimitsBody, caller: AdminDep
+    key_id: str, body: RateLimitsBody, caller: AdminDep, services: ServicesDep
 ) -> dict:
-    services = request.app.state.services
     if not any(r.key_id == key_id for r in await services.state.list_api_keys()):
         raise NotFound(f"No key with id {key_id!r}. 'ebb keys list' shows them.", param="key_id")
     await services.ratelimits.set_limits(key_subject(key_id), body.limits())

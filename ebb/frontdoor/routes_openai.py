@@ -13,18 +13,18 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ebb.errors import EbbError, InvalidRequest, JobError, NotFound
-from ebb.frontdoor.auth import Caller, CallerDep
+from ebb.frontdoor.auth import CallerDep
+from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.execution import ClientGone, Running, unless_disconnected
 from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
 from ebb.frontdoor.ratelimit import Reservation
-from ebb.frontdoor.translate import (
+from ebb.frontdoor.services import Services, ServicesDep
+from ebb.frontdoor.translate import Prepared, prepare_chat, prepare_completion
+from ebb.openai_responses import (
     SSE_DONE,
     EndpointKind,
-    Prepared,
     ResponseBuilder,
     new_request_id,
-    prepare_chat,
-    prepare_completion,
     sse_line,
 )
 from ebb.queue.schema import Failed, Finished, Progress, WorkItem
@@ -34,8 +34,8 @@ router = APIRouter(prefix="/v1")
 
 
 @router.get("/models")
-async def list_models(request: Request, caller: CallerDep) -> dict:
-    specs = await request.app.state.services.state.list_deployments()
+async def list_models(caller: CallerDep, services: ServicesDep) -> dict:
+    specs = await services.state.list_deployments()
     return {
         "object": "list",
         "data": [
@@ -46,21 +46,32 @@ async def list_models(request: Request, caller: CallerDep) -> dict:
 
 
 @router.post("/chat/completions")
-async def chat_completions(request: Request, caller: CallerDep) -> Response:
-    return await _serve(request, caller, EndpointKind.CHAT, parse_chat_request, prepare_chat)
+async def chat_completions(request: Request, caller: CallerDep, services: ServicesDep) -> Response:
+    return await _serve(
+        request, services, caller, EndpointKind.CHAT, parse_chat_request, prepare_chat
+    )
 
 
 @router.post("/completions")
-async def completions(request: Request, caller: CallerDep) -> Response:
+async def completions(request: Request, caller: CallerDep, services: ServicesDep) -> Response:
     return await _serve(
-        request, caller, EndpointKind.COMPLETION, parse_completion_request, prepare_completion
+        request,
+        services,
+        caller,
+        EndpointKind.COMPLETION,
+        parse_completion_request,
+        prepare_completion,
     )
 
 
 async def _serve(
-    request: Request, caller: Caller, kind: EndpointKind, parse: Callable, prepare: Callable
+    request: Request,
+    services: Services,
+    caller: Caller,
+    kind: EndpointKind,
+    parse: Callable,
+    prepare: Callable,
 ) -> Response:
-    services = request.app.state.services
     body = await _json_body(request)
     parsed = parse(body)
     spec = await services.state.get_deployment(parsed.model)
@@ -124,7 +135,7 @@ async def _serve(
 
 
 async def _collect(
-    services, running: Running, builder: ResponseBuilder, reservation: Reservation
+    services: Services, running: Running, builder: ResponseBuilder, reservation: Reservation
 ) -> dict:
     async for event in services.executor.events(running):
         reservation.observe(event)
@@ -138,7 +149,7 @@ async def _collect(
 
 
 async def _stream(
-    services, running: Running, builder: ResponseBuilder, reservation: Reservation
+    services: Services, running: Running, builder: ResponseBuilder, reservation: Reservation
 ) -> AsyncIterator[bytes]:
     """SSE body; if the client leaves mid-stream, the request is aborted in the engine."""
     finished = False

@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
 from ebb.frontdoor.auth import AdminDep
+from ebb.frontdoor.services import ServicesDep
 from ebb.queue.schema import RunnerState
 
 router = APIRouter(prefix="/v1")
 
 
 @router.get("/status")
-async def platform_status(request: Request, caller: AdminDep) -> dict:
-    state = request.app.state.services.state
+async def platform_status(caller: AdminDep, services: ServicesDep) -> dict:
+    state = services.state
     runners = [r for r in await state.runners() if r.state.is_live]
     stems = [r for r in runners if not r.deployment]
     return {
         "object": "platform.status",
         "pool": {
-            "target": request.app.state.services.settings.prewarm,
+            "target": services.settings.prewarm,
             "prewarmed": sum(r.state is RunnerState.PREWARMED for r in stems),
             "starting": sum(r.state is RunnerState.STARTING for r in stems),
         },

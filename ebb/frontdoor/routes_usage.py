@@ -10,14 +10,16 @@ import math
 import time
 from datetime import UTC, datetime
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
 from ebb.billing.entries import HOUR_MS, hour_floor, hour_iso
 from ebb.billing.export import exporter_from
 from ebb.billing.reconcile import reconcile
 from ebb.billing.usage import GROUP_KEYS, UsageQuery, report, with_unfolded
 from ebb.errors import InvalidRequest, NotFound
-from ebb.frontdoor.auth import AdminDep, Caller, CallerDep
+from ebb.frontdoor.auth import AdminDep, CallerDep
+from ebb.frontdoor.caller import Caller
+from ebb.frontdoor.services import ServicesDep
 
 router = APIRouter(prefix="/v1")
 
@@ -27,15 +29,14 @@ UNFOLDED_LIMIT = 10_000
 
 @router.get("/usage")
 async def usage(
-    request: Request,
     caller: CallerDep,
+    services: ServicesDep,
     start: str | None = None,
     end: str | None = None,
     group_by: str = "deployment",
     tenant: str | None = None,
 ) -> dict:
     """Usage in [start, end), whole hours (unix seconds or ISO 8601 dates/times, UTC)."""
-    services = request.app.state.services
     query = UsageQuery(
         start_ms=hour_floor(parse_time(start, "start")) if start else 0,
         end_ms=_hour_ceil(parse_time(end, "end") if end else int(time.time() * 1000)),
@@ -60,9 +61,8 @@ async def usage(
 
 
 @router.get("/usage/reconcile")
-async def reconcile_usage(request: Request, caller: AdminDep) -> dict:
+async def reconcile_usage(caller: AdminDep, services: ServicesDep) -> dict:
     """Recompute the aggregates (and exported hour files) from the raw records."""
-    services = request.app.state.services
     result = await reconcile(services.ledger, exporter_from(services.settings))
     return {"object": "usage.reconcile", **result.to_dict()}
 

@@ -7,11 +7,11 @@ switch secrets without rejecting a single delivery.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from ebb.frontdoor.auth import CallerDep
-from ebb.frontdoor.routes_jobs import job_services
+from ebb.frontdoor.services import ServicesDep
 from ebb.queue.webhook_secrets import SecretSet
 from ebb.webhooks.signing import new_secret
 
@@ -41,16 +41,17 @@ def _secret_view(tenant: str, secrets: SecretSet) -> dict:
 
 
 @router.get("/secret")
-async def get_secret(request: Request, caller: CallerDep) -> dict:
-    secrets = await job_services(request).secrets.ensure(caller.tenant, new_secret())
+async def get_secret(caller: CallerDep, services: ServicesDep) -> dict:
+    secrets = await services.webhook_secrets.ensure(caller.tenant, new_secret())
     return _secret_view(caller.tenant, secrets)
 
 
 @router.post("/secret/rotate")
-async def rotate_secret(request: Request, caller: CallerDep, body: Rotation | None = None) -> dict:
-    settings = request.app.state.services.settings
-    overlap_s = settings.webhook_secret_overlap_s
+async def rotate_secret(
+    caller: CallerDep, services: ServicesDep, body: Rotation | None = None
+) -> dict:
+    overlap_s = services.settings.webhook_secret_overlap_s
     if body is not None and body.overlap_s is not None:
         overlap_s = body.overlap_s
-    secrets = await job_services(request).secrets.rotate(caller.tenant, new_secret(), overlap_s)
+    secrets = await services.webhook_secrets.rotate(caller.tenant, new_secret(), overlap_s)
     return _secret_view(caller.tenant, secrets)

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
 from ebb.frontdoor.auth import AdminDep
+from ebb.frontdoor.services import ServicesDep
 from ebb.weights_cache import cache_report
 
 router = APIRouter()
 
 
 @router.get("/v1/weights")
-async def weights_cache(request: Request, caller: AdminDep) -> dict:
-    settings = request.app.state.services.settings
+async def weights_cache(caller: AdminDep, services: ServicesDep) -> dict:
+    settings = services.settings
     report = await asyncio.to_thread(
         cache_report, settings.weights_dir, settings.weights_cache_bytes
     )

@@ -14,31 +14,32 @@ from ebb.queue import keys
 from ebb.queue.connection import MAX_BLOCK_S
 from ebb.queue.job_schema import DeliveryAttempt, DeliveryRecord, decode_delivery
 from ebb.queue.job_scripts import JobScripts
+from ebb.queue.replies import reply_texts
+
+
+def delivery_record_ttl_s(give_up_s: float, job_retention_s: int) -> int:
+    """Deliveries stay readable through their retry period and the job's retention."""
+    return int(give_up_s) + job_retention_s
 
 
 class DeliveryStore:
     def __init__(self, client: aioredis.Redis, *, record_ttl_s: int):
         self.redis = client
-        self._scripts = JobScripts.register(client)
+        self._scripts = JobScripts(client)
         self._record_ttl_s = record_ttl_s
 
     async def claim_due(self, limit: int, *, lease_ms: int, owner: str) -> list[DeliveryRecord]:
-        ids = await self._scripts.delivery_claim(
-            keys=[keys.DELIVERIES_DUE], args=[limit, lease_ms, owner, keys.DELIVERY_PREFIX]
-        )
+        ids = await self._scripts.delivery_claim(limit=limit, lease_ms=lease_ms, owner=owner)
         if not ids:
             return []
         pipe = self.redis.pipeline(transaction=False)
         for webhook_id in ids:
-            pipe.hgetall(keys.delivery(webhook_id.decode()))
+            pipe.hgetall(keys.delivery(webhook_id))
         return [r for r in map(decode_delivery, await pipe.execute()) if r is not None]
 
     async def renew(self, webhook_ids: list[str], *, lease_ms: int, owner: str) -> None:
         if webhook_ids:
-            await self._scripts.delivery_renew(
-                keys=[keys.DELIVERIES_DUE],
-                args=[lease_ms, owner, keys.DELIVERY_PREFIX, *webhook_ids],
-            )
+            await self._scripts.delivery_renew(webhook_ids, lease_ms=lease_ms, owner=owner)
 
     async def record(
         self,
@@ -50,24 +51,15 @@ class DeliveryStore:
         next_ms: int = 0,
     ) -> bool:
         """Record an attempt; outcome 'delivered', 'retry' (at next_ms) or 'failed'."""
-        return bool(
-            await self._scripts.delivery_record(
-                keys=[
-                    keys.delivery(webhook_id),
-                    keys.delivery_attempts(webhook_id),
-                    keys.DELIVERIES_DUE,
-                ],
-                args=[
-                    webhook_id,
-                    owner,
-                    msgspec.json.encode(attempt),
-                    outcome,
-                    next_ms,
-                    attempt.status_code or 0,
-                    attempt.error or "",
-                    self._record_ttl_s,
-                ],
-            )
+        return await self._scripts.delivery_record(
+            webhook_id,
+            owner=owner,
+            attempt=msgspec.json.encode(attempt),
+            outcome=outcome,
+            next_ms=next_ms,
+            status_code=attempt.status_code or 0,
+            error=attempt.error or "",
+            record_ttl_s=self._record_ttl_s,
         )
 
     async def seconds_to_next_due(self) -> float | None:
@@ -78,7 +70,9 @@ class DeliveryStore:
         head, (now_s, now_us) = await pipe.execute()
         if not head:
             return None
-        return max(0.0, (head[0][1] - (now_s * 1000 + now_us / 1000)) / 1000)
+        due_ms = float(head[0][1])
+        now_ms = int(now_s) * 1000 + int(now_us) / 1000
+        return max(0.0, (due_ms - now_ms) / 1000)
 
     async def wait_for_new(self, timeout_s: float) -> None:
         """Block until a delivery was created (or timeout_s passed)."""
@@ -87,7 +81,7 @@ class DeliveryStore:
 
     async def for_job(self, job_id: str) -> list[tuple[DeliveryRecord, list[DeliveryAttempt]]]:
         """A job's deliveries in creation order, each with its attempts, oldest first."""
-        ids = [i.decode() for i in await self.redis.lrange(keys.job_deliveries(job_id), 0, -1)]
+        ids = reply_texts(await self.redis.lrange(keys.job_deliveries(job_id), 0, -1))
         if not ids:
             return []
         pipe = self.redis.pipeline(transaction=False)

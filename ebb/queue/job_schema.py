@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from typing import Any
 
 import msgspec
 
@@ -81,8 +82,8 @@ class JobRecord(msgspec.Struct, kw_only=True):
     webhook_url: str = ""
     webhook_events: list[JobEvent] = []
     metadata: dict[str, str] = {}
-    result: dict | None = None
-    usage: dict | None = None
+    result: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
     error: JobErrorInfo | None = None
     # Why the previous attempt ended, when the job was put back in the queue.
     last_error: JobErrorInfo | None = None

@@ -16,8 +16,6 @@ import redis.asyncio as aioredis
 from ebb.queue import keys
 from ebb.queue.connection import MAX_BLOCK_S
 from ebb.queue.job_schema import (
-    ANNOUNCED_PREFIX,
-    TERMINAL_STATUSES,
     JobErrorInfo,
     JobEvent,
     JobRecord,
@@ -25,8 +23,9 @@ from ebb.queue.job_schema import (
     encode_fields,
     encode_job,
 )
-from ebb.queue.job_scripts import JobScripts
-from ebb.queue.schema import RequestEvent, WorkItem, decode_event, encode
+from ebb.queue.job_scripts import JobScripts, Submitted
+from ebb.queue.replies import reply_entries, reply_hash, reply_text, reply_texts
+from ebb.queue.schema import RequestEvent, WorkItem, decode_event
 
 
 class IdempotencyConflict(Exception):
@@ -50,7 +49,7 @@ class Announcement:
 class JobStore:
     def __init__(self, client: aioredis.Redis, *, retention_s: int, result_ttl_s: int):
         self.redis = client
-        self._scripts = JobScripts.register(client)
+        self._scripts = JobScripts(client)
         self._retention_s = retention_s
         self._result_ttl_s = result_ttl_s
 
@@ -61,42 +60,24 @@ class JobStore:
     ) -> tuple[str, bool]:
         """Store and queue a new job; returns (job id, replayed). With an idempotency
         digest, a key seen before returns its job, or raises IdempotencyConflict."""
-        key_ttl_s = ttl_s + self._retention_s
-        idempotency_key = keys.job_idempotency(record.tenant, idempotency_digest or "-")
         fields = encode_job(record)
+        # The script stamps both from the Redis clock.
         fields.pop("created_ms", None)
         fields.pop("expires_ms", None)
-        code, job_id = await self._scripts.job_submit(
-            keys=[
-                keys.job(record.job_id),
-                keys.request(record.request_id),
-                keys.job_queue(record.deployment),
-                keys.JOBS_WAITING,
-                keys.tenant_jobs(record.tenant),
-                idempotency_key,
-                keys.queue_signal(record.deployment),
-                keys.WAKE,
-            ],
-            args=[
-                record.job_id,
-                record.request_id,
-                record.deployment,
-                ttl_s * 1000,
-                key_ttl_s,
-                f"{record.job_id}|{submission_digest}" if idempotency_digest else "",
-                submission_digest,
-                keys.SIGNAL_LIST_MAX,
-                encode(record.work),
-                keys.JOB_PREFIX,
-                *(item for pair in fields.items() for item in pair),
-            ],
+        outcome, job_id = await self._scripts.job_submit(
+            record,
+            fields=fields,
+            ttl_s=ttl_s,
+            key_ttl_s=ttl_s + self._retention_s,
+            idempotency_digest=idempotency_digest,
+            submission_digest=submission_digest,
         )
-        if code == 3:
-            raise IdempotencyConflict(job_id.decode())
-        return job_id.decode(), code == 2
+        if outcome is Submitted.CONFLICT:
+            raise IdempotencyConflict(job_id)
+        return job_id, outcome is Submitted.REPLAYED
 
     async def get(self, job_id: str) -> JobRecord | None:
-        return decode_job(await self.redis.hgetall(keys.job(job_id)))
+        return decode_job(reply_hash(await self.redis.hgetall(keys.job(job_id))))
 
     async def get_many(self, job_ids: list[str]) -> list[JobRecord | None]:
         pipe = self.redis.pipeline(transaction=False)
@@ -106,17 +87,17 @@ class JobStore:
 
     async def attempt_state(self, request_id: str) -> dict[str, str]:
         """The attempt's request record (state, runner, token counts), without its work."""
-        raw = await self.redis.hgetall(keys.request(request_id))
+        raw = reply_hash(await self.redis.hgetall(keys.request(request_id)))
         return {k.decode(): v.decode() for k, v in raw.items() if k != b"work"}
 
     async def attempt_states(self, request_ids: list[str]) -> list[str | None]:
         pipe = self.redis.pipeline(transaction=False)
         for request_id in request_ids:
             pipe.hget(keys.request(request_id), "state")
-        return [state.decode() if state else None for state in await pipe.execute()]
+        return [reply_text(state) if state else None for state in await pipe.execute()]
 
     async def attempt_events(self, request_id: str) -> list[RequestEvent]:
-        entries = await self.redis.xrange(keys.events(request_id))
+        entries = reply_entries(await self.redis.xrange(keys.events(request_id)))
         return [decode_event(fields[b"e"]) for _, fields in entries]
 
     async def tenant_job_ids(self, tenant: str, *, before: str | None, count: int) -> list[str]:
@@ -125,7 +106,7 @@ class JobStore:
         ids = await self.redis.zrevrangebylex(
             keys.tenant_jobs(tenant), upper, "-", start=0, num=count
         )
-        return [i.decode() for i in ids]
+        return reply_texts(ids)
 
     async def forget_listed(self, tenant: str, job_ids: list[str]) -> None:
         """Drop ids whose job records expired from the tenant's listing."""
@@ -135,17 +116,7 @@ class JobStore:
     async def cancel(self, job_id: str) -> str:
         """'missing', a terminal status (nothing to cancel), 'withdrawn' (cancelled now),
         'aborting' (the runner is asked to abort) or 'pending' (between attempts)."""
-        outcome = await self._scripts.job_cancel(
-            keys=[keys.job(job_id), keys.JOBS_WATCH, keys.JOBS_WAITING],
-            args=[
-                job_id,
-                keys.REQUEST_PREFIX,
-                keys.JOB_QUEUE_PREFIX,
-                keys.RUNNER_CANCELS_PREFIX,
-                *TERMINAL_STATUSES,
-            ],
-        )
-        return outcome.decode()
+        return await self._scripts.job_cancel(job_id)
 
     # --- collector ---------------------------------------------------------------------
 
@@ -156,61 +127,27 @@ class JobStore:
             await self.redis.delete(keys.JOBS_SIGNAL)  # one pass covers every token
 
     async def watched(self) -> list[str]:
-        return sorted(member.decode() for member in await self.redis.smembers(keys.JOBS_WATCH))
+        return sorted(reply_texts(list(await self.redis.smembers(keys.JOBS_WATCH))))
 
     async def past_deadline(self, limit: int) -> list[str]:
         """Jobs still waiting whose TTL deadline passed (Redis clock)."""
         now_s, now_us = await self.redis.time()
-        now_ms = now_s * 1000 + now_us // 1000
+        now_ms = int(now_s) * 1000 + int(now_us) // 1000
         ids = await self.redis.zrangebyscore(keys.JOBS_WAITING, "-inf", now_ms, 0, limit)
-        return [i.decode() for i in ids]
+        return reply_texts(ids)
 
     async def expire(self, job_id: str, error: JobErrorInfo) -> str:
-        outcome = await self._scripts.job_expire(
-            keys=[keys.job(job_id), keys.JOBS_WAITING, keys.JOBS_WATCH],
-            args=[job_id, keys.REQUEST_PREFIX, keys.JOB_QUEUE_PREFIX, msgspec.json.encode(error)],
-        )
-        return outcome.decode()
+        return await self._scripts.job_expire(job_id, error=msgspec.json.encode(error))
 
     async def update(self, job_id: str, request_id: str, **fields: object) -> bool:
         """Change an unsettled job while `request_id` is its current attempt."""
-        encoded = encode_fields(fields)
-        return bool(
-            await self._scripts.job_update(
-                keys=[keys.job(job_id)],
-                args=[
-                    request_id,
-                    len(TERMINAL_STATUSES),
-                    *TERMINAL_STATUSES,
-                    *(item for pair in encoded.items() for item in pair),
-                ],
-            )
+        return await self._scripts.job_update(
+            job_id, request_id=request_id, fields=encode_fields(fields)
         )
 
     async def requeue(self, record: JobRecord, work: WorkItem, why: JobErrorInfo) -> int:
         """Queue `work` as the job's next attempt; 1 done, 0 moved on, -1 cancel requested."""
-        return await self._scripts.job_requeue(
-            keys=[
-                keys.job(record.job_id),
-                keys.request(work.request_id),
-                keys.job_queue(record.deployment),
-                keys.JOBS_WAITING,
-                keys.JOBS_WATCH,
-                keys.queue_signal(record.deployment),
-                keys.WAKE,
-            ],
-            args=[
-                record.job_id,
-                record.request_id,
-                work.request_id,
-                encode(work),
-                record.deployment,
-                keys.JOB_ATTEMPT_TTL_S,
-                keys.SIGNAL_LIST_MAX,
-                msgspec.json.encode(why),
-                record.attempt + 1,
-            ],
-        )
+        return await self._scripts.job_requeue(record, work, why=msgspec.json.encode(why))
 
     async def announce(
         self, record: JobRecord, announcements: list[Announcement], *, delivery_ttl_s: int
@@ -218,27 +155,7 @@ class JobStore:
         """Create the deliveries of new events; stop watching the job once it is settled."""
         events = [(a.event.value, a.webhook_id, a.body) for a in announcements]
         return await self._scripts.job_announce(
-            keys=[
-                keys.job(record.job_id),
-                keys.job_deliveries(record.job_id),
-                keys.DELIVERIES_DUE,
-                keys.DELIVERIES_SIGNAL,
-                keys.JOBS_WATCH,
-                keys.JOBS_WAITING,
-            ],
-            args=[
-                record.job_id,
-                record.tenant,
-                record.webhook_url,
-                keys.DELIVERY_PREFIX,
-                delivery_ttl_s,
-                self._retention_s,
-                keys.SIGNAL_LIST_MAX,
-                ANNOUNCED_PREFIX,
-                len(TERMINAL_STATUSES),
-                *TERMINAL_STATUSES,
-                *(item for event in events for item in event),
-            ],
+            record, events=events, delivery_ttl_s=delivery_ttl_s, retention_s=self._retention_s
         )
 
     async def release_attempt(self, request_id: str) -> None:

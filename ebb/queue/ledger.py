@@ -19,8 +19,16 @@ import redis.asyncio as aioredis
 
 from ebb.queue import keys
 from ebb.queue.metering import GpuSegment, HourClosed, decode_gpu_entry
+from ebb.queue.replies import (
+    reply_bytes,
+    reply_entries,
+    reply_hash,
+    reply_int,
+    reply_list,
+    reply_text,
+)
 from ebb.queue.schema import UsageRecord
-from ebb.queue.scripts import load_script
+from ebb.queue.scripts import register_async
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +78,8 @@ _STATE_FIELDS = ("usage_cursor", "gpu_cursor", "closed_through_ms")
 class LedgerStore:
     def __init__(self, client: aioredis.Redis):
         self.redis = client
-        self._fold = load_script(client, "ledger_fold")
-        self._close = load_script(client, "ledger_close")
+        self._fold = register_async(client, "ledger_fold")
+        self._close = register_async(client, "ledger_close")
 
     # --- consumer state ----------------------------------------------------------------
 
@@ -92,15 +100,15 @@ class LedgerStore:
 
     async def redis_now_ms(self) -> int:
         seconds, micros = await self.redis.time()
-        return seconds * 1000 + micros // 1000
+        return int(seconds) * 1000 + int(micros) // 1000
 
     async def first_entry_ms(self) -> int | None:
         """The time of the oldest raw entry in either stream."""
         found = []
         for stream in _STREAMS.values():
-            first = await self.redis.xrange(stream, "-", "+", count=1)
+            first = reply_entries(await self.redis.xrange(stream, "-", "+", count=1))
             if first:
-                found.append(int(first[0][0].decode().partition("-")[0]))
+                found.append(int(first[0][0].partition("-")[0]))
         return min(found) if found else None
 
     # --- reading raw records -------------------------------------------------------------
@@ -113,28 +121,33 @@ class LedgerStore:
             block=block_ms or None,
         )
         records: list[RawRecord] = []
-        for stream_key, entries in reply or []:
-            name = "usage" if stream_key.decode() == keys.USAGE else "gpu"
-            records += [_decode(name, entry_id, fields) for entry_id, fields in entries]
+        for stream_reply in reply_list(reply or []):
+            stream_key, entries = reply_list(stream_reply)
+            name = "usage" if reply_text(stream_key) == keys.USAGE else "gpu"
+            records += [
+                _decode(name, entry_id, fields) for entry_id, fields in reply_entries(entries)
+            ]
         return records
 
     async def scan(self, stream: str, upto_id: str, chunk: int = 1000) -> AsyncIterator[RawRecord]:
         """Every raw record of `stream` ("usage" or "gpu") from the start to `upto_id`."""
         start = "-"
         while upto_id != START_ID:
-            entries = await self.redis.xrange(_STREAMS[stream], start, upto_id, count=chunk)
+            entries = reply_entries(
+                await self.redis.xrange(_STREAMS[stream], start, upto_id, count=chunk)
+            )
             for entry_id, fields in entries:
                 yield _decode(stream, entry_id, fields)
             if len(entries) < chunk:
                 return
-            start = "(" + entries[-1][0].decode()
+            start = "(" + entries[-1][0]
 
     # --- folding and closing -------------------------------------------------------------
 
     async def fold(
         self, state: LedgerState, usage_cursor: str, gpu_cursor: str, entries_json: bytes
     ) -> FoldResult:
-        applied, folded, duplicates = await self._fold(
+        reply = await self._fold(
             keys=[keys.LEDGER_STATE, keys.LEDGER_HOURS],
             args=[
                 state.usage_cursor,
@@ -149,23 +162,28 @@ class LedgerStore:
                 entries_json,
             ],
         )
+        applied, folded, duplicates = (reply_int(n) for n in reply_list(reply))
         return FoldResult(bool(applied), folded, duplicates)
 
     async def close_hour(self, state: LedgerState, *, grace_ms: int, export: bool) -> str:
         """Close the oldest open hour: 'closed', or why not: 'early', 'behind', 'conflict'."""
-        ok, detail = await self._close(
-            keys=[keys.LEDGER_STATE, keys.USAGE, keys.GPU_USAGE, keys.LEDGER_PENDING],
-            args=[_closed_arg(state), grace_ms, HOUR_MS, keys.LEDGER_LINES_PREFIX, int(export)],
+        ok, detail = reply_list(
+            await self._close(
+                keys=[keys.LEDGER_STATE, keys.USAGE, keys.GPU_USAGE, keys.LEDGER_PENDING],
+                args=[_closed_arg(state), grace_ms, HOUR_MS, keys.LEDGER_LINES_PREFIX, int(export)],
+            )
         )
-        return "closed" if ok else detail.decode()
+        return "closed" if reply_int(ok) else reply_text(detail)
 
     # --- hour files ----------------------------------------------------------------------
 
     async def pending_exports(self) -> list[int]:
-        return [int(h) for h in await self.redis.zrange(keys.LEDGER_PENDING, 0, -1)]
+        return [reply_int(h) for h in await self.redis.zrange(keys.LEDGER_PENDING, 0, -1)]
 
     async def hour_lines(self, hour_ms: int) -> list[bytes]:
-        return await self.redis.lrange(keys.ledger_lines(hour_ms), 0, -1)
+        return [
+            reply_bytes(line) for line in await self.redis.lrange(keys.ledger_lines(hour_ms), 0, -1)
+        ]
 
     async def mark_exported(self, hour_ms: int, sha256: str) -> None:
         pipe = self.redis.pipeline(transaction=True)
@@ -175,7 +193,7 @@ class LedgerStore:
         await pipe.execute()
 
     async def exported(self) -> dict[int, str]:
-        raw = await self.redis.hgetall(keys.LEDGER_EXPORTED)
+        raw = reply_hash(await self.redis.hgetall(keys.LEDGER_EXPORTED))
         return {int(h): sha.decode() for h, sha in raw.items()}
 
     # --- aggregates ----------------------------------------------------------------------
@@ -193,8 +211,8 @@ class LedgerStore:
                     await pipe.watch(keys.LEDGER_STATE)
                     state = _state(await pipe.hmget(keys.LEDGER_STATE, *_STATE_FIELDS))
                     found = await pipe.zrangebyscore(keys.LEDGER_HOURS, start_ms, upper)
-                    hours = [int(h) for h in found]
-                    pipe.multi()
+                    hours = [reply_int(h) for h in found]
+                    pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
                     for hour in hours:
                         pipe.hgetall(keys.ledger_aggregates(hour))
                     if tail_limit:
@@ -207,10 +225,14 @@ class LedgerStore:
         counts = replies[: len(hours)]
         tail: list[RawRecord] = []
         for stream, entries in zip(("usage", "gpu"), replies[len(hours) :], strict=False):
-            tail += [_decode(stream, entry_id, fields) for entry_id, fields in entries]
+            tail += [
+                _decode(stream, entry_id, fields) for entry_id, fields in reply_entries(entries)
+            ]
         return LedgerView(
             state=state,
-            aggregates=dict(zip(hours, map(_counts, counts), strict=True)),
+            aggregates={
+                hour: _counts(reply_hash(raw)) for hour, raw in zip(hours, counts, strict=True)
+            },
             tail=tail,
             tail_complete=all(len(r) < tail_limit for r in replies[len(hours) :]),
         )
@@ -225,8 +247,8 @@ class LedgerStore:
 HOUR_MS = 3_600_000
 
 
-def _state(raw: list[bytes | None]) -> LedgerState:
-    usage, gpu, closed = (v.decode() if v else None for v in raw)
+def _state(raw: list[bytes | str | None]) -> LedgerState:
+    usage, gpu, closed = (reply_text(v) if v else None for v in raw)
     return LedgerState(usage or START_ID, gpu or START_ID, int(closed) if closed else None)
 
 
@@ -238,8 +260,7 @@ def _closed_arg(state: LedgerState) -> str:
     return "" if state.closed_through_ms is None else str(state.closed_through_ms)
 
 
-def _decode(stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> RawRecord:
-    entry = entry_id.decode()
+def _decode(stream: str, entry: str, fields: dict[bytes, bytes]) -> RawRecord:
     try:
         if stream == "usage":
             return RawRecord(stream, entry, _usage_decoder.decode(fields[b"r"]))

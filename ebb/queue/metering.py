@@ -10,13 +10,16 @@ segment where the consumer booked it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Literal
+from collections.abc import Awaitable, Mapping
+from typing import Generic, Literal, TypeVar, cast, overload
 
 import msgspec
+import redis
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript, Script
 
 from ebb.queue import keys
-from ebb.queue.scripts import load_script
+from ebb.queue.scripts import lua_source
 
 # The deployment a pre-warmed runner's time is billed to until it is assigned one.
 POOL_DEPLOYMENT = "(pool)"
@@ -70,24 +73,44 @@ def decode_gpu_entry(fields: Mapping[bytes, bytes]) -> GpuSegment | HourClosed:
         raise ValueError(f"not a GPU usage entry: {dict(fields)!r}") from e
 
 
-class GpuMeterScript:
+# The metered milliseconds (or -1/-2, see lua/meter_gpu.lua): an int from a blocking
+# client, an awaitable of one from an asyncio client.
+_Reply = TypeVar("_Reply", int, Awaitable[int])
+
+
+class GpuMeterScript(Generic[_Reply]):
     """meter_gpu.lua bound to a client: a sync client returns results, an async one
     returns awaitables."""
 
-    def __init__(self, client):
-        self._script = load_script(client, "meter_gpu")
+    @overload
+    def __init__(self: GpuMeterScript[int], client: redis.Redis) -> None: ...
+    @overload
+    def __init__(self: GpuMeterScript[Awaitable[int]], client: aioredis.Redis) -> None: ...
+    def __init__(self, client: redis.Redis | aioredis.Redis) -> None:
+        self._script: Script | AsyncScript = client.register_script(lua_source("meter_gpu"))
 
-    def switch(self, runner_id: str, meter: GpuMeter, *, end: int | EndField):
+    def switch(self, runner_id: str, meter: GpuMeter, *, end: int | EndField) -> _Reply:
         """Bill the time up to `end` to the attribution so far, then bill to `meter`."""
         return self._call(runner_id, end, meter, "switch", close=False)
 
-    def close(self, runner_id: str, meter: GpuMeter, *, end: int | EndField):
+    def close(self, runner_id: str, meter: GpuMeter, *, end: int | EndField) -> _Reply:
         """Bill the rest up to `end` and stop metering; `meter` is used only when the
         runner never stored an attribution of its own (it died before its first meter)."""
         return self._call(runner_id, end, meter, "fallback", close=True)
 
-    def _call(self, runner_id: str, end, meter: GpuMeter, mode: str, *, close: bool):
-        return self._script(
+    def _call(
+        self,
+        runner_id: str,
+        end: int | EndField,
+        meter: GpuMeter,
+        mode: Literal["switch", "fallback"],
+        *,
+        close: bool,
+    ) -> _Reply:
+        reply = self._script(
             keys=[keys.runner(runner_id), keys.GPU_USAGE],
             args=[end, msgspec.json.encode(meter), mode, "1" if close else "0"],
         )
+        # The script answers an integer: as is from a blocking client, awaited from an
+        # asyncio one; the overloads of __init__ tie _Reply to the client's kind.
+        return cast(_Reply, reply)

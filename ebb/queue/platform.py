@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 from ebb.queue import keys
 from ebb.queue.connection import MAX_BLOCK_S
 from ebb.queue.records import decode_runner, encode_runner, parse_cold_start
+from ebb.queue.replies import reply_entries, reply_hash, reply_text, reply_texts
 from ebb.queue.schema import (
     ApiKeyRecord,
     ColdStartRecord,
@@ -26,7 +27,7 @@ from ebb.queue.schema import (
     UsageRecord,
     encode,
 )
-from ebb.queue.scripts import Scripts
+from ebb.queue.scripts import QueueScripts
 
 _LOST = encode(
     Failed(
@@ -48,7 +49,7 @@ class QueueSnapshot:
 class PlatformState:
     def __init__(self, client: aioredis.Redis, *, result_ttl_s: int = 600):
         self.redis = client
-        self._scripts = Scripts.register(client)
+        self._scripts = QueueScripts(client)
         self._result_ttl_s = result_ttl_s
 
     # --- deployments -----------------------------------------------------------------
@@ -82,7 +83,7 @@ class PlatformState:
         )
 
     async def deployment_status(self, name: str) -> dict[str, str]:
-        raw = await self.redis.hgetall(keys.deployment_status(name))
+        raw = reply_hash(await self.redis.hgetall(keys.deployment_status(name)))
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     async def queue_snapshot(self, deployment: str) -> QueueSnapshot:
@@ -95,7 +96,8 @@ class PlatformState:
         enqueued_ms = [head[0][1] for head in (oldest, oldest_job) if head]
         wait_s = 0.0
         if enqueued_ms:
-            wait_s = max(0.0, (now_s * 1000 + now_us / 1000 - min(enqueued_ms)) / 1000)
+            now_ms = int(now_s) * 1000 + int(now_us) / 1000
+            wait_s = max(0.0, (now_ms - float(min(enqueued_ms))) / 1000)
         return QueueSnapshot(depth=depth, oldest_wait_s=wait_s, job_depth=job_depth)
 
     async def count_scale_up(self, deployment: str, count: int) -> None:
@@ -103,7 +105,7 @@ class PlatformState:
 
     async def scale_decisions(self) -> dict[tuple[str, str], int]:
         """{(deployment, "up" | "down"): count} since the platform's data began."""
-        raw = await self.redis.hgetall(keys.SCALE_DECISIONS)
+        raw = reply_hash(await self.redis.hgetall(keys.SCALE_DECISIONS))
         result = {}
         for field, count in raw.items():
             deployment, _, direction = field.decode().rpartition("|")
@@ -112,34 +114,38 @@ class PlatformState:
 
     async def cold_starts_after(self, after_id: bytes) -> tuple[bytes, list[ColdStartRecord]]:
         """Cold-start records newer than `after_id`, and the id to resume from."""
-        entries = await self.redis.xrange(keys.COLD_STARTS, min=b"(" + after_id, max="+")
+        entries = reply_entries(
+            await self.redis.xrange(keys.COLD_STARTS, min=b"(" + after_id, max="+")
+        )
         if not entries:
             return after_id, []
         records = [msgspec.json.decode(f[b"r"], type=ColdStartRecord) for _, f in entries]
-        return entries[-1][0], records
+        return entries[-1][0].encode(), records
 
     async def cold_start_ms(self, deployment: str) -> dict[str, dict[str, float]]:
-        return parse_cold_start(await self.redis.hgetall(keys.coldstart(deployment)))
+        return parse_cold_start(reply_hash(await self.redis.hgetall(keys.coldstart(deployment))))
 
     async def set_fork_server_state(self, state: str) -> None:
         await self.redis.set(keys.FORK_SERVER, state)
 
     async def fork_server_state(self) -> str:
         """off, starting, ready or down, as the controller last saw its fork server."""
-        return ((await self.redis.get(keys.FORK_SERVER)) or b"off").decode()
+        return reply_text((await self.redis.get(keys.FORK_SERVER)) or b"off")
 
     # --- runners and the pre-warmed pool -------------------------------------------------
 
     async def put_runner(self, record: RunnerRecord) -> None:
         pipe = self.redis.pipeline()
-        pipe.hset(keys.runner(record.runner_id), mapping=encode_runner(record))
+        fields = encode_runner(record)
+        pipe.hset(keys.runner(record.runner_id), mapping=fields)  # type: ignore[arg-type]  # redis-py: Mapping[FieldT, ...] is invariant in its key
         pipe.sadd(keys.RUNNERS, record.runner_id)
         await pipe.execute()
 
     async def mark_runner_gone(self, runner_id: str, **fields: object) -> None:
         """Record a runner that died without saying so; it leaves the pool with it."""
         pipe = self.redis.pipeline()
-        pipe.hset(keys.runner(runner_id), mapping=encode_runner(fields))
+        encoded = encode_runner(fields)
+        pipe.hset(keys.runner(runner_id), mapping=encoded)  # type: ignore[arg-type]  # redis-py: Mapping[FieldT, ...] is invariant in its key
         pipe.srem(keys.STEMS, runner_id)
         await pipe.execute()
 
@@ -149,7 +155,7 @@ class PlatformState:
             return []
         pipe = self.redis.pipeline(transaction=False)
         for runner_id in ids:
-            pipe.hgetall(keys.runner(runner_id.decode()))
+            pipe.hgetall(keys.runner(reply_text(runner_id)))
         records = [decode_runner(raw) for raw in await pipe.execute()]
         return sorted((r for r in records if r), key=lambda r: r.launched_ms)
 
@@ -166,25 +172,25 @@ class PlatformState:
         await pipe.execute()
 
     async def runner_log(self, runner_id: str) -> list[str]:
-        return [
-            line.decode() for line in await self.redis.lrange(keys.runner_log(runner_id), 0, -1)
-        ]
+        return reply_texts(await self.redis.lrange(keys.runner_log(runner_id), 0, -1))
 
     async def take_stem(self) -> str | None:
         """Take one live pre-warmed runner out of the pool (SPOP: no stem is assigned
         twice); stems that died since they joined are dropped on the way."""
-        while (runner_id := await self.redis.spop(keys.STEMS)) is not None:
-            state = await self.redis.hget(keys.runner(runner_id.decode()), "state")
+        while (popped := await self.redis.spop(keys.STEMS)) is not None:
+            runner_id = reply_text(popped)
+            state = await self.redis.hget(keys.runner(runner_id), "state")
             if state == RunnerState.PREWARMED.value.encode():
-                return runner_id.decode()
+                return runner_id
         return None
 
     async def take_sleeper(self, deployment: str) -> str | None:
         """Take one of the deployment's sleeping runners to wake (SPOP: once each)."""
-        while (runner_id := await self.redis.spop(keys.sleepers(deployment))) is not None:
-            state = await self.redis.hget(keys.runner(runner_id.decode()), "state")
+        while (popped := await self.redis.spop(keys.sleepers(deployment))) is not None:
+            runner_id = reply_text(popped)
+            state = await self.redis.hget(keys.runner(runner_id), "state")
             if state == RunnerState.SLEEPING.value.encode():
-                return runner_id.decode()
+                return runner_id
         return None
 
     async def wake_sleeper(self, runner_id: str, deployment: str) -> None:
@@ -212,17 +218,13 @@ class PlatformState:
         pipe.lrange(keys.WAKE, 0, -1)
         pipe.delete(keys.WAKE)
         rest, _ = await pipe.execute()
-        return {first[1].decode(), *(name.decode() for name in rest)}
+        return {reply_text(first[1]), *reply_texts(rest)}
 
     async def wake(self, deployment: str) -> None:
         await self.redis.rpush(keys.WAKE, deployment)
 
     async def reap_expired_leases(self) -> list[str]:
-        expired = await self._scripts.reap(
-            keys=[keys.LEASES],
-            args=[keys.REQUEST_PREFIX, keys.EVENTS_PREFIX, _LOST, self._result_ttl_s],
-        )
-        return [request_id.decode() for request_id in expired]
+        return await self._scripts.reap(lost_event=_LOST, result_ttl_s=self._result_ttl_s)
 
     # --- API keys ----------------------------------------------------------------------
 
@@ -252,7 +254,7 @@ class PlatformState:
 
     async def usage_records(self, since_s: float = 0.0) -> list[UsageRecord]:
         start = f"{int(since_s * 1000)}-0" if since_s else "-"
-        entries = await self.redis.xrange(keys.USAGE, min=start, max="+")
+        entries = reply_entries(await self.redis.xrange(keys.USAGE, min=start, max="+"))
         return [msgspec.json.decode(fields[b"r"], type=UsageRecord) for _, fields in entries]
 
     async def ping(self) -> bool:

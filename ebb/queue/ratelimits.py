@@ -8,12 +8,14 @@ buckets in one atomic step.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import msgspec
 import redis.asyncio as aioredis
 
 from ebb.queue import keys
-from ebb.queue.scripts import load_script
+from ebb.queue.replies import reply_text, reply_texts
+from ebb.queue.scripts import register_async
 
 _KINDS = {"rpm": "requests_per_minute", "tpm": "tokens_per_minute"}
 
@@ -43,29 +45,38 @@ def tenant_subject(tenant: str) -> str:
 class RateLimitStore:
     def __init__(self, client: aioredis.Redis):
         self._redis = client
-        self._script = load_script(client, "ratelimit")
+        self._script = register_async(client, "ratelimit")
 
     async def reserve(self, key_id: str, tenant: str, tokens: int) -> LimitOutcome:
         """Take one request and `tokens` from the key's and the tenant's buckets, or none."""
-        reply = await self._call(key_id, tenant, "reserve", 1, tokens)
-        status = reply[0].decode()
+        reply = await self._call(key_id, tenant, mode="reserve", requests=1, tokens=tokens)
+        status = reply[0]
         if status == "limited":
-            return LimitOutcome(
-                status, reply[1].decode(), reply[2].decode(), int(reply[3]), int(reply[4])
-            )
+            return LimitOutcome(status, reply[1], reply[2], int(reply[3]), int(reply[4]))
         if status == "too_large":
-            return LimitOutcome(status, reply[1].decode(), reply[2].decode(), limit=int(reply[3]))
+            return LimitOutcome(status, reply[1], reply[2], limit=int(reply[3]))
         return LimitOutcome(status)
 
     async def adjust(self, key_id: str, tenant: str, *, requests: int, tokens: int) -> None:
         """Give back what a reservation did not use (negative: take what it overran)."""
-        await self._call(key_id, tenant, "adjust", requests, tokens)
+        await self._call(key_id, tenant, mode="adjust", requests=requests, tokens=tokens)
 
-    async def _call(self, key_id: str, tenant: str, mode: str, requests: int, tokens: int):
+    async def _call(
+        self,
+        key_id: str,
+        tenant: str,
+        *,
+        mode: Literal["reserve", "adjust"],
+        requests: int,
+        tokens: int,
+    ) -> list[str]:
+        """lua/ratelimit.lua on the key's and the tenant's buckets; its reply as text."""
         key, tenant_ = key_subject(key_id), tenant_subject(tenant)
-        return await self._script(
-            keys=[keys.RATE_LIMITS, keys.rate_bucket(key), keys.rate_bucket(tenant_)],
-            args=[key, tenant_, mode, requests, tokens, keys.RATE_BUCKET_TTL_S],
+        return reply_texts(
+            await self._script(
+                keys=[keys.RATE_LIMITS, keys.rate_bucket(key), keys.rate_bucket(tenant_)],
+                args=[key, tenant_, mode, requests, tokens, keys.RATE_BUCKET_TTL_S],
+            )
         )
 
     async def set_limits(self, subject: str, limits: RateLimits) -> None:
@@ -84,7 +95,7 @@ class RateLimitStore:
         """{subject: its limits} for every subject with at least one limit."""
         fields: dict[str, dict[str, int]] = {}
         for name, value in (await self._redis.hgetall(keys.RATE_LIMITS)).items():
-            subject, _, kind = name.decode().rpartition(":")
+            subject, _, kind = reply_text(name).rpartition(":")
             fields.setdefault(subject, {})[_KINDS[kind]] = int(value)
         return {subject: RateLimits(**values) for subject, values in fields.items()}
 

@@ -17,8 +17,9 @@ import redis.asyncio as aioredis
 
 from ebb.queue import keys
 from ebb.queue.connection import MAX_BLOCK_S
-from ebb.queue.schema import Failed, RequestEvent, WorkItem, decode_event, encode
-from ebb.queue.scripts import Scripts
+from ebb.queue.replies import reply_entries, reply_hash, reply_list
+from ebb.queue.schema import Failed, RequestEvent, WorkItem, decode_event
+from ebb.queue.scripts import QueueScripts
 
 log = logging.getLogger(__name__)
 
@@ -39,56 +40,35 @@ class Admission:
 class RequestQueue:
     def __init__(self, client: aioredis.Redis, *, request_ttl_s: int):
         self._redis = client
-        self._scripts = Scripts.register(client)
+        self._scripts = QueueScripts(client)
         self._request_ttl_s = request_ttl_s
 
     async def enqueue(
         self, work: WorkItem, *, admission_window_s: float, depth_limit: int
     ) -> Admission:
         """Queue `work`; raises QueueFull when the deployment's queue is at its limit."""
-        dep = work.deployment
-        ok, detail = await self._scripts.enqueue(
-            keys=[
-                keys.queue(dep),
-                keys.request(work.request_id),
-                keys.queue_signal(dep),
-                keys.WAKE,
-            ],
-            args=[
-                work.request_id,
-                encode(work),
-                dep,
-                int(admission_window_s * 1000),
-                depth_limit,
-                self._request_ttl_s,
-                keys.SIGNAL_LIST_MAX,
-            ],
+        outcome = await self._scripts.enqueue(
+            work,
+            admission_window_ms=int(admission_window_s * 1000),
+            depth_limit=depth_limit,
+            request_ttl_s=self._request_ttl_s,
         )
-        if not ok:
-            if detail == b"full":
-                raise QueueFull(dep)
+        if outcome == "full":
+            raise QueueFull(work.deployment)
+        if outcome == "duplicate":
             raise ValueError(f"request id {work.request_id} already exists")
-        return Admission(work.request_id, int(detail))
+        return Admission(work.request_id, outcome)
 
     async def withdraw(self, work: WorkItem) -> bool:
         """Take back a request nobody claimed; True means it will never run."""
-        return bool(
-            await self._scripts.withdraw(
-                keys=[keys.queue(work.deployment), keys.request(work.request_id)],
-                args=[work.request_id, "withdrawn"],
-            )
-        )
+        return await self._scripts.withdraw(work, state="withdrawn")
 
     async def cancel(self, work: WorkItem) -> str:
         """The client left: withdraw if queued, else have the runner abort it."""
-        result = await self._scripts.cancel(
-            keys=[keys.queue(work.deployment), keys.request(work.request_id)],
-            args=[work.request_id, keys.RUNNER_CANCELS_PREFIX],
-        )
-        return result.decode()
+        return await self._scripts.cancel(work)
 
     async def request_state(self, request_id: str) -> dict[str, str]:
-        raw = await self._redis.hgetall(keys.request(request_id))
+        raw = reply_hash(await self._redis.hgetall(keys.request(request_id)))
         return {k.decode(): v.decode() for k, v in raw.items() if k != b"work"}
 
     async def depth(self, deployment: str) -> int:
@@ -104,7 +84,7 @@ class EventReader:
     def __init__(self, client: aioredis.Redis, request_id: str):
         self._redis = client
         self._key = keys.events(request_id)
-        self._last_id = b"0-0"
+        self._last_id = "0-0"
         self._buffer: list[RequestEvent] = []
 
     async def next(self, timeout_s: float) -> RequestEvent | None:
@@ -120,7 +100,8 @@ class EventReader:
             )
             if not reply:
                 continue
-            for entry_id, fields in reply[0][1]:
+            _stream, entries = reply_list(reply_list(reply)[0])
+            for entry_id, fields in reply_entries(entries):
                 self._last_id = entry_id
                 try:
                     self._buffer.append(decode_event(fields[b"e"]))

@@ -21,6 +21,7 @@ from ebb.queue.records import (
     decode_runner,
     encode_runner,
 )
+from ebb.queue.replies import reply_hash, reply_text
 from ebb.queue.schema import (
     Claimed,
     ColdStartRecord,
@@ -34,7 +35,7 @@ from ebb.queue.schema import (
     decode_work,
     encode,
 )
-from ebb.queue.scripts import Scripts
+from ebb.queue.scripts import RunnerScripts
 
 # The runner's log tail kept in Redis for `ebb status` and the console.
 _LOG_LINES_KEPT = 50
@@ -58,7 +59,7 @@ class RunnerQueue:
     ):
         self._redis = client
         self._record_usage = record_usage
-        self._scripts = Scripts.register(client)
+        self._scripts = RunnerScripts(client)
         self.runner_id = runner_id
         self._lease_ttl_ms = int(lease_ttl_s * 1000)
         self._result_ttl_s = result_ttl_s
@@ -68,22 +69,24 @@ class RunnerQueue:
 
     def register(self, record: RunnerRecord) -> None:
         pipe = self._redis.pipeline()
-        pipe.hset(keys.runner(self.runner_id), mapping=encode_runner(record))
+        fields = encode_runner(record)
+        pipe.hset(keys.runner(self.runner_id), mapping=fields)  # type: ignore[arg-type]  # redis-py: Mapping[FieldT, ...] is invariant in its key
         pipe.sadd(keys.RUNNERS, self.runner_id)
         pipe.execute()
 
     def set_fields(self, **fields: object) -> None:
-        self._redis.hset(keys.runner(self.runner_id), mapping=encode_runner(fields))
+        encoded = encode_runner(fields)
+        self._redis.hset(keys.runner(self.runner_id), mapping=encoded)  # type: ignore[arg-type]  # redis-py: Mapping[FieldT, ...] is invariant in its key
 
     def record(self) -> RunnerRecord | None:
-        return decode_runner(self._redis.hgetall(keys.runner(self.runner_id)))
+        return decode_runner(reply_hash(self._redis.hgetall(keys.runner(self.runner_id))))
 
     def offer_as_stem(self) -> None:
         self._redis.sadd(keys.STEMS, self.runner_id)
 
     def wait_for_assignment(self, timeout_s: float) -> str | None:
         reply = self._redis.blpop([keys.runner_assignment(self.runner_id)], timeout=timeout_s)
-        return reply[1].decode() if reply else None
+        return reply_text(reply[1]) if reply else None
 
     def withdraw_stem(self) -> bool:
         """Leave the pool; False when the controller already picked this stem."""
@@ -100,15 +103,7 @@ class RunnerQueue:
         pipe.execute()
 
     def try_drain(self, deployment: str) -> bool:
-        return bool(
-            self._scripts.try_drain(
-                keys=[
-                    keys.queue(deployment),
-                    keys.runner(self.runner_id),
-                    keys.job_queue(deployment),
-                ]
-            )
-        )
+        return self._scripts.try_drain(runner_id=self.runner_id, deployment=deployment)
 
     # --- work ------------------------------------------------------------------------
 
@@ -120,28 +115,14 @@ class RunnerQueue:
         """Claim up to `max_count` requests; async job attempts fill at most `max_jobs` of
         those slots, and only when no synchronous request is waiting."""
         claimed, cancelled = self._scripts.claim(
-            keys=[
-                keys.queue(deployment),
-                keys.LEASES,
-                keys.runner_cancels(self.runner_id),
-                keys.runner(self.runner_id),
-                keys.job_queue(deployment),
-                keys.JOBS_WATCH,
-                keys.JOBS_SIGNAL,
-            ],
-            args=[
-                self.runner_id,
-                max_count,
-                self._lease_ttl_ms,
-                keys.REQUEST_PREFIX,
-                keys.EVENTS_PREFIX,
-                self._claimed_event,
-                max_jobs,
-                keys.SIGNAL_LIST_MAX,
-            ],
+            runner_id=self.runner_id,
+            deployment=deployment,
+            max_count=max_count,
+            max_jobs=max_jobs,
+            lease_ttl_ms=self._lease_ttl_ms,
+            claimed_event=self._claimed_event,
         )
-        work = [decode_work(claimed[i + 1]) for i in range(0, len(claimed), 2)]
-        return ClaimResult(work, [c.decode() for c in cancelled])
+        return ClaimResult([decode_work(work) for work in claimed], cancelled)
 
     def publish(self, progress: dict[str, Progress]) -> None:
         """One round trip for every request that produced output in an engine step."""
@@ -175,26 +156,16 @@ class RunnerQueue:
             price_per_1m_input_tokens_micros=work.price_per_1m_input_tokens_micros,
             price_per_1m_output_tokens_micros=work.price_per_1m_output_tokens_micros,
         )
-        done = bool(
-            self._scripts.finish(
-                keys=[
-                    keys.request(work.request_id),
-                    keys.events(work.request_id),
-                    keys.LEASES,
-                    keys.USAGE,
-                ],
-                args=[
-                    work.request_id,
-                    self.runner_id,
-                    state,
-                    encode(event),
-                    prompt_tokens,
-                    completion_tokens,
-                    # A job's attempt waits for the webhooks worker to collect its result.
-                    keys.JOB_ATTEMPT_TTL_S if work.job_id else self._result_ttl_s,
-                    encode(usage) if self._record_usage else "",
-                ],
-            )
+        done = self._scripts.finish(
+            runner_id=self.runner_id,
+            request_id=work.request_id,
+            state=state,
+            event=encode(event),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            # A job's attempt waits for the webhooks worker to collect its result.
+            result_ttl_s=keys.JOB_ATTEMPT_TTL_S if work.job_id else self._result_ttl_s,
+            usage=encode(usage) if self._record_usage else None,
         )
         if done and work.job_id:
             # A hint only: the collector also looks at every claimed job periodically.
@@ -207,25 +178,14 @@ class RunnerQueue:
     def heartbeat(self, held_request_ids: Iterable[str]) -> None:
         """Prove liveness and extend the leases of what this runner holds."""
         self._scripts.heartbeat(
-            keys=[keys.runner(self.runner_id), keys.LEASES],
-            args=[self._lease_ttl_ms, *held_request_ids],
+            runner_id=self.runner_id, lease_ttl_ms=self._lease_ttl_ms, held=held_request_ids
         )
 
     def leave_pool(self) -> None:
         self._redis.srem(keys.STEMS, self.runner_id)
 
     def try_sleep(self, deployment: str) -> bool:
-        return bool(
-            self._scripts.try_sleep(
-                keys=[
-                    keys.queue(deployment),
-                    keys.runner(self.runner_id),
-                    keys.sleepers(deployment),
-                    keys.job_queue(deployment),
-                ],
-                args=[self.runner_id],
-            )
-        )
+        return self._scripts.try_sleep(runner_id=self.runner_id, deployment=deployment)
 
     def leave_sleepers(self, deployment: str) -> bool:
         """Stop being wakeable; False when the controller already took this sleeper."""
@@ -234,11 +194,10 @@ class RunnerQueue:
     def record_cold_start(self, deployment: str, tier: str, phases_ms: dict[str, float]) -> None:
         """Fold this start's phase times into the deployment's moving averages (for
         Retry-After) and append it to the cold-start stream (for the metrics histogram)."""
-        fields: list[object] = []
-        for phase, ms in phases_ms.items():
-            fields += [cold_start_field(tier, phase), ms]
         self._scripts.fold_ema(
-            keys=[keys.coldstart(deployment)], args=[COLD_START_EMA_WEIGHT, *fields]
+            deployment=deployment,
+            weight=COLD_START_EMA_WEIGHT,
+            values={cold_start_field(tier, phase): ms for phase, ms in phases_ms.items()},
         )
         record = ColdStartRecord(deployment=deployment, tier=tier, phases_ms=phases_ms)
         self._redis.xadd(
@@ -256,7 +215,7 @@ class RunnerQueue:
         ids = self._redis.smembers(keys.RUNNERS)
         pipe = self._redis.pipeline(transaction=False)
         for runner_id in ids:
-            pipe.hmget(keys.runner(runner_id.decode()), "deployment", "state")
+            pipe.hmget(keys.runner(reply_text(runner_id)), "deployment", "state")
         count = 0
         for dep, state in pipe.execute():
             if dep and dep.decode() == deployment and state:

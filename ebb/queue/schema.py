@@ -8,7 +8,7 @@ deltas, then exactly one terminal event, `Finished` or `Failed`.
 from __future__ import annotations
 
 import enum
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -27,7 +27,7 @@ class SamplingSpec(msgspec.Struct, kw_only=True, frozen=True):
     # None: no logprobs. k >= 0: the sampled token's logprob plus the k most likely ones.
     logprobs: int | None = None
     # Structured output: a JSON schema, or any JSON object when json_object is set.
-    json_schema: dict | None = None
+    json_schema: dict[str, Any] | None = None
     json_object: bool = False
 
 

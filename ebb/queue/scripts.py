@@ -1,55 +1,238 @@
-"""The Lua scripts behind every multi-key state change, registered on a Redis client.
+"""The Lua scripts behind every multi-key state change of requests and runners, each
+behind a typed call.
 
 Each state change that must be atomic (enqueue, claim, withdraw, cancel, finish, reap,
-drain) is one script; see the header of each .lua file for its contract.
+drain, sleep) is one script; the header of each .lua file states its contract. Callers
+never pass KEYS or ARGV: a wrapper here takes named, typed parameters, builds both lists
+in the script's order (key names from `keys`) and converts the reply. The runner calls
+its scripts on a blocking client (`RunnerScripts`); the frontdoor and the controller on
+an asyncio one (`QueueScripts`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Literal
 
-_NAMES = (
-    "enqueue",
-    "claim",
-    "withdraw",
-    "cancel",
-    "finish",
-    "reap",
-    "try_drain",
-    "heartbeat",
-    "fold_ema",
-    "try_sleep",
-)
+import redis
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript, Script
+
+from ebb.queue import keys
+from ebb.queue.replies import reply_bytes, reply_int, reply_list, reply_text, reply_texts
+from ebb.queue.schema import WorkItem, encode
+
+# What Redis accepts as a script argument.
+Arg = str | bytes | int | float
 
 
 @cache
-def _source(name: str) -> str:
+def lua_source(name: str) -> str:
     return resources.files("ebb.queue").joinpath("lua", f"{name}.lua").read_text()
 
 
-@dataclass(frozen=True)
-class Scripts:
-    """Scripts bound to one client (sync `redis.Redis` or `redis.asyncio.Redis`)."""
-
-    enqueue: Any
-    claim: Any
-    withdraw: Any
-    cancel: Any
-    finish: Any
-    reap: Any
-    try_drain: Any
-    heartbeat: Any
-    fold_ema: Any
-    try_sleep: Any
-
-    @classmethod
-    def register(cls, client) -> Scripts:
-        return cls(**{name: client.register_script(_source(name)) for name in _NAMES})
+def register(client: redis.Redis, name: str) -> Script:
+    """lua/NAME.lua bound to a blocking client."""
+    return client.register_script(lua_source(name))
 
 
-def load_script(client, name: str):
-    """One script of lua/NAME.lua bound to `client`, for modules with scripts of their own."""
-    return client.register_script(_source(name))
+def register_async(client: aioredis.Redis, name: str) -> AsyncScript:
+    """lua/NAME.lua bound to an asyncio client."""
+    return client.register_script(lua_source(name))
+
+
+class QueueScripts:
+    """The request queue's scripts on an asyncio client (frontdoor, controller)."""
+
+    def __init__(self, client: aioredis.Redis):
+        self._enqueue = register_async(client, "enqueue")
+        self._withdraw = register_async(client, "withdraw")
+        self._cancel = register_async(client, "cancel")
+        self._reap = register_async(client, "reap")
+
+    async def enqueue(
+        self, work: WorkItem, *, admission_window_ms: int, depth_limit: int, request_ttl_s: int
+    ) -> int | Literal["full", "duplicate"]:
+        """Queue `work`: its admission deadline (ms), or why it was refused."""
+        dep = work.deployment
+        reply = reply_list(
+            await self._enqueue(
+                keys=[
+                    keys.queue(dep),
+                    keys.request(work.request_id),
+                    keys.queue_signal(dep),
+                    keys.WAKE,
+                ],
+                args=[
+                    work.request_id,
+                    encode(work),
+                    dep,
+                    admission_window_ms,
+                    depth_limit,
+                    request_ttl_s,
+                    keys.SIGNAL_LIST_MAX,
+                ],
+            )
+        )
+        if reply_int(reply[0]):
+            return reply_int(reply[1])
+        return "full" if reply_text(reply[1]) == "full" else "duplicate"
+
+    async def withdraw(self, work: WorkItem, *, state: Literal["withdrawn", "cancelled"]) -> bool:
+        """True when `work` was taken back before any runner claimed it."""
+        return bool(
+            reply_int(
+                await self._withdraw(
+                    keys=[keys.queue(work.deployment), keys.request(work.request_id)],
+                    args=[work.request_id, state],
+                )
+            )
+        )
+
+    async def cancel(self, work: WorkItem) -> str:
+        """'withdrawn', 'aborting' (its runner is asked to abort) or 'none' (finished)."""
+        return reply_text(
+            await self._cancel(
+                keys=[keys.queue(work.deployment), keys.request(work.request_id)],
+                args=[work.request_id, keys.RUNNER_CANCELS_PREFIX],
+            )
+        )
+
+    async def reap(self, *, lost_event: bytes, result_ttl_s: int) -> list[str]:
+        """Fail every request whose lease expired with `lost_event`; their ids."""
+        return reply_texts(
+            await self._reap(
+                keys=[keys.LEASES],
+                args=[keys.REQUEST_PREFIX, keys.EVENTS_PREFIX, lost_event, result_ttl_s],
+            )
+        )
+
+
+class RunnerScripts:
+    """The runner's scripts on its blocking client."""
+
+    def __init__(self, client: redis.Redis):
+        self._claim = register(client, "claim")
+        self._finish = register(client, "finish")
+        self._heartbeat = register(client, "heartbeat")
+        self._try_drain = register(client, "try_drain")
+        self._try_sleep = register(client, "try_sleep")
+        self._fold_ema = register(client, "fold_ema")
+
+    def claim(
+        self,
+        *,
+        runner_id: str,
+        deployment: str,
+        max_count: int,
+        max_jobs: int,
+        lease_ttl_ms: int,
+        claimed_event: bytes,
+    ) -> tuple[list[bytes], list[str]]:
+        """Claim up to `max_count` requests (at most `max_jobs` job attempts): the encoded
+        work of each claimed one, and the ids this runner was asked to abort."""
+        claimed, cancelled = reply_list(
+            self._claim(
+                keys=[
+                    keys.queue(deployment),
+                    keys.LEASES,
+                    keys.runner_cancels(runner_id),
+                    keys.runner(runner_id),
+                    keys.job_queue(deployment),
+                    keys.JOBS_WATCH,
+                    keys.JOBS_SIGNAL,
+                ],
+                args=[
+                    runner_id,
+                    max_count,
+                    lease_ttl_ms,
+                    keys.REQUEST_PREFIX,
+                    keys.EVENTS_PREFIX,
+                    claimed_event,
+                    max_jobs,
+                    keys.SIGNAL_LIST_MAX,
+                ],
+            )
+        )
+        ids_and_work = reply_list(claimed)
+        return [reply_bytes(work) for work in ids_and_work[1::2]], reply_texts(cancelled)
+
+    def finish(
+        self,
+        *,
+        runner_id: str,
+        request_id: str,
+        state: str,
+        event: bytes,
+        prompt_tokens: int,
+        completion_tokens: int,
+        result_ttl_s: int,
+        usage: bytes | None,
+    ) -> bool:
+        """End a held request once, recording `usage` (when given) in the same step;
+        False when it was not this runner's to finish."""
+        return bool(
+            reply_int(
+                self._finish(
+                    keys=[
+                        keys.request(request_id),
+                        keys.events(request_id),
+                        keys.LEASES,
+                        keys.USAGE,
+                    ],
+                    args=[
+                        request_id,
+                        runner_id,
+                        state,
+                        event,
+                        prompt_tokens,
+                        completion_tokens,
+                        result_ttl_s,
+                        usage if usage is not None else "",
+                    ],
+                )
+            )
+        )
+
+    def heartbeat(self, *, runner_id: str, lease_ttl_ms: int, held: Iterable[str]) -> None:
+        """Prove liveness and extend the leases of the `held` request ids."""
+        self._heartbeat(keys=[keys.runner(runner_id), keys.LEASES], args=[lease_ttl_ms, *held])
+
+    def try_drain(self, *, runner_id: str, deployment: str) -> bool:
+        """True when the runner is now draining (nothing queued for it)."""
+        return bool(
+            reply_int(
+                self._try_drain(
+                    keys=[
+                        keys.queue(deployment),
+                        keys.runner(runner_id),
+                        keys.job_queue(deployment),
+                    ]
+                )
+            )
+        )
+
+    def try_sleep(self, *, runner_id: str, deployment: str) -> bool:
+        """True when the runner is now sleeping (nothing queued for it)."""
+        return bool(
+            reply_int(
+                self._try_sleep(
+                    keys=[
+                        keys.queue(deployment),
+                        keys.runner(runner_id),
+                        keys.sleepers(deployment),
+                        keys.job_queue(deployment),
+                    ],
+                    args=[runner_id],
+                )
+            )
+        )
+
+    def fold_ema(self, *, deployment: str, weight: float, values: Mapping[str, float]) -> None:
+        """Fold `values` into the deployment's cold-start moving averages."""
+        args: list[Arg] = [weight]
+        for field, value in values.items():
+            args += [field, value]
+        self._fold_ema(keys=[keys.coldstart(deployment)], args=args)

@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 
 from ebb.queue import keys
 from ebb.queue.job_scripts import JobScripts
+from ebb.queue.replies import reply_hash
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,10 @@ class SecretSet:
 class WebhookSecrets:
     def __init__(self, client: aioredis.Redis):
         self.redis = client
-        self._scripts = JobScripts.register(client)
+        self._scripts = JobScripts(client)
 
     async def get(self, tenant: str) -> SecretSet | None:
-        raw = await self.redis.hgetall(keys.webhook_secret(tenant))
+        raw = reply_hash(await self.redis.hgetall(keys.webhook_secret(tenant)))
         if b"current" not in raw:
             return None
         fields = {k.decode(): v.decode() for k, v in raw.items()}
@@ -55,7 +56,5 @@ class WebhookSecrets:
         return await self.get(tenant) or SecretSet(current=fresh)
 
     async def rotate(self, tenant: str, fresh: str, overlap_s: float) -> SecretSet:
-        await self._scripts.secret_rotate(
-            keys=[keys.webhook_secret(tenant)], args=[fresh, int(overlap_s * 1000)]
-        )
+        await self._scripts.secret_rotate(tenant, secret=fresh, overlap_ms=int(overlap_s * 1000))
         return await self.get(tenant) or SecretSet(current=fresh)

@@ -24,7 +24,7 @@ import select
 import signal
 import sys
 import traceback
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ebb.config import Settings
 from ebb.runners.process import LAUNCHED_AT_ENV
@@ -61,7 +61,7 @@ def serve_forks(settings: Settings) -> int:
         _reap(children)
 
 
-def _fork(settings: Settings, request: dict, children: dict[int, str]) -> None:
+def _fork(settings: Settings, request: dict[str, Any], children: dict[int, str]) -> None:
     # Nothing buffered may be written twice, once by each side of the fork.
     sys.stdout.flush()
     sys.stderr.flush()
@@ -91,7 +91,7 @@ def _exit_code(status: int) -> int:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
-def _become_runner(settings: Settings, request: dict) -> NoReturn:
+def _become_runner(settings: Settings, request: dict[str, Any]) -> NoReturn:
     code = 1
     try:
         log_fd = os.open(request["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -117,6 +117,6 @@ def _become_runner(settings: Settings, request: dict) -> NoReturn:
         os._exit(code)
 
 
-def _send(event: dict) -> None:
+def _send(event: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(event) + "\n")
     sys.stdout.flush()

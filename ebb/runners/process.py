@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ebb.billing.gpu import runner_meter
+from ebb.billing.gpu import NoMeter, RunnerMeter, runner_meter
 from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
@@ -69,7 +69,7 @@ class Heartbeat(threading.Thread):
         self._stop_runner = stop
         self.done = threading.Event()
         self._parent = os.getppid()
-        self.held_ids = lambda: []
+        self.held_ids: Callable[[], list[str]] = lambda: []
 
     def run(self) -> None:
         while not self.done.wait(self._interval_s):
@@ -87,7 +87,7 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
     launched_ms = float(os.environ.get(LAUNCHED_AT_ENV, time.time() * 1000))
     clock = ColdStartClock(launched_ms)
     clock.lap("spawn")
-    client = sync_client(settings.redis_url)
+    client = sync_client(settings.platform_redis_url("a runner"))
     queue = RunnerQueue(
         client,
         runner_id,
@@ -115,7 +115,17 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
         meter.close()
 
 
-def _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat, meter) -> int:
+def _run(
+    settings: Settings,
+    lifecycle: Lifecycle,
+    queue: RunnerQueue,
+    deployment: str | None,
+    tier: Tier,
+    clock: ColdStartClock,
+    stop: threading.Event,
+    heartbeat: Heartbeat,
+    meter: RunnerMeter | NoMeter,
+) -> int:
     if deployment is None:
         import_engine_libraries()
         clock.lap("import")

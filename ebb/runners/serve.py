@@ -75,8 +75,8 @@ class ServingLoop:
         spec: DeploymentSpec,
         stop: threading.Event,
         lifecycle: Lifecycle,
-        clock=time.monotonic,
-    ):
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._queue = queue
         self._engine = engine
         self._spec = spec
@@ -180,7 +180,7 @@ class ServingLoop:
             held = self.held[out.request_id]
             self._end(held, "finished", Finished(out.prompt_tokens, out.completion_tokens))
 
-    def _end(self, held: Held, state: str, event) -> None:
+    def _end(self, held: Held, state: str, event: Finished | Failed) -> None:
         self.held.pop(held.work.request_id, None)
         done = self._queue.finish(
             held.work,

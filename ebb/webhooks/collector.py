@@ -27,7 +27,8 @@ import msgspec
 from redis.exceptions import RedisError
 
 from ebb.config import Settings
-from ebb.frontdoor.translate import EndpointKind, ResponseBuilder, usage
+from ebb.openai_responses import EndpointKind, ResponseBuilder, usage
+from ebb.queue.delivery_store import delivery_record_ttl_s
 from ebb.queue.job_schema import (
     JobErrorInfo,
     JobEvent,
@@ -46,9 +47,6 @@ _EXPIRE_BATCH = 256
 # Error codes of attempts that another attempt may fix (the work itself was fine).
 _RETRYABLE_CODES = frozenset({"runner_lost", "engine_error"})
 
-CHAT_ENDPOINT = "chat.completions"
-COMPLETIONS_ENDPOINT = "completions"
-
 
 def new_webhook_id() -> str:
     return "msg_" + uuid.uuid4().hex
@@ -58,7 +56,9 @@ class JobCollector:
     def __init__(self, store: JobStore, settings: Settings):
         self._store = store
         self._settings = settings
-        self._delivery_ttl_s = int(settings.webhook_give_up_s) + settings.job_retention_s
+        self._delivery_ttl_s = delivery_record_ttl_s(
+            settings.webhook_give_up_s, settings.job_retention_s
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Pass after pass until `stop`; a runner claiming or finishing a job attempt wakes
@@ -141,7 +141,7 @@ class JobCollector:
 
     async def _succeed(self, record: JobRecord, attempt: dict[str, str]) -> bool:
         builder = ResponseBuilder(
-            EndpointKind.CHAT if record.endpoint == CHAT_ENDPOINT else EndpointKind.COMPLETION,
+            EndpointKind.of_job_endpoint(record.endpoint),
             request_id=record.job_id,
             model=record.deployment,
             created_s=record.created_ms // 1000,

@@ -16,7 +16,7 @@ import httpx
 from ebb.config import Settings
 from ebb.process_guard import exit_when_orphaned
 from ebb.queue.connection import async_client
-from ebb.queue.delivery_store import DeliveryStore
+from ebb.queue.delivery_store import DeliveryStore, delivery_record_ttl_s
 from ebb.queue.job_store import JobStore
 from ebb.queue.webhook_secrets import WebhookSecrets
 from ebb.webhooks.collector import JobCollector
@@ -30,13 +30,8 @@ def run_worker(settings: Settings) -> None:
     asyncio.run(_main(settings))
 
 
-def delivery_record_ttl_s(settings: Settings) -> int:
-    """Deliveries stay readable through their retry period and the job's retention."""
-    return int(settings.webhook_give_up_s) + settings.job_retention_s
-
-
 async def _main(settings: Settings) -> None:
-    client = async_client(settings.redis_url)
+    client = async_client(settings.platform_redis_url("ebb webhooks"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -53,7 +48,12 @@ async def _main(settings: Settings) -> None:
         trust_env=False,
     )
     deliverer = Deliverer(
-        DeliveryStore(client, record_ttl_s=delivery_record_ttl_s(settings)),
+        DeliveryStore(
+            client,
+            record_ttl_s=delivery_record_ttl_s(
+                settings.webhook_give_up_s, settings.job_retention_s
+            ),
+        ),
         WebhookSecrets(client),
         settings,
         http,

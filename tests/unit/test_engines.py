@@ -14,8 +14,9 @@ from ebb.coldstart.tiers import Tier
 from ebb.config import DEFAULT_MODEL_SOURCE, Settings
 from ebb.engines import VLLM, EngineEntry, EngineRegistry, load_object
 from ebb.errors import InvalidRequest
-from ebb.frontdoor.app import build_services, create_app
+from ebb.frontdoor.app import create_app
 from ebb.frontdoor.catalog import ModelCatalog
+from ebb.frontdoor.services import build_services
 from ebb.frontdoor.tokenizer import ByteTokenizer
 from ebb.queue.schema import DeploymentSpec
 from ebb.testing.fake_engine import FakeEngine

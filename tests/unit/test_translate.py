@@ -13,16 +13,8 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from ebb.errors import InvalidRequest
 from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
 from ebb.frontdoor.tokenizer import ByteTokenizer, HfPromptTokenizer
-from ebb.frontdoor.translate import (
-    COMPLETION_DEFAULT_MAX_TOKENS,
-    SSE_DONE,
-    EndpointKind,
-    ResponseBuilder,
-    new_request_id,
-    prepare_chat,
-    prepare_completion,
-    sse_line,
-)
+from ebb.frontdoor.translate import COMPLETION_DEFAULT_MAX_TOKENS, prepare_chat, prepare_completion
+from ebb.openai_responses import SSE_DONE, EndpointKind, ResponseBuilder, new_request_id, sse_line
 from ebb.queue.schema import ChoiceDelta, Finished, Progress, TokenLogprob, TopLogprob
 
 TOK = ByteTokenizer()

@@ -1,0 +1,93 @@
+"""The frontdoor's shared services, and the typed dependency routes reach them through.
+
+`create_app` builds one `Services` per process at startup; a route (or a dependency such
+as authentication) takes it as a `ServicesDep` parameter instead of reading
+`request.app.state`, so its type is known and tests may override `get_services`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+import redis.asyncio as aioredis
+from fastapi import Depends, Request
+
+from ebb.config import Settings
+from ebb.engines import EngineRegistry
+from ebb.frontdoor.catalog import ModelCatalog
+from ebb.frontdoor.execution import Executor
+from ebb.frontdoor.metrics import Metrics
+from ebb.frontdoor.ratelimit import RateLimiter
+from ebb.home import resolve_admin_key
+from ebb.queue.connection import async_client
+from ebb.queue.delivery_store import DeliveryStore, delivery_record_ttl_s
+from ebb.queue.job_store import JobStore
+from ebb.queue.ledger import LedgerStore
+from ebb.queue.platform import PlatformState
+from ebb.queue.ratelimits import RateLimitStore
+from ebb.queue.requests import RequestQueue
+from ebb.queue.webhook_secrets import WebhookSecrets
+from ebb.weights_cache import CacheOptions
+
+
+@dataclass
+class Services:
+    settings: Settings
+    admin_key: str
+    redis: aioredis.Redis
+    state: PlatformState
+    queue: RequestQueue
+    executor: Executor
+    catalog: ModelCatalog
+    engines: EngineRegistry
+    metrics: Metrics
+    limiter: RateLimiter
+    ratelimits: RateLimitStore
+    ledger: LedgerStore
+    jobs: JobStore
+    deliveries: DeliveryStore
+    webhook_secrets: WebhookSecrets
+
+
+def build_services(settings: Settings) -> Services:
+    client = async_client(settings.platform_redis_url("the frontdoor"))
+    state = PlatformState(client, result_ttl_s=settings.result_ttl_s)
+    # A request record must outlive its admission window and generation.
+    queue = RequestQueue(client, request_ttl_s=max(settings.result_ttl_s, 3600))
+    ratelimits = RateLimitStore(client)
+    engines = EngineRegistry.from_settings(settings)
+    cache_options = CacheOptions.from_settings(settings)
+    return Services(
+        settings=settings,
+        admin_key=resolve_admin_key(settings),
+        redis=client,
+        state=state,
+        queue=queue,
+        executor=Executor(settings, queue, state),
+        catalog=ModelCatalog(settings.weights_dir, state, cache_options, engines),
+        engines=engines,
+        metrics=Metrics(settings.weights_dir, settings.weights_cache_bytes),
+        limiter=RateLimiter(ratelimits),
+        ratelimits=ratelimits,
+        ledger=LedgerStore(client),
+        jobs=JobStore(
+            client, retention_s=settings.job_retention_s, result_ttl_s=settings.result_ttl_s
+        ),
+        deliveries=DeliveryStore(
+            client,
+            record_ttl_s=delivery_record_ttl_s(
+                settings.webhook_give_up_s, settings.job_retention_s
+            ),
+        ),
+        webhook_secrets=WebhookSecrets(client),
+    )
+
+
+def get_services(request: Request) -> Services:
+    """The services `create_app`'s startup stored on the application."""
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
