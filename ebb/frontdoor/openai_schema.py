@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from ebb.errors import InvalidRequest
+from ebb.frontdoor.openai_extras import BEAM_ONLY, SamplingExtras
 
 MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS = 20
@@ -37,7 +38,6 @@ _CHAT_UNSUPPORTED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "parallel_tool_calls": (_NO_TOOLS, (None, True, False)),
     "functions": (_NO_TOOLS, (None, [])),
     "function_call": (_NO_TOOLS, (None, "none", "auto")),
-    "logit_bias": ("logit_bias is not supported", (None, {})),
     "store": ("stored completions are not supported", (None, False)),
     "metadata": ("stored completions are not supported", (None, {})),
     "service_tier": ("service tiers are not supported", (None, "auto", "default")),
@@ -51,7 +51,6 @@ _COMPLETION_UNSUPPORTED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "echo": ("echoing the prompt is not supported", (None, False)),
     "suffix": ("suffix (insertion) is not supported", (None, "")),
     "best_of": ("best_of is not supported; use n", (None, 1)),
-    "logit_bias": ("logit_bias is not supported", (None, {})),
 }
 _MESSAGE_UNSUPPORTED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "tool_calls": (_NO_TOOLS, (None, [])),
@@ -185,8 +184,8 @@ class ChatMessage(_Strict):
         return self
 
 
-class _SamplingRequest(_Strict):
-    """Fields both endpoints share."""
+class _SamplingRequest(SamplingExtras):
+    """Fields both endpoints share (vLLM's extras come from SamplingExtras)."""
 
     _unsupported: ClassVar[dict[str, tuple[str, tuple[Any, ...]]]] = {}
 
@@ -208,7 +207,7 @@ class _SamplingRequest(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _drop_neutral_fields(cls, data: Any) -> Any:
-        return _drop_neutral(data, cls._unsupported)
+        return _drop_neutral(_drop_neutral(data, BEAM_ONLY), cls._unsupported)
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -30,6 +30,11 @@ class PromptTokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids run from 0 to vocab_size - 1."""
+        ...
+
 
 class HfPromptTokenizer:
     """A Hugging Face tokenizer loaded from a local HF-layout directory."""
@@ -47,6 +52,11 @@ class HfPromptTokenizer:
         from transformers import AutoTokenizer
 
         return cls(AutoTokenizer.from_pretrained(str(path)))
+
+    @property
+    def vocab_size(self) -> int:
+        # len() counts added special tokens, which vocab_size alone does not.
+        return len(self._tokenizer)
 
     @property
     def has_chat_template(self) -> bool:
@@ -96,6 +106,10 @@ class ByteTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
+
+    @property
+    def vocab_size(self) -> int:
+        return 256
 
     def decode(self, token_ids: list[int]) -> str:
         return bytes(token_ids).decode("utf-8", errors="replace")

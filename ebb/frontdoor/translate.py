@@ -59,7 +59,13 @@ def prepare_chat(
     prompt_ids = tokenizer.render_chat(messages)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return _prepare(
-        EndpointKind.CHAT, req, prompt_ids, "messages", logprobs, max_model_len=max_model_len
+        EndpointKind.CHAT,
+        req,
+        prompt_ids,
+        "messages",
+        logprobs,
+        max_model_len=max_model_len,
+        vocab_size=tokenizer.vocab_size,
     )
 
 
@@ -72,7 +78,15 @@ def prepare_completion(
     if not prompt_ids:
         raise InvalidRequest("prompt is empty; send at least one character.", param="prompt")
     kind = EndpointKind.COMPLETION
-    return _prepare(kind, req, prompt_ids, "prompt", req.logprobs, max_model_len=max_model_len)
+    return _prepare(
+        kind,
+        req,
+        prompt_ids,
+        "prompt",
+        req.logprobs,
+        max_model_len=max_model_len,
+        vocab_size=tokenizer.vocab_size,
+    )
 
 
 def _template_message(role: str, content: str | None, name: str | None) -> dict[str, Any]:
@@ -108,8 +122,10 @@ def _prepare(
     logprobs: int | None,
     *,
     max_model_len: int,
+    vocab_size: int,
 ) -> Prepared:
     max_tokens = _max_tokens(kind, req, len(prompt_ids), prompt_param, max_model_len)
+    _check_extras(req, max_tokens, vocab_size)
     fmt = req.response_format
     sampling = SamplingSpec(
         max_tokens=max_tokens,
@@ -123,6 +139,7 @@ def _prepare(
         logprobs=logprobs,
         json_schema=fmt.json_schema.schema_ if fmt and fmt.json_schema else None,
         json_object=fmt is not None and fmt.type == "json_object",
+        **_extras(req),
     )
     return Prepared(
         kind=kind,
@@ -162,3 +179,43 @@ def _max_tokens(
             param=param,
         )
     return requested
+
+
+def _check_extras(
+    req: ChatCompletionRequest | CompletionRequest, max_tokens: int, vocab_size: int
+) -> None:
+    """The extras' checks that need the model: ids in its vocabulary, a reachable minimum."""
+    for param, ids in req.token_ids_named().items():
+        outside = [i for i in ids if i >= vocab_size]
+        if outside:
+            raise InvalidRequest(
+                f"{param} names token id {outside[0]}, outside this model's vocabulary "
+                f"(ids 0 to {vocab_size - 1}); use ids from the model's tokenizer.",
+                param=param,
+            )
+    if req.min_tokens is not None and req.min_tokens > max_tokens:
+        _, name = req.max_tokens_param
+        raise InvalidRequest(
+            f"min_tokens ({req.min_tokens}) is more than the completion may have "
+            f"({max_tokens}, from {name} or the context left); lower min_tokens.",
+            param="min_tokens",
+        )
+
+
+def _extras(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    """SamplingSpec's vLLM extras; absent fields keep the spec's (vLLM's) defaults."""
+    fields: dict[str, Any] = {
+        "top_k": None if req.top_k is None else max(req.top_k, 0),
+        "min_p": req.min_p,
+        "repetition_penalty": req.repetition_penalty,
+        "min_tokens": req.min_tokens,
+        "stop_token_ids": req.stop_token_ids,
+        "allowed_token_ids": req.allowed_token_ids,
+        "ignore_eos": req.ignore_eos,
+        "skip_special_tokens": req.skip_special_tokens,
+        "spaces_between_special_tokens": req.spaces_between_special_tokens,
+        "include_stop_str_in_output": req.include_stop_str_in_output,
+    }
+    if req.logit_bias:
+        fields["logit_bias"] = {int(k): v for k, v in req.logit_bias.items()}
+    return {name: value for name, value in fields.items() if value is not None}

@@ -29,6 +29,19 @@ class SamplingSpec(msgspec.Struct, kw_only=True, frozen=True):
     # Structured output: a JSON schema, or any JSON object when json_object is set.
     json_schema: dict[str, Any] | None = None
     json_object: bool = False
+    # vLLM's extra sampling parameters (see ebb.frontdoor.openai_extras); the defaults are
+    # vLLM's, so older messages without them mean what they meant before.
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    stop_token_ids: list[int] = []
+    allowed_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] = {}
 
 
 class WorkItem(msgspec.Struct, kw_only=True, frozen=True):

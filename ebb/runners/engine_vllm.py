@@ -129,6 +129,17 @@ def _sampling_params(spec: SamplingSpec) -> SamplingParams:
         logprobs=spec.logprobs,
         structured_outputs=_structured_outputs(spec),
         output_kind=RequestOutputKind.DELTA,
+        top_k=spec.top_k,
+        min_p=spec.min_p,
+        repetition_penalty=spec.repetition_penalty,
+        min_tokens=spec.min_tokens,
+        stop_token_ids=list(spec.stop_token_ids) or None,
+        allowed_token_ids=spec.allowed_token_ids,
+        ignore_eos=spec.ignore_eos,
+        skip_special_tokens=spec.skip_special_tokens,
+        spaces_between_special_tokens=spec.spaces_between_special_tokens,
+        include_stop_str_in_output=spec.include_stop_str_in_output,
+        logit_bias=dict(spec.logit_bias) or None,
     )
 
 

@@ -99,7 +99,10 @@ class FakeEngine:
         choice.produced += 1
         text_so_far = (choice.reply * 8)[: choice.produced].decode(errors="ignore")
         finish: FinishReason | None = None
-        if any(text_so_far.endswith(s) for s in sampling.stop):
+        # As in vLLM, stop conditions other than the length only apply past min_tokens.
+        may_stop = choice.produced > sampling.min_tokens
+        stop_id = bool(token) and token[0] in sampling.stop_token_ids
+        if may_stop and (stop_id or any(text_so_far.endswith(s) for s in sampling.stop)):
             finish, token = "stop", b""
         elif choice.produced >= len(choice.reply) and choice.reply.startswith(b"{"):
             finish = "stop"
