@@ -18,7 +18,8 @@ from typing import Any
 
 import msgspec
 
-from ebb.queue.schema import ChoiceDelta, Finished, Progress, TokenLogprob
+from ebb.queue.schema import ChoiceDelta, Finished, Progress, TokenLogprob, ToolCallFormat
+from ebb.tool_calls import ToolStream, parse
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ class _Choice:
     logprobs: dict[str, list[Any]] | None = None
     finish_reason: str | None = None
     role_sent: bool = False
+    # Streaming with tools: splits the text into content and tool-call deltas.
+    tool_stream: ToolStream | None = None
 
 
 class ResponseBuilder:
@@ -80,6 +83,8 @@ class ResponseBuilder:
     SSE chunk objects to send) or `add` otherwise; then, on `Finished`, take
     `final_chunks` (streaming) or `response` (not). Chunks carry one choice each, as
     OpenAI's do; a chat choice's first chunk carries `delta.role`, its last `finish_reason`.
+    With `tools` (chat only), the text becomes `tool_calls` as `ebb.tool_calls` parses it,
+    and a choice that called tools (auto or required) finishes with "tool_calls".
     """
 
     def __init__(
@@ -92,8 +97,10 @@ class ResponseBuilder:
         n: int,
         include_usage: bool = False,
         logprobs: bool = False,
+        tools: ToolCallFormat | None = None,
     ):
         self.kind = kind
+        self.tools = tools if kind is EndpointKind.CHAT else None
         self.request_id = request_id
         self.model = model
         self.created_s = created_s
@@ -109,18 +116,44 @@ class ResponseBuilder:
         chunks = []
         for delta in progress.choices:
             rendered_logprobs = self._record(delta)
-            if not delta.text and not rendered_logprobs and delta.finish_reason is None:
+            text, calls = self._split_tools(delta.index, delta.text, delta.finish_reason)
+            if not (text or calls or rendered_logprobs) and delta.finish_reason is None:
                 continue  # nothing a client could see yet
-            choice = self._chunk_choice(delta.index, delta.text, rendered_logprobs)
-            chunks.append(self._chunk(choice, finish_reason=delta.finish_reason))
+            choice = self._chunk_choice(delta.index, text, rendered_logprobs, calls)
+            finish = self._finish_reason(delta.index, delta.finish_reason)
+            chunks.append(self._chunk(choice, finish_reason=finish))
         return chunks
+
+    def _split_tools(
+        self, index: int, text: str, finish_reason: str | None
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """A streamed delta's text as (content, tool-call deltas); text alone without tools."""
+        if self.tools is None:
+            return text, []
+        state = self._choices[index]
+        if state.tool_stream is None:
+            state.tool_stream = ToolStream(self.tools)
+        content, calls = state.tool_stream.feed(text)
+        if finish_reason is not None:
+            more_content, more_calls = state.tool_stream.finish()
+            content, calls = content + more_content, calls + more_calls
+        return content, calls
+
+    def _finish_reason(self, index: int, reason: str | None) -> str | None:
+        stream = self._choices[index].tool_stream
+        called = stream is not None and bool(stream.calls)
+        if reason == "stop" and called and self.tools is not None and self.tools.mode != "named":
+            return "tool_calls"
+        return reason
 
     def final_chunks(self, finished: Finished) -> list[dict[str, Any]]:
         chunks = []
         for index, state in enumerate(self._choices):
             if state.finish_reason is None:
                 self._close_unfinished(index, state)
-                chunks.append(self._chunk(self._chunk_choice(index, "", None), "stop"))
+                text, calls = self._split_tools(index, "", "stop")
+                choice = self._chunk_choice(index, text, None, calls)
+                chunks.append(self._chunk(choice, self._finish_reason(index, "stop")))
         if self.include_usage:
             chunks.append(self._envelope(self.kind.chunk_object, [], usage(finished)))
         return chunks
@@ -132,14 +165,30 @@ class ResponseBuilder:
                 self._close_unfinished(index, state)
             text = "".join(state.texts)
             choice: dict[str, Any] = {"index": index}
+            finish_reason = state.finish_reason
             if self.kind is EndpointKind.CHAT:
-                choice["message"] = {"role": "assistant", "content": text}
+                choice["message"], finish_reason = self._message(text, finish_reason)
             else:
                 choice["text"] = text
             choice["logprobs"] = self._accumulated_logprobs(state)
-            choice["finish_reason"] = state.finish_reason
+            choice["finish_reason"] = finish_reason
             choices.append(choice)
         return self._envelope(self.kind.response_object, choices, usage(finished))
+
+    def _message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        if self.tools is None:
+            return {"role": "assistant", "content": text}, finish_reason
+        content, calls = parse(text, self.tools)
+        if not calls:
+            return {"role": "assistant", "content": text}, finish_reason
+        message = {
+            "role": "assistant",
+            "content": content,
+            "tool_calls": [c.to_openai() for c in calls],
+        }
+        if finish_reason == "stop" and self.tools.mode != "named":
+            finish_reason = "tool_calls"
+        return message, finish_reason
 
     def _record(self, delta: ChoiceDelta) -> dict[str, Any] | None:
         """Accumulate a delta; returns its logprobs in the OpenAI format, if any."""
@@ -166,14 +215,20 @@ class ResponseBuilder:
         state.finish_reason = "stop"
 
     def _chunk_choice(
-        self, index: int, text: str, logprobs: dict[str, Any] | None
+        self,
+        index: int,
+        text: str,
+        logprobs: dict[str, Any] | None,
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": index}
         if self.kind is EndpointKind.CHAT:
             state = self._choices[index]
             delta: dict[str, Any] = {} if state.role_sent else {"role": "assistant"}
             if text or not state.role_sent:
-                delta["content"] = text
+                delta["content"] = text or (None if tool_calls else "")
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             state.role_sent = True
             choice["delta"] = delta
         else:

@@ -21,6 +21,7 @@ from pydantic_core import PydanticCustomError
 
 from ebb.errors import InvalidRequest
 from ebb.frontdoor.openai_extras import BEAM_ONLY, SamplingExtras
+from ebb.frontdoor.openai_tools import ToolCallMessagePart, ToolFields
 
 MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS = 20
@@ -31,11 +32,8 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 # SDKs often send these explicitly with their neutral value (and echo back null fields of
 # an assistant message they received), so those are accepted and dropped; anything else is
 # refused with the reason rather than silently ignored.
-_NO_TOOLS = "function calling is not supported"
+_NO_TOOLS = "the deprecated functions API is not supported; use tools and tool_choice"
 _CHAT_UNSUPPORTED: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "tools": (_NO_TOOLS, (None, [])),
-    "tool_choice": (_NO_TOOLS, (None, "none", "auto")),
-    "parallel_tool_calls": (_NO_TOOLS, (None, True, False)),
     "functions": (_NO_TOOLS, (None, [])),
     "function_call": (_NO_TOOLS, (None, "none", "auto")),
     "store": ("stored completions are not supported", (None, False)),
@@ -53,9 +51,7 @@ _COMPLETION_UNSUPPORTED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "best_of": ("best_of is not supported; use n", (None, 1)),
 }
 _MESSAGE_UNSUPPORTED: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "tool_calls": (_NO_TOOLS, (None, [])),
     "function_call": (_NO_TOOLS, (None,)),
-    "tool_call_id": (_NO_TOOLS, (None,)),
     "refusal": ("refusals are not supported", (None,)),
     "annotations": ("annotations are not supported", (None, [])),
     "audio": ("only text is supported", (None,)),
@@ -136,11 +132,14 @@ class ResponseFormat(_Strict):
 
 
 class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant", "developer"]
+    role: Literal["system", "user", "assistant", "developer", "tool"]
     # Text content parts arrive joined with "\n" (as vLLM joins them); None only for an
     # assistant turn, which OpenAI allows to be empty.
     content: str | None = None
     name: str | None = None
+    # An assistant turn's calls; a tool turn's answer names the call it answers.
+    tool_calls: list[ToolCallMessagePart] | None = None
+    tool_call_id: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -150,8 +149,8 @@ class ChatMessage(_Strict):
     @field_validator("role", mode="before")
     @classmethod
     def _known_role(cls, value: Any) -> Any:
-        if value in ("tool", "function"):
-            raise _invalid(f"messages with role {value!r} are not supported ({_NO_TOOLS})")
+        if value == "function":
+            raise _invalid(f"messages with role 'function' are not supported ({_NO_TOOLS})")
         return value
 
     @field_validator("content", mode="before")
@@ -181,6 +180,15 @@ class ChatMessage(_Strict):
     def _content_required(self) -> ChatMessage:
         if self.content is None and self.role != "assistant":
             raise _invalid(f"content is required in a {self.role!r} message", at="content")
+        if self.tool_calls and self.role != "assistant":
+            raise _invalid("only assistant messages carry tool_calls", at="tool_calls")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise _invalid(
+                "a 'tool' message needs tool_call_id, the id of the call it answers"
+                if self.role == "tool"
+                else "only 'tool' messages carry tool_call_id",
+                at="tool_call_id",
+            )
         return self
 
 
@@ -239,7 +247,7 @@ class _SamplingRequest(SamplingExtras):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(_SamplingRequest, ToolFields):
     _unsupported = _CHAT_UNSUPPORTED
 
     messages: list[ChatMessage] = Field(min_length=1)

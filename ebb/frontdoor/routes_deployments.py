@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 import msgspec
 from fastapi import APIRouter
@@ -15,7 +15,7 @@ from ebb.frontdoor.auth import AdminDep, CallerDep
 from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.frontdoor.services import ServicesDep
 from ebb.queue.platform import PlatformState
-from ebb.queue.schema import DeploymentSpec, RunnerState
+from ebb.queue.schema import DeploymentSpec, RunnerState, ServingOptions
 
 router = APIRouter(prefix="/v1/deployments")
 
@@ -28,6 +28,19 @@ DeploymentName = Annotated[
     str,
     StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$"),
 ]
+
+
+class ServingBody(BaseModel):
+    """DeploymentSpec.serving: how the model meets the OpenAI API (absent: unchanged)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tool_parser: Literal["", "none", "hermes", "llama3_json", "mistral"] | None = Field(
+        None, description="How replies become tool calls; empty: from the chat template."
+    )
+    chat_template: str | None = Field(
+        None, max_length=65536, description="A Jinja chat template instead of the model's."
+    )
 
 
 class DeploymentPatch(BaseModel):
@@ -53,6 +66,7 @@ class DeploymentPatch(BaseModel):
     price_per_gpu_second_micros: int | None = Field(
         None, ge=0, le=MAX_PRICE_MICROS, description="What the owner pays per GPU-second."
     )
+    serving: ServingBody | None = None
 
 
 class DeploymentCreate(DeploymentPatch):
@@ -66,6 +80,14 @@ class DeploymentCreate(DeploymentPatch):
         self.min_replicas = 0 if self.min_replicas is None else self.min_replicas
         self.max_replicas = 1 if self.max_replicas is None else self.max_replicas
         return self
+
+
+def _fields(body: DeploymentPatch, serving: ServingOptions) -> dict[str, Any]:
+    """The body's fields for DeploymentSpec, `serving` merged over the current options."""
+    fields = body.model_dump(exclude_none=True)
+    if "serving" in fields:
+        fields["serving"] = msgspec.structs.replace(serving, **fields["serving"])
+    return fields
 
 
 def _check_bounds(spec: DeploymentSpec) -> None:
@@ -91,7 +113,7 @@ async def deployment_view(state: PlatformState, spec: DeploymentSpec) -> dict:
     queue = await state.queue_snapshot(spec.name)
     return {
         "object": "deployment",
-        **msgspec.structs.asdict(spec),
+        **msgspec.to_builtins(spec),
         "status": _summary(counts, status),
         "replicas": counts,
         "queue_depth": queue.depth,
@@ -148,7 +170,7 @@ async def create_deployment(
     body: DeploymentCreate, caller: AdminDep, services: ServicesDep
 ) -> dict:
     _check_source(services.engines, body.source)
-    spec = DeploymentSpec(**body.model_dump(exclude_none=True), created_at_s=time.time())
+    spec = DeploymentSpec(**_fields(body, ServingOptions()), created_at_s=time.time())
     _check_bounds(spec)
     if not await services.state.put_deployment(spec, create_only=True):
         raise Conflict(
@@ -190,7 +212,7 @@ async def patch_deployment(
     name: str, body: DeploymentPatch, caller: AdminDep, services: ServicesDep
 ) -> dict:
     spec = await _get(services.state, name)
-    spec = msgspec.structs.replace(spec, **body.model_dump(exclude_none=True))
+    spec = msgspec.structs.replace(spec, **_fields(body, spec.serving))
     _check_bounds(spec)
     await services.state.put_deployment(spec)
     await services.state.wake(spec.name)

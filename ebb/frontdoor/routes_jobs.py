@@ -239,6 +239,7 @@ async def _prepare(services: Services, spec: DeploymentSpec, payload: JobCreate)
             model.tokenizer,
             max_model_len=model.max_model_len,
             max_n=services.settings.max_n,
+            serving=spec.serving,
         )
     except InvalidRequest as e:
         e.param = f"body.{e.param}" if e.param else "body"
@@ -277,6 +278,7 @@ def _new_record(
         webhook_url=webhook.url if webhook else "",
         webhook_events=sorted(set(webhook.events)) if webhook else [],
         metadata=payload.metadata,
+        tools=prepared.tools,
     )
 
 

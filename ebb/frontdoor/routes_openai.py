@@ -16,6 +16,7 @@ from ebb.errors import EbbError, InvalidRequest, JobError, NotFound
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.execution import ClientGone, Running, unless_disconnected
+from ebb.frontdoor.model_cards import model_card
 from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
 from ebb.frontdoor.ratelimit import Reservation
 from ebb.frontdoor.services import Services, ServicesDep
@@ -36,13 +37,19 @@ router = APIRouter(prefix="/v1")
 @router.get("/models")
 async def list_models(caller: CallerDep, services: ServicesDep) -> dict:
     specs = await services.state.list_deployments()
-    return {
-        "object": "list",
-        "data": [
-            {"id": s.name, "object": "model", "created": int(s.created_at_s), "owned_by": "ebb"}
-            for s in specs
-        ],
-    }
+    return {"object": "list", "data": [await model_card(services.catalog, s) for s in specs]}
+
+
+@router.get("/models/{model_id}")
+async def retrieve_model(model_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+    spec = await services.state.get_deployment(model_id)
+    if spec is None:
+        raise NotFound(
+            f"The model {model_id!r} does not exist. GET /v1/models lists the deployed models.",
+            param="model",
+            code="model_not_found",
+        )
+    return await model_card(services.catalog, spec)
 
 
 @router.post("/chat/completions")
@@ -91,6 +98,7 @@ async def _serve(
         model.tokenizer,
         max_model_len=model.max_model_len,
         max_n=services.settings.max_n,
+        serving=spec.serving,
     )
     request_id = new_request_id(kind)
     work = WorkItem(

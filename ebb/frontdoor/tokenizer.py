@@ -7,6 +7,7 @@ the real prompt length. The model's context length is the caller's business, not
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,7 +27,16 @@ class PromptTokenizer(Protocol):
     are safe to call from several threads at once.
     """
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> list[int]: ...
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        chat_template: str = "",
+    ) -> list[int]: ...
+
+    def chat_template_text(self, override: str = "") -> str:
+        """The template render_chat would use ("" if none): tool support is read from it."""
+        ...
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -62,8 +72,18 @@ class HfPromptTokenizer:
     def has_chat_template(self) -> bool:
         return getattr(self._tokenizer, "chat_template", None) is not None
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        if not self.has_chat_template:
+    def chat_template_text(self, override: str = "") -> str:
+        template = override or getattr(self._tokenizer, "chat_template", None) or ""
+        # A few models ship several named templates; any of them mentioning tools counts.
+        return template if isinstance(template, str) else json.dumps(template)
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        chat_template: str = "",
+    ) -> list[int]:
+        if not (chat_template or self.has_chat_template):
             raise InvalidRequest(
                 "This model has no chat template, so it cannot serve /v1/chat/completions; "
                 "send a plain prompt to /v1/completions instead.",
@@ -77,7 +97,11 @@ class HfPromptTokenizer:
                 # template already holds them, and transformers 5 returns a BatchEncoding
                 # rather than ids when asked to tokenize directly.
                 text = self._tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, tokenize=False
+                    messages,
+                    tools=tools,
+                    chat_template=chat_template or None,
+                    add_generation_prompt=True,
+                    tokenize=False,
                 )
             except TemplateSyntaxError:
                 raise  # the model's template is broken: a server problem, not the caller's
@@ -97,11 +121,21 @@ class HfPromptTokenizer:
 class ByteTokenizer:
     """UTF-8 bytes as token ids (0..255), for the fake engine in tests.
 
-    Chat rendering is "<|role|>content\\n" per message followed by "<|assistant|>".
+    Chat rendering is "<|role|>content\\n" per message followed by "<|assistant|>"; tools,
+    when given, come first as "<|tools|>" and their JSON.
     """
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        rendered = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages)
+    def chat_template_text(self, override: str = "") -> str:
+        return override
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        chat_template: str = "",
+    ) -> list[int]:
+        rendered = f"<|tools|>{json.dumps(tools)}\n" if tools else ""
+        rendered += "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages)
         return self.encode(rendered + "<|assistant|>")
 
     def encode(self, text: str) -> list[int]:

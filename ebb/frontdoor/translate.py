@@ -15,8 +15,9 @@ from typing import Any
 from ebb.errors import InvalidRequest
 from ebb.frontdoor.openai_schema import ChatCompletionRequest, CompletionRequest
 from ebb.frontdoor.tokenizer import PromptTokenizer
+from ebb.frontdoor.tool_prompt import ToolPlan, plan_tools, template_messages
 from ebb.openai_responses import EndpointKind, ResponseBuilder
-from ebb.queue.schema import SamplingSpec
+from ebb.queue.schema import SamplingSpec, ServingOptions, ToolCallFormat
 
 # OpenAI's documented default for the legacy completions endpoint; chat defaults to the
 # rest of the context instead.
@@ -27,7 +28,8 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16
 class Prepared:
     """A request ready for the queue, plus what the response needs to know about it.
 
-    `logprobs` says whether choices carry logprobs; their format follows `kind`.
+    `logprobs` says whether choices carry logprobs; their format follows `kind`; `tools`
+    says how a chat reply's text becomes tool calls (None: it is plain content).
     """
 
     kind: EndpointKind
@@ -37,6 +39,7 @@ class Prepared:
     stream: bool
     include_usage: bool
     logprobs: bool
+    tools: ToolCallFormat | None = None
 
     def builder(self, request_id: str, created_s: int) -> ResponseBuilder:
         return ResponseBuilder(
@@ -47,16 +50,28 @@ class Prepared:
             n=self.sampling.n,
             include_usage=self.include_usage,
             logprobs=self.logprobs,
+            tools=self.tools,
         )
 
 
 def prepare_chat(
-    req: ChatCompletionRequest, tokenizer: PromptTokenizer, *, max_model_len: int, max_n: int
+    req: ChatCompletionRequest,
+    tokenizer: PromptTokenizer,
+    *,
+    max_model_len: int,
+    max_n: int,
+    serving: ServingOptions | None = None,
 ) -> Prepared:
-    """Render the conversation with the model's chat template and size the completion."""
+    """Render the conversation with the model's chat template and size the completion.
+
+    `serving` holds the deployment's tool parser and chat template (defaults if None).
+    """
     _check_n(req.n, max_n, req.temperature)
-    messages = [_template_message(m.role, m.content, m.name) for m in req.messages]
-    prompt_ids = tokenizer.render_chat(messages)
+    serving = serving or ServingOptions()
+    template = tokenizer.chat_template_text(serving.chat_template)
+    plan = plan_tools(req, template, serving)
+    messages, tools = template_messages(req, template, plan)
+    prompt_ids = tokenizer.render_chat(messages, tools, serving.chat_template)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return _prepare(
         EndpointKind.CHAT,
@@ -66,11 +81,17 @@ def prepare_chat(
         logprobs,
         max_model_len=max_model_len,
         vocab_size=tokenizer.vocab_size,
+        plan=plan,
     )
 
 
 def prepare_completion(
-    req: CompletionRequest, tokenizer: PromptTokenizer, *, max_model_len: int, max_n: int
+    req: CompletionRequest,
+    tokenizer: PromptTokenizer,
+    *,
+    max_model_len: int,
+    max_n: int,
+    serving: ServingOptions | None = None,
 ) -> Prepared:
     """Tokenize the prompt as-is and size the completion."""
     _check_n(req.n, max_n, req.temperature)
@@ -87,16 +108,6 @@ def prepare_completion(
         max_model_len=max_model_len,
         vocab_size=tokenizer.vocab_size,
     )
-
-
-def _template_message(role: str, content: str | None, name: str | None) -> dict[str, Any]:
-    # Chat templates predate OpenAI's "developer" role and many raise on unknown roles;
-    # OpenAI itself treats developer messages as the system prompt.
-    message: dict[str, Any] = {"role": "system" if role == "developer" else role}
-    message["content"] = content or ""
-    if name is not None:
-        message["name"] = name
-    return message
 
 
 def _check_n(n: int | None, max_n: int, temperature: float | None) -> None:
@@ -123,10 +134,15 @@ def _prepare(
     *,
     max_model_len: int,
     vocab_size: int,
+    plan: ToolPlan | None = None,
 ) -> Prepared:
     max_tokens = _max_tokens(kind, req, len(prompt_ids), prompt_param, max_model_len)
     _check_extras(req, max_tokens, vocab_size)
     fmt = req.response_format
+    plan = plan or ToolPlan(None)
+    extras = _extras(req)
+    if plan.skip_special_tokens is not None:
+        extras.setdefault("skip_special_tokens", plan.skip_special_tokens)
     sampling = SamplingSpec(
         max_tokens=max_tokens,
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -137,9 +153,11 @@ def _prepare(
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         logprobs=logprobs,
-        json_schema=fmt.json_schema.schema_ if fmt and fmt.json_schema else None,
+        json_schema=plan.json_schema
+        or (fmt.json_schema.schema_ if fmt and fmt.json_schema else None),
         json_object=fmt is not None and fmt.type == "json_object",
-        **_extras(req),
+        structural_tag=plan.structural_tag,
+        **extras,
     )
     return Prepared(
         kind=kind,
@@ -149,6 +167,7 @@ def _prepare(
         stream=bool(req.stream),
         include_usage=req.include_usage,
         logprobs=logprobs is not None,
+        tools=plan.fmt,
     )
 
 

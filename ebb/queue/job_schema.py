@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from ebb.queue.schema import WorkItem
+from ebb.queue.schema import ToolCallFormat, WorkItem
 
 
 class JobStatus(enum.StrEnum):
@@ -82,6 +82,8 @@ class JobRecord(msgspec.Struct, kw_only=True):
     webhook_url: str = ""
     webhook_events: list[JobEvent] = []
     metadata: dict[str, str] = {}
+    # Set when the chat request declared tools: how its result's text becomes tool calls.
+    tools: ToolCallFormat | None = None
     result: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
     error: JobErrorInfo | None = None
@@ -125,7 +127,7 @@ class DeliveryAttempt(msgspec.Struct, kw_only=True, frozen=True):
 
 
 _JSON_FIELDS = frozenset(
-    {"work", "webhook_events", "metadata", "result", "usage", "error", "last_error"}
+    {"work", "webhook_events", "metadata", "result", "usage", "error", "last_error", "tools"}
 )
 
 

@@ -29,6 +29,9 @@ class SamplingSpec(msgspec.Struct, kw_only=True, frozen=True):
     # Structured output: a JSON schema, or any JSON object when json_object is set.
     json_schema: dict[str, Any] | None = None
     json_object: bool = False
+    # Structured output once triggered (JSON text of xgrammar's structural tag): strict
+    # functions' arguments in a reply that may also be text.
+    structural_tag: str | None = None
     # vLLM's extra sampling parameters (see ebb.frontdoor.openai_extras); the defaults are
     # vLLM's, so older messages without them mean what they meant before.
     top_k: int = 0
@@ -42,6 +45,23 @@ class SamplingSpec(msgspec.Struct, kw_only=True, frozen=True):
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] = {}
+
+
+ToolMode = Literal["auto", "required", "named"]
+
+
+class ToolCallFormat(msgspec.Struct, kw_only=True, frozen=True):
+    """How a chat reply's text becomes OpenAI tool calls (see ebb.tool_calls).
+
+    auto: the model may call tools in `parser`'s syntax (hermes, llama3_json, mistral);
+    required: the text is a JSON array of {"name", "parameters"} (guided decoding);
+    named: the text is the arguments of `function` (guided decoding).
+    """
+
+    mode: ToolMode
+    parser: str = "hermes"
+    function: str = ""
+    parallel: bool = True
 
 
 class WorkItem(msgspec.Struct, kw_only=True, frozen=True):
@@ -127,6 +147,16 @@ def decode_work(data: bytes) -> WorkItem:
 # --- platform records kept in Redis ------------------------------------------------------
 
 
+class ServingOptions(msgspec.Struct, kw_only=True, frozen=True):
+    """How a deployment's model meets the OpenAI API (beyond the engine's own options)."""
+
+    # "" picks the parser from the model's chat template (hermes when it does not say);
+    # "none" turns tool calling off for this deployment.
+    tool_parser: str = ""
+    # A Jinja chat template used instead of the model's own ("" keeps the model's).
+    chat_template: str = ""
+
+
 class DeploymentSpec(msgspec.Struct, kw_only=True):
     """What an operator asked for; runtime state (runners, queue) is derived, not stored."""
 
@@ -149,6 +179,7 @@ class DeploymentSpec(msgspec.Struct, kw_only=True):
     price_per_1m_input_tokens_micros: int = 0
     price_per_1m_output_tokens_micros: int = 0
     price_per_gpu_second_micros: int = 0
+    serving: ServingOptions = msgspec.field(default_factory=ServingOptions)
 
 
 class RunnerState(enum.StrEnum):

@@ -110,6 +110,8 @@ def _structured_outputs(spec: SamplingSpec) -> StructuredOutputsParams | None:
         return StructuredOutputsParams(json=spec.json_schema)
     if spec.json_object:
         return StructuredOutputsParams(json_object=True)
+    if spec.structural_tag is not None:
+        return StructuredOutputsParams(structural_tag=spec.structural_tag)
     return None
 
 

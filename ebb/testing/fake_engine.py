@@ -7,6 +7,8 @@ can predict text and token counts exactly.
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -35,6 +37,26 @@ class _Request:
         return sum(c.produced for c in self.choices)
 
 
+def _reply(prompt_token_ids: list[int], sampling: SamplingSpec) -> bytes:
+    """What the fake model says: JSON under guided decoding, a tool call when the prompt
+    offers tools and no tool result is in yet (in hermes syntax, calling the first
+    function listed), else FAKE_REPLY."""
+    schema = sampling.json_schema
+    if schema is not None and schema.get("type") == "array":  # tool_choice "required"
+        name = schema["items"]["anyOf"][0]["properties"]["name"]["enum"][0]
+        return json.dumps([{"name": name, "parameters": json.loads(FAKE_JSON_REPLY)}]).encode()
+    if sampling.json_object or schema is not None:
+        return FAKE_JSON_REPLY.encode()
+    prompt = bytes(t for t in prompt_token_ids if t < 256)
+    offered = re.search(rb'<tools>\n\{"type": "function", "function": \{"name": "([^"]+)"', prompt)
+    if b"<|tool|>" in prompt:
+        offered = None  # a tool's result came back: the model answers in words
+    if offered is not None:
+        call = {"name": offered.group(1).decode(), "arguments": json.loads(FAKE_JSON_REPLY)}
+        return f"<tool_call>{json.dumps(call)}</tool_call>".encode()
+    return (FAKE_REPLY * 8).encode()
+
+
 class FakeEngine:
     def __init__(self, model: FakeModel):
         self.model = model
@@ -57,8 +79,7 @@ class FakeEngine:
     ) -> None:
         if sampling.max_tokens < 1:
             raise EngineRequestError("max_tokens must be at least 1")
-        json_mode = sampling.json_object or sampling.json_schema is not None
-        reply = (FAKE_JSON_REPLY if json_mode else FAKE_REPLY * 8).encode()
+        reply = _reply(prompt_token_ids, sampling)
         request = _Request(prompt_tokens=len(prompt_token_ids), sampling=sampling)
         request.choices = [_Choice(i, reply) for i in range(sampling.n)]
         self._requests[request_id] = request
@@ -104,7 +125,7 @@ class FakeEngine:
         stop_id = bool(token) and token[0] in sampling.stop_token_ids
         if may_stop and (stop_id or any(text_so_far.endswith(s) for s in sampling.stop)):
             finish, token = "stop", b""
-        elif choice.produced >= len(choice.reply) and choice.reply.startswith(b"{"):
+        elif choice.produced >= len(choice.reply) and not choice.reply.startswith(b"The"):
             finish = "stop"
         elif choice.produced >= sampling.max_tokens:
             finish = "length"

@@ -147,6 +147,7 @@ class JobCollector:
             created_s=record.created_ms // 1000,
             n=record.work.sampling.n,
             logprobs=record.work.sampling.logprobs is not None,
+            tools=record.tools,
         )
         for event in await self._store.attempt_events(record.request_id):
             if isinstance(event, Progress):

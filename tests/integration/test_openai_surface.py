@@ -3,9 +3,11 @@ vLLM's sampling extras, model facts, tool calling."""
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
-from support import Platform, deploy, temp_home
+from support import Platform, deploy, temp_home, wait_until
 
 from ebb.queue import keys
 from ebb.testing.fake_model import FAKE_REPLY
@@ -24,7 +26,7 @@ def platform():
 
 @pytest.fixture(scope="module")
 def client(platform, admin):
-    deploy(admin, "fake", source="fake://m?ctx=512", idle_timeout_s=60)
+    deploy(admin, "fake", source="fake://m?ctx=4096", idle_timeout_s=60)
     return platform.openai()
 
 
@@ -66,3 +68,111 @@ def test_bad_extras_are_400_naming_the_parameter(client, platform_redis, extra, 
     assert error["param"] == param and error["type"] == "invalid_request_error"
     assert param.split(".")[0] in error["message"]
     assert platform_redis.zcard(keys.queue("fake")) == 0
+
+
+# --- models -----------------------------------------------------------------------------
+
+
+def test_model_retrieve_and_facts(client, admin):
+    model = client.models.retrieve("fake")
+    assert model.id == "fake" and model.object == "model" and model.owned_by == "ebb"
+    card = admin.get("/v1/models/fake").json()
+    assert card["max_model_len"] == 4096
+    assert card["capabilities"] == {
+        "chat_completions": True,
+        "completions": True,
+        "embeddings": False,
+        "tools": True,
+        "tool_choice_auto": True,
+    }
+    listed = {m["id"]: m for m in admin.get("/v1/models").json()["data"]}
+    assert listed["fake"] == card
+
+
+def test_unknown_model_is_openai_404(client):
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("no-such-model")
+    assert info.value.body["code"] == "model_not_found"
+    assert info.value.body["param"] == "model" and "no-such-model" in info.value.body["message"]
+
+
+# --- tools ------------------------------------------------------------------------------
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}},
+    },
+}
+FORCED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def test_auto_tool_call_whole_and_streamed(client):
+    reply = client.chat.completions.create(model="fake", messages=MESSAGES, tools=[WEATHER])
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    assert json.loads(call.function.arguments) == {"answer": "Paris"}
+
+    stream = client.chat.completions.create(
+        model="fake", messages=MESSAGES, tools=[WEATHER], stream=True
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == ""
+    assert json.loads(_streamed_arguments(chunks)) == {"answer": "Paris"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("choice", ["required", FORCED])
+def test_forced_tool_calls(client, choice):
+    kwargs = {"model": "fake", "messages": MESSAGES, "tools": [WEATHER], "tool_choice": choice}
+    reply = client.chat.completions.create(**kwargs)
+    (call,) = reply.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"answer": "Paris"}
+    assert reply.choices[0].finish_reason == ("tool_calls" if choice == "required" else "stop")
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    assert json.loads(_streamed_arguments(chunks)) == {"answer": "Paris"}
+
+
+def test_tool_result_turn(client):
+    first = client.chat.completions.create(model="fake", messages=MESSAGES, tools=[WEATHER])
+    message = first.choices[0].message
+    conversation = [
+        *MESSAGES,
+        message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "sunny, 21 C"},
+    ]
+    reply = client.chat.completions.create(
+        model="fake", messages=conversation, tools=[WEATHER], max_tokens=12
+    )
+    assert reply.choices[0].message.content == FAKE_REPLY[:12]
+    assert reply.choices[0].message.tool_calls is None
+
+
+def test_tool_call_through_a_job(admin):
+    body = {"messages": MESSAGES, "tools": [WEATHER], "tool_choice": "required"}
+    response = admin.post(
+        "/v1/jobs", json={"model": "fake", "endpoint": "chat.completions", "body": body}
+    )
+    assert response.status_code == 202, response.text
+    job_id = response.json()["id"]
+
+    def done():
+        job = admin.get(f"/v1/jobs/{job_id}").json()
+        return job if job["status"] == "succeeded" else None
+
+    job = wait_until(done, 60, "the job to succeed")
+    (call,) = job["result"]["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"answer": "Paris"}
+
+
+def _streamed_arguments(chunks) -> str:
+    calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert calls and calls[0].id and calls[0].function.name == "get_weather"
+    assert all(tc.index == 0 for tc in calls)
+    return "".join(tc.function.arguments or "" for tc in calls)
