@@ -1,0 +1,163 @@
+"""The OpenAI surface beyond plain chat on the real vLLM engine and the default model,
+through the official `openai` client: vLLM's sampling extras, model facts, tool calls."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from support import real_engine_platform
+
+from ebb.config import DEFAULT_MODEL_NAME
+
+pytestmark = pytest.mark.e2e
+
+QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+SCHEMA = WEATHER["function"]["parameters"]
+FORCED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(scope="module")
+def platform(default_local_model):
+    # A long admission window: the first request waits out a cold start on a busy CPU.
+    with real_engine_platform(
+        "ebb-e2e-oai-", default_model=True, EBB_PREWARM="1", EBB_ADMISSION_TIMEOUT_S="240"
+    ) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def client(platform):
+    return platform.openai(timeout=300)
+
+
+def test_min_tokens_equal_to_max_tokens_gives_exactly_that_many(client):
+    for _ in range(2):  # chat, then completions
+        reply = client.chat.completions.create(
+            model=DEFAULT_MODEL_NAME,
+            messages=[{"role": "user", "content": "Say OK."}],
+            max_tokens=10,
+            temperature=0,
+            extra_body={"min_tokens": 10, "top_k": 20, "repetition_penalty": 1.1},
+        )
+        assert reply.usage.completion_tokens == 10
+    reply = client.completions.create(
+        model=DEFAULT_MODEL_NAME,
+        prompt="Paris.",
+        max_tokens=10,
+        extra_body={"min_tokens": 10, "stop_token_ids": [2], "min_p": 0.05},
+    )
+    assert reply.usage.completion_tokens == 10
+
+
+def test_logit_bias_forces_a_token(client, default_local_model):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(default_local_model.path)
+    (token_id,) = tokenizer.encode(" banana", add_special_tokens=False)[:1]
+    reply = client.completions.create(
+        model=DEFAULT_MODEL_NAME,
+        prompt="The capital of France is",
+        max_tokens=3,
+        temperature=0,
+        logit_bias={str(token_id): 100},
+    )
+    assert reply.choices[0].text == tokenizer.decode([token_id] * 3)
+
+
+def test_model_facts(client, admin):
+    model = client.models.retrieve(DEFAULT_MODEL_NAME)
+    assert model.id == DEFAULT_MODEL_NAME
+    card = admin.get(f"/v1/models/{DEFAULT_MODEL_NAME}").json()
+    assert card["max_model_len"] > 0
+    assert card["capabilities"]["chat_completions"] and card["capabilities"]["tools"]
+
+
+@pytest.mark.parametrize("choice", [FORCED, "required"])
+def test_forced_tool_call_matches_the_schema(client, choice):
+    reply = client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME,
+        messages=QUESTION,
+        tools=[WEATHER],
+        tool_choice=choice,
+        temperature=0,
+        max_tokens=100,
+    )
+    calls = reply.choices[0].message.tool_calls
+    assert calls, "a forced choice must call"
+    for call in calls:  # "required" may call more than once: parallel calls are allowed
+        assert call.function.name == "get_weather" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMA)
+    assert reply.choices[0].finish_reason == ("tool_calls" if choice == "required" else "stop")
+
+
+@pytest.mark.parametrize("choice", [FORCED, "required"])
+def test_forced_tool_call_streamed_assembles_into_valid_json(client, choice):
+    stream = client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME,
+        messages=QUESTION,
+        tools=[WEATHER],
+        tool_choice=choice,
+        temperature=0,
+        max_tokens=100,
+        stream=True,
+    )
+    deltas = [tc for c in stream if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assembled: dict[int, str] = {}
+    for delta in deltas:
+        if delta.index not in assembled:  # a call's first delta names it
+            assert delta.id and delta.function.name == "get_weather"
+        assembled[delta.index] = assembled.get(delta.index, "") + (delta.function.arguments or "")
+    assert sorted(assembled) == list(range(len(assembled))) and assembled
+    for arguments in assembled.values():
+        jsonschema.validate(json.loads(arguments), SCHEMA)
+
+
+def test_tool_result_turn(client):
+    first = client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME,
+        messages=QUESTION,
+        tools=[WEATHER],
+        tool_choice=FORCED,
+        temperature=0,
+        max_tokens=100,
+    )
+    message = first.choices[0].message
+    result = "Sunny, 21 degrees celsius."
+    conversation = [
+        *QUESTION,
+        message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": result},
+    ]
+    reply = client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME,
+        messages=conversation,
+        tools=[WEATHER],
+        tool_choice="none",
+        temperature=0,
+        max_tokens=32,
+    )
+    choice = reply.choices[0]
+    assert choice.message.content and choice.message.tool_calls is None
+    # The call and its result are part of the prompt the model answered.
+    alone = client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME, messages=QUESTION, max_tokens=1
+    )
+    assert reply.usage.prompt_tokens > alone.usage.prompt_tokens + len(result.split())
