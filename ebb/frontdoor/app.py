@@ -17,6 +17,7 @@ from ebb.frontdoor import (
     routes_admin,
     routes_console,
     routes_deployments,
+    routes_embeddings,
     routes_jobs,
     routes_limits,
     routes_openai,
@@ -44,6 +45,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="ebb", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     app.include_router(routes_openai.router)
+    app.include_router(routes_embeddings.router)
     app.include_router(routes_deployments.router)
     app.include_router(routes_usage.router)
     app.include_router(routes_limits.router)

@@ -18,7 +18,8 @@ from ebb.queue.schema import DeploymentSpec
 
 async def model_card(catalog: ModelCatalog, spec: DeploymentSpec) -> dict[str, Any]:
     info = await _known_info(catalog, spec)
-    chat = None if info is None else _serves_chat(info, spec)
+    embed = spec.serving.task == "embed"
+    chat = None if info is None else _serves_chat(info, spec) and not embed
     return {
         "id": spec.name,
         "object": "model",
@@ -27,8 +28,8 @@ async def model_card(catalog: ModelCatalog, spec: DeploymentSpec) -> dict[str, A
         "max_model_len": spec.max_model_len if info is None else info.max_model_len,
         "capabilities": {
             "chat_completions": chat,
-            "completions": True,
-            "embeddings": False,
+            "completions": not embed,
+            "embeddings": embed,
             # Forced calls need only guided decoding; chosen ones need a parser too.
             "tools": chat,
             "tool_choice_auto": None if chat is None else chat and _auto_tools(spec),

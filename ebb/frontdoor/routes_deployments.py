@@ -41,6 +41,9 @@ class ServingBody(BaseModel):
     chat_template: str | None = Field(
         None, max_length=65536, description="A Jinja chat template instead of the model's."
     )
+    task: Literal["generate", "embed"] | None = Field(
+        None, description="embed: run the weights as an embedding (pooling) model."
+    )
 
 
 class DeploymentPatch(BaseModel):

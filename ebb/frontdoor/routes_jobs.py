@@ -24,7 +24,12 @@ from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
 from ebb.frontdoor.services import Services, ServicesDep
-from ebb.frontdoor.translate import Prepared, prepare_chat, prepare_completion
+from ebb.frontdoor.translate import (
+    Prepared,
+    prepare_chat,
+    prepare_completion,
+    require_generative,
+)
 from ebb.openai_responses import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
 from ebb.queue.job_schema import JobEvent, JobRecord, JobStatus, attempt_request_id
 from ebb.queue.job_store import IdempotencyConflict, JobStore
@@ -231,6 +236,7 @@ async def _prepare(services: Services, spec: DeploymentSpec, payload: JobCreate)
         e.param = f"body.{e.param}" if e.param else "body"
         raise
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
+    require_generative(spec)
     model = await services.catalog.info(spec, wait_s=window_s)
     try:
         return await asyncio.to_thread(

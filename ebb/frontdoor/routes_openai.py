@@ -20,7 +20,12 @@ from ebb.frontdoor.model_cards import model_card
 from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
 from ebb.frontdoor.ratelimit import Reservation
 from ebb.frontdoor.services import Services, ServicesDep
-from ebb.frontdoor.translate import Prepared, prepare_chat, prepare_completion
+from ebb.frontdoor.translate import (
+    Prepared,
+    prepare_chat,
+    prepare_completion,
+    require_generative,
+)
 from ebb.openai_responses import (
     SSE_DONE,
     EndpointKind,
@@ -89,6 +94,7 @@ async def _serve(
             param="model",
             code="model_not_found",
         )
+    require_generative(spec)
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     model = await services.catalog.info(spec, wait_s=window_s)
     # Rendering and tokenizing a long prompt is CPU work: keep it off the event loop.

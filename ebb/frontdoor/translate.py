@@ -17,7 +17,7 @@ from ebb.frontdoor.openai_schema import ChatCompletionRequest, CompletionRequest
 from ebb.frontdoor.tokenizer import PromptTokenizer
 from ebb.frontdoor.tool_prompt import ToolPlan, plan_tools, template_messages
 from ebb.openai_responses import EndpointKind, ResponseBuilder
-from ebb.queue.schema import SamplingSpec, ServingOptions, ToolCallFormat
+from ebb.queue.schema import DeploymentSpec, SamplingSpec, ServingOptions, ToolCallFormat
 
 # OpenAI's documented default for the legacy completions endpoint; chat defaults to the
 # rest of the context instead.
@@ -108,6 +108,16 @@ def prepare_completion(
         max_model_len=max_model_len,
         vocab_size=tokenizer.vocab_size,
     )
+
+
+def require_generative(spec: DeploymentSpec) -> None:
+    """Chat and completions need a generative deployment, not an embedding one."""
+    if spec.serving.task == "embed":
+        raise InvalidRequest(
+            f"The model {spec.name!r} is an embedding deployment; it serves only "
+            "POST /v1/embeddings.",
+            param="model",
+        )
 
 
 def _check_n(n: int | None, max_n: int, temperature: float | None) -> None:

@@ -45,6 +45,11 @@ class SamplingSpec(msgspec.Struct, kw_only=True, frozen=True):
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] = {}
+    # An embedding request (a deployment whose engine runs as a pooling model): the engine
+    # returns the prompt's embedding instead of generating; `dimensions` truncates it
+    # (models trained for that only).
+    embed: bool = False
+    dimensions: int | None = None
 
 
 ToolMode = Literal["auto", "required", "named"]
@@ -103,6 +108,8 @@ class ChoiceDelta(msgspec.Struct, kw_only=True, frozen=True):
     token_count: int
     logprobs: list[TokenLogprob] | None = None
     finish_reason: FinishReason | None = None
+    # An embedding request's result (its only delta), normalized as the model pools it.
+    embedding: list[float] | None = None
 
 
 class Claimed(msgspec.Struct, tag="claimed", frozen=True):
@@ -155,6 +162,9 @@ class ServingOptions(msgspec.Struct, kw_only=True, frozen=True):
     tool_parser: str = ""
     # A Jinja chat template used instead of the model's own ("" keeps the model's).
     chat_template: str = ""
+    # "embed": the engine runs the weights as a pooling (embedding) model, serving only
+    # /v1/embeddings; "generate": chat and completions.
+    task: Literal["generate", "embed"] = "generate"
 
 
 class DeploymentSpec(msgspec.Struct, kw_only=True):

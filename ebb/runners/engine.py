@@ -44,6 +44,8 @@ class EngineOptions:
     seed: int = 0
     # The deployment's source, for engines that serve it without prepared weights.
     source: str = ""
+    # "embed": run the model as a pooling model (requests with SamplingSpec.embed only).
+    task: str = "generate"
 
 
 class EngineAdapter(Protocol):

@@ -22,10 +22,10 @@ from ebb.runners import vllm_compat
 from ebb.runners.engine import EngineOptions, EngineRequestError, StepOutput
 
 if TYPE_CHECKING:
-    from vllm import SamplingParams
+    from vllm import PoolingParams, SamplingParams
     from vllm.engine.arg_utils import EngineArgs
     from vllm.logprobs import Logprob
-    from vllm.outputs import CompletionOutput, RequestOutput
+    from vllm.outputs import CompletionOutput, PoolingRequestOutput, RequestOutput
     from vllm.sampling_params import StructuredOutputsParams
     from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -100,6 +100,9 @@ def _engine_args(options: EngineOptions, cuda: bool) -> EngineArgs:
         disable_log_stats=True,
         # Sleep mode is a GPU feature (a no-op on CPU): it enables the sleeping tier.
         enable_sleep_mode=cuda,
+        # An embedding deployment: vLLM's pooling runner, converting a generative
+        # checkpoint into an embedding model (last-token pooling, normalized) if need be.
+        **({"runner": "pooling", "convert": "embed"} if options.task == "embed" else {}),
     )
 
 
@@ -143,6 +146,12 @@ def _sampling_params(spec: SamplingSpec) -> SamplingParams:
         include_stop_str_in_output=spec.include_stop_str_in_output,
         logit_bias=dict(spec.logit_bias) or None,
     )
+
+
+def _pooling_params(spec: SamplingSpec) -> PoolingParams:
+    from vllm import PoolingParams
+
+    return PoolingParams(task="embed", dimensions=spec.dimensions)
 
 
 def _finish_reason(vllm_reason: str | None) -> FinishReason | None:
@@ -193,8 +202,9 @@ class _Request:
 
 
 class VllmEngine:
-    def __init__(self, engine: LLMEngine, *, sleep_mode: bool = False):
+    def __init__(self, engine: LLMEngine, *, sleep_mode: bool = False, pooling: bool = False):
         self._engine = engine
+        self._pooling = pooling
         self._requests: dict[str, _Request] = {}
         self._closed = False
         self._sleep_mode = sleep_mode
@@ -223,7 +233,7 @@ class VllmEngine:
             "cuda" if cuda else "cpu",
             time.perf_counter() - started,
         )
-        return cls(engine, sleep_mode=cuda)
+        return cls(engine, sleep_mode=cuda, pooling=options.task == "embed")
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec
@@ -233,8 +243,11 @@ class VllmEngine:
 
         if request_id in self._requests:
             raise EngineRequestError(f"request {request_id} is already running")
+        if sampling.embed != self._pooling:
+            kind = "an embedding" if self._pooling else "a generative"
+            raise EngineRequestError(f"this engine runs {kind} model; it cannot serve that")
         try:
-            params = _sampling_params(sampling)
+            params = _pooling_params(sampling) if sampling.embed else _sampling_params(sampling)
             # The renderer turns token ids into the engine input (and checks their length);
             # handing add_request a raw prompt is deprecated in vLLM.
             (engine_input,) = self._engine.renderer.render_cmpl(
@@ -270,13 +283,21 @@ class VllmEngine:
             if request is None:
                 continue  # aborted while this step ran
             deltas, finished = grouped.get(output.request_id, ([], False))
-            deltas += self._deltas(request, output)
+            if self._pooling:
+                deltas.append(self._embedding(request, output))
+            else:
+                deltas += self._deltas(request, output)
             grouped[output.request_id] = (deltas, finished or output.finished)
         return [
             self._step_output(rid, deltas, done)
             for rid, (deltas, done) in grouped.items()
             if deltas or done
         ]
+
+    def _embedding(self, request: _Request, output: PoolingRequestOutput) -> ChoiceDelta:
+        request.prompt_tokens = len(output.prompt_token_ids or ()) or request.prompt_tokens
+        vector = output.outputs.data.flatten().tolist()
+        return ChoiceDelta(index=0, text="", token_count=0, finish_reason="stop", embedding=vector)
 
     def _deltas(self, request: _Request, output: RequestOutput) -> list[ChoiceDelta]:
         """The choices of one RequestOutput with something new; updates the token counts."""

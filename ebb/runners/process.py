@@ -257,6 +257,7 @@ def _load_engine(
         max_num_seqs=spec.max_concurrency,
         kv_cache_gib=settings.kv_cache_gib,
         source=spec.source,
+        task=spec.serving.task,
     )
     return entry.load_engine(options), tier
 

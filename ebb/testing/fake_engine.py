@@ -8,6 +8,7 @@ can predict text and token counts exactly.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Iterable
@@ -57,9 +58,22 @@ def _reply(prompt_token_ids: list[int], sampling: SamplingSpec) -> bytes:
     return (FAKE_REPLY * 8).encode()
 
 
+FAKE_EMBEDDING_DIMS = 8
+
+
+def fake_embedding(prompt_token_ids: list[int], dimensions: int | None) -> list[float]:
+    """A unit vector that depends only on the prompt: equal inputs, equal vectors."""
+    raw = [float(1 + sum(t * (i + 1) for t in prompt_token_ids) % (97 + i)) for i in range(8)]
+    raw = raw[: dimensions or FAKE_EMBEDDING_DIMS]
+    norm = math.sqrt(sum(x * x for x in raw))
+    return [x / norm for x in raw]
+
+
 class FakeEngine:
-    def __init__(self, model: FakeModel):
+    def __init__(self, model: FakeModel, *, pooling: bool = False):
         self.model = model
+        self.pooling = pooling
+        self._embeddings: dict[str, tuple[int, list[float]]] = {}
         self._requests: dict[str, _Request] = {}
         self.aborted: list[str] = []
         self.sleeping = False
@@ -72,13 +86,21 @@ class FakeEngine:
             time.sleep(model.load_s)  # simulates weight loading
         if model.fail:
             raise RuntimeError(f"fake engine {model.name} failed to load (fail=1)")
-        return cls(model)
+        return cls(model, pooling=options.task == "embed")
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec
     ) -> None:
         if sampling.max_tokens < 1:
             raise EngineRequestError("max_tokens must be at least 1")
+        if sampling.embed != self.pooling:
+            raise EngineRequestError("this fake engine does not serve that kind of request")
+        if sampling.embed:
+            if sampling.dimensions is not None and sampling.dimensions > FAKE_EMBEDDING_DIMS:
+                raise EngineRequestError(f"dimensions must be at most {FAKE_EMBEDDING_DIMS}")
+            vector = fake_embedding(prompt_token_ids, sampling.dimensions)
+            self._embeddings[request_id] = (len(prompt_token_ids), vector)
+            return
         reply = _reply(prompt_token_ids, sampling)
         request = _Request(prompt_tokens=len(prompt_token_ids), sampling=sampling)
         request.choices = [_Choice(i, reply) for i in range(sampling.n)]
@@ -86,18 +108,20 @@ class FakeEngine:
 
     def abort(self, request_ids: Iterable[str]) -> None:
         for request_id in request_ids:
+            self._embeddings.pop(request_id, None)
             if self._requests.pop(request_id, None) is not None:
                 self.aborted.append(request_id)
 
     def has_unfinished(self) -> bool:
-        return bool(self._requests)
+        return bool(self._requests or self._embeddings)
 
     def step(self) -> list[StepOutput]:
         if self.sleeping:
             raise RuntimeError("step() on a sleeping engine")
         if self.model.step_ms:
             time.sleep(self.model.step_ms / 1000)  # simulates one forward pass
-        outputs = []
+        outputs = [self._embedded(rid, *done) for rid, done in self._embeddings.items()]
+        self._embeddings.clear()
         for request_id, request in list(self._requests.items()):
             deltas = [self._advance(c, request.sampling) for c in request.choices if not c.done]
             finished = all(c.done for c in request.choices)
@@ -113,6 +137,11 @@ class FakeEngine:
             if finished:
                 del self._requests[request_id]
         return outputs
+
+    @staticmethod
+    def _embedded(request_id: str, prompt_tokens: int, vector: list[float]) -> StepOutput:
+        delta = ChoiceDelta(index=0, text="", token_count=0, finish_reason="stop", embedding=vector)
+        return StepOutput(request_id, [delta], True, prompt_tokens, 0)
 
     def _advance(self, choice: _Choice, sampling: SamplingSpec) -> ChoiceDelta | None:
         at = choice.produced % len(choice.reply)

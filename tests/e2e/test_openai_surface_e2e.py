@@ -161,3 +161,28 @@ def test_tool_result_turn(client):
         model=DEFAULT_MODEL_NAME, messages=QUESTION, max_tokens=1
     )
     assert reply.usage.prompt_tokens > alone.usage.prompt_tokens + len(result.split())
+
+
+def test_embeddings_from_a_pooling_deployment_of_the_default_weights(client, admin):
+    from ebb.config import DEFAULT_MODEL_SOURCE
+
+    created = admin.post(
+        "/v1/deployments",
+        json={
+            "name": "smol-embed",
+            "source": DEFAULT_MODEL_SOURCE,
+            "idle_timeout_s": 30,
+            "serving": {"task": "embed"},
+        },
+    )
+    assert created.status_code == 201, created.text
+    texts = ["The capital of France is Paris.", "The capital of France is Paris.", "Bananas."]
+    reply = client.embeddings.create(model="smol-embed", input=texts)  # base64, decoded
+    vectors = [d.embedding for d in reply.data]
+    assert vectors[0] == pytest.approx(vectors[1], abs=1e-6)
+    assert vectors[0] != pytest.approx(vectors[2], abs=1e-3)
+    assert len(vectors[0]) == 576  # SmolLM2-135M's hidden size
+    assert sum(x * x for x in vectors[0]) == pytest.approx(1.0, rel=1e-3)  # normalized
+    assert reply.usage.prompt_tokens > 0
+    floats = client.embeddings.create(model="smol-embed", input=texts[0], encoding_format="float")
+    assert floats.data[0].embedding == pytest.approx(vectors[0], abs=1e-6)

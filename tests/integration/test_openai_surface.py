@@ -176,3 +176,74 @@ def _streamed_arguments(chunks) -> str:
     assert calls and calls[0].id and calls[0].function.name == "get_weather"
     assert all(tc.index == 0 for tc in calls)
     return "".join(tc.function.arguments or "" for tc in calls)
+
+
+# --- embeddings -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def embedder(admin):
+    deploy(admin, "fake-embed", source="fake://m?ctx=64", serving={"task": "embed"})
+    return "fake-embed"
+
+
+def test_embeddings_float_and_base64(client, embedder, platform_redis):
+    reply = client.embeddings.create(
+        model=embedder, input=["Paris", "Paris", "Rome"], encoding_format="float"
+    )
+    vectors = [d.embedding for d in reply.data]
+    assert [d.index for d in reply.data] == [0, 1, 2]
+    assert vectors[0] == vectors[1] and vectors[0] != vectors[2]
+    assert len(vectors[0]) == 8
+    assert reply.usage.prompt_tokens == len("ParisParisRome") == reply.usage.total_tokens
+    # The SDK asks for base64 by default and decodes it: the same vectors come back.
+    decoded = client.embeddings.create(model=embedder, input=["Paris", "Rome"])
+    assert decoded.data[0].embedding == pytest.approx(vectors[0], rel=1e-6)
+    assert decoded.data[1].embedding == pytest.approx(vectors[2], rel=1e-6)
+    tokens = client.embeddings.create(model=embedder, input=[80, 97], dimensions=4)
+    assert len(tokens.data[0].embedding) == 4 and tokens.usage.prompt_tokens == 2
+
+
+def test_embeddings_are_billed_as_prompt_tokens(admin, embedder):
+    before = _usage(admin, embedder)
+    response = admin.post("/v1/embeddings", json={"model": embedder, "input": "abc"})
+    assert response.status_code == 200, response.text
+    wait_until(lambda: _usage(admin, embedder)["requests"] > before["requests"], 30, "usage")
+    after = _usage(admin, embedder)
+    assert after["requests"] == before["requests"] + 1
+    assert after["prompt_tokens"] == before["prompt_tokens"] + 3
+    assert after["completion_tokens"] == before["completion_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "fake", "input": "x"}, "model"),  # a generative deployment
+        ({"model": "fake-embed", "input": ""}, "input.0"),
+        ({"model": "fake-embed", "input": []}, "input"),
+        ({"model": "fake-embed", "input": "x" * 65}, "input.0"),
+        ({"model": "fake-embed", "input": [[300]]}, "input.0"),
+        ({"model": "fake-embed", "input": "x", "encoding_format": "hex"}, "encoding_format"),
+        ({"model": "fake-embed", "input": "x", "dimensions": 0}, "dimensions"),
+        ({"model": "fake-embed", "input": "x", "extra": 1}, "extra"),
+    ],
+)
+def test_bad_embedding_requests(admin, embedder, body, param):
+    response = admin.post("/v1/embeddings", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_chat_to_an_embedding_deployment_is_refused(client, embedder):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=embedder, messages=MESSAGES)
+    assert info.value.body["param"] == "model" and "embeddings" in info.value.body["message"]
+    card = client.models.retrieve(embedder).model_dump()
+    assert card["capabilities"]["embeddings"] and not card["capabilities"]["completions"]
+
+
+def _usage(admin, deployment: str) -> dict:
+    rows = admin.get("/v1/usage").json()["data"]
+    mine = [r for r in rows if r["deployment"] == deployment]
+    keys = ("requests", "prompt_tokens", "completion_tokens")
+    return {k: sum(r[k] for r in mine) for k in keys}

@@ -1,0 +1,191 @@
+"""`POST /v1/embeddings`, served by deployments whose engine runs as a pooling model
+(`serving.task = "embed"`).
+
+Each input becomes its own work item, admitted, rate-limited and billed (prompt tokens at
+the deployment's input price) exactly like a chat request, so that scale-from-zero, the
+admission window and usage need nothing of their own; a request's inputs run at once and
+its answer waits for all of them. The vectors come back as the engine pooled them
+(normalized), as float lists or, with `encoding_format: "base64"` (what the official SDK
+asks for by default), as little-endian float32 bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import struct
+import time
+import uuid
+from typing import Any, Literal
+
+import msgspec
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ebb.errors import InvalidRequest, JobError, NotFound
+from ebb.frontdoor.auth import CallerDep
+from ebb.frontdoor.caller import Caller
+from ebb.frontdoor.openai_schema import _to_invalid
+from ebb.frontdoor.services import Services, ServicesDep
+from ebb.frontdoor.tokenizer import PromptTokenizer
+from ebb.queue.schema import DeploymentSpec, Failed, Finished, Progress, SamplingSpec, WorkItem
+
+router = APIRouter(prefix="/v1")
+
+MAX_EMBEDDING_INPUTS = 256
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    model: str = Field(min_length=1)
+    # A string, strings, a token array, or token arrays: always a list of one kind here.
+    input: list[str] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _as_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, list) and value and all(_is_token(v) for v in value):
+            return [value]  # one token array
+        return value
+
+    @field_validator("input")
+    @classmethod
+    def _bounded(cls, value: list[str] | list[list[int]]) -> list[str] | list[list[int]]:
+        if not value:
+            raise ValueError("input must not be empty")
+        if len(value) > MAX_EMBEDDING_INPUTS:
+            raise ValueError(f"input may hold at most {MAX_EMBEDDING_INPUTS} items")
+        return value
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_embedding_request(raw: bytes) -> EmbeddingRequest:
+    """Validate an embeddings body; raises InvalidRequest with `param` set."""
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError as e:
+        raise InvalidRequest(f"The request body is not valid JSON ({e}).") from e
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    try:
+        return EmbeddingRequest.model_validate(body)
+    except ValidationError as e:
+        raise _to_invalid(e) from e
+
+
+def tokenize_inputs(
+    req: EmbeddingRequest, tokenizer: PromptTokenizer, max_model_len: int
+) -> list[list[int]]:
+    """Each input's token ids, checked against the vocabulary and the context."""
+    inputs: list[list[int]] = []
+    for i, item in enumerate(req.input):
+        ids = tokenizer.encode(item) if isinstance(item, str) else list(item)
+        if not ids or (isinstance(item, str) and not item):
+            raise InvalidRequest(f"input {i} is empty; send some text.", param=f"input.{i}")
+        if len(ids) > max_model_len:
+            raise InvalidRequest(
+                f"input {i} has {len(ids)} tokens; this model takes at most {max_model_len}. "
+                "Shorten or split it.",
+                param=f"input.{i}",
+            )
+        bad = [t for t in ids if not 0 <= t < tokenizer.vocab_size]
+        if bad:
+            raise InvalidRequest(
+                f"input {i} holds token id {bad[0]}, outside this model's vocabulary "
+                f"(0 to {tokenizer.vocab_size - 1}).",
+                param=f"input.{i}",
+            )
+        inputs.append(ids)
+    return inputs
+
+
+@router.post("/embeddings")
+async def embeddings(request: Request, caller: CallerDep, services: ServicesDep) -> JSONResponse:
+    req = parse_embedding_request(await request.body())
+    spec = await services.state.get_deployment(req.model)
+    if spec is None:
+        raise NotFound(
+            f"The model {req.model!r} does not exist. GET /v1/models lists the deployed models.",
+            param="model",
+            code="model_not_found",
+        )
+    if spec.serving.task != "embed":
+        raise InvalidRequest(
+            f"The model {req.model!r} is a generative deployment; embeddings come from a "
+            'deployment created with "serving": {"task": "embed"}.',
+            param="model",
+        )
+    window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
+    model = await services.catalog.info(spec, wait_s=window_s)
+    inputs = await asyncio.to_thread(tokenize_inputs, req, model.tokenizer, model.max_model_len)
+    async with asyncio.TaskGroup() as group:
+        tasks = [
+            group.create_task(_embed_one(services, caller, spec, ids, req.dimensions))
+            for ids in inputs
+        ]
+    results = [t.result() for t in tasks]
+    prompt_tokens = sum(tokens for _, tokens in results)
+    body = {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": i, "embedding": _encode(vector, req.encoding_format)}
+            for i, (vector, _) in enumerate(results)
+        ],
+        "model": req.model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+    return JSONResponse(body)
+
+
+async def _embed_one(
+    services: Services,
+    caller: Caller,
+    spec: DeploymentSpec,
+    prompt_ids: list[int],
+    dimensions: int | None,
+) -> tuple[list[float], int]:
+    """One input through admission and a runner: its vector and prompt tokens."""
+    work = WorkItem(
+        request_id=f"embd-{uuid.uuid4().hex}",
+        deployment=spec.name,
+        prompt_token_ids=prompt_ids,
+        sampling=SamplingSpec(max_tokens=1, embed=True, dimensions=dimensions),
+        tenant=caller.tenant,
+        enqueued_at_s=time.time(),
+        key_id=caller.key_id,
+        price_per_1m_input_tokens_micros=spec.price_per_1m_input_tokens_micros,
+    )
+    executor = services.executor
+    reservation = await services.limiter.reserve(caller, work)
+    try:
+        running = await executor.admit(work, spec)
+        reservation.ran = True
+        services.metrics.observe_admitted(spec.name, running.queued_s)
+        vector: list[float] | None = None
+        async for event in executor.events(running):
+            reservation.observe(event)
+            if isinstance(event, Progress):
+                vector = next((c.embedding for c in event.choices if c.embedding), vector)
+            elif isinstance(event, Finished) and vector is not None:
+                return vector, event.prompt_tokens
+            elif isinstance(event, Failed):
+                raise JobError(f"The embedding failed: {event.message}", code=event.code)
+        raise JobError("the embedding ended without a vector")
+    finally:
+        await asyncio.shield(reservation.settle())
+
+
+def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
+    if encoding_format == "float":
+        return vector
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
