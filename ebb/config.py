@@ -96,6 +96,8 @@ class Settings(BaseSettings):
     job_max_ttl_s: int = 7 * 86400
     job_retention_s: int = 7 * 86400
     job_max_attempts: int = 3
+    # The Batch API: the largest input file accepted, and its discount is per deployment.
+    batch_file_max_bytes: int = 64 * 1024 * 1024
     # The webhooks worker looks at claimed and settled jobs this often.
     job_poll_s: float = 0.25
     # Webhook URLs may resolve into these networks (comma-separated CIDRs, e.g.
@@ -224,6 +226,10 @@ class Settings(BaseSettings):
     @property
     def weights_dir(self) -> Path:
         return self.weights_cache_dir or self.home / "weights"
+
+    @property
+    def files_dir(self) -> Path:
+        return self.home / "files"
 
     @property
     def logs_dir(self) -> Path:

@@ -15,9 +15,11 @@ from ebb.config import Settings
 from ebb.errors import CapacityError, EbbError, InvalidRequest, NotFound, RateLimited
 from ebb.frontdoor import (
     routes_admin,
+    routes_batches,
     routes_console,
     routes_deployments,
     routes_embeddings,
+    routes_files,
     routes_jobs,
     routes_limits,
     routes_openai,
@@ -46,6 +48,8 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="ebb", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     app.include_router(routes_openai.router)
     app.include_router(routes_embeddings.router)
+    app.include_router(routes_files.router)
+    app.include_router(routes_batches.router)
     app.include_router(routes_deployments.router)
     app.include_router(routes_usage.router)
     app.include_router(routes_limits.router)

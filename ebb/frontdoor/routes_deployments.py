@@ -44,6 +44,9 @@ class ServingBody(BaseModel):
     task: Literal["generate", "embed"] | None = Field(
         None, description="embed: run the weights as an embedding (pooling) model."
     )
+    batch_discount_pct: int | None = Field(
+        None, ge=0, le=100, description="Batch API token prices: this much percent off."
+    )
 
 
 class DeploymentPatch(BaseModel):

@@ -117,6 +117,38 @@ async def submit_job(
     return JSONResponse(await _view(services, job_id), status_code=202, headers=headers)
 
 
+async def create_job(
+    services: Services, caller: Caller, payload: JobCreate, *, batch: bool = False
+) -> str:
+    """Validate and queue one job as POST /v1/jobs would (no webhook); its id.
+
+    With `batch` (the Batch API) token prices are reduced by the deployment's
+    `serving.batch_discount_pct`. Raises InvalidRequest when the request cannot run.
+    """
+    spec = await _deployment(services, payload.model)
+    prepared = await _prepare(services, spec, payload)
+    record = _new_record(caller, spec, payload, prepared, services.settings.job_max_attempts)
+    if batch and spec.serving.batch_discount_pct:
+        keep = 100 - spec.serving.batch_discount_pct
+        work = msgspec.structs.replace(
+            record.work,
+            price_per_1m_input_tokens_micros=record.work.price_per_1m_input_tokens_micros
+            * keep
+            // 100,
+            price_per_1m_output_tokens_micros=record.work.price_per_1m_output_tokens_micros
+            * keep
+            // 100,
+        )
+        record = msgspec.structs.replace(record, work=work)
+    job_id, _ = await services.jobs.submit(
+        record,
+        ttl_s=payload.ttl_s or services.settings.job_ttl_s,
+        idempotency_digest="",
+        submission_digest="",
+    )
+    return job_id
+
+
 @router.get("")
 async def list_jobs(
     caller: CallerDep,

@@ -17,9 +17,11 @@ from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.frontdoor.catalog import ModelCatalog
 from ebb.frontdoor.execution import Executor
+from ebb.frontdoor.files import FileStore
 from ebb.frontdoor.metrics import Metrics
 from ebb.frontdoor.ratelimit import RateLimiter
 from ebb.home import resolve_admin_key
+from ebb.queue.batch_store import BatchStore
 from ebb.queue.connection import async_client
 from ebb.queue.delivery_store import DeliveryStore, delivery_record_ttl_s
 from ebb.queue.job_store import JobStore
@@ -48,6 +50,8 @@ class Services:
     jobs: JobStore
     deliveries: DeliveryStore
     webhook_secrets: WebhookSecrets
+    batches: BatchStore
+    files: FileStore
 
 
 def build_services(settings: Settings) -> Services:
@@ -81,6 +85,8 @@ def build_services(settings: Settings) -> Services:
             ),
         ),
         webhook_secrets=WebhookSecrets(client),
+        batches=BatchStore(client, retention_s=settings.job_retention_s),
+        files=FileStore(settings.files_dir),
     )
 
 

@@ -169,3 +169,17 @@ def delivery_attempts(webhook_id: str) -> str:
 def webhook_secret(tenant: str) -> str:
     """Hash: a tenant's current signing secret and the previous one during an overlap."""
     return f"{PREFIX}whsec:{tenant}"
+
+
+# --- the Batch API ----------------------------------------------------------------------
+
+BATCH_PREFIX = PREFIX + "batch:"  # string per batch: BatchRecord (json)
+
+
+def batch(batch_id: str) -> str:
+    return BATCH_PREFIX + batch_id
+
+
+def tenant_batches(tenant: str) -> str:
+    """Sorted set of a tenant's batch ids, all scored 0: ids sort by creation time (lex)."""
+    return f"{PREFIX}batches:tenant:{tenant}"

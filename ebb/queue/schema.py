@@ -165,6 +165,8 @@ class ServingOptions(msgspec.Struct, kw_only=True, frozen=True):
     # "embed": the engine runs the weights as a pooling (embedding) model, serving only
     # /v1/embeddings; "generate": chat and completions.
     task: Literal["generate", "embed"] = "generate"
+    # The Batch API's price: token prices less this percentage (0 to 100).
+    batch_discount_pct: int = 0
 
 
 class DeploymentSpec(msgspec.Struct, kw_only=True):

@@ -247,3 +247,120 @@ def _usage(admin, deployment: str) -> dict:
     mine = [r for r in rows if r["deployment"] == deployment]
     keys = ("requests", "prompt_tokens", "completion_tokens")
     return {k: sum(r[k] for r in mine) for k in keys}
+
+
+# --- the Batch API ----------------------------------------------------------------------
+
+
+def _batch_file(lines: list[dict]) -> bytes:
+    return "\n".join(json.dumps(line) for line in lines).encode() + b"\n"
+
+
+def _chat_line(custom_id: str, model: str = "fake", **body) -> dict:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": model, "messages": MESSAGES, "max_tokens": 5, **body},
+    }
+
+
+def _settled_batch(client, batch_id: str, timeout_s: float = 60):
+    def look():
+        batch = client.batches.retrieve(batch_id)
+        return batch if batch.status in ("completed", "expired", "cancelled", "failed") else None
+
+    return wait_until(look, timeout_s, f"batch {batch_id} to settle")
+
+
+def test_batch_through_the_sdk_with_a_refused_line(client, admin):
+    deploy(
+        admin,
+        "fake-batch",
+        source="fake://m?ctx=4096",
+        price_per_1m_output_tokens_micros=10**9,
+        serving={"batch_discount_pct": 50},
+    )
+    lines = [
+        _chat_line("a", "fake-batch"),
+        _chat_line("b", "fake-batch", max_tokens=7),
+        _chat_line("bad", "fake-batch", temperature=9),
+    ]
+    uploaded = client.files.create(file=("in.jsonl", _batch_file(lines)), purpose="batch")
+    assert uploaded.purpose == "batch" and uploaded.bytes > 0
+    assert client.files.content(uploaded.id).content == _batch_file(lines)
+    batch = client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"run": "7"},
+    )
+    assert batch.status in ("in_progress", "completed") and batch.request_counts.total == 3
+    done = _settled_batch(client, batch.id)
+    assert done.status == "completed" and done.metadata == {"run": "7"}
+    assert (done.request_counts.completed, done.request_counts.failed) == (2, 1)
+    output = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
+    by_id = {o["custom_id"]: o for o in output}
+    assert set(by_id) == {"a", "b"}
+    assert by_id["a"]["response"]["status_code"] == 200
+    assert by_id["a"]["response"]["body"]["choices"][0]["message"]["content"] == FAKE_REPLY[:5]
+    assert by_id["b"]["response"]["body"]["usage"]["completion_tokens"] == 7
+    (error,) = [json.loads(x) for x in client.files.content(done.error_file_id).text.splitlines()]
+    assert error["custom_id"] == "bad" and error["response"] is None
+    assert "temperature" in error["error"]["message"]
+    assert done.id in [b.id for b in client.batches.list().data]
+    # Billed at half the output price: 12 tokens at 1000.00 per 1M (1000 micros each), less 50 %.
+    wait_until(lambda: _usage(admin, "fake-batch")["requests"] == 2, 30, "usage recorded")
+    cost = sum(
+        r["token_cost_micros"]
+        for r in admin.get("/v1/usage").json()["data"]
+        if r["deployment"] == "fake-batch"
+    )
+    assert cost == 12 * 1000 // 2
+
+
+def test_batch_cancel_runs_nothing_more(client, admin):
+    deploy(admin, "fake-slow", source="fake://m?ctx=4096&step_ms=100", max_concurrency=1)
+    lines = [_chat_line(f"r{i}", "fake-slow", max_tokens=50) for i in range(4)]
+    uploaded = client.files.create(file=("slow.jsonl", _batch_file(lines)), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled")
+    done = _settled_batch(client, batch.id)
+    assert done.status == "cancelled"
+    assert done.request_counts.completed < 4
+    errors = client.files.content(done.error_file_id).text.splitlines()
+    assert len(errors) == 4 - done.request_counts.completed
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ([{"custom_id": "a", "method": "GET", "url": "/v1/chat/completions", "body": {}}], "POST"),
+        ([_chat_line("a"), _chat_line("a")], "used twice"),
+        ([{**_chat_line("a"), "url": "/v1/completions"}], "batch's endpoint"),
+    ],
+)
+def test_bad_batch_files_are_refused(client, lines, message):
+    uploaded = client.files.create(file=("x.jsonl", _batch_file(lines)), purpose="batch")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    assert message in info.value.body["message"]
+    assert info.value.body["param"] == "input_file_id"
+
+
+def test_files_are_the_uploaders(platform, client, admin):
+    uploaded = client.files.create(
+        file=("x.jsonl", _batch_file([_chat_line("a")])), purpose="batch"
+    )
+    key = admin.post("/v1/keys", json={"tenant": "other"}).json()["key"]
+    stranger = platform.openai(api_key=key)
+    with pytest.raises(openai.NotFoundError):
+        stranger.files.content(uploaded.id)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.files.create(file=("x.jsonl", b"{}"), purpose="fine-tune")
+    assert info.value.body["param"] == "purpose"

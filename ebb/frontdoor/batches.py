@@ -1,0 +1,134 @@
+"""The Batch API's pure parts: reading an input file, writing output and error files,
+and OpenAI's batch object. Nothing here does I/O.
+
+An input line is `{"custom_id", "method": "POST", "url", "body"}`; every line of a batch
+names the batch's endpoint. An output line is `{"id", "custom_id", "response": {
+"status_code", "request_id", "body"}, "error": null}`; an error line carries `"response":
+null` and `"error": {"code", "message"}`, as OpenAI's files do.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ebb.errors import InvalidRequest
+from ebb.queue.batch_store import BatchLine, BatchRecord
+from ebb.queue.job_schema import JobRecord, JobStatus
+
+ENDPOINTS = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions"}
+COMPLETION_WINDOWS = {"24h": 24 * 3600}
+MAX_BATCH_LINES = 50_000
+MAX_CUSTOM_ID_CHARS = 512
+
+
+@dataclass(frozen=True)
+class InputLine:
+    custom_id: str
+    body: dict[str, Any]
+
+
+def parse_input(content: bytes, endpoint: str) -> list[InputLine]:
+    """The file's requests; InvalidRequest naming the first line that is not one."""
+    lines: list[InputLine] = []
+    seen: set[str] = set()
+    for number, raw in enumerate(content.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        where = f"line {number} of the input file"
+        try:
+            item = json.loads(raw)
+        except ValueError as e:
+            raise _bad(f"{where} is not JSON ({e}); each line must be one request object.") from e
+        if not isinstance(item, dict) or set(item) - {"custom_id", "method", "url", "body"}:
+            raise _bad(f'{where} must be {{"custom_id", "method", "url", "body"}}.')
+        custom_id = item.get("custom_id")
+        if not isinstance(custom_id, str) or not 0 < len(custom_id) <= MAX_CUSTOM_ID_CHARS:
+            raise _bad(f"{where}: custom_id must be a string of 1 to 512 characters.")
+        if custom_id in seen:
+            raise _bad(f"{where}: custom_id {custom_id!r} is used twice; make them unique.")
+        seen.add(custom_id)
+        if item.get("method") != "POST":
+            raise _bad(f'{where}: method must be "POST".')
+        if item.get("url") != endpoint:
+            raise _bad(f"{where}: url must be the batch's endpoint, {endpoint}.")
+        if not isinstance(item.get("body"), dict) or not item["body"].get("model"):
+            raise _bad(f"{where}: body must be a request object naming its model.")
+        lines.append(InputLine(custom_id, item["body"]))
+    if not lines:
+        raise _bad("The input file holds no requests.")
+    if len(lines) > MAX_BATCH_LINES:
+        raise _bad(f"A batch holds at most {MAX_BATCH_LINES} requests; got {len(lines)}.")
+    return lines
+
+
+def _bad(message: str) -> InvalidRequest:
+    return InvalidRequest(message, param="input_file_id")
+
+
+def output_files(
+    record: BatchRecord, jobs: dict[str, JobRecord | None]
+) -> tuple[list[str], list[str]]:
+    """(output lines, error lines) of a batch whose jobs have all settled."""
+    outputs, errors = [], []
+    for line in record.lines:
+        job = jobs.get(line.job_id) if line.job_id else None
+        if job is not None and job.status is JobStatus.SUCCEEDED:
+            response = {"status_code": 200, "request_id": job.job_id, "body": job.result}
+            outputs.append(_line(line, response, None))
+        else:
+            errors.append(_line(line, None, _error(line, job)))
+    return outputs, errors
+
+
+def _error(line: BatchLine, job: JobRecord | None) -> dict[str, Any]:
+    if line.error is not None:
+        return line.error
+    if job is None:
+        return {"code": "lost", "message": "The request's job record has expired."}
+    if job.error is not None:
+        return {"code": job.error.code, "message": job.error.message}
+    return {"code": f"batch_{job.status.value}", "message": f"The request was {job.status}."}
+
+
+def _line(line: BatchLine, response: Any, error: Any) -> str:
+    item = {"id": f"batch_req_{line.job_id or line.custom_id}", "custom_id": line.custom_id}
+    return json.dumps({**item, "response": response, "error": error}, ensure_ascii=False)
+
+
+def counts(record: BatchRecord, jobs: dict[str, JobRecord | None]) -> dict[str, int]:
+    completed = failed = 0
+    for line in record.lines:
+        job = jobs.get(line.job_id) if line.job_id else None
+        if job is not None and job.status is JobStatus.SUCCEEDED:
+            completed += 1
+        elif line.error is not None or job is None or job.status.is_terminal:
+            failed += 1
+    return {"total": len(record.lines), "completed": completed, "failed": failed}
+
+
+def batch_view(record: BatchRecord, request_counts: dict[str, int]) -> dict[str, Any]:
+    """OpenAI's batch object."""
+    return {
+        "id": record.batch_id,
+        "object": "batch",
+        "endpoint": record.endpoint,
+        "errors": None,
+        "input_file_id": record.input_file_id,
+        "completion_window": record.completion_window,
+        "status": record.status.value,
+        "output_file_id": record.output_file_id,
+        "error_file_id": record.error_file_id,
+        "created_at": record.created_at_s,
+        "in_progress_at": record.in_progress_at_s,
+        "expires_at": record.expires_at_s,
+        "finalizing_at": record.finalizing_at_s,
+        "completed_at": record.completed_at_s,
+        "failed_at": record.failed_at_s,
+        "expired_at": record.expired_at_s,
+        "cancelling_at": record.cancelling_at_s,
+        "cancelled_at": record.cancelled_at_s,
+        "request_counts": request_counts,
+        "metadata": record.metadata or None,
+    }

@@ -1,0 +1,194 @@
+"""The Batch API on top of jobs: POST/GET /v1/batches, GET /v1/batches/{id}, cancel.
+
+Each input line becomes a job (so it wakes a deployment at zero, yields to synchronous
+traffic, survives restarts and is billed per token, at the deployment's batch discount);
+a line the platform refuses goes to the error file without running. A batch's status is
+read through to its jobs whenever it is looked at; once all of them settled, the output
+and error files are written (under fixed ids, so writing twice is harmless) and the batch
+is completed, expired (some line waited past the completion window) or cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from ebb.errors import EbbError, InvalidRequest, NotFound
+from ebb.frontdoor.auth import CallerDep
+from ebb.frontdoor.batches import (
+    COMPLETION_WINDOWS,
+    ENDPOINTS,
+    batch_view,
+    counts,
+    output_files,
+    parse_input,
+)
+from ebb.frontdoor.caller import Caller
+from ebb.frontdoor.routes_files import owned_file
+from ebb.frontdoor.routes_jobs import JobCreate, create_job
+from ebb.frontdoor.services import Services, ServicesDep
+from ebb.queue.batch_store import BatchLine, BatchRecord, BatchStatus
+from ebb.queue.job_schema import JobRecord, JobStatus
+
+router = APIRouter(prefix="/v1/batches")
+
+_LIST_SCAN = 100
+
+
+class BatchCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input_file_id: str = Field(min_length=1)
+    endpoint: Literal["/v1/chat/completions", "/v1/completions"]
+    completion_window: Literal["24h"]
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] = (
+        Field(default_factory=dict, max_length=16)
+    )
+
+
+@router.post("")
+async def create_batch(payload: BatchCreate, caller: CallerDep, services: ServicesDep) -> dict:
+    info = owned_file(services.files, payload.input_file_id, caller)
+    if info.purpose != "batch":
+        raise InvalidRequest("input_file_id must name a file uploaded with purpose batch.")
+    content = await asyncio.to_thread(services.files.content, info.file_id)
+    inputs = parse_input(content, payload.endpoint)
+    now = int(time.time())
+    window_s = COMPLETION_WINDOWS[payload.completion_window]
+    batch_id = f"batch_{now * 1000:012x}{uuid.uuid4().hex[:12]}"
+    lines = []
+    for item in inputs:
+        job = JobCreate(
+            model=str(item.body["model"]),
+            endpoint=ENDPOINTS[payload.endpoint],  # type: ignore[arg-type]
+            body=item.body,
+            metadata={"batch_id": batch_id, "custom_id": item.custom_id[:512]},
+            ttl_s=window_s,
+        )
+        try:
+            lines.append(
+                BatchLine(item.custom_id, await create_job(services, caller, job, batch=True))
+            )
+        except EbbError as e:
+            # Refused before running, as OpenAI reports a request that failed validation.
+            lines.append(BatchLine(item.custom_id, error={"code": e.code, "message": e.message}))
+    record = BatchRecord(
+        batch_id=batch_id,
+        tenant=caller.tenant,
+        endpoint=payload.endpoint,
+        input_file_id=info.file_id,
+        completion_window=payload.completion_window,
+        created_at_s=now,
+        in_progress_at_s=now,
+        expires_at_s=now + window_s,
+        lines=lines,
+        metadata=payload.metadata,
+    )
+    await services.batches.create(record)
+    return await _refreshed_view(services, record)
+
+
+@router.get("/{batch_id}")
+async def retrieve_batch(batch_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+    return await _refreshed_view(services, await _owned(services, batch_id, caller))
+
+
+@router.get("")
+async def list_batches(
+    caller: CallerDep,
+    services: ServicesDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: str | None = None,
+) -> dict:
+    """The caller's batches, newest first; `after` is the previous page's last id."""
+    ids = await services.batches.tenant_batch_ids(caller.tenant, before=after, count=limit + 1)
+    found = []
+    for batch_id in ids:
+        record = await services.batches.get(batch_id)
+        if record is not None:
+            found.append(await _refreshed_view(services, record))
+    page = found[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(found) > limit,
+    }
+
+
+@router.post("/{batch_id}/cancel")
+async def cancel_batch(batch_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+    """Queued lines never run; running ones are aborted (billed for what they made)."""
+    record = await _owned(services, batch_id, caller)
+    if not record.status.is_terminal and record.status is not BatchStatus.CANCELLING:
+        record.status = BatchStatus.CANCELLING
+        record.cancelling_at_s = int(time.time())
+        await services.batches.put(record)
+        for line in record.lines:
+            if line.job_id:
+                await services.jobs.cancel(line.job_id)
+    return await _refreshed_view(services, record)
+
+
+async def _owned(services: Services, batch_id: str, caller: Caller) -> BatchRecord:
+    record = await services.batches.get(batch_id)
+    if record is None or (record.tenant != caller.tenant and not caller.is_admin):
+        raise NotFound(f"No batch {batch_id!r}. GET /v1/batches lists yours.", param="batch_id")
+    return record
+
+
+async def _refreshed_view(services: Services, record: BatchRecord) -> dict:
+    jobs = await _jobs(services, record)
+    if not record.status.is_terminal and all(
+        j is None or j.status.is_terminal for j in jobs.values()
+    ):
+        await _finalize(services, record, jobs)
+    return batch_view(record, counts(record, jobs))
+
+
+async def _jobs(services: Services, record: BatchRecord) -> dict[str, JobRecord | None]:
+    ids = [line.job_id for line in record.lines if line.job_id]
+    found: dict[str, JobRecord | None] = {}
+    for start in range(0, len(ids), _LIST_SCAN):
+        chunk = ids[start : start + _LIST_SCAN]
+        found.update(zip(chunk, await services.jobs.get_many(chunk), strict=True))
+    return found
+
+
+async def _finalize(
+    services: Services, record: BatchRecord, jobs: dict[str, JobRecord | None]
+) -> None:
+    """Write the output and error files and settle the batch; safe to run twice."""
+    outputs, errors = output_files(record, jobs)
+    files = services.files
+    for kind, lines in (("output", outputs), ("errors", errors)):
+        if not lines:
+            continue
+        info = await asyncio.to_thread(
+            files.put,
+            ("\n".join(lines) + "\n").encode(),
+            tenant=record.tenant,
+            filename=f"{record.batch_id}_{kind}.jsonl",
+            purpose="batch_output",
+            file_id=f"file-{record.batch_id}-{kind}",
+        )
+        if kind == "output":
+            record.output_file_id = info.file_id
+        else:
+            record.error_file_id = info.file_id
+    now = int(time.time())
+    expired = any(j is not None and j.status is JobStatus.EXPIRED for j in jobs.values())
+    if record.status is BatchStatus.CANCELLING:
+        record.status, record.cancelled_at_s = BatchStatus.CANCELLED, now
+    elif expired:
+        record.status, record.expired_at_s = BatchStatus.EXPIRED, now
+    else:
+        record.status, record.completed_at_s = BatchStatus.COMPLETED, now
+    record.finalizing_at_s = record.finalizing_at_s or now
+    await services.batches.put(record)

@@ -1,0 +1,97 @@
+"""Batches of the Batch API: their records in Redis, one key per batch.
+
+A batch is a set of jobs (one per line of its input file) plus what the API shows of it;
+the jobs carry the work, retries, expiry and billing. The record is written whole: only
+the frontdoor changes it (status transitions are idempotent, see routes_batches), so one
+key needs no script; creating it also lists it under its tenant, which is one script.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import msgspec
+from redis import asyncio as aioredis
+
+from ebb.queue import keys
+from ebb.queue.scripts import register_async
+
+
+class BatchStatus(enum.StrEnum):
+    VALIDATING = "validating"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (self.COMPLETED, self.FAILED, self.EXPIRED, self.CANCELLED)
+
+
+class BatchLine(msgspec.Struct, frozen=True):
+    """One input line: its custom_id and the job that runs it ("" if it was refused)."""
+
+    custom_id: str
+    job_id: str = ""
+    # Why the line was refused before it ran: OpenAI's error object ({code, message}).
+    error: dict[str, Any] | None = None
+
+
+class BatchRecord(msgspec.Struct, kw_only=True):
+    batch_id: str
+    tenant: str
+    endpoint: str  # "/v1/chat/completions" | "/v1/completions"
+    input_file_id: str
+    completion_window: str
+    created_at_s: int
+    expires_at_s: int
+    status: BatchStatus = BatchStatus.IN_PROGRESS
+    lines: list[BatchLine] = []
+    metadata: dict[str, str] = {}
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    cancelling_at_s: int | None = None
+    finalizing_at_s: int | None = None
+    completed_at_s: int | None = None
+    failed_at_s: int | None = None
+    expired_at_s: int | None = None
+    cancelled_at_s: int | None = None
+    in_progress_at_s: int | None = None
+    # Set once per status a webhook event was announced for.
+    announced: bool = False
+
+
+class BatchStore:
+    def __init__(self, client: aioredis.Redis, *, retention_s: int):
+        self.redis = client
+        self._retention_s = retention_s
+        self._create = register_async(client, "batch_create")
+
+    async def create(self, record: BatchRecord) -> bool:
+        reply = await self._create(
+            keys=[keys.batch(record.batch_id), keys.tenant_batches(record.tenant)],
+            args=[msgspec.json.encode(record), record.batch_id, self._retention_s],
+        )
+        return bool(int(reply))
+
+    async def get(self, batch_id: str) -> BatchRecord | None:
+        raw = await self.redis.get(keys.batch(batch_id))
+        return None if raw is None else msgspec.json.decode(raw, type=BatchRecord)
+
+    async def put(self, record: BatchRecord) -> None:
+        await self.redis.set(
+            keys.batch(record.batch_id), msgspec.json.encode(record), ex=self._retention_s
+        )
+
+    async def tenant_batch_ids(self, tenant: str, *, before: str | None, count: int) -> list[str]:
+        """A tenant's batch ids, newest first, older than `before` when given."""
+        upper = f"({before}" if before else "+"
+        ids = await self.redis.zrevrangebylex(
+            keys.tenant_batches(tenant), upper, "-", start=0, num=count
+        )
+        return [i.decode() if isinstance(i, bytes) else i for i in ids]
