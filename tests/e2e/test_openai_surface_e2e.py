@@ -7,7 +7,7 @@ import json
 
 import jsonschema
 import pytest
-from support import real_engine_platform
+from support import real_engine_platform, wait_until
 
 from ebb.config import DEFAULT_MODEL_NAME
 
@@ -186,3 +186,39 @@ def test_embeddings_from_a_pooling_deployment_of_the_default_weights(client, adm
     assert reply.usage.prompt_tokens > 0
     floats = client.embeddings.create(model="smol-embed", input=texts[0], encoding_format="float")
     assert floats.data[0].embedding == pytest.approx(vectors[0], abs=1e-6)
+
+
+def test_a_three_line_batch_to_completion(client):
+    lines = [
+        {
+            "custom_id": f"q{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": DEFAULT_MODEL_NAME,
+                "messages": [{"role": "user", "content": question}],
+                "temperature": 0,
+                "max_tokens": 16,
+            },
+        }
+        for i, question in enumerate(["Capital of France?", "Capital of Italy?", "2 + 2 ="])
+    ]
+    content = "\n".join(json.dumps(line) for line in lines).encode()
+    uploaded = client.files.create(file=("three.jsonl", content), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+    def settled():
+        current = client.batches.retrieve(batch.id)
+        return current if current.status not in ("validating", "in_progress") else None
+
+    done = wait_until(settled, 300, "the batch to complete")
+    assert done.status == "completed" and done.request_counts.completed == 3
+    assert done.error_file_id is None
+    output = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
+    assert sorted(o["custom_id"] for o in output) == ["q0", "q1", "q2"]
+    for item in output:
+        body = item["response"]["body"]
+        assert item["response"]["status_code"] == 200 and body["object"] == "chat.completion"
+        assert body["choices"][0]["message"]["content"] and body["usage"]["completion_tokens"] > 0
