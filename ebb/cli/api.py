@@ -64,6 +64,16 @@ class Api:
             self._refused(response)
         return _json_of(response)
 
+    def get_bytes(self, path: str) -> bytes:
+        """GET a non-JSON body (a file's content); refusals exit like `call`."""
+        try:
+            response = httpx.get(self.base_url + path, headers=self._headers, timeout=60)
+        except httpx.HTTPError as e:
+            self._unreachable(e)
+        if response.status_code >= 400:
+            self._refused(response)
+        return response.content
+
     def get_if_allowed(self, path: str) -> dict | None:
         """GET `path`, or None when this key may not (admin-only views in mixed output)."""
         try:

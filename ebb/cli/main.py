@@ -7,6 +7,7 @@ import sys
 
 import typer
 
+from ebb.cli.batches import batches_app
 from ebb.cli.chat import chat
 from ebb.cli.deployment_show import delete_deployment, show_deployment
 from ebb.cli.deployments import deploy, deployments_app, scale, status
@@ -25,6 +26,7 @@ app = typer.Typer(
 app.add_typer(keys_app, name="keys")
 app.add_typer(deployments_app, name="deployments")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(batches_app, name="batches")
 app.add_typer(usage_app, name="usage")
 for command in (deploy, scale, status, price, chat):
     app.command()(command)

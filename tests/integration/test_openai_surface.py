@@ -364,3 +364,21 @@ def test_files_are_the_uploaders(platform, client, admin):
     with pytest.raises(openai.BadRequestError) as info:
         client.files.create(file=("x.jsonl", b"{}"), purpose="fine-tune")
     assert info.value.body["param"] == "purpose"
+
+
+def test_batches_cli(platform, admin, tmp_path):
+    deploy(admin, "fake-cli", source="fake://m?ctx=4096")
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(_batch_file([_chat_line("x", "fake-cli"), _chat_line("y", "fake-cli")]))
+    created = platform.cli("batches", "create", str(path), "--wait", "--json")
+    assert created.returncode == 0, created.stderr
+    batch = json.loads(created.stdout)
+    assert batch["status"] == "completed" and batch["request_counts"]["completed"] == 2
+    listed = platform.cli("batches", "--json")
+    assert batch["id"] in [b["id"] for b in json.loads(listed.stdout)["data"]]
+    output = platform.cli("batches", "output", batch["id"])
+    assert sorted(json.loads(x)["custom_id"] for x in output.stdout.splitlines()) == ["x", "y"]
+    no_errors = platform.cli("batches", "output", batch["id"], "--errors")
+    assert no_errors.returncode == 1 and "no error file" in no_errors.stderr
+    missing = platform.cli("batches", "show", "batch_nope")
+    assert missing.returncode == 1 and "No batch" in missing.stderr
