@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 from contextlib import asynccontextmanager
@@ -42,7 +44,13 @@ def create_app(settings: Settings) -> FastAPI:
         for spec in await services.state.list_deployments():
             services.catalog.prepare(spec)
         log.info("frontdoor: serving on %s", settings.base_url)
+        watcher = asyncio.create_task(
+            routes_batches.watch_batches(services, interval_s=settings.job_poll_s * 4)
+        )
         yield
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
         await services.redis.aclose()
 
     app = FastAPI(title="ebb", lifespan=lifespan, docs_url="/docs", redoc_url=None)

@@ -5,16 +5,23 @@ traffic, survives restarts and is billed per token, at the deployment's batch di
 a line the platform refuses goes to the error file without running. A batch's status is
 read through to its jobs whenever it is looked at; once all of them settled, the output
 and error files are written (under fixed ids, so writing twice is harmless) and the batch
-is completed, expired (some line waited past the completion window) or cancelled.
+is completed, expired (some line waited past the completion window) or cancelled. The
+frontdoor also looks at every unsettled batch in the background (`watch_batches`), so
+that a batch with a webhook announces `batch.completed` (signed like job events) without
+anyone polling it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime as dt
+import logging
 import time
 import uuid
 from typing import Annotated, Literal
 
+import msgspec
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,10 +41,19 @@ from ebb.frontdoor.routes_jobs import JobCreate, create_job
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.queue.batch_store import BatchLine, BatchRecord, BatchStatus
 from ebb.queue.job_schema import JobRecord, JobStatus
+from ebb.webhooks.signing import new_secret
+from ebb.webhooks.ssrf import UnsafeUrl, resolve_target
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/batches")
 
 _LIST_SCAN = 100
+
+
+class BatchWebhook(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(min_length=1, max_length=2048)
 
 
 class BatchCreate(BaseModel):
@@ -49,6 +65,8 @@ class BatchCreate(BaseModel):
     metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] = (
         Field(default_factory=dict, max_length=16)
     )
+    # An ebb extension (the SDK's extra_body): where batch.completed is delivered.
+    webhook: BatchWebhook | None = None
 
 
 @router.post("")
@@ -58,6 +76,12 @@ async def create_batch(payload: BatchCreate, caller: CallerDep, services: Servic
         raise InvalidRequest("input_file_id must name a file uploaded with purpose batch.")
     content = await asyncio.to_thread(services.files.content, info.file_id)
     inputs = parse_input(content, payload.endpoint)
+    if payload.webhook is not None:
+        try:
+            await resolve_target(payload.webhook.url, services.settings.webhook_allowed_networks)
+        except UnsafeUrl as e:
+            raise InvalidRequest(str(e), param="webhook.url", code="unsafe_webhook_url") from e
+        await services.webhook_secrets.ensure(caller.tenant, new_secret())
     now = int(time.time())
     window_s = COMPLETION_WINDOWS[payload.completion_window]
     batch_id = f"batch_{now * 1000:012x}{uuid.uuid4().hex[:12]}"
@@ -88,6 +112,7 @@ async def create_batch(payload: BatchCreate, caller: CallerDep, services: Servic
         expires_at_s=now + window_s,
         lines=lines,
         metadata=payload.metadata,
+        webhook_url=payload.webhook.url if payload.webhook else "",
     )
     await services.batches.create(record)
     return await _refreshed_view(services, record)
@@ -191,4 +216,28 @@ async def _finalize(
     else:
         record.status, record.completed_at_s = BatchStatus.COMPLETED, now
     record.finalizing_at_s = record.finalizing_at_s or now
-    await services.batches.put(record)
+    body = {
+        "type": "batch.completed",
+        "timestamp": dt.datetime.fromtimestamp(now, tz=dt.UTC).isoformat().replace("+00:00", "Z"),
+        "data": batch_view(record, counts(record, jobs)),
+    }
+    webhook_id = f"msg_{uuid.uuid4().hex}"
+    if await services.batches.settle(record, webhook_id=webhook_id, body=_json(body)):
+        log.info("batches: %s %s, batch.completed announced", record.batch_id, record.status)
+
+
+def _json(body: dict) -> str:
+    return msgspec.json.encode(body).decode()
+
+
+async def watch_batches(services: Services, *, interval_s: float) -> None:
+    """Settle batches whose jobs have all settled, until cancelled."""
+    while True:
+        for batch_id in await services.batches.active_ids():
+            with contextlib.suppress(Exception):
+                record = await services.batches.get(batch_id)
+                if record is None or record.status.is_terminal:
+                    await services.batches.forget_active(batch_id)
+                else:
+                    await _refreshed_view(services, record)
+        await asyncio.sleep(interval_s)

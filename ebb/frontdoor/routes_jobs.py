@@ -52,7 +52,10 @@ class WebhookSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str = Field(min_length=1, max_length=2048)
-    events: list[JobEvent] = Field(default_factory=lambda: list(JobEvent), min_length=1)
+    events: list[JobEvent] = Field(
+        default_factory=lambda: [e for e in JobEvent if e is not JobEvent.BATCH_COMPLETED],
+        min_length=1,
+    )
 
 
 class JobCreate(BaseModel):

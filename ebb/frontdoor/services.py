@@ -85,7 +85,13 @@ def build_services(settings: Settings) -> Services:
             ),
         ),
         webhook_secrets=WebhookSecrets(client),
-        batches=BatchStore(client, retention_s=settings.job_retention_s),
+        batches=BatchStore(
+            client,
+            retention_s=settings.job_retention_s,
+            delivery_ttl_s=delivery_record_ttl_s(
+                settings.webhook_give_up_s, settings.job_retention_s
+            ),
+        ),
         files=FileStore(settings.files_dir),
     )
 

@@ -62,22 +62,61 @@ class BatchRecord(msgspec.Struct, kw_only=True):
     expired_at_s: int | None = None
     cancelled_at_s: int | None = None
     in_progress_at_s: int | None = None
-    # Set once per status a webhook event was announced for.
-    announced: bool = False
+    # Where its batch.completed event goes ("" for none).
+    webhook_url: str = ""
 
 
 class BatchStore:
-    def __init__(self, client: aioredis.Redis, *, retention_s: int):
+    def __init__(self, client: aioredis.Redis, *, retention_s: int, delivery_ttl_s: int):
         self.redis = client
         self._retention_s = retention_s
+        self._delivery_ttl_s = delivery_ttl_s
         self._create = register_async(client, "batch_create")
+        self._settle = register_async(client, "batch_settle")
 
     async def create(self, record: BatchRecord) -> bool:
         reply = await self._create(
-            keys=[keys.batch(record.batch_id), keys.tenant_batches(record.tenant)],
+            keys=[
+                keys.batch(record.batch_id),
+                keys.tenant_batches(record.tenant),
+                keys.BATCHES_ACTIVE,
+            ],
             args=[msgspec.json.encode(record), record.batch_id, self._retention_s],
         )
         return bool(int(reply))
+
+    async def settle(self, record: BatchRecord, *, webhook_id: str, body: str) -> bool:
+        """Store the settled `record`; its webhook delivery is created once. True if now."""
+        reply = await self._settle(
+            keys=[
+                keys.batch(record.batch_id),
+                keys.BATCHES_ACTIVE,
+                keys.batch_announced(record.batch_id),
+                keys.job_deliveries(record.batch_id),
+                keys.DELIVERIES_DUE,
+                keys.DELIVERIES_SIGNAL,
+            ],
+            args=[
+                msgspec.json.encode(record),
+                record.batch_id,
+                self._retention_s,
+                record.tenant,
+                record.webhook_url,
+                webhook_id,
+                body,
+                keys.DELIVERY_PREFIX,
+                self._delivery_ttl_s,
+                keys.SIGNAL_LIST_MAX,
+            ],
+        )
+        return bool(int(reply))
+
+    async def active_ids(self) -> list[str]:
+        ids = await self.redis.smembers(keys.BATCHES_ACTIVE)
+        return sorted(i.decode() if isinstance(i, bytes) else i for i in ids)
+
+    async def forget_active(self, batch_id: str) -> None:
+        await self.redis.srem(keys.BATCHES_ACTIVE, batch_id)
 
     async def get(self, batch_id: str) -> BatchRecord | None:
         raw = await self.redis.get(keys.batch(batch_id))

@@ -39,6 +39,8 @@ class JobEvent(enum.StrEnum):
     SUCCEEDED = "job.succeeded"
     FAILED = "job.failed"
     CANCELLED = "job.cancelled"
+    # Not a job's: a Batch API batch settled (its deliveries use the batch id as job id).
+    BATCH_COMPLETED = "batch.completed"
 
     @classmethod
     def ending(cls, status: JobStatus) -> JobEvent:

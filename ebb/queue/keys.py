@@ -174,6 +174,12 @@ def webhook_secret(tenant: str) -> str:
 # --- the Batch API ----------------------------------------------------------------------
 
 BATCH_PREFIX = PREFIX + "batch:"  # string per batch: BatchRecord (json)
+BATCHES_ACTIVE = PREFIX + "batches:active"  # set: batch ids not settled yet
+
+
+def batch_announced(batch_id: str) -> str:
+    """String set once a settled batch's webhook delivery exists (never twice)."""
+    return f"{PREFIX}batchwh:{batch_id}"
 
 
 def batch(batch_id: str) -> str:

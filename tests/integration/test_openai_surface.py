@@ -19,7 +19,8 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def platform():
-    p = Platform(home=temp_home("ebb-it-oai-"), redis_url=None).start()
+    env = {"EBB_WEBHOOK_ALLOWED_CIDRS": "127.0.0.0/8"}  # the local webhook receiver
+    p = Platform(home=temp_home("ebb-it-oai-"), redis_url=None, env_extra=env).start()
     yield p
     assert p.stop() == 0
 
@@ -382,3 +383,26 @@ def test_batches_cli(platform, admin, tmp_path):
     assert no_errors.returncode == 1 and "no error file" in no_errors.stderr
     missing = platform.cli("batches", "show", "batch_nope")
     assert missing.returncode == 1 and "No batch" in missing.stderr
+
+
+def test_batch_completed_webhook_without_polling(client, admin, receiver):
+    from standardwebhooks import Webhook
+
+    deploy(admin, "fake-hook", source="fake://m?ctx=4096")
+    secret = admin.get("/v1/webhooks/secret").json()["secret"]
+    content = _batch_file([_chat_line("only", "fake-hook")])
+    uploaded = client.files.create(file=("hook.jsonl", content), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        extra_body={"webhook": {"url": receiver.url}},
+    )
+    (delivery,) = wait_until(
+        lambda: receiver.accepted(batch.id, "batch.completed"), 60, "batch.completed"
+    )
+    event = Webhook(secret).verify(delivery.body, delivery.headers)
+    assert event["data"]["status"] == "completed" and event["data"]["output_file_id"]
+    assert event["data"]["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
+    assert client.batches.retrieve(batch.id).status == "completed"
+    assert len(receiver.accepted(batch.id, "batch.completed")) == 1
