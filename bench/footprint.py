@@ -31,7 +31,7 @@ from ebb.config import DEFAULT_MODEL_NAME  # noqa: E402
 
 GOAL_MB = 400
 # Processes whose memory is the engine's: not counted against the platform's goal.
-ENGINE_ROLES = ("runner", "stem", "fork-server")
+ENGINE_ROLES = ("runner", "stem", "fork-server", "forked")
 MB = 1024 * 1024
 
 
@@ -44,6 +44,9 @@ def role_of(proc: psutil.Process) -> str:
         role = args[0] if args else "?"
         if role == "runner" and "--deployment" not in args:
             return "stem"
+        parent = proc.parent()
+        if role == "fork-server" and parent is not None and parent.cmdline() == cmdline:
+            return "forked"  # a runner or stem forked from it carries its command line
         return role
     return proc.name()
 
