@@ -13,14 +13,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ebb.errors import InvalidRequest
+from ebb.frontdoor.chat_template import ChatTemplate, special_tokens_of, template_source
 
 
 class PromptTokenizer(Protocol):
     """A deployed model's tokenizer, as the frontdoor needs it.
 
     Contract: `render_chat` takes OpenAI-style messages already reduced to
-    `{"role": str, "content": str}` (roles system/user/assistant), applies the model's chat
-    template with the generation prompt for the assistant's next turn, and returns the ids
+    `{"role": str, "content": str}` (roles system/user/assistant/tool, plus `tool_calls`
+    and `tool_call_id` where a conversation has them), applies the model's chat template
+    (or `chat_template`, a deployment's own) with `tools` and the generation prompt for
+    the assistant's next turn, and returns the ids
     exactly as the engine must see them (special tokens included). It raises InvalidRequest
     when the model cannot render the conversation. `encode` tokenizes a plain completions
     prompt the way the model expects one (adding a BOS token if the model uses one). Both
@@ -47,35 +50,57 @@ class PromptTokenizer(Protocol):
 
 
 class HfPromptTokenizer:
-    """A Hugging Face tokenizer loaded from a local HF-layout directory."""
+    """A Hugging Face tokenizer from a local HF-layout directory, read the way transformers
+    reads it (so the ids are the ones the engine's own tokenizer gives) without importing
+    transformers, which would bring torch into the frontdoor (~450 MB): `tokenizer.json`
+    through the `tokenizers` library, the chat template through jinja2 in the sandboxed
+    environment transformers renders it in (`chat_template.render`)."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(
+        self,
+        tokenizer: Any,
+        template: ChatTemplate | None,
+        source: str = "",
+        special_tokens: dict[str, str] | None = None,
+    ):
         self._tokenizer = tokenizer
-        # Fast tokenizers share one Rust object whose padding/truncation state is mutable;
-        # concurrent calls can fail with "Already borrowed", so calls are serialised.
+        self._template = template
+        self._source = source
+        self._special_tokens = special_tokens or {}
+        # Deployment-supplied templates (serving.chat_template), compiled once each.
+        self._overrides: dict[str, ChatTemplate] = {}
+        # One Rust object behind every call; serialised as transformers' own use needs.
         self._lock = threading.Lock()
 
     @classmethod
     def from_dir(cls, path: str | Path) -> HfPromptTokenizer:
-        # Imported here: transformers takes seconds to import and most processes never
-        # tokenize.
-        from transformers import AutoTokenizer
+        from tokenizers import Tokenizer
 
-        return cls(AutoTokenizer.from_pretrained(str(path)))
+        root = Path(path)
+        config = _read_json(root / "tokenizer_config.json")
+        if not (root / "tokenizer.json").is_file():
+            raise OSError(
+                f"{root} has no tokenizer.json; ebb reads fast (tokenizers) tokenizers only"
+            )
+        # As is: with a tokenizer.json, transformers ignores the config's add_bos_token
+        # and add_eos_token and keeps the file's post-processor too.
+        tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
+        source = template_source(root, config)
+        special = special_tokens_of(config)
+        template = ChatTemplate(source, special) if source else None
+        return cls(tokenizer, template, source or "", special)
 
     @property
     def vocab_size(self) -> int:
-        # len() counts added special tokens, which vocab_size alone does not.
-        return len(self._tokenizer)
+        # Added special tokens count: they are ids the engine accepts.
+        return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
 
     @property
     def has_chat_template(self) -> bool:
-        return getattr(self._tokenizer, "chat_template", None) is not None
+        return self._template is not None
 
     def chat_template_text(self, override: str = "") -> str:
-        template = override or getattr(self._tokenizer, "chat_template", None) or ""
-        # A few models ship several named templates; any of them mentioning tools counts.
-        return template if isinstance(template, str) else json.dumps(template)
+        return override or self._source
 
     def render_chat(
         self,
@@ -83,39 +108,35 @@ class HfPromptTokenizer:
         tools: list[dict[str, Any]] | None = None,
         chat_template: str = "",
     ) -> list[int]:
-        if not (chat_template or self.has_chat_template):
+        template = self._override(chat_template) if chat_template else self._template
+        if template is None:
             raise InvalidRequest(
                 "This model has no chat template, so it cannot serve /v1/chat/completions; "
                 "send a plain prompt to /v1/completions instead.",
                 param="messages",
             )
-        from jinja2 import TemplateError, TemplateSyntaxError
-
+        # The template holds the special tokens itself: encode without adding more.
+        text = template.render(messages, tools=tools)
         with self._lock:
-            try:
-                # Rendering to text first, then encoding without extra special tokens: the
-                # template already holds them, and transformers 5 returns a BatchEncoding
-                # rather than ids when asked to tokenize directly.
-                text = self._tokenizer.apply_chat_template(
-                    messages,
-                    tools=tools,
-                    chat_template=chat_template or None,
-                    add_generation_prompt=True,
-                    tokenize=False,
-                )
-            except TemplateSyntaxError:
-                raise  # the model's template is broken: a server problem, not the caller's
-            except TemplateError as e:
-                # Templates reject conversations with `raise_exception(...)`, e.g. roles
-                # that do not alternate; that message is the caller's to act on.
-                raise InvalidRequest(
-                    f"This model's chat template refused the messages: {e}", param="messages"
-                ) from e
-            return list(self._tokenizer.encode(text, add_special_tokens=False))
+            return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def _override(self, source: str) -> ChatTemplate:
+        with self._lock:
+            template = self._overrides.get(source)
+            if template is None:
+                template = self._overrides[source] = ChatTemplate(source, self._special_tokens)
+            return template
 
     def encode(self, text: str) -> list[int]:
         with self._lock:
-            return list(self._tokenizer.encode(text, add_special_tokens=True))
+            return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    loaded = json.loads(path.read_text(encoding="utf-8"))
+    return loaded if isinstance(loaded, dict) else {}
 
 
 class ByteTokenizer:
