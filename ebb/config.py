@@ -101,6 +101,9 @@ class Settings(BaseSettings):
     job_max_attempts: int = 3
     # The Batch API: the largest input file accepted, and its discount is per deployment.
     batch_file_max_bytes: int = 64 * 1024 * 1024
+    # A batch still validating after this long was interrupted while its lines were
+    # queued (the frontdoor died): the frontdoor's batch watcher queues the rest.
+    batch_resume_after_s: float = 30.0
     # The webhooks worker looks at claimed and settled jobs this often.
     job_poll_s: float = 0.25
     # Webhook URLs may resolve into these networks (comma-separated CIDRs, e.g.

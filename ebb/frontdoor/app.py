@@ -45,7 +45,11 @@ def create_app(settings: Settings) -> FastAPI:
             services.catalog.warm(spec)
         log.info("frontdoor: serving on %s", settings.base_url)
         watcher = asyncio.create_task(
-            routes_batches.watch_batches(services, interval_s=settings.job_poll_s * 4)
+            routes_batches.watch_batches(
+                services,
+                interval_s=settings.job_poll_s * 4,
+                resume_after_s=settings.batch_resume_after_s,
+            )
         )
         yield
         watcher.cancel()

@@ -30,6 +30,7 @@ from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.batches import (
     COMPLETION_WINDOWS,
     ENDPOINTS,
+    InputLine,
     batch_view,
     counts,
     output_files,
@@ -84,38 +85,67 @@ async def create_batch(payload: BatchCreate, caller: CallerDep, services: Servic
         await services.webhook_secrets.ensure(caller.tenant, new_secret())
     now = int(time.time())
     window_s = COMPLETION_WINDOWS[payload.completion_window]
-    batch_id = f"batch_{now * 1000:012x}{uuid.uuid4().hex[:12]}"
-    lines = []
-    for item in inputs:
-        job = JobCreate(
-            model=str(item.body["model"]),
-            endpoint=ENDPOINTS[payload.endpoint],  # type: ignore[arg-type]
-            body=item.body,
-            metadata={"batch_id": batch_id, "custom_id": item.custom_id[:512]},
-            ttl_s=window_s,
-        )
-        try:
-            lines.append(
-                BatchLine(item.custom_id, await create_job(services, caller, job, batch=True))
-            )
-        except EbbError as e:
-            # Refused before running, as OpenAI reports a request that failed validation.
-            lines.append(BatchLine(item.custom_id, error={"code": e.code, "message": e.message}))
     record = BatchRecord(
-        batch_id=batch_id,
+        batch_id=f"batch_{now * 1000:012x}{uuid.uuid4().hex[:12]}",
         tenant=caller.tenant,
+        key_id=caller.key_id,
         endpoint=payload.endpoint,
         input_file_id=info.file_id,
         completion_window=payload.completion_window,
         created_at_s=now,
-        in_progress_at_s=now,
         expires_at_s=now + window_s,
-        lines=lines,
+        status=BatchStatus.VALIDATING,
         metadata=payload.metadata,
         webhook_url=payload.webhook.url if payload.webhook else "",
     )
+    # Stored before any line is queued: if this process dies while queueing, the batch
+    # watcher finds it validating and queues the rest (see _queue_lines).
     await services.batches.create(record)
+    record = await _queue_lines(services, record, inputs, caller)
     return await _refreshed_view(services, record)
+
+
+async def _queue_lines(
+    services: Services, record: BatchRecord, inputs: list[InputLine], caller: Caller
+) -> BatchRecord:
+    """One job per line, each under an idempotency key of (batch, custom_id), so queueing
+    a batch again (after a crash) returns the jobs already queued: none runs twice."""
+    window_s = COMPLETION_WINDOWS[record.completion_window]
+    lines = []
+    for item in inputs:
+        job = JobCreate(
+            model=str(item.body["model"]),
+            endpoint=ENDPOINTS[record.endpoint],  # type: ignore[arg-type]
+            body=item.body,
+            metadata={"batch_id": record.batch_id, "custom_id": item.custom_id[:512]},
+            ttl_s=window_s,
+        )
+        key = f"{record.batch_id}|{item.custom_id}"
+        try:
+            job_id = await create_job(services, caller, job, batch=True, idempotency=key)
+            lines.append(BatchLine(item.custom_id, job_id))
+        except EbbError as e:
+            # Refused before running, as OpenAI reports a request that failed validation.
+            lines.append(BatchLine(item.custom_id, error={"code": e.code, "message": e.message}))
+    current = await services.batches.get(record.batch_id) or record
+    current.lines = lines
+    if current.status is BatchStatus.VALIDATING:
+        current.status, current.in_progress_at_s = BatchStatus.IN_PROGRESS, int(time.time())
+    await services.batches.put(current)
+    if current.status is BatchStatus.CANCELLING:  # cancelled while its lines were queued
+        for line in lines:
+            if line.job_id:
+                await services.jobs.cancel(line.job_id)
+    return current
+
+
+async def _resume(services: Services, record: BatchRecord) -> None:
+    """Queue the lines of a batch whose creation was interrupted."""
+    content = await asyncio.to_thread(services.files.content, record.input_file_id)
+    inputs = parse_input(content, record.endpoint)
+    caller = Caller(tenant=record.tenant, key_id=record.key_id, is_admin=False)
+    log.info("batches: resuming %s, interrupted while its lines were queued", record.batch_id)
+    await _queue_lines(services, record, inputs, caller)
 
 
 @router.get("/{batch_id}")
@@ -152,7 +182,7 @@ async def cancel_batch(batch_id: str, caller: CallerDep, services: ServicesDep) 
     """Queued lines never run; running ones are aborted (billed for what they made)."""
     record = await _owned(services, batch_id, caller)
     if not record.status.is_terminal and record.status is not BatchStatus.CANCELLING:
-        record.status = BatchStatus.CANCELLING
+        record.status = BatchStatus.CANCELLING  # a validating batch cancels once queued
         record.cancelling_at_s = int(time.time())
         await services.batches.put(record)
         for line in record.lines:
@@ -170,9 +200,10 @@ async def _owned(services: Services, batch_id: str, caller: Caller) -> BatchReco
 
 async def _refreshed_view(services: Services, record: BatchRecord) -> dict:
     jobs = await _jobs(services, record)
-    if not record.status.is_terminal and all(
-        j is None or j.status.is_terminal for j in jobs.values()
-    ):
+    queued = record.status in (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING) and bool(
+        record.lines
+    )
+    if queued and all(j is None or j.status.is_terminal for j in jobs.values()):
         await _finalize(services, record, jobs)
     return batch_view(record, counts(record, jobs))
 
@@ -230,14 +261,20 @@ def _json(body: dict) -> str:
     return msgspec.json.encode(body).decode()
 
 
-async def watch_batches(services: Services, *, interval_s: float) -> None:
-    """Settle batches whose jobs have all settled, until cancelled."""
+async def watch_batches(
+    services: Services, *, interval_s: float, resume_after_s: float = 30.0
+) -> None:
+    """Settle batches whose jobs have all settled, and queue the lines of batches whose
+    creation was interrupted (validating for over `resume_after_s`), until cancelled."""
     while True:
         for batch_id in await services.batches.active_ids():
             with contextlib.suppress(Exception):
                 record = await services.batches.get(batch_id)
                 if record is None or record.status.is_terminal:
                     await services.batches.forget_active(batch_id)
+                elif record.status is BatchStatus.VALIDATING or not record.lines:
+                    if time.time() - record.created_at_s > resume_after_s:
+                        await _resume(services, record)
                 else:
                     await _refreshed_view(services, record)
         await asyncio.sleep(interval_s)

@@ -121,12 +121,18 @@ async def submit_job(
 
 
 async def create_job(
-    services: Services, caller: Caller, payload: JobCreate, *, batch: bool = False
+    services: Services,
+    caller: Caller,
+    payload: JobCreate,
+    *,
+    batch: bool = False,
+    idempotency: str = "",
 ) -> str:
     """Validate and queue one job as POST /v1/jobs would (no webhook); its id.
 
     With `batch` (the Batch API) token prices are reduced by the deployment's
-    `serving.batch_discount_pct`. Raises InvalidRequest when the request cannot run.
+    `serving.batch_discount_pct`. With `idempotency`, submitting it again returns the job
+    already queued under it. Raises InvalidRequest when the request cannot run.
     """
     spec = await _deployment(services, payload.model)
     prepared = await _prepare(services, spec, payload)
@@ -146,8 +152,8 @@ async def create_job(
     job_id, _ = await services.jobs.submit(
         record,
         ttl_s=payload.ttl_s or services.settings.job_ttl_s,
-        idempotency_digest="",
-        submission_digest="",
+        idempotency_digest=_digest(idempotency.encode()) if idempotency else "",
+        submission_digest=_digest(idempotency.encode()) if idempotency else "",
     )
     return job_id
 

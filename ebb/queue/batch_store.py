@@ -45,6 +45,7 @@ class BatchLine(msgspec.Struct, frozen=True):
 class BatchRecord(msgspec.Struct, kw_only=True):
     batch_id: str
     tenant: str
+    key_id: str = ""  # the key that created it: its lines are that key's jobs
     endpoint: str  # "/v1/chat/completions" | "/v1/completions"
     input_file_id: str
     completion_window: str

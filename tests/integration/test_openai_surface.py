@@ -19,7 +19,8 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def platform():
-    env = {"EBB_WEBHOOK_ALLOWED_CIDRS": "127.0.0.0/8"}  # the local webhook receiver
+    # The local webhook receiver; interrupted batches resumed within the tests' patience.
+    env = {"EBB_WEBHOOK_ALLOWED_CIDRS": "127.0.0.0/8", "EBB_BATCH_RESUME_AFTER_S": "1"}
     p = Platform(home=temp_home("ebb-it-oai-"), redis_url=None, env_extra=env).start()
     yield p
     assert p.stop() == 0
@@ -406,3 +407,39 @@ def test_batch_completed_webhook_without_polling(client, admin, receiver):
     assert event["data"]["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
     assert client.batches.retrieve(batch.id).status == "completed"
     assert len(receiver.accepted(batch.id, "batch.completed")) == 1
+
+
+def test_an_interrupted_batch_is_resumed_and_runs_nothing_twice(client, admin, platform_redis):
+    import msgspec
+
+    from ebb.queue.batch_store import BatchRecord, BatchStatus
+
+    deploy(admin, "fake-resume", source="fake://m?ctx=4096")
+    lines = [_chat_line("p", "fake-resume"), _chat_line("q", "fake-resume")]
+    uploaded = client.files.create(file=("r.jsonl", _batch_file(lines)), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    first = _settled_batch(client, batch.id)
+    ran = sorted(
+        json.loads(x)["response"]["request_id"]
+        for x in client.files.content(first.output_file_id).text.splitlines()
+    )
+    # As if the frontdoor had died after queueing the lines, before recording them.
+    record = msgspec.json.decode(platform_redis.get(keys.batch(batch.id)), type=BatchRecord)
+    record.status, record.lines, record.output_file_id = BatchStatus.VALIDATING, [], None
+    record.completed_at_s = None
+    platform_redis.set(keys.batch(batch.id), msgspec.json.encode(record))
+    platform_redis.sadd(keys.BATCHES_ACTIVE, batch.id)
+    resumed = wait_until(
+        lambda: (b := client.batches.retrieve(batch.id)).status == "completed" and b,
+        60,
+        "the watcher to resume the batch",
+    )
+    again = sorted(
+        json.loads(x)["response"]["request_id"]
+        for x in client.files.content(resumed.output_file_id).text.splitlines()
+    )
+    assert again == ran, "resuming queued the same jobs again instead of new ones"
+    jobs = admin.get("/v1/jobs", params={"limit": 100}).json()["data"]
+    assert sum(1 for j in jobs if j["metadata"].get("batch_id") == batch.id) == 2
