@@ -213,9 +213,11 @@ class _SamplingRequest(_Strict):
     @field_validator("stop", mode="before")
     @classmethod
     def _stop_as_list(cls, value: Any) -> Any:
+        if value is None:  # what SDKs send for "no stop sequences"
+            return None
         if isinstance(value, str):
             value = [value]
-        if value is not None and not isinstance(value, list):
+        if not isinstance(value, list):
             raise _invalid(f"stop must be a string or an array of strings; got {_show(value)}")
         if len(value) > MAX_STOP_SEQUENCES:
             raise _invalid(
