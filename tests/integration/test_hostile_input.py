@@ -331,3 +331,12 @@ def test_api_schema_is_the_admins_and_describes_every_body(platform, admin, tena
     chat = schema["components"]["schemas"]["ChatCompletionRequest"]
     assert {"model", "messages"} <= set(chat["required"])
     assert "stop" in chat["properties"]
+
+
+def test_the_cli_works_with_a_tenant_key_and_shows_no_sources(platform, admin):
+    key = admin.post("/v1/keys", json={"tenant": "cli-t"}).json()["key"]
+    for args in (("deployments",), ("deployments", "show", "hostile"), ("status",)):
+        shown = platform.cli(*args, EBB_API_KEY=key)
+        assert shown.returncode == 0, (args, shown.stderr)
+        assert "hostile" in shown.stdout and "fake://" not in shown.stdout
+    assert "fake://" in platform.cli("deployments", "show", "hostile").stdout
