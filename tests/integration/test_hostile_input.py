@@ -294,6 +294,26 @@ def test_a_finished_job_gives_back_the_tokens_it_did_not_use(platform, admin):
         wait_until(lambda: _job(client, **heavy).status_code == 202, 10, "the give-back")
 
 
+def test_a_job_that_never_ran_gives_back_its_request(platform, admin):
+    deploy(admin, "slow-load", "fake://m?load_s=60", idle_timeout_s=5)
+    created = admin.post("/v1/keys", json={"tenant": "rpm-expire", "requests_per_minute": 1})
+    headers = {"Authorization": f"Bearer {created.json()['key']}"}
+    job_body = {k: v for k, v in CHAT.items() if k != "model"}
+    body = {"model": "slow-load", "endpoint": "chat.completions", "body": job_body, "ttl_s": 1}
+    with httpx.Client(base_url=platform.base_url, timeout=60, headers=headers) as client:
+        first = client.post("/v1/jobs", json=body)
+        assert first.status_code == 202, first.text
+        assert client.post("/v1/jobs", json=body).status_code == 429
+        wait_until(
+            lambda: client.get(f"/v1/jobs/{first.json()['id']}").json()["status"] == "expired",
+            30,
+            "the job to expire in the queue",
+        )
+        # Refilling one request takes 60 s; the expired job gave its request back.
+        wait_until(lambda: client.post("/v1/jobs", json=body).status_code == 202, 10, "give-back")
+    admin.delete("/v1/deployments/slow-load")
+
+
 def test_tenants_see_deployments_without_operator_details(admin, tenant):
     [listed] = [d for d in tenant.get("/v1/deployments").json()["data"] if d["name"] == "hostile"]
     one = tenant.get("/v1/deployments/hostile").json()
