@@ -18,13 +18,13 @@ import time
 import uuid
 from typing import Any, Literal
 
-import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ebb.errors import InvalidRequest, JobError, NotFound
 from ebb.frontdoor.auth import CallerDep
+from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.openai_schema import _to_invalid
 from ebb.frontdoor.services import Services, ServicesDep
@@ -69,12 +69,8 @@ def _is_token(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def parse_embedding_request(raw: bytes) -> EmbeddingRequest:
-    """Validate an embeddings body; raises InvalidRequest with `param` set."""
-    try:
-        body = msgspec.json.decode(raw)
-    except msgspec.DecodeError as e:
-        raise InvalidRequest(f"The request body is not valid JSON ({e}).") from e
+def parse_embedding_request(body: object) -> EmbeddingRequest:
+    """Validate a decoded embeddings body; raises InvalidRequest with `param` set."""
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     try:
@@ -111,7 +107,7 @@ def tokenize_inputs(
 
 @router.post("/embeddings")
 async def embeddings(request: Request, caller: CallerDep, services: ServicesDep) -> JSONResponse:
-    req = parse_embedding_request(await request.body())
+    req = parse_embedding_request(decoded_json(request))  # decoded by BodyGuard
     spec = await services.state.get_deployment(req.model)
     if spec is None:
         raise NotFound(
