@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
+from typing import Literal
 
 from pydantic import ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -48,6 +49,14 @@ class Settings(BaseSettings):
 
     home: Path = Path(".ebb")
     redis_url: str | None = None
+    # The embedded Redis's fsync policy: "always" (nothing acknowledged is lost to a
+    # crash), "everysec" (up to a second of writes may be) or "no".
+    redis_appendfsync: Literal["always", "everysec", "no"] = "always"
+    # How long a process rides out an unreachable Redis (retrying with backoff) before
+    # the work at hand fails cleanly: a runner's output, a frontdoor's open streams.
+    redis_outage_s: float = 30.0
+    # Seconds a client refused while Redis is unreachable is told to wait (Retry-After).
+    redis_retry_after_s: int = 2
     host: str = "127.0.0.1"
     port: int = 8000
     admin_key: str | None = None

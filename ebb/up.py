@@ -1,6 +1,7 @@
 """`ebb up`: the whole platform on this machine, supervised.
 
-Starts redis-server (append-only file under EBB_HOME) unless EBB_REDIS_URL is set, prepares
+Starts redis-server (password and append-only file under EBB_HOME, restarted with backoff
+like every child, see `ebb.redis_server`) unless EBB_REDIS_URL is set, prepares
 and deploys the default model, then runs the frontdoor, the coldstart controller and the
 webhooks worker (job results and deliveries) and the billing consumer (unless
 EBB_METERING=0) as child processes, restarting any that dies. Ctrl-C or SIGTERM stops
@@ -14,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
-import redis
 from rich.console import Console
 
 from ebb.coldstart.launcher import child_environment
@@ -31,55 +30,12 @@ from ebb.home import resolve_admin_key, write_run_info
 from ebb.queue.connection import async_client
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec, RunnerState
+from ebb.redis_server import EmbeddedRedis
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
 
 _RESTART_BACKOFF_MAX_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_redis(settings: Settings) -> tuple[subprocess.Popen, str]:
-    settings.redis_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    cmd = [
-        "redis-server",
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--dir",
-        str(settings.redis_dir.resolve()),
-        "--appendonly",
-        "yes",
-        "--save",
-        "",
-        "--daemonize",
-        "no",
-        "--logfile",
-        str((settings.logs_dir / "redis.log").resolve()),
-    ]
-    settings.logs_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"redis-server did not start; see {settings.logs_dir / 'redis.log'}"
-                ) from None
-            time.sleep(0.05)
-    return proc, url
 
 
 @dataclass
@@ -191,10 +147,11 @@ def run_up(settings: Settings, *, default_model: bool = True) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    redis_proc = None
+    embedded = None
     if not settings.redis_url:
-        redis_proc, url = start_redis(settings)
-        settings = settings.model_copy(update={"redis_url": url})
+        embedded = EmbeddedRedis(settings)
+        embedded.start()
+        settings = settings.model_copy(update={"redis_url": embedded.url})
     supervisor = Supervisor(settings)
     try:
         if default_model:
@@ -215,11 +172,12 @@ def run_up(settings: Settings, *, default_model: bool = True) -> int:
         write_run_info(settings, base_url=settings.base_url, redis_url=settings.redis_url)
         print(f"ready: {settings.base_url}/v1  admin key: {admin_key}", flush=True)
         while not stop.wait(0.5):
+            if embedded is not None and (line := embedded.watch()):
+                console.print(f"[yellow]{line}")
             supervisor.watch()
         console.print("stopping: frontdoor, controller (runners drain), webhooks, billing, redis")
         return 0
     finally:
         supervisor.stop()
-        if redis_proc is not None:
-            redis_proc.terminate()
-            redis_proc.wait(timeout=30)
+        if embedded is not None:
+            embedded.stop()

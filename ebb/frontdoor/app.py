@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ebb.config import Settings
 from ebb.errors import CapacityError, EbbError, InvalidRequest, NotFound, RateLimited
 from ebb.frontdoor import (
+    redis_down,
     routes_admin,
     routes_console,
     routes_deployments,
@@ -26,6 +27,7 @@ from ebb.frontdoor import (
     routes_weights,
 )
 from ebb.frontdoor.services import build_services
+from ebb.queue.connection import UNAVAILABLE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +37,13 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI):
         services = build_services(settings)
         app.state.services = services
-        # Warm the tokenizers of existing deployments so first requests don't pay for it.
-        for spec in await services.state.list_deployments():
-            services.catalog.prepare(spec)
+        # Warm the tokenizers of existing deployments so first requests don't pay for it
+        # (not when Redis is down: requests will wait for it, the warm-up need not).
+        try:
+            for spec in await services.state.list_deployments():
+                services.catalog.prepare(spec)
+        except UNAVAILABLE_ERRORS:
+            log.warning("frontdoor: Redis unreachable at start; tokenizers warm on use")
         log.info("frontdoor: serving on %s", settings.base_url)
         yield
         await services.redis.aclose()
@@ -54,6 +60,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_console.router)
     app.include_router(routes_weights.router)
     _install_error_handlers(app)
+    redis_down.install(app, settings.redis_retry_after_s, _error_response)
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next):

@@ -18,6 +18,7 @@ from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.execution import ClientGone, Running, unless_disconnected
 from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
 from ebb.frontdoor.ratelimit import Reservation
+from ebb.frontdoor.redis_down import unavailable
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.translate import Prepared, prepare_chat, prepare_completion
 from ebb.openai_responses import (
@@ -27,6 +28,7 @@ from ebb.openai_responses import (
     new_request_id,
     sse_line,
 )
+from ebb.queue.connection import UNAVAILABLE_ERRORS
 from ebb.queue.schema import Failed, Finished, Progress, WorkItem
 
 log = logging.getLogger(__name__)
@@ -120,7 +122,15 @@ async def _serve(
                 headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
             )
         result = await unless_disconnected(
-            request, work, executor, _collect(services, running, builder, reservation)
+            request,
+            work,
+            executor,
+            _collect(
+                services,
+                running,
+                lambda: prepared.builder(request_id, int(time.time())),
+                reservation,
+            ),
         )
         return JSONResponse(result, headers={"X-Request-Id": request_id})
     except ClientGone:
@@ -135,8 +145,13 @@ async def _serve(
 
 
 async def _collect(
-    services: Services, running: Running, builder: ResponseBuilder, reservation: Reservation
+    services: Services,
+    running: Running,
+    new_builder: Callable[[], ResponseBuilder],
+    reservation: Reservation,
 ) -> dict:
+    """The whole answer; a request whose runner was lost runs again (nothing was sent)."""
+    builder = new_builder()
     async for event in services.executor.events(running):
         reservation.observe(event)
         if isinstance(event, Progress):
@@ -144,6 +159,8 @@ async def _collect(
         elif isinstance(event, Finished):
             return builder.response(event)
         elif isinstance(event, Failed):
+            if await services.executor.rerun(running, event):
+                return await _collect(services, running, new_builder, reservation)
             raise JobError(f"The request failed while running: {event.message}", code=event.code)
     raise JobError("the request ended without a result")
 
@@ -151,24 +168,23 @@ async def _collect(
 async def _stream(
     services: Services, running: Running, builder: ResponseBuilder, reservation: Reservation
 ) -> AsyncIterator[bytes]:
-    """SSE body; if the client leaves mid-stream, the request is aborted in the engine."""
+    """SSE body; if the client leaves mid-stream, the request is aborted in the engine.
+
+    A stream that cannot go on (runner lost after output, Redis gone for longer than
+    EBB_REDIS_OUTAGE_S) ends with an error event and `data: [DONE]`, never silently."""
     finished = False
     try:
-        async for event in services.executor.events(running):
-            reservation.observe(event)
-            if isinstance(event, Progress):
-                for chunk in builder.chunks_for(event):
-                    yield sse_line(chunk)
-            elif isinstance(event, Finished):
-                for chunk in builder.final_chunks(event):
-                    yield sse_line(chunk)
-                finished = True
-            elif isinstance(event, Failed):
-                finished = True
-                error = JobError(
-                    f"The request failed while running: {event.message}", code=event.code
-                )
-                yield sse_line(error.to_body())
+        try:
+            async for chunk in _stream_events(services, running, builder, reservation):
+                yield chunk
+        except UNAVAILABLE_ERRORS as e:  # nothing to cancel through a Redis not there
+            log.warning(
+                "frontdoor: %s cut short, Redis unavailable: %s", running.work.request_id, e
+            )
+            yield sse_line(unavailable(services.settings.redis_retry_after_s).to_body())
+        except EbbError as e:  # a rerun that found no runner in time
+            yield sse_line(e.to_body())
+        finished = True
         yield SSE_DONE
     finally:
         if not finished:
@@ -176,6 +192,29 @@ async def _stream(
             with contextlib.suppress(Exception):
                 await asyncio.shield(services.executor.cancel(running.work))
         await asyncio.shield(reservation.settle())
+
+
+async def _stream_events(
+    services: Services, running: Running, builder: ResponseBuilder, reservation: Reservation
+) -> AsyncIterator[bytes]:
+    """The SSE lines of a request's events; before any output, a lost runner means a rerun."""
+    sent_output = False
+    async for event in services.executor.events(running):
+        reservation.observe(event)
+        if isinstance(event, Progress):
+            sent_output = True
+            for chunk in builder.chunks_for(event):
+                yield sse_line(chunk)
+        elif isinstance(event, Finished):
+            for chunk in builder.final_chunks(event):
+                yield sse_line(chunk)
+        elif isinstance(event, Failed):
+            if not sent_output and await services.executor.rerun(running, event):
+                async for line in _stream_events(services, running, builder, reservation):
+                    yield line
+                return
+            error = JobError(f"The request failed while running: {event.message}", code=event.code)
+            yield sse_line(error.to_body())
 
 
 async def _json_body(request: Request) -> object:

@@ -223,7 +223,16 @@ class PlatformState:
     async def wake(self, deployment: str) -> None:
         await self.redis.rpush(keys.WAKE, deployment)
 
-    async def reap_expired_leases(self) -> list[str]:
+    async def reap_expired_leases(self, *, restart_grace_s: float = 0.0) -> list[str]:
+        """Fail the requests whose runner stopped renewing their lease; their ids.
+
+        Leases are scored on the Redis clock, which ran on while Redis was down and no
+        runner could renew anything: within `restart_grace_s` of a Redis start nothing
+        is reaped, so runners that rode the outage out keep their requests."""
+        if restart_grace_s > 0:
+            server = await self.redis.info("server")
+            if float(server.get("uptime_in_seconds", 0)) < restart_grace_s:
+                return []
         return await self._scripts.reap(lost_event=_LOST, result_ttl_s=self._result_ttl_s)
 
     # --- API keys ----------------------------------------------------------------------

@@ -63,6 +63,12 @@ class RequestQueue:
         """Take back a request nobody claimed; True means it will never run."""
         return await self._scripts.withdraw(work, state="withdrawn")
 
+    async def rerun_lost(self, work: WorkItem, *, admission_window_s: float) -> bool:
+        """Queue again a request its runner was lost with; False if it was not lost."""
+        return await self._scripts.rerun_lost(
+            work, admission_window_ms=int(admission_window_s * 1000)
+        )
+
     async def cancel(self, work: WorkItem) -> str:
         """The client left: withdraw if queued, else have the runner abort it."""
         return await self._scripts.cancel(work)

@@ -87,7 +87,7 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
     launched_ms = float(os.environ.get(LAUNCHED_AT_ENV, time.time() * 1000))
     clock = ColdStartClock(launched_ms)
     clock.lap("spawn")
-    client = sync_client(settings.platform_redis_url("a runner"))
+    client = sync_client(settings.platform_redis_url("a runner"), outage_s=settings.redis_outage_s)
     queue = RunnerQueue(
         client,
         runner_id,

@@ -76,6 +76,8 @@ class FakeEngine:
             raise RuntimeError("step() on a sleeping engine")
         if self.model.step_ms:
             time.sleep(self.model.step_ms / 1000)  # simulates one forward pass
+        if self.model.prefill_ms and any(r.completion_tokens == 0 for r in self._requests.values()):
+            time.sleep(self.model.prefill_ms / 1000)  # simulates a long prompt's prefill
         outputs = []
         for request_id, request in list(self._requests.items()):
             deltas = [self._advance(c, request.sampling) for c in request.choices if not c.done]
