@@ -74,6 +74,9 @@ class JobStore:
         )
         if outcome is Submitted.CONFLICT:
             raise IdempotencyConflict(job_id)
+        if outcome is Submitted.CREATED:
+            # Two per submission outpace expiry: the listing stays bounded.
+            await self._scripts.job_index_prune(record.tenant, look_at=2)
         return job_id, outcome is Submitted.REPLAYED
 
     async def get(self, job_id: str) -> JobRecord | None:

@@ -266,6 +266,15 @@ class PlatformState:
         entries = reply_entries(await self.redis.xrange(keys.USAGE, min=start, max="+"))
         return [msgspec.json.decode(fields[b"r"], type=UsageRecord) for _, fields in entries]
 
+    async def memory(self) -> dict[str, int]:
+        """Redis's memory as INFO reports it: used, peak and the configured limit (0: none)."""
+        info = await self.redis.info("memory")
+        return {
+            "used_memory_bytes": int(info.get("used_memory", 0)),
+            "used_memory_peak_bytes": int(info.get("used_memory_peak", 0)),
+            "maxmemory_bytes": int(info.get("maxmemory", 0)),
+        }
+
     async def ping(self) -> bool:
         return bool(await self.redis.ping())
 
