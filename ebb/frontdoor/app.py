@@ -41,7 +41,7 @@ def create_app(settings: Settings) -> FastAPI:
         # (not when Redis is down: requests will wait for it, the warm-up need not).
         try:
             for spec in await services.state.list_deployments():
-                services.catalog.prepare(spec)
+                services.catalog.warm(spec)
         except UNAVAILABLE_ERRORS:
             log.warning("frontdoor: Redis unreachable at start; tokenizers warm on use")
         log.info("frontdoor: serving on %s", settings.base_url)
