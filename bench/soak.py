@@ -1,18 +1,19 @@
 """Soak: thousands of requests and jobs through `ebb up` (fake engine), Redis's memory
 sampled throughout, to show it is flat once past the retention windows.
 
-    .venv/bin/python -m bench.soak [--rounds 3] [--requests 1500] [--jobs 300]
+    .venv/bin/python -m bench.soak [--rounds 3] [--requests 1200] [--jobs 240]
                                    [--concurrency 12] [--retention-s 5]
 
-Each round sends `requests` synchronous chat requests (half streamed) and `jobs` async
-jobs with a webhook to a local receiver, then waits out the retention (results, jobs,
-deliveries: EBB_RESULT_TTL_S, EBB_JOB_RETENTION_S, EBB_WEBHOOK_GIVE_UP_S). Redis's
-`used_memory` and key count are sampled every second. Raw token records (the usage
-stream) are trimmed only once their hour is closed and exported, which a run of minutes
-never reaches: their share is measured apart (MEMORY USAGE) and reported as its own
-line. Reported, as ratios against the same run's first settled round (the baseline):
-used_memory without the usage stream after each round, and whether it is flat (within
-10 %). Results go to bench/results/.
+Each round sends `requests` synchronous chat requests (streamed and plain) and `jobs`
+async jobs with a webhook to a local receiver, then waits out the retention (results,
+jobs, deliveries: EBB_RESULT_TTL_S, EBB_JOB_RETENTION_S, EBB_WEBHOOK_GIVE_UP_S). Redis's
+`used_memory` and key count are sampled every second. The ledger's hour data (raw token
+records, trimmed once their hour is closed and exported; the open hour's booked lines;
+the billed-once ids, kept three days) is bounded by time that a run of minutes never
+reaches: its share is measured apart (MEMORY USAGE) and reported on its own line.
+Reported, as ratios against the same run's first settled round (the baseline):
+used_memory without the ledger's hour data after each round, and whether it is flat
+(within 10 %). Results go to bench/results/.
 """
 
 from __future__ import annotations
@@ -46,13 +47,17 @@ FLAT_WITHIN = 0.10
 class Sample:
     t_s: float
     used_bytes: int
-    usage_stream_bytes: int
+    # The ledger's per-hour and per-day structures, bounded by time rather than by
+    # retention windows a soak can wait out: raw token records (until their hour is
+    # closed, exported and past EBB_USAGE_RETENTION_S), the open hour's booked lines
+    # (until it closes) and the billed-once request ids (three UTC days).
+    billing_bytes: int
     keys: int
     usage_records: int
 
     @property
-    def without_usage_bytes(self) -> int:
-        return self.used_bytes - self.usage_stream_bytes
+    def without_billing_bytes(self) -> int:
+        return self.used_bytes - self.billing_bytes
 
 
 class Sampler(threading.Thread):
@@ -71,10 +76,13 @@ class Sampler(threading.Thread):
 
     def sample(self) -> Sample:
         info = self.client.info("memory")
+        billing = [keys.USAGE]
+        for prefix in (keys.LEDGER_LINES_PREFIX, keys.LEDGER_SEEN_PREFIX):
+            billing += [k.decode() for k in self.client.scan_iter(match=prefix + "*")]
         return Sample(
             t_s=time.monotonic() - self._t0,
             used_bytes=int(info["used_memory"]),
-            usage_stream_bytes=int(self.client.memory_usage(keys.USAGE, samples=0) or 0),
+            billing_bytes=sum(int(self.client.memory_usage(k, samples=0) or 0) for k in billing),
             keys=int(self.client.dbsize()),
             usage_records=int(self.client.xlen(keys.USAGE)),
         )
@@ -175,18 +183,29 @@ def main() -> None:
             )
             print(
                 f"round {n + 1}: {counts} in {load_s:.0f}s; settled: "
-                f"{after.without_usage_bytes / 2**20:.2f} MiB without the usage stream, "
-                f"usage stream {after.usage_stream_bytes / 2**20:.2f} MiB "
-                f"({after.usage_records} records), {after.keys} keys",
+                f"{after.without_billing_bytes / 2**20:.2f} MiB without the ledger's hour data, "
+                f"which is {after.billing_bytes / 2**20:.2f} MiB "
+                f"({after.usage_records} raw token records), {after.keys} keys",
                 flush=True,
             )
         sampler.stop.set()
         sampler.join()
         _report(sampler.samples, rounds)
         print(f"keys left: {_key_kinds(client)}")
+        print(f"redis-server memory: {_redis_process_memory(platform)}")
     finally:
         platform.stop()
         receiver.stop()
+
+
+def _redis_process_memory(platform: Platform) -> str:
+    import psutil
+
+    for child in psutil.Process(platform.proc.pid).children():
+        if child.name() == "redis-server":
+            info = child.memory_full_info()
+            return f"RSS {info.rss / 2**20:.1f} MiB, PSS {info.pss / 2**20:.1f} MiB"
+    return "not found"
 
 
 def _key_kinds(client: redis.Redis) -> dict[str, int]:
@@ -200,26 +219,27 @@ def _key_kinds(client: redis.Redis) -> dict[str, int]:
 
 
 def _report(samples: list[Sample], rounds: list[dict]) -> None:
-    print("\n  t_s  used_MiB  w/o_usage_MiB  usage_MiB   keys  usage_records")
+    print("\n  t_s  used_MiB  w/o_ledger_MiB  ledger_MiB   keys  usage_records")
     step = max(1, len(samples) // 40)
     for s in samples[::step]:
         print(
-            f"{s.t_s:5.0f}  {s.used_bytes / 2**20:8.2f}  {s.without_usage_bytes / 2**20:13.2f}"
-            f"  {s.usage_stream_bytes / 2**20:9.2f}  {s.keys:5d}  {s.usage_records:13d}"
+            f"{s.t_s:5.0f}  {s.used_bytes / 2**20:8.2f}  {s.without_billing_bytes / 2**20:14.2f}"
+            f"  {s.billing_bytes / 2**20:10.2f}  {s.keys:5d}  {s.usage_records:13d}"
         )
     base = rounds[0]["after"]
-    ratios = [r["after"].without_usage_bytes / base.without_usage_bytes for r in rounds]
+    ratios = [r["after"].without_billing_bytes / base.without_billing_bytes for r in rounds]
     key_ratios = [r["after"].keys / base.keys for r in rounds]
     flat = all(abs(r - 1) <= FLAT_WITHIN for r in ratios)
-    per_record = [r["after"].usage_stream_bytes / max(1, r["after"].usage_records) for r in rounds]
+    per_record = [r["after"].billing_bytes / max(1, r["after"].usage_records) for r in rounds]
     print(
-        f"\nsettled used_memory without the usage stream, ratio to round 1: "
+        f"\nsettled used_memory without the ledger's hour data, ratio to round 1: "
         f"{[round(r, 3) for r in ratios]}; keys: {[round(r, 3) for r in key_ratios]}"
     )
     print(f"flat after the retention window (within {FLAT_WITHIN:.0%}): {flat}")
     print(
-        f"usage stream: {[r['after'].usage_records for r in rounds]} records, "
-        f"~{per_record[-1]:.0f} bytes each, trimmed once their hour is closed and exported"
+        f"ledger hour data: {[r['after'].usage_records for r in rounds]} requests, "
+        f"~{per_record[-1]:.0f} bytes each until their hour closes (lines), is exported and "
+        f"past EBB_USAGE_RETENTION_S (raw records), and three days (billed-once ids)"
     )
     peak = max(s.used_bytes for s in samples)
     print(f"peak used_memory {peak / 2**20:.2f} MiB; baseline {base.used_bytes / 2**20:.2f} MiB")
@@ -230,7 +250,7 @@ def _report(samples: list[Sample], rounds: list[dict]) -> None:
                 {**{k: v for k, v in r.items() if k != "after"}, "after": vars(r["after"])}
                 for r in rounds
             ],
-            "ratios_without_usage": ratios,
+            "ratios_without_ledger_hour_data": ratios,
             "flat": flat,
             "samples": [vars(s) for s in samples],
         },
@@ -240,8 +260,8 @@ def _report(samples: list[Sample], rounds: list[dict]) -> None:
 def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=1500)
-    parser.add_argument("--jobs", type=int, default=300)
+    parser.add_argument("--requests", type=int, default=1200)
+    parser.add_argument("--jobs", type=int, default=240)
     parser.add_argument("--concurrency", type=int, default=12)
     parser.add_argument("--retention-s", type=int, default=5)
     return parser.parse_args()

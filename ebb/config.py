@@ -134,7 +134,7 @@ class Settings(BaseSettings):
     billing_s3_endpoint_url: str | None = None
     # Raw token-usage records stay in Redis at least this long, and until their hour is
     # closed and (with an S3 bucket) exported; the hourly aggregates stay for good.
-    usage_retention_s: float = 7 * 86400
+    usage_retention_s: float = 86400
     # What one GPU-second costs the operator (micros), for unit economics; 0: not shown.
     gpu_second_cost_micros: int = 0
 

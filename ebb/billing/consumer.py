@@ -49,7 +49,7 @@ class LedgerConsumer:
         grace_s: float,
         batch: int = BATCH,
         linger_s: float = LINGER_S,
-        usage_retention_s: float = 7 * 86400,
+        usage_retention_s: float = 86400,
     ):
         self.store = store
         self.exporter = exporter

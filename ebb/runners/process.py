@@ -22,7 +22,7 @@ from ebb.billing.gpu import NoMeter, RunnerMeter, runner_meter
 from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
-from ebb.queue.connection import sync_client
+from ebb.queue.connection import UNAVAILABLE_ERRORS, sync_client
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
 from ebb.runners.engine import EngineAdapter, EngineOptions
@@ -103,16 +103,25 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
     heartbeat.start()
     lifecycle = Lifecycle(queue)
     meter = runner_meter(settings, client, runner_id, queue.deployment)
+    redis_gone = False
     try:
         meter.begin(queue.deployment(deployment) if deployment else None)
         return _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat, meter)
+    except UNAVAILABLE_ERRORS:
+        # Redis stayed away past EBB_REDIS_OUTAGE_S: nothing more can be written through
+        # it. Once it is back, the reaper ends what this runner held (or reruns it) and
+        # the controller closes its GPU time from its last heartbeat.
+        log.exception("runner: %s gives up, Redis unreachable", runner_id)
+        redis_gone = True
+        return 1
     except Exception as e:
         log.exception("runner: %s failed", runner_id)
         lifecycle.fail(f"{type(e).__name__}: {e}")
         return 1
     finally:
         heartbeat.done.set()
-        meter.close()
+        if not redis_gone:
+            meter.close()
 
 
 def _run(
@@ -150,6 +159,8 @@ def _run(
             if woken is None:
                 break
             loop.on_first_output = woken
+    except UNAVAILABLE_ERRORS:
+        raise  # not the engine's fault, and no way to report through Redis
     except Exception as e:
         loop.fail_all(f"the engine failed: {e}")
         raise

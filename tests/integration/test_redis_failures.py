@@ -215,6 +215,7 @@ def test_redis_down_is_a_503_with_retry_after_on_every_route(outside, outside_re
         deploy(admin, "down")
         outside.openai().chat.completions.create(model="down", messages=MESSAGES, max_tokens=1)
         tenant_key = admin.post("/v1/keys", json={"tenant": "acme"}).json()["key"]
+        [runner] = admin.get("/v1/deployments/down").json()["runners"]
         outside_redis.stop()
         try:
             for method, path, body in ROUTES:
@@ -229,6 +230,8 @@ def test_redis_down_is_a_503_with_retry_after_on_every_route(outside, outside_re
             ready = admin.get("/readyz")
             assert ready.status_code == 503 and ready.json()["status"] == "unavailable"
             assert admin.get("/healthz").status_code == 200  # alive, just not ready
+            # Past EBB_REDIS_OUTAGE_S (2 s here) the runner gives up and exits.
+            wait_until(lambda: _exited(runner["pid"]), 60, "the runner to exit")
         finally:
             outside_redis.start()
         wait_until(lambda: admin.get("/readyz").status_code == 200, 30, "ready again")
@@ -236,6 +239,13 @@ def test_redis_down_is_a_503_with_retry_after_on_every_route(outside, outside_re
             model="down", messages=MESSAGES, max_tokens=2
         )
         assert reply.usage.completion_tokens == 2
+
+
+def _exited(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def test_a_stream_whose_redis_stays_down_ends_with_an_error_event(outside, outside_redis):
