@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import httpx
 from rich.console import Console
 
-from ebb.coldstart.launcher import child_environment
+from ebb.coldstart.launcher import WarmState, child_environment
 from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE, Settings
 from ebb.home import resolve_admin_key, write_run_info
 from ebb.queue.connection import async_client
@@ -121,12 +121,15 @@ class _Readiness:
 
     answering: bool  # the frontdoor's /readyz
     pool_filled: bool  # EBB_PREWARM stems waiting for an assignment
+    # The fork server has imported the engine (or there is none): a first request then
+    # never competes with that import for the cores (it slowed a pre-warmed start 4x).
+    warm_done: bool
     weights: WeightsStatus | None  # the default model's, when it is deployed
 
     @property
     def ready(self) -> bool:
         weights_ready = self.weights is None or self.weights.state is WeightsState.READY
-        return self.answering and self.pool_filled and weights_ready
+        return self.answering and self.pool_filled and self.warm_done and weights_ready
 
     def describe(self) -> str:
         if self.weights is not None and self.weights.state is WeightsState.PREPARING:
@@ -135,6 +138,8 @@ class _Readiness:
                 f"preparing the default model's weights: {phase} "
                 f"{self.weights.progress:.0%} (the first run converts its GGUF)"
             )
+        if self.pool_filled and not self.warm_done:
+            return "starting the fork server (importing the engine once for every runner)"
         return "starting the frontdoor, controller and pre-warmed runner pool"
 
 
@@ -149,13 +154,15 @@ async def _readiness(settings: Settings, default_model: bool, answering: bool) -
     state = PlatformState(async_client(settings.redis_url))
     try:
         runners = await state.runners()
+        fork_server = await state.fork_server_state()
         weights = None
         if default_model:
             weights = WeightsStatus.of(await state.deployment_status(DEFAULT_MODEL_NAME))
     finally:
         await state.redis.aclose()
     stems = sum(r.state is RunnerState.PREWARMED and not r.deployment for r in runners)
-    return _Readiness(answering, stems >= settings.prewarm, weights)
+    warm_done = not settings.fork_server or fork_server == WarmState.READY
+    return _Readiness(answering, stems >= settings.prewarm, warm_done, weights)
 
 
 def _wait_ready(
