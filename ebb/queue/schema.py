@@ -78,6 +78,10 @@ class Claimed(msgspec.Struct, tag="claimed", frozen=True):
 
 class Progress(msgspec.Struct, tag="progress", frozen=True):
     choices: list[ChoiceDelta]
+    # 1, 2, ... per attempt (restarting after each Claimed): a runner that retries a write
+    # whose reply a Redis restart swallowed may publish one twice; readers drop repeats.
+    # 0: unnumbered.
+    seq: int = 0
 
 
 class Finished(msgspec.Struct, tag="finished", frozen=True):

@@ -65,6 +65,7 @@ class Held:
     work: WorkItem
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    published: int = 0  # Progress events published, numbering the next one
 
 
 class ServingLoop:
@@ -169,7 +170,8 @@ class ServingLoop:
             held.prompt_tokens = out.prompt_tokens
             held.completion_tokens = out.completion_tokens
             if out.choices:
-                progress[out.request_id] = Progress(choices=out.choices)
+                held.published += 1
+                progress[out.request_id] = Progress(choices=out.choices, seq=held.published)
             if out.finished:
                 finished.append(out)
         self._queue.publish(progress)

@@ -71,3 +71,18 @@ def test_redis_unavailable_is_a_503_in_the_openai_shape(error):
     body = response.json()["error"]
     assert set(body) == {"message", "type", "param", "code"}
     assert body["code"] == "redis_unavailable" and "Retry" in body["message"]
+
+
+def test_a_progress_event_published_twice_is_read_once_per_attempt():
+    from ebb.queue.requests import RepeatFilter
+    from ebb.queue.schema import ChoiceDelta, Claimed, Finished, Progress
+
+    def p(seq: int) -> Progress:
+        return Progress(choices=[ChoiceDelta(index=0, text="x", token_count=1)], seq=seq)
+
+    # A retried publish repeats seq 2; a rerun on another runner numbers from 1 again.
+    events = [Claimed("r1"), p(1), p(2), p(2), p(3), Claimed("r2"), p(1), p(2), Finished(3, 2)]
+    repeats = RepeatFilter()
+    kept = [e for e in events if repeats.keep(e)]
+    assert [getattr(e, "seq", None) for e in kept] == [None, 1, 2, 3, None, 1, 2, None]
+    assert all(RepeatFilter().keep(p(0)) for _ in range(2))  # unnumbered: all kept
