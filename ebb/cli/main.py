@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import sys
-
 import typer
 
 from ebb.cli.chat import chat
@@ -33,11 +30,9 @@ deployments_app.command("delete")(delete_deployment)
 
 
 def _logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    from ebb import logs
+
+    logs.configure(Settings().log_format)
 
 
 @app.command()

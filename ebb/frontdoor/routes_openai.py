@@ -16,6 +16,7 @@ from ebb.errors import EbbError, InvalidRequest, JobError, NotFound
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.execution import ClientGone, Running, unless_disconnected
+from ebb.frontdoor.observe import RequestObservation
 from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
 from ebb.frontdoor.ratelimit import Reservation
 from ebb.frontdoor.services import Services, ServicesDep
@@ -72,6 +73,32 @@ async def _serve(
     parse: Callable,
     prepare: Callable,
 ) -> Response:
+    """Serve one request, observed from arrival to its end (a stream ends in `_stream`)."""
+    request_id = new_request_id(kind)
+    observed = RequestObservation(services.metrics, request_id, caller, kind.value)
+    try:
+        response = await _serve_observed(request, services, caller, parse, prepare, observed)
+    except EbbError as e:
+        e.request_id = request_id
+        observed.end_with_error(e)
+        raise
+    except BaseException:
+        observed.end(500, "internal_error")
+        raise
+    if not isinstance(response, StreamingResponse):
+        observed.end(response.status_code)
+    return response
+
+
+async def _serve_observed(
+    request: Request,
+    services: Services,
+    caller: Caller,
+    parse: Callable,
+    prepare: Callable,
+    observed: RequestObservation,
+) -> Response:
+    request_id = observed.request_id
     body = await _json_body(request)
     parsed = parse(body)
     spec = await services.state.get_deployment(parsed.model)
@@ -82,6 +109,7 @@ async def _serve(
             param="model",
             code="model_not_found",
         )
+    observed.deployment = spec.name
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     model = await services.catalog.info(spec, wait_s=window_s)
     # Rendering and tokenizing a long prompt is CPU work: keep it off the event loop.
@@ -92,7 +120,6 @@ async def _serve(
         max_model_len=model.max_model_len,
         max_n=services.settings.max_n,
     )
-    request_id = new_request_id(kind)
     work = WorkItem(
         request_id=request_id,
         deployment=spec.name,
@@ -111,34 +138,36 @@ async def _serve(
     try:
         running = await unless_disconnected(request, work, executor, executor.admit(work, spec))
         reservation.ran = True
-        services.metrics.observe_admitted(spec.name, running.queued_s)
+        observed.admitted(running.queued_s)
         if prepared.stream:
             streaming = True
             return StreamingResponse(
-                _stream(services, running, builder, reservation),
+                _stream(services, running, builder, reservation, observed),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
             )
         result = await unless_disconnected(
-            request, work, executor, _collect(services, running, builder, reservation)
+            request, work, executor, _collect(services, running, builder, reservation, observed)
         )
         return JSONResponse(result, headers={"X-Request-Id": request_id})
     except ClientGone:
         # Nobody is listening; 499 is what proxies log for a client that closed first.
         return Response(status_code=499)
-    except EbbError as e:
-        e.request_id = request_id
-        raise
     finally:
         if not streaming:  # a stream settles when it ends
             await asyncio.shield(reservation.settle())
 
 
 async def _collect(
-    services: Services, running: Running, builder: ResponseBuilder, reservation: Reservation
+    services: Services,
+    running: Running,
+    builder: ResponseBuilder,
+    reservation: Reservation,
+    observed: RequestObservation,
 ) -> dict:
     async for event in services.executor.events(running):
         reservation.observe(event)
+        observed.on_event(event)
         if isinstance(event, Progress):
             builder.add(event)
         elif isinstance(event, Finished):
@@ -149,13 +178,18 @@ async def _collect(
 
 
 async def _stream(
-    services: Services, running: Running, builder: ResponseBuilder, reservation: Reservation
+    services: Services,
+    running: Running,
+    builder: ResponseBuilder,
+    reservation: Reservation,
+    observed: RequestObservation,
 ) -> AsyncIterator[bytes]:
     """SSE body; if the client leaves mid-stream, the request is aborted in the engine."""
     finished = False
     try:
         async for event in services.executor.events(running):
             reservation.observe(event)
+            observed.on_event(event)
             if isinstance(event, Progress):
                 for chunk in builder.chunks_for(event):
                     yield sse_line(chunk)
@@ -175,6 +209,7 @@ async def _stream(
             # Shielded: this runs while the response task is being cancelled.
             with contextlib.suppress(Exception):
                 await asyncio.shield(services.executor.cancel(running.work))
+        observed.end(200 if finished else 499)
         await asyncio.shield(reservation.settle())
 
 

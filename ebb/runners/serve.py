@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ebb.queue.observations import RunnerStats
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import (
     DeploymentSpec,
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.5
 # How often an idle runner re-reads its deployment (idle timeout, min replicas, deletion).
 _SPEC_REFRESH_S = 2.0
+# How often the runner publishes its engine's figures (KV cache, prefix cache, batch).
+_STATS_INTERVAL_S = 1.0
 
 
 def job_slots(max_concurrency: int) -> int:
@@ -88,6 +91,7 @@ class ServingLoop:
         self._sleeping = False
         self._last_active = clock()
         self._spec_read_at = clock()
+        self._stats_at = -math.inf
         # Called once, with the work item, when the next token this runner publishes is
         # out: the last phase of a cold start (set again after each wake-up).
         self.on_first_output: Callable[[WorkItem], None] | None = None
@@ -110,6 +114,7 @@ class ServingLoop:
             if self._stop.is_set() and not self._draining:
                 self._start_draining("asked to stop")
             claimed = self._claim_and_cancel(wait=not burst)
+            self._maybe_report_stats()
             if self._engine.has_unfinished():
                 self._step()
             elif self._draining and not self.held:
@@ -198,6 +203,23 @@ class ServingLoop:
         """The engine broke: every held request ends with an error, none hangs."""
         for held in list(self.held.values()):
             self._end(held, "failed", Failed(message=message, code="engine_error", retryable=True))
+
+    def _maybe_report_stats(self) -> None:
+        now = self._clock()
+        if now - self._stats_at < _STATS_INTERVAL_S:
+            return
+        self._stats_at = now
+        engine = self._engine.stats()
+        self._queue.report_stats(
+            RunnerStats(
+                runner_id=self._queue.runner_id,
+                deployment=self._spec.name,
+                batch_size=len(self.held),
+                kv_cache_usage_ratio=engine.kv_cache_usage_ratio,
+                prefix_cache_queried_tokens=engine.prefix_cache_queried_tokens,
+                prefix_cache_hit_tokens=engine.prefix_cache_hit_tokens,
+            )
+        )
 
     # 5: idle drain ----------------------------------------------------------------------
 

@@ -1,0 +1,122 @@
+"""One inference request as the frontdoor saw it, reported once when it ends.
+
+A `RequestObservation` starts when the request arrives (it sets the request id that every
+log line about the request carries), follows its admission and output events, and on its
+end — answered, refused, failed or abandoned — records the metrics (outcome, latency,
+TTFT, TPOT) and writes the request's one access-log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ebb import logs
+from ebb.errors import EbbError
+from ebb.frontdoor.caller import Caller
+from ebb.frontdoor.metrics import Metrics
+from ebb.queue.schema import Failed, Finished, Progress, RequestEvent
+
+access_log = logging.getLogger("ebb.access")
+
+# Failed-event codes that are the platform losing the request, not the request's fault.
+_RUNNER_LOST_CODES = frozenset({"runner_lost", "lost"})
+
+
+def outcome_of(status: int, code: str) -> tuple[str, str]:
+    """(outcome, code) labels for a request that ended with `status` and error `code`."""
+    if code in _RUNNER_LOST_CODES:
+        return "runner_lost", code
+    if status < 400:
+        # A stream answers 200 before it can fail; its Failed event says how it ended.
+        return ("error", code) if code else ("ok", str(status))
+    if status == 499:
+        return "cancelled", "499"
+    if status == 429:
+        return "rate_limited", "429"
+    if status == 503:
+        return "unavailable", code or "503"
+    if status < 500:
+        return "client_error", str(status)
+    return "error", code or str(status)
+
+
+class RequestObservation:
+    def __init__(self, metrics: Metrics, request_id: str, caller: Caller, endpoint: str):
+        self._metrics = metrics
+        self.request_id = request_id
+        self.tenant = caller.tenant
+        self.endpoint = endpoint
+        self.deployment = ""  # set once the model is known to exist
+        self._started = time.monotonic()
+        self._queued_s: float | None = None
+        self._first_token_at: float | None = None
+        self._last_token_at: float | None = None
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self._failure_code = ""
+        self._ended = False
+        logs.request_id.set(request_id)
+
+    def admitted(self, queued_s: float) -> None:
+        self._queued_s = queued_s
+        self._metrics.observe_admitted(self.deployment, queued_s)
+
+    def on_event(self, event: RequestEvent) -> None:
+        if isinstance(event, Progress):
+            if any(c.token_count for c in event.choices):
+                now = time.monotonic()
+                self._first_token_at = self._first_token_at or now
+                self._last_token_at = now
+        elif isinstance(event, Finished):
+            self.prompt_tokens = event.prompt_tokens
+            self.completion_tokens = event.completion_tokens
+        elif isinstance(event, Failed):
+            self._failure_code = event.code
+
+    def end_with_error(self, error: EbbError) -> None:
+        self.end(error.status_code, error.code)
+
+    def end(self, status: int, code: str = "") -> None:
+        """Report the request (once; later calls are ignored)."""
+        if self._ended:
+            return
+        self._ended = True
+        now = time.monotonic()
+        outcome, code = outcome_of(status, code or self._failure_code)
+        ttft_s = tpot_s = None
+        if self._first_token_at is not None:
+            ttft_s = self._first_token_at - self._started
+            if self.completion_tokens > 1 and self._last_token_at is not None:
+                tpot_s = (self._last_token_at - self._first_token_at) / (self.completion_tokens - 1)
+        duration_s = now - self._started
+        self._metrics.observe_request(
+            self.deployment, outcome, code, duration_s=duration_s, ttft_s=ttft_s, tpot_s=tpot_s
+        )
+        self._access_line(status, outcome, duration_s, ttft_s)
+
+    def _access_line(
+        self, status: int, outcome: str, duration_s: float, ttft_s: float | None
+    ) -> None:
+        fields = {
+            "request_id": self.request_id,
+            "tenant": self.tenant,
+            "deployment": self.deployment,
+            "endpoint": self.endpoint,
+            "status": status,
+            "outcome": outcome,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "queue_ms": _ms(self._queued_s),
+            "ttft_ms": _ms(ttft_s),
+            "duration_ms": _ms(duration_s),
+        }
+        access_log.info(
+            "access %s",
+            " ".join(f"{k}={v}" for k, v in fields.items() if k != "request_id"),
+            extra={"fields": fields, "request_id": self.request_id},
+        )
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
