@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ebb.queue.observations import RunnerStats
+from ebb.queue.observations import GpuFigures, RunnerStats
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import (
     DeploymentSpec,
@@ -95,6 +95,9 @@ class ServingLoop:
         # Called once, with the work item, when the next token this runner publishes is
         # out: the last phase of a cold start (set again after each wake-up).
         self.on_first_output: Callable[[WorkItem], None] | None = None
+        # The figures of this runner's GPUs (NVML) for metrics; none on a CPU host. The
+        # seam where a GPU inventory's reader plugs in.
+        self.read_gpus: Callable[[], list[GpuFigures]] = list
 
     def held_ids(self) -> list[str]:
         return list(self.held)
@@ -218,6 +221,7 @@ class ServingLoop:
                 kv_cache_usage_ratio=engine.kv_cache_usage_ratio,
                 prefix_cache_queried_tokens=engine.prefix_cache_queried_tokens,
                 prefix_cache_hit_tokens=engine.prefix_cache_hit_tokens,
+                gpus=self.read_gpus(),
             )
         )
 
