@@ -9,6 +9,7 @@ from ebb.cli.deployment_show import delete_deployment, show_deployment
 from ebb.cli.deployments import deploy, deployments_app, scale, status
 from ebb.cli.jobs import jobs_app
 from ebb.cli.keys import keys_app
+from ebb.cli.logs import logs
 from ebb.cli.usage import price, usage_app
 from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
@@ -23,7 +24,7 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(deployments_app, name="deployments")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(usage_app, name="usage")
-for command in (deploy, scale, status, price, chat):
+for command in (deploy, scale, status, price, chat, logs):
     app.command()(command)
 deployments_app.command("show")(show_deployment)
 deployments_app.command("delete")(delete_deployment)

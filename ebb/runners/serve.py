@@ -159,7 +159,10 @@ class ServingLoop:
             return
         self._engine.abort([request_id])
         log.info(
-            "runner: aborted %s after %d tokens (client left)", request_id, held.completion_tokens
+            "runner: aborted %s after %d tokens (client left)",
+            request_id,
+            held.completion_tokens,
+            extra={"request_id": request_id},
         )
         self._end(held, "cancelled", Failed(message="cancelled by the client", code="cancelled"))
 
@@ -199,7 +202,9 @@ class ServingLoop:
         )
         if not done:
             log.warning(
-                "runner: %s was no longer ours to finish (lease expired)", held.work.request_id
+                "runner: %s was no longer ours to finish (lease expired)",
+                held.work.request_id,
+                extra={"request_id": held.work.request_id},
             )
 
     def fail_all(self, message: str) -> None:

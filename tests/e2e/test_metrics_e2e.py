@@ -18,7 +18,10 @@ QUESTION = [{"role": "user", "content": CONTEXT + " Which lake does river 12 flo
 
 @pytest.fixture(scope="module")
 def platform(default_local_model):
-    with real_engine_platform("ebb-e2e-metrics-", default_model=True) as p:
+    # A fresh runner imports vLLM and loads the model: admit for as long as that takes.
+    with real_engine_platform(
+        "ebb-e2e-metrics-", default_model=True, EBB_ADMISSION_TIMEOUT_S="300"
+    ) as p:
         yield p
 
 
