@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import httpx
 import redis
@@ -33,7 +34,8 @@ from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec, RunnerState
 
 log = logging.getLogger(__name__)
-console = Console(stderr=True)
+# Soft wrap: a path or URL printed to a file or a narrow terminal stays one line.
+console = Console(stderr=True, soft_wrap=True)
 
 _RESTART_BACKOFF_MAX_S = 30.0
 
@@ -209,11 +211,19 @@ def run_up(settings: Settings, *, default_model: bool = True) -> int:
             supervisor.children.append(Child("billing", [sys.executable, "-m", "ebb", "billing"]))
         for child in supervisor.children:
             supervisor.start(child)
+        started = ", ".join(c.name for c in supervisor.children)
+        port = urlsplit(settings.redis_url or "").port
+        redis_note = f"redis-server (port {port}), " if redis_proc is not None else ""
+        console.print(f"started: {redis_note}{started}")
         if not _wait_ready(settings, stop):
             console.print(f"[red]the platform did not become ready; logs in {settings.logs_dir}")
             return 1
         write_run_info(settings, base_url=settings.base_url, redis_url=settings.redis_url)
-        print(f"ready: {settings.base_url}/v1  admin key: {admin_key}", flush=True)
+        # The admin key goes to the terminal only: never to a log file.
+        print(
+            f"ready: {settings.base_url}/v1  admin key: {admin_key}  logs: {settings.logs_dir}",
+            flush=True,
+        )
         while not stop.wait(0.5):
             supervisor.watch()
         console.print("stopping: frontdoor, controller (runners drain), webhooks, billing, redis")

@@ -41,10 +41,12 @@ def up(
     default_model: bool = typer.Option(True, help="Deploy the default model."),
 ) -> None:
     """Run the whole platform on this machine until Ctrl-C."""
+    from ebb import logs
     from ebb.up import run_up
 
-    _logging()
-    raise typer.Exit(run_up(Settings(), default_model=default_model))
+    settings = Settings()
+    logs.configure_up(settings.logs_dir / "up.log", settings.log_format)
+    raise typer.Exit(run_up(settings, default_model=default_model))
 
 
 @app.command(hidden=True)
