@@ -30,10 +30,14 @@ deployments_app.command("show")(show_deployment)
 deployments_app.command("delete")(delete_deployment)
 
 
-def _logging() -> None:
-    from ebb import logs
+def _logging(service: str = "") -> None:
+    """This process's logging, and its tracing when EBB_OTLP_ENDPOINT is set."""
+    from ebb import logs, tracing
 
-    logs.configure(Settings().log_format)
+    settings = Settings()
+    logs.configure(settings.log_format)
+    if service:
+        tracing.setup(settings.otlp_endpoint, f"ebb-{service}")
 
 
 @app.command()
@@ -57,7 +61,7 @@ def frontdoor() -> None:
     from ebb.frontdoor.app import create_app
     from ebb.process_guard import exit_when_orphaned
 
-    _logging()
+    _logging("frontdoor")
     settings = Settings()
     exit_when_orphaned()
     uvicorn.run(
@@ -92,7 +96,7 @@ def webhooks() -> None:
     """Run the job collector and webhook delivery worker (started by `ebb up`)."""
     from ebb.webhooks.main import run_worker
 
-    _logging()
+    _logging("webhooks")
     run_worker(Settings())
 
 
@@ -105,7 +109,7 @@ def runner(
     """Run one runner (started by the controller)."""
     from ebb.runners.process import run_runner
 
-    _logging()
+    _logging("runner")
     raise typer.Exit(run_runner(Settings(), runner_id, deployment, tier))
 
 
@@ -114,7 +118,7 @@ def fork_server() -> None:
     """Import the engine once and fork runners on request (started by the controller)."""
     from ebb.runners.fork_server import serve_forks
 
-    _logging()
+    _logging("runner")
     raise typer.Exit(serve_forks(Settings()))
 
 

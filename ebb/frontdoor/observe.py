@@ -1,17 +1,21 @@
 """One inference request as the frontdoor saw it, reported once when it ends.
 
 A `RequestObservation` starts when the request arrives (it sets the request id that every
-log line about the request carries), follows its admission and output events, and on its
-end — answered, refused, failed or abandoned — records the metrics (outcome, latency,
-TTFT, TPOT) and writes the request's one access-log line.
+log line about the request carries, and opens the request's span under the client's
+trace context), follows its admission and output events, and on its end — answered,
+refused, failed or abandoned — records the metrics (outcome, latency, TTFT, TPOT), writes
+the request's one access-log line and ends its span.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
-from ebb import logs
+from opentelemetry.trace import SpanKind
+
+from ebb import logs, tracing
 from ebb.errors import EbbError
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.metrics import Metrics
@@ -42,7 +46,14 @@ def outcome_of(status: int, code: str) -> tuple[str, str]:
 
 
 class RequestObservation:
-    def __init__(self, metrics: Metrics, request_id: str, caller: Caller, endpoint: str):
+    def __init__(
+        self,
+        metrics: Metrics,
+        request_id: str,
+        caller: Caller,
+        endpoint: str,
+        headers: Mapping[str, str],
+    ):
         self._metrics = metrics
         self.request_id = request_id
         self.tenant = caller.tenant
@@ -57,10 +68,29 @@ class RequestObservation:
         self._failure_code = ""
         self._ended = False
         logs.request_id.set(request_id)
+        self._traced = tracing.active()
+        self._started_ns = time.time_ns()
+        self._span = tracing.tracer.start_span(
+            "ebb.request",
+            context=tracing.context_from(headers) if self._traced else None,
+            kind=SpanKind.SERVER,
+            start_time=self._started_ns,
+            attributes={"ebb.request_id": request_id, "ebb.endpoint": endpoint},
+        )
 
-    def admitted(self, queued_s: float) -> None:
+    def traceparent(self) -> str:
+        """What the runner parents its spans on; "" when tracing is off."""
+        return tracing.traceparent_of(self._span) if self._traced else ""
+
+    def admitted(self, queued_s: float, enqueued_at_s: float) -> None:
+        """Claimed after `queued_s` in the queue, which it entered at `enqueued_at_s`
+        (the work item's time; the runner's queue-wait span starts there too)."""
         self._queued_s = queued_s
         self._metrics.observe_admitted(self.deployment, queued_s)
+        if self._traced:
+            parent = tracing.trace.set_span_in_context(self._span)
+            end_ns = int(enqueued_at_s * 1e9)
+            tracing.record_span("ebb.admission", parent, self._started_ns, end_ns)
 
     def on_event(self, event: RequestEvent) -> None:
         if isinstance(event, Progress):
@@ -94,6 +124,18 @@ class RequestObservation:
             self.deployment, outcome, code, duration_s=duration_s, ttft_s=ttft_s, tpot_s=tpot_s
         )
         self._access_line(status, outcome, duration_s, ttft_s)
+        if self._traced:
+            self._span.set_attributes(
+                {
+                    "ebb.deployment": self.deployment,
+                    "ebb.tenant": self.tenant,
+                    "http.response.status_code": status,
+                    "ebb.outcome": outcome,
+                    "ebb.prompt_tokens": self.prompt_tokens,
+                    "ebb.completion_tokens": self.completion_tokens,
+                }
+            )
+        self._span.end()
 
     def _access_line(
         self, status: int, outcome: str, duration_s: float, ttft_s: float | None

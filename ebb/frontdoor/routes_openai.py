@@ -75,7 +75,7 @@ async def _serve(
 ) -> Response:
     """Serve one request, observed from arrival to its end (a stream ends in `_stream`)."""
     request_id = new_request_id(kind)
-    observed = RequestObservation(services.metrics, request_id, caller, kind.value)
+    observed = RequestObservation(services.metrics, request_id, caller, kind.value, request.headers)
     try:
         response = await _serve_observed(request, services, caller, parse, prepare, observed)
     except EbbError as e:
@@ -130,6 +130,7 @@ async def _serve_observed(
         key_id=caller.key_id,
         price_per_1m_input_tokens_micros=spec.price_per_1m_input_tokens_micros,
         price_per_1m_output_tokens_micros=spec.price_per_1m_output_tokens_micros,
+        traceparent=observed.traceparent(),
     )
     builder = prepared.builder(request_id, int(time.time()))
     executor = services.executor
@@ -138,7 +139,7 @@ async def _serve_observed(
     try:
         running = await unless_disconnected(request, work, executor, executor.admit(work, spec))
         reservation.ran = True
-        observed.admitted(running.queued_s)
+        observed.admitted(running.queued_s, work.enqueued_at_s)
         if prepared.stream:
             streaming = True
             return StreamingResponse(

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ebb import tracing
 from ebb.billing.gpu import NoMeter, RunnerMeter, runner_meter
 from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
@@ -181,6 +182,9 @@ def _become_ready(
         # From READY for a request that waited on this start, else from its own arrival:
         # a runner that went ready before any work came has no first-token cost to show.
         waited_from_s = max(ready_s, work.enqueued_at_s)
+        if work.traceparent and work.enqueued_at_s < ready_s:
+            start_ns = int(clock.start_ms * 1_000_000)
+            tracing.record_cold_start(work.traceparent, tier, start_ns, clock.phases_ms)
         queue.record_cold_start(
             deployment, tier, {"first_token": (time.time() - waited_from_s) * 1000}
         )

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ebb import tracing
 from ebb.queue.observations import GpuFigures, RunnerStats
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import (
@@ -68,6 +69,9 @@ class Held:
     work: WorkItem
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # For the request's trace (ns since the epoch): when claimed, when its first output.
+    claimed_ns: int = 0
+    first_output_ns: int | None = None
 
 
 class ServingLoop:
@@ -145,7 +149,7 @@ class ServingLoop:
 
     def _admit(self, work: WorkItem) -> None:
         log.debug("runner: claimed %s", work.request_id)
-        held = Held(work, prompt_tokens=len(work.prompt_token_ids))
+        held = Held(work, prompt_tokens=len(work.prompt_token_ids), claimed_ns=time.time_ns())
         self.held[work.request_id] = held
         self._last_active = self._clock()
         try:
@@ -181,6 +185,7 @@ class ServingLoop:
             held.completion_tokens = out.completion_tokens
             if out.choices:
                 progress[out.request_id] = Progress(choices=out.choices)
+                held.first_output_ns = held.first_output_ns or time.time_ns()
             if out.finished:
                 finished.append(out)
         self._queue.publish(progress)
@@ -193,6 +198,16 @@ class ServingLoop:
 
     def _end(self, held: Held, state: str, event: Finished | Failed) -> None:
         self.held.pop(held.work.request_id, None)
+        if held.work.traceparent:
+            tracing.record_serving(
+                held.work.traceparent,
+                enqueued_ns=int(held.work.enqueued_at_s * 1e9),
+                claimed_ns=held.claimed_ns,
+                first_output_ns=held.first_output_ns,
+                end_ns=time.time_ns(),
+                prompt_tokens=held.prompt_tokens,
+                completion_tokens=held.completion_tokens,
+            )
         done = self._queue.finish(
             held.work,
             state=state,
