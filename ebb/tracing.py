@@ -108,8 +108,7 @@ def record_serving(
     """Queue wait (enqueue to claim), prefill (claim to first output) and decode (first
     output to end) of a request a runner served."""
     first_ns = first_output_ns or end_ns
-    record_span("ebb.queue_wait", traceparent, min(enqueued_ns, claimed_ns), claimed_ns)
-    record_span("ebb.prefill", traceparent, claimed_ns, first_ns, {"prompt_tokens": prompt_tokens})
-    record_span(
-        "ebb.decode", traceparent, first_ns, end_ns, {"completion_tokens": completion_tokens}
-    )
+    parent = _parent(traceparent)  # parsed once for the three spans
+    record_span("ebb.queue_wait", parent, min(enqueued_ns, claimed_ns), claimed_ns)
+    record_span("ebb.prefill", parent, claimed_ns, first_ns, {"prompt_tokens": prompt_tokens})
+    record_span("ebb.decode", parent, first_ns, end_ns, {"completion_tokens": completion_tokens})
