@@ -32,7 +32,7 @@ _SHARED_COUNTERS = {
     ),
     observations.WEIGHTS_FETCHED_BYTES: (
         "ebb_weights_fetched_bytes",
-        "Bytes of model weights fetched from their sources, by source kind",
+        "Bytes of model weights fetched or converted into the cache, by source kind",
         ["source"],
     ),
 }

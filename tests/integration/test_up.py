@@ -6,6 +6,7 @@ import signal
 
 import psutil
 import pytest
+from metrics_support import scrape
 from support import Platform, temp_home
 
 pytestmark = pytest.mark.integration
@@ -74,6 +75,9 @@ def test_up_says_what_a_person_needs_and_keeps_the_admin_key_out_of_log_files(tm
     ).start(timeout_s=600)
     try:
         platform.openai().models.list()
+        with platform.admin() as admin:
+            fetched = scrape(admin).value("ebb_weights_fetched_bytes_total", source="gguf")
+        assert fetched > 100_000_000  # the converted checkpoint (~270 MB), counted once
     finally:
         assert platform.stop() == 0
     output = platform.log_path.read_text()
