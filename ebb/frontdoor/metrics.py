@@ -86,9 +86,11 @@ class Metrics:
             registry=self.registry,
         )
         self.queue_wait = _histogram(
-            self.registry, "ebb_queue_wait_seconds", "Time from enqueue to a runner's claim",
+            self.registry,
+            "ebb_queue_wait_seconds",
+            "Time from enqueue to a runner's claim",
             _WAIT_BUCKETS_S,
-        )  # fmt: skip
+        )
         self.ttft = _histogram(
             self.registry,
             "ebb_time_to_first_token_seconds",

@@ -8,6 +8,7 @@ Shared counters, runner figures and gauges are read as they stand.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -43,7 +44,7 @@ class ScrapedFamilies:
         self,
         registry: CollectorRegistry,
         cold_start: Histogram,
-        tenant_label,
+        tenant_label: Callable[[str], str],
         *,
         started_ms: int,
         gpu_second_cost_micros: int,
@@ -128,9 +129,10 @@ def _runner_families(stats: list[RunnerStats]) -> list:
         labels=labels,
     )
     queried = CounterMetricFamily(
-        "ebb_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache",
+        "ebb_prefix_cache_queried_tokens",
+        "Prompt tokens looked up in the prefix cache",
         labels=labels,
-    )  # fmt: skip
+    )
     hits = CounterMetricFamily(
         "ebb_prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache", labels=labels
     )
@@ -164,13 +166,15 @@ async def _platform_families(state: PlatformState) -> list:
     )
     depth = GaugeMetricFamily("ebb_queue_depth", "Requests waiting", labels=["deployment"])
     oldest = GaugeMetricFamily(
-        "ebb_queue_oldest_wait_seconds", "How long the oldest waiting request has waited",
+        "ebb_queue_oldest_wait_seconds",
+        "How long the oldest waiting request has waited",
         labels=["deployment"],
-    )  # fmt: skip
+    )
     failing = GaugeMetricFamily(
-        "ebb_deployment_failing", "1 while a deployment cannot start a runner",
+        "ebb_deployment_failing",
+        "1 while a deployment cannot start a runner",
         labels=["deployment"],
-    )  # fmt: skip
+    )
     cold = GaugeMetricFamily(
         "ebb_cold_start_seconds_avg",
         "Moving average of cold-start phases by deployment, tier and phase",

@@ -82,7 +82,7 @@ async def _serve(
         e.request_id = request_id
         observed.end_with_error(e)
         raise
-    except BaseException:
+    except Exception:
         observed.end(500, "internal_error")
         raise
     if not isinstance(response, StreamingResponse):
