@@ -26,6 +26,7 @@ from ebb.engines import EngineRegistry
 from ebb.queue.connection import sync_client
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
+from ebb.runners import gpu_figures
 from ebb.runners.engine import EngineAdapter, EngineOptions
 from ebb.runners.lifecycle import Lifecycle
 from ebb.runners.serve import Outcome, ServingLoop
@@ -144,6 +145,7 @@ def _run(
     engine, tier = _load_engine(settings, spec, clock, tier)
     clock.lap("engine")
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
+    loop.read_gpus = gpu_figures.reader()
     loop.on_first_output = _become_ready(lifecycle, queue, deployment, tier, clock)
     heartbeat.held_ids = loop.held_ids
     try:
