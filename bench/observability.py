@@ -67,8 +67,9 @@ class OtlpSink:
 class Scraper:
     """Fetches /metrics every second, as Prometheus would, while running."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, token: str) -> None:
         self._url = base_url + "/metrics"
+        self._headers = {"Authorization": f"Bearer {token}"}
         self._stop = threading.Event()
         self.scrapes = 0
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -77,7 +78,7 @@ class Scraper:
     def _run(self) -> None:
         with httpx.Client(timeout=10) as client:
             while not self._stop.wait(1.0):
-                client.get(self._url).raise_for_status()
+                client.get(self._url, headers=self._headers).raise_for_status()
                 self.scrapes += 1
 
     def stop(self) -> None:
@@ -114,7 +115,7 @@ def measure(
     platform: Platform, args: argparse.Namespace, requests: int, scrape: bool
 ) -> tuple[LevelResult, dict[str, float]]:
     """The level's result and the platform's CPU ms per request, by process."""
-    scraper = Scraper(platform.base_url) if scrape else None
+    scraper = Scraper(platform.base_url, platform.admin_key) if scrape else None
     before = platform_cpu_s(platform)
     try:
         result = asyncio.run(

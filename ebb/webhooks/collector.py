@@ -38,7 +38,9 @@ from ebb.queue.job_schema import (
     attempt_request_id,
 )
 from ebb.queue.job_store import Announcement, JobStore
+from ebb.queue.ratelimits import RateLimitStore
 from ebb.queue.schema import Failed, Finished, Progress
+from ebb.webhooks.job_limits import give_back_unused
 from ebb.webhooks.views import event_body
 
 log = logging.getLogger(__name__)
@@ -54,8 +56,12 @@ def new_webhook_id() -> str:
 
 
 class JobCollector:
-    def __init__(self, store: JobStore, settings: Settings):
+    def __init__(
+        self, store: JobStore, settings: Settings, ratelimits: RateLimitStore | None = None
+    ):
         self._store = store
+        # Settles each job's rate-limit reservation once it ends (None: not this collector's).
+        self._ratelimits = ratelimits
         self._settings = settings
         self._delivery_ttl_s = delivery_record_ttl_s(
             settings.webhook_give_up_s, settings.job_retention_s
@@ -118,6 +124,8 @@ class JobCollector:
             await observations.count_async(
                 self._store.redis, observations.JOBS, (deployment, "expired")
             )
+            if record is not None and self._ratelimits is not None:
+                await give_back_unused(self._ratelimits, record, ran=False)
 
     # --- 2a-c: follow the current attempt ------------------------------------------------
 
@@ -233,6 +241,11 @@ class JobCollector:
                 self._store.redis, observations.JOBS, (record.deployment, str(status))
             )
             await self._store.release_attempt(record.request_id)
+            if self._ratelimits is not None:
+                used = outcome.get("usage") or {}
+                ran = bool(record.started_ms or attempt.get("claimed_ms"))
+                total = used.get("total_tokens", 0) if isinstance(used, dict) else 0
+                await give_back_unused(self._ratelimits, record, ran=ran, used_tokens=total)
         return done
 
     # --- 2d: events ------------------------------------------------------------------
