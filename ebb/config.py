@@ -147,6 +147,21 @@ class Settings(BaseSettings):
     # What one GPU-second costs the operator (micros), for unit economics; 0: not shown.
     gpu_second_cost_micros: int = 0
 
+    # Observability. Distinct tenants labelled on token metrics (the rest count as "other").
+    metrics_max_tenants: int = 50
+    # Log lines as "text" (human) or "json" (one object a line, for log shippers).
+    log_format: str = "text"
+    # OpenTelemetry traces go to this OTLP/HTTP endpoint (e.g. http://127.0.0.1:4318);
+    # unset: no tracing at all.
+    otlp_endpoint: str | None = None
+
+    @field_validator("log_format")
+    @classmethod
+    def _log_format(cls, value: str) -> str:
+        if value not in ("text", "json"):
+            raise ValueError("EBB_LOG_FORMAT must be 'text' or 'json'")
+        return value
+
     @field_validator("admission_timeout_s")
     @classmethod
     def _admission_positive(cls, value: float) -> float:

@@ -20,9 +20,11 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import httpx
 from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn
 
 from ebb.coldstart.launcher import WarmState, child_environment
 from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE, Settings
@@ -34,7 +36,8 @@ from ebb.queue.weights_status import WeightsState, WeightsStatus
 from ebb.redis_server import EmbeddedRedis
 
 log = logging.getLogger(__name__)
-console = Console(stderr=True)
+# Soft wrap: a path or URL printed to a file or a narrow terminal stays one line.
+console = Console(stderr=True, soft_wrap=True)
 
 _RESTART_BACKOFF_MAX_S = 30.0
 
@@ -134,10 +137,7 @@ class _Readiness:
     def describe(self) -> str:
         if self.weights is not None and self.weights.state is WeightsState.PREPARING:
             phase = self.weights.phase or "starting"
-            return (
-                f"preparing the default model's weights: {phase} "
-                f"{self.weights.progress:.0%} (the first run converts its GGUF)"
-            )
+            return f"preparing the default model ({phase}; the first run converts its GGUF)"
         if self.pool_filled and not self.warm_done:
             return "starting the fork server (importing the engine once for every runner)"
         return "starting the frontdoor, controller and pre-warmed runner pool"
@@ -169,7 +169,17 @@ def _wait_ready(
     settings: Settings, stop: threading.Event, *, default_model: bool, timeout_s: float = 600.0
 ) -> bool:
     deadline = time.monotonic() + timeout_s
-    with console.status("starting the frontdoor, controller and pre-warmed runner pool") as shown:
+    # One line: what is being waited for, and the default model's preparation as a bar
+    # (a pulsing one while there is no fraction to show); gone once ready.
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        shown = progress.add_task("starting the frontdoor, controller and pool", total=None)
         while not stop.is_set() and time.monotonic() < deadline:
             answering = _answering(settings)
             readiness = asyncio.run(_readiness(settings, default_model, answering))
@@ -178,7 +188,16 @@ def _wait_ready(
             if readiness.weights is not None and readiness.weights.state is WeightsState.FAILED:
                 console.print(f"[red]the default model's weights failed: {readiness.weights.error}")
                 return False
-            shown.update(readiness.describe())
+            preparing = readiness.weights is not None and readiness.weights.state is (
+                WeightsState.PREPARING
+            )
+            fraction = readiness.weights.progress if readiness.weights and preparing else None
+            progress.update(
+                shown,
+                description=readiness.describe(),
+                total=1.0 if fraction is not None else None,
+                completed=fraction or 0.0,
+            )
             stop.wait(0.2)
     return False
 
@@ -208,11 +227,19 @@ def run_up(settings: Settings, *, default_model: bool = True) -> int:
             supervisor.children.append(Child("billing", [sys.executable, "-m", "ebb", "billing"]))
         for child in supervisor.children:
             supervisor.start(child)
+        started = ", ".join(c.name for c in supervisor.children)
+        port = urlsplit(settings.redis_url or "").port
+        redis_note = f"redis-server (port {port}), " if embedded is not None else ""
+        console.print(f"started: {redis_note}{started}")
         if not _wait_ready(settings, stop, default_model=default_model):
             console.print(f"[red]the platform did not become ready; logs in {settings.logs_dir}")
             return 1
         write_run_info(settings, base_url=settings.base_url, redis_url=settings.redis_url)
-        print(f"ready: {settings.base_url}/v1  admin key: {admin_key}", flush=True)
+        # The admin key goes to the terminal only: never to a log file.
+        print(
+            f"ready: {settings.base_url}/v1  admin key: {admin_key}  logs: {settings.logs_dir}",
+            flush=True,
+        )
         while not stop.wait(0.5):
             if embedded is not None and (line := embedded.watch()):
                 console.print(f"[yellow]{line}")

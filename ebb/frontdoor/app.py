@@ -18,6 +18,7 @@ from ebb.frontdoor import (
     routes_deployments,
     routes_jobs,
     routes_limits,
+    routes_logs,
     routes_openai,
     routes_status,
     routes_usage,
@@ -60,6 +61,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_status.router)
     app.include_router(routes_console.router)
     app.include_router(routes_weights.router)
+    app.include_router(routes_logs.router)
     app.include_router(routes_apidocs.router)
     routes_apidocs.describe_request_bodies(app)
     _install_error_handlers(app)

@@ -44,6 +44,9 @@ class WorkItem(msgspec.Struct, kw_only=True, frozen=True):
     key_id: str = ""
     price_per_1m_input_tokens_micros: int = 0
     price_per_1m_output_tokens_micros: int = 0
+    # W3C trace context of the frontdoor's span for this request, when tracing is on: the
+    # runner's spans join the client's trace under it.
+    traceparent: str = ""
 
 
 class TopLogprob(msgspec.Struct, frozen=True):

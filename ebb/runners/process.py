@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ebb import tracing
 from ebb.billing.gpu import NoMeter, RunnerMeter, runner_meter
 from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
@@ -25,6 +26,7 @@ from ebb.engines import EngineRegistry
 from ebb.queue.connection import UNAVAILABLE_ERRORS, sync_client
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
+from ebb.runners import gpu_figures
 from ebb.runners.engine import EngineAdapter, EngineOptions
 from ebb.runners.lifecycle import Lifecycle
 from ebb.runners.serve import Outcome, ServingLoop
@@ -152,6 +154,7 @@ def _run(
     engine, tier = _load_engine(settings, spec, clock, tier)
     clock.lap("engine")
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
+    loop.read_gpus = gpu_figures.reader()
     loop.on_first_output = _become_ready(lifecycle, queue, deployment, tier, clock)
     heartbeat.held_ids = loop.held_ids
     try:
@@ -193,6 +196,9 @@ def _become_ready(
         # From READY for a request that waited on this start, else from its own arrival:
         # a runner that went ready before any work came has no first-token cost to show.
         waited_from_s = max(ready_s, work.enqueued_at_s)
+        if work.traceparent and work.enqueued_at_s < ready_s:
+            start_ns = int(clock.start_ms * 1_000_000)
+            tracing.record_cold_start(work.traceparent, tier, start_ns, clock.phases_ms)
         queue.record_cold_start(
             deployment, tier, {"first_token": (time.time() - waited_from_s) * 1000}
         )
