@@ -71,6 +71,10 @@ class Settings(BaseSettings):
     kv_cache_gib: int = 1
     # A runner whose engine sleeps (GPU sleep mode) exits after sleeping this long.
     sleep_timeout_s: float = 600.0
+    # How often the controller re-reads its host's GPUs (NVML) into the inventory.
+    gpu_inventory_interval_s: float = 5.0
+    # Tests only (with test_engines): a JSON file of fake GPUs read instead of NVML.
+    gpu_inventory_file: Path | None = None
     # Where the weight cache lives; default EBB_HOME/weights. Put it on the fastest disk.
     weights_cache_dir: Path | None = None
     # How long a request's output stream and record are kept after it finished.

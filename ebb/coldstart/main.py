@@ -6,10 +6,12 @@ import asyncio
 import signal
 
 from ebb.coldstart.controller import Controller
+from ebb.coldstart.gpu_placer import GpuPlacer
 from ebb.coldstart.launcher import LocalProcessLauncher
 from ebb.config import Settings
 from ebb.process_guard import exit_when_orphaned
 from ebb.queue.connection import async_client
+from ebb.queue.gpus import GpuState
 from ebb.queue.metering import GpuMeterScript
 from ebb.queue.platform import PlatformState
 
@@ -22,12 +24,14 @@ def run_controller(settings: Settings) -> None:
 async def _main(settings: Settings) -> None:
     client = async_client(settings.platform_redis_url("ebb coldstart"))
     launcher = LocalProcessLauncher(settings)
+    state = PlatformState(client, result_ttl_s=settings.result_ttl_s)
     controller = Controller(
         settings,
-        PlatformState(client, result_ttl_s=settings.result_ttl_s),
+        state,
         launcher,
         warm=launcher,
         gpu_meter=GpuMeterScript(client),
+        gpus=GpuPlacer(settings, state, GpuState(client)),
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

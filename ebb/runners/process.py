@@ -23,8 +23,10 @@ from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.queue.connection import sync_client
+from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
+from ebb.runners.devices import use_placement
 from ebb.runners.engine import EngineAdapter, EngineOptions
 from ebb.runners.lifecycle import Lifecycle
 from ebb.runners.serve import Outcome, ServingLoop
@@ -137,9 +139,12 @@ def _run(
     spec = queue.deployment(deployment)
     if spec is None:
         raise RuntimeError(f"deployment {deployment!r} does not exist")
-    meter.assign(spec)
+    placement = queue.placement()
+    if placement is not None:
+        use_placement(placement)  # before the engine touches CUDA
+    meter.assign(spec, gpus=placement.gpu_count if placement else None)
     lifecycle.to(RunnerState.LOADING, deployment=deployment, tier=tier)
-    engine, tier = _load_engine(settings, spec, clock, tier)
+    engine, tier = _load_engine(settings, spec, clock, tier, placement)
     clock.lap("engine")
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
     loop.on_first_output = _become_ready(lifecycle, queue, deployment, tier, clock)
@@ -240,8 +245,36 @@ def import_engine_libraries() -> None:
     import ebb.weights_cache  # noqa: F401
 
 
+def engine_options(
+    settings: Settings,
+    spec: DeploymentSpec,
+    model_path: Path | None,
+    model_len: int,
+    placement: GpuPlacement | None,
+) -> EngineOptions:
+    """What the engine is built with: the deployment's options and its placement's share."""
+    engine = spec.engine
+    return EngineOptions(
+        model_path=model_path,
+        max_model_len=spec.max_model_len or model_len,
+        max_num_seqs=engine.max_num_seqs or spec.max_concurrency,
+        kv_cache_gib=settings.kv_cache_gib,
+        source=spec.source,
+        dtype=engine.dtype,
+        quantization=engine.quantization,
+        tensor_parallel_size=placement.tensor_parallel_size if placement else 1,
+        enable_prefix_caching=engine.enable_prefix_caching,
+        enforce_eager=engine.enforce_eager,
+        gpu_memory_utilization=placement.gpu_memory_utilization if placement else None,
+    )
+
+
 def _load_engine(
-    settings: Settings, spec: DeploymentSpec, clock: ColdStartClock, tier: Tier
+    settings: Settings,
+    spec: DeploymentSpec,
+    clock: ColdStartClock,
+    tier: Tier,
+    placement: GpuPlacement | None = None,
 ) -> tuple[EngineAdapter, Tier]:
     entry = EngineRegistry.from_settings(settings).entry_for(spec.source)
     if entry.preload_engine():
@@ -251,13 +284,7 @@ def _load_engine(
     else:
         model_path, model_len = None, entry.context_len_of(spec.source)
     clock.lap("weights")
-    options = EngineOptions(
-        model_path=model_path,
-        max_model_len=spec.max_model_len or model_len,
-        max_num_seqs=spec.max_concurrency,
-        kv_cache_gib=settings.kv_cache_gib,
-        source=spec.source,
-    )
+    options = engine_options(settings, spec, model_path, model_len, placement)
     return entry.load_engine(options), tier
 
 
