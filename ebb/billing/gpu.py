@@ -136,9 +136,11 @@ def runner_meter(
     client: redis.Redis,
     runner_id: str,
     read_spec: Callable[[str], DeploymentSpec | None],
+    gpus: int | None = None,
 ) -> RunnerMeter | NoMeter:
+    """`gpus`: the devices the runner holds (its placement's); None: from the environment."""
     if not settings.metering:
         return NoMeter()
     return RunnerMeter(
-        client, runner_id, interval_s=settings.gpu_meter_interval_s, read_spec=read_spec
+        client, runner_id, interval_s=settings.gpu_meter_interval_s, read_spec=read_spec, gpus=gpus
     )

@@ -1,4 +1,5 @@
-"""GET /v1/status: the platform at a glance — the pre-warmed pool and every live runner."""
+"""GET /v1/status: the platform at a glance — the pre-warmed pool, every live runner and
+the GPUs of every host (with what each runner reserved on them)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from fastapi import APIRouter
 
 from ebb.frontdoor.auth import AdminDep
 from ebb.frontdoor.services import ServicesDep
+from ebb.queue.gpu_records import GpuPlacement, HostInventory
+from ebb.queue.gpus import GpuState
 from ebb.queue.schema import RunnerState
 
 router = APIRouter(prefix="/v1")
@@ -16,6 +19,9 @@ async def platform_status(caller: AdminDep, services: ServicesDep) -> dict:
     state = services.state
     runners = [r for r in await state.runners() if r.state.is_live]
     stems = [r for r in runners if not r.deployment]
+    gpus = GpuState(state.redis)
+    live = {r.runner_id for r in runners}
+    placements = {k: p for k, p in (await gpus.placements()).items() if k in live}
     return {
         "object": "platform.status",
         "pool": {
@@ -33,7 +39,36 @@ async def platform_status(caller: AdminDep, services: ServicesDep) -> dict:
                 "tier": r.tier,
                 "pid": r.pid,
                 "launched_ms": r.launched_ms,
+                "gpus": placements[r.runner_id].device_indexes if r.runner_id in placements else [],
             }
             for r in runners
+        ],
+        "gpus": [_host_view(i, placements) for i in await gpus.inventories()],
+    }
+
+
+def _host_view(inventory: HostInventory, placements: dict[str, GpuPlacement]) -> dict:
+    here = {k: p for k, p in placements.items() if p.host == inventory.host}
+    return {
+        "host": inventory.host,
+        "read_at_ms": inventory.read_at_ms,
+        "note": inventory.note or None,
+        "devices": [
+            {
+                "index": d.index,
+                "uuid": d.uuid,
+                "name": d.name,
+                "total_bytes": d.total_bytes,
+                "free_bytes": d.free_bytes,
+                "utilization_pct": d.utilization_pct,
+                "temperature_c": d.temperature_c,
+                "reserved_bytes": sum(
+                    p.reserved_bytes_per_device
+                    for p in here.values()
+                    if d.index in p.device_indexes
+                ),
+                "runners": sorted(k for k, p in here.items() if d.index in p.device_indexes),
+            }
+            for d in inventory.devices
         ],
     }

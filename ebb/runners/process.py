@@ -104,7 +104,10 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
     heartbeat = Heartbeat(queue, settings.heartbeat_interval_s, stop)
     heartbeat.start()
     lifecycle = Lifecycle(queue)
-    meter = runner_meter(settings, client, runner_id, queue.deployment)
+    # A runner launched for a deployment holds its placement's GPUs from launch on.
+    placement = queue.placement() if deployment else None
+    gpus = placement.gpu_count if placement else None
+    meter = runner_meter(settings, client, runner_id, queue.deployment, gpus=gpus)
     try:
         meter.begin(queue.deployment(deployment) if deployment else None)
         return _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat, meter)
