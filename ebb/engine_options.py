@@ -119,7 +119,8 @@ def _check_parallelism(engine: EngineSpec, capacity: GpuCapacity) -> None:
         )
         raise _invalid(
             f"engine.tensor_parallel_size {size} needs {size} GPUs on one host, but {where}: "
-            f"lower it to {max(1, most)} or omit it.",
+            f"lower it to {max(s for s in TENSOR_PARALLEL_SIZES if s <= max(1, most))} or "
+            "omit it.",
             "tensor_parallel_size",
         )
 

@@ -148,3 +148,54 @@ def test_nothing_fits_is_unschedulable_and_a_503_that_says_why(admin, platform):
 
 def _gpu_fields(client) -> list:
     return [fields for _, fields in client.xrange(keys.GPU_USAGE)]
+
+
+def test_engine_options_through_the_cli_and_api(admin, platform):
+    created = platform.cli(
+        "deploy",
+        "opts",
+        "--source",
+        "fake://opts",
+        "--dtype",
+        "bfloat16",
+        "--max-num-seqs",
+        "64",
+        "--prefix-caching",
+        "--tp",
+        "2",
+        "--gpu-memory-gib",
+        "12",
+        "--json",
+    )
+    assert created.returncode == 0, created.stderr
+    engine = json.loads(created.stdout)["engine"]
+    assert engine == {
+        "dtype": "bfloat16",
+        "quantization": None,
+        "max_num_seqs": 64,
+        "tensor_parallel_size": 2,
+        "enable_prefix_caching": True,
+        "gpu_memory_gib": 12.0,
+        "enforce_eager": None,
+    }
+    shown = platform.cli("deployments", "show", "opts")
+    assert shown.returncode == 0, shown.stderr
+    assert "dtype bfloat16" in shown.stdout and "tensor_parallel_size 2" in shown.stdout
+    status = platform.cli("status")
+    assert status.returncode == 0 and "Fake 24G" in status.stdout
+
+    # More GPUs than the host has: a 400 that names the option and what to change.
+    refused = admin.post(
+        "/v1/deployments",
+        json={"name": "tp8", "source": "fake://x", "engine": {"tensor_parallel_size": 8}},
+    )
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["param"] == "engine.tensor_parallel_size"
+    assert "the largest host has 3 GPUs: lower it to 2" in error["message"]
+    patched = admin.patch("/v1/deployments/opts", json={"engine": {"quantization": "fp7"}})
+    assert patched.status_code == 400 and patched.json()["error"]["param"] == "engine.quantization"
+    patched = admin.patch("/v1/deployments/opts", json={"engine": {"enforce_eager": True}})
+    assert patched.status_code == 200
+    assert patched.json()["engine"]["enforce_eager"] is True
+    assert patched.json()["engine"]["dtype"] == "bfloat16"  # a patch merges
