@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from ebb.coldstart.placement import ASLEEP_RESIDUAL_BYTES
 from ebb.frontdoor.auth import AdminDep
 from ebb.frontdoor.services import ServicesDep
 from ebb.queue.gpu_records import GpuPlacement, HostInventory
@@ -22,6 +23,7 @@ async def platform_status(caller: AdminDep, services: ServicesDep) -> dict:
     gpus = GpuState(state.redis)
     live = {r.runner_id for r in runners}
     placements = {k: p for k, p in (await gpus.placements()).items() if k in live}
+    asleep = {r.runner_id for r in runners if r.state is RunnerState.SLEEPING and not r.is_starting}
     return {
         "object": "platform.status",
         "pool": {
@@ -43,12 +45,19 @@ async def platform_status(caller: AdminDep, services: ServicesDep) -> dict:
             }
             for r in runners
         ],
-        "gpus": [_host_view(i, placements) for i in await gpus.inventories()],
+        "gpus": [_host_view(i, placements, asleep) for i in await gpus.inventories()],
     }
 
 
-def _host_view(inventory: HostInventory, placements: dict[str, GpuPlacement]) -> dict:
+def _host_view(
+    inventory: HostInventory, placements: dict[str, GpuPlacement], asleep: set[str]
+) -> dict:
+    """One host's devices; a sleeping runner holds only its CUDA context of its device."""
     here = {k: p for k, p in placements.items() if p.host == inventory.host}
+
+    def reserved(runner_id: str, p: GpuPlacement) -> int:
+        return ASLEEP_RESIDUAL_BYTES if runner_id in asleep else p.reserved_bytes_per_device
+
     return {
         "host": inventory.host,
         "read_at_ms": inventory.read_at_ms,
@@ -63,9 +72,7 @@ def _host_view(inventory: HostInventory, placements: dict[str, GpuPlacement]) ->
                 "utilization_pct": d.utilization_pct,
                 "temperature_c": d.temperature_c,
                 "reserved_bytes": sum(
-                    p.reserved_bytes_per_device
-                    for p in here.values()
-                    if d.index in p.device_indexes
+                    reserved(k, p) for k, p in here.items() if d.index in p.device_indexes
                 ),
                 "runners": sorted(k for k, p in here.items() if d.index in p.device_indexes),
             }
