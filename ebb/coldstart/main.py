@@ -8,7 +8,9 @@ import signal
 from ebb.coldstart.controller import Controller
 from ebb.coldstart.gpu_placer import GpuPlacer
 from ebb.coldstart.launcher import LocalProcessLauncher
+from ebb.coldstart.preparer import Preparer
 from ebb.config import Settings
+from ebb.engines import EngineRegistry
 from ebb.process_guard import exit_when_orphaned
 from ebb.queue.connection import async_client
 from ebb.queue.gpus import GpuState
@@ -23,8 +25,8 @@ def run_controller(settings: Settings) -> None:
 
 async def _main(settings: Settings) -> None:
     client = async_client(settings.platform_redis_url("ebb coldstart"))
-    launcher = LocalProcessLauncher(settings)
     state = PlatformState(client, result_ttl_s=settings.result_ttl_s)
+    launcher = LocalProcessLauncher(settings)
     controller = Controller(
         settings,
         state,
@@ -33,10 +35,17 @@ async def _main(settings: Settings) -> None:
         gpu_meter=GpuMeterScript(client),
         gpus=GpuPlacer(settings, state, GpuState(client)),
     )
+    preparer = Preparer(settings, state, EngineRegistry.from_settings(settings))
+    stopping = asyncio.Event()
+
+    def stop() -> None:
+        stopping.set()
+        controller.stop()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, controller.stop)
+        loop.add_signal_handler(sig, stop)
     try:
-        await controller.run()
+        await asyncio.gather(controller.run(), preparer.run(stopping))
     finally:
         await client.aclose()
