@@ -23,13 +23,12 @@ import logging
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from ebb.billing.gpu import meter_for
 from ebb.coldstart.clock import SYSTEM_CLOCK, Clock
-from ebb.coldstart.gpu_placer import GpuPlacer
 from ebb.coldstart.launcher import Launcher, NoWarmStarts, WarmStarts, WarmState
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
 from ebb.coldstart.state import ControllerState
@@ -38,6 +37,9 @@ from ebb.config import Settings
 from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.metering import LAST_SIGN_OF_LIFE, EndField, GpuMeter
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
+
+if TYPE_CHECKING:
+    from ebb.coldstart.gpu_placer import GpuPlacer
 
 log = logging.getLogger(__name__)
 

@@ -86,7 +86,8 @@ class GpuPlacer:
             return CPU
         need = estimate_need(self._settings, self._engines, spec)
         if need is None:
-            log.info("coldstart: %s waits for its weights before it can be placed", spec.name)
+            # Asked again every reconcile until the preparer has published them.
+            log.debug("coldstart: %s waits for its weights before it can be placed", spec.name)
             return HOLD
         result = place(
             need,
