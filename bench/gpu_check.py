@@ -75,6 +75,15 @@ def placements(admin) -> dict[str, list[int]]:
     return {r["id"]: r["gpus"] for r in admin.get("/v1/status").json()["runners"]}
 
 
+def loaded_on_cuda(platform: Platform, runner_id: str) -> bool:
+    """The runner's own log says its engine loaded on CUDA (engine_vllm's load line)."""
+    log = platform.home / "logs" / f"runner-{runner_id}.log"
+    return any(
+        "engine: loaded" in line and " on cuda " in line
+        for line in log.read_text(errors="replace").splitlines()
+    )
+
+
 def forked_sleeping_packed(work: Path, model_dir: Path) -> dict:
     platform = Platform(
         home=work / "gpu-check",
@@ -89,10 +98,7 @@ def forked_sleeping_packed(work: Path, model_dir: Path) -> dict:
             read_into_page_cache(model_dir)
             request_timing(platform.base_url + "/v1", platform.admin_key, "a")
             [first] = runners_of(admin, "a")
-            log_tail = admin.get("/v1/deployments/a").json()["runners"][0]["log_tail"]
-            forked_on_cuda = first["tier"] == "forked" and any(
-                " on cuda " in line for line in log_tail
-            )
+            forked_on_cuda = first["tier"] == "forked" and loaded_on_cuda(platform, first["id"])
             wait_until(lambda: runners_of(admin, "a")[0]["state"] == "sleeping", 120, "a to sleep")
             sent, first_token = request_timing(platform.base_url + "/v1", platform.admin_key, "a")
             deploy(admin, "b", min_replicas=1, idle_timeout_s=600)
