@@ -156,6 +156,7 @@ class Controller:
         if self._gpus is not None:
             await self._gpus.refresh()
             await self._gpus.recheck(specs)
+            await self._gpus.enforce_sleep_budget()
         for spec in specs:
             await self._scale(spec, [r for r in runners if r.deployment == spec.name])
         await self._refill_pool(runners)

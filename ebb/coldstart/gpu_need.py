@@ -101,7 +101,11 @@ def estimate_need(
     stated = entry.memory_need_of(spec.source)
     if stated is not None:
         return GpuNeed(
-            weights_bytes=stated, kv_cache_bytes=0, reserve_bytes=0, model_key=spec.source
+            weights_bytes=stated,
+            kv_cache_bytes=0,
+            reserve_bytes=0,
+            model_key=spec.source,
+            host_ram_asleep_bytes=stated,
         )
     found = cached_manifest(spec.source, settings.weights_dir)
     if found is None:

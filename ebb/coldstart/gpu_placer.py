@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ebb.coldstart.clock import SYSTEM_CLOCK, Clock
 from ebb.coldstart.gpu_need import estimate_need
-from ebb.coldstart.inventory import read_host_inventory
+from ebb.coldstart.inventory import host_name, read_host_inventory
 from ebb.coldstart.placement import GpuNeed, Held, Placed, Refused, place
 from ebb.coldstart.state import ControllerState
 from ebb.config import Settings
@@ -148,6 +148,36 @@ class GpuPlacer:
         for spec in list(specs):
             if spec.name in self._unschedulable:
                 await self.reserve(spec)
+
+    async def enforce_sleep_budget(self) -> None:
+        """Keep this host's sleepers within `sleep_host_ram_bytes` of offloaded weights:
+        the newest stay asleep, the older ones beyond the budget are made to exit."""
+        budget = self._settings.sleep_host_ram_bytes
+        if budget is None:
+            return
+        placements = await self._gpus.placements()
+        here = host_name()
+        sleepers = sorted(
+            (
+                r
+                for r in await self._state.runners()
+                if _asleep(r) and r.runner_id in placements and placements[r.runner_id].host == here
+            ),
+            key=lambda r: r.ready_ms,
+            reverse=True,
+        )
+        held_bytes = 0
+        for r in sleepers:
+            held_bytes += placements[r.runner_id].host_ram_bytes_asleep
+            if held_bytes > budget and await self._gpus.evict_sleeper(r.runner_id, r.deployment):
+                log.info(
+                    "coldstart: sleeping %s (%s) exits: sleepers would hold %d bytes of host "
+                    "RAM, over EBB_SLEEP_HOST_RAM_BYTES=%d",
+                    r.runner_id,
+                    r.deployment,
+                    held_bytes,
+                    budget,
+                )
 
     async def _mark(self, deployment: str, reason: str) -> None:
         marked = self._unschedulable if self._unschedulable is not None else {}

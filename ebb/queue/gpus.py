@@ -16,6 +16,10 @@ from ebb.queue import keys
 from ebb.queue.gpu_records import GpuPlacement, HostInventory
 from ebb.queue.replies import reply_hash
 
+# What a sleeper finds on its assignment list instead of a deployment when it must exit
+# (no deployment is named "-": names start with a letter or digit).
+SLEEPER_EXIT = "-"
+
 _inventory = msgspec.json.Decoder(HostInventory)
 _placement = msgspec.json.Decoder(GpuPlacement)
 
@@ -44,6 +48,15 @@ class GpuState:
     async def return_sleeper(self, runner_id: str, deployment: str) -> None:
         """Put back a sleeper taken but not woken (its device has no room for it now)."""
         await self.redis.sadd(keys.sleepers(deployment), runner_id)
+
+    async def evict_sleeper(self, runner_id: str, deployment: str) -> bool:
+        """Make a sleeping runner exit instead of ever being woken; False when it was
+        already taken (woken) or left on its own. The SREM decides, as SPOP does for
+        `take_sleeper`: whichever removes it from the set owns it."""
+        if not await self.redis.srem(keys.sleepers(deployment), runner_id):
+            return False
+        await self.redis.rpush(keys.runner_assignment(runner_id), SLEEPER_EXIT)
+        return True
 
 
 def read_placement(client: redis.Redis, runner_id: str) -> GpuPlacement | None:

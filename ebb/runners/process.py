@@ -24,6 +24,7 @@ from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.queue.connection import sync_client
 from ebb.queue.gpu_records import GpuPlacement
+from ebb.queue.gpus import SLEEPER_EXIT
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
 from ebb.runners.devices import use_placement
@@ -220,8 +221,9 @@ def _sleep_until_woken(
             return None
         # The controller took this sleeper at the instant it gave up: serve that work.
         woken = queue.wait_for_assignment(timeout_s=5.0)
-        if not woken:
-            return None
+    if not woken or woken == SLEEPER_EXIT:
+        # Gave up, or evicted: the host's RAM budget for sleepers is spent.
+        return None
     clock = ColdStartClock(time.time() * 1000)
     engine.wake_up()
     clock.lap("wake")

@@ -1,7 +1,8 @@
 """The sleeping tier's GPU accounting on one fake 24 GiB GPU: a sleeping runner frees its
 device for another deployment, is not woken while the device has no room for it (its
 deployment is unschedulable meanwhile, with a 503 that says so), and is woken once the
-device is free again."""
+device is free again; sleepers beyond the host-RAM budget for their offloaded weights
+exit, oldest first."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def platform():
     inventory = home / "gpus.json"
     device = {"index": 0, "uuid": "GPU-fake-0", "name": "Fake 24G"}
     inventory.write_text(json.dumps([{**device, "total_bytes": 24 * GIB, "free_bytes": 24 * GIB}]))
-    p = Platform(home=home, redis_url=None, env_extra={"EBB_GPU_INVENTORY_FILE": str(inventory)})
+    env = {"EBB_GPU_INVENTORY_FILE": str(inventory), "EBB_SLEEP_HOST_RAM_BYTES": "20GiB"}
+    p = Platform(home=home, redis_url=None, env_extra=env)
     p.start()
     yield p
     assert p.stop() == 0
@@ -52,7 +54,8 @@ def test_a_sleeper_frees_its_gpu_and_wakes_once_there_is_room(admin):
         idle_timeout_s=1,
         admission_timeout_s=3,
     )
-    assert chat(admin, "sleepy").status_code == 200
+    # The first start may take longer than the 3 s window on a busy machine: ask again.
+    wait_until(lambda: chat(admin, "sleepy").status_code == 200, 60, "a first answer")
     [sleeper] = wait_until(
         lambda: (r := runners(admin, "sleepy")) and r[0]["state"] == "sleeping" and r,
         30,
@@ -82,3 +85,26 @@ def test_a_sleeper_frees_its_gpu_and_wakes_once_there_is_room(admin):
     served = runners(admin, "sleepy")
     assert [r["id"] for r in served] == [sleeper["id"]], "the sleeper itself was woken"
     assert served[0]["tier"] == "sleeping"
+
+
+def test_sleepers_beyond_the_host_ram_budget_exit_oldest_first(admin):
+    assert admin.delete("/v1/deployments/sleepy").status_code == 200
+    first = asleep(admin, "old", "fake://old?gpu_gib=12&sleep=1")
+    second = asleep(admin, "new", "fake://new?gpu_gib=12&sleep=1")
+    # 2 × 12 GiB of weights in host RAM is over the 20 GiB budget: the older one goes.
+    wait_until(
+        lambda: runners(admin, "old")[0]["state"] == "exited", 30, "the older sleeper to exit"
+    )
+    assert runners(admin, "old")[0]["id"] == first["id"]
+    assert [(r["id"], r["state"]) for r in runners(admin, "new")] == [(second["id"], "sleeping")]
+
+
+def asleep(admin, name: str, source: str) -> dict:
+    deploy(admin, name, source=source, idle_timeout_s=1)
+    assert chat(admin, name).status_code == 200
+    [runner] = wait_until(
+        lambda: (r := runners(admin, name)) and r[0]["state"] == "sleeping" and r,
+        30,
+        f"{name} to fall asleep",
+    )
+    return runner
