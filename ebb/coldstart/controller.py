@@ -23,7 +23,7 @@ import logging
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
@@ -34,8 +34,12 @@ from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
 from ebb.coldstart.state import ControllerState
 from ebb.coldstart.tiers import Tier, launch_tier
 from ebb.config import Settings
+from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.metering import LAST_SIGN_OF_LIFE, EndField, GpuMeter
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
+
+if TYPE_CHECKING:
+    from ebb.coldstart.gpu_placer import GpuPlacer
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +84,11 @@ class Controller:
         warm: WarmStarts | None = None,
         clock: Clock = SYSTEM_CLOCK,
         gpu_meter: GpuMeterCloser | None = None,
+        gpus: GpuPlacer | None = None,
     ):
         """`warm`: where forked starts come from (none: every launch is fresh);
-        `gpu_meter`: closes dead runners' GPU metering when `settings.metering` is on."""
+        `gpu_meter`: closes dead runners' GPU metering when `settings.metering` is on;
+        `gpus`: places runners on GPUs (none: every runner starts as on a CPU host)."""
         self._settings = settings
         self._state = state
         self._launcher = launcher
@@ -90,6 +96,7 @@ class Controller:
         self._policy = policy
         self._clock = clock
         self._gpu_meter = gpu_meter
+        self._gpus = gpus
         self._backoff: dict[str, _Backoff] = {}
         self._stopping = asyncio.Event()
         self._fork_server_state = ""  # as last published
@@ -146,7 +153,12 @@ class Controller:
     async def reconcile(self) -> None:
         runners = await self._collect_exits(await self._state.runners())
         await self._publish_fork_server_state()
-        for spec in await self._state.list_deployments():
+        specs = await self._state.list_deployments()
+        if self._gpus is not None:
+            await self._gpus.refresh()
+            await self._gpus.recheck(specs)
+            await self._gpus.enforce_sleep_budget()
+        for spec in specs:
             await self._scale(spec, [r for r in runners if r.deployment == spec.name])
         await self._refill_pool(runners)
 
@@ -198,8 +210,9 @@ class Controller:
         if not self._settings.metering or self._gpu_meter is None:
             return
         spec = await self._state.get_deployment(r.deployment) if r.deployment else None
+        gpus = await self._gpus.gpu_count(r.runner_id) if self._gpus is not None else 1
         await self._gpu_meter.close(
-            r.runner_id, meter_for(r.runner_id, spec, gpus=1), end=LAST_SIGN_OF_LIFE
+            r.runner_id, meter_for(r.runner_id, spec, gpus=gpus), end=LAST_SIGN_OF_LIFE
         )
 
     async def _start_failed(self, r: RunnerRecord) -> None:
@@ -239,33 +252,49 @@ class Controller:
         missing = desired_replicas(snap, self._policy) - snap.serving
         if missing <= 0 or (backoff and self._clock.monotonic() < backoff.next_try_s):
             return
-        for _ in range(missing):
-            await self._launch_for(spec.name)
-        await self._state.count_scale_up(spec.name, missing)
+        launched = 0
+        while launched < missing and await self._launch_for(spec):
+            launched += 1
+        if not launched:
+            return
+        await self._state.count_scale_up(spec.name, launched)
         log.info(
             "coldstart: %s scaled up by %d (queue=%d, jobs=%d, ready=%d, starting=%d)",
             spec.name,
-            missing,
+            launched,
             queue.depth,
             queue.job_depth,
             ready,
             starting,
         )
 
-    async def _launch_for(self, deployment: str) -> None:
+    async def _launch_for(self, spec: DeploymentSpec) -> bool:
+        """Start one runner of `spec`; False when its GPUs have no room for one now."""
         # Tiers, fastest first: a sleeping runner of this deployment, a pre-warmed stem, a
         # process forked from the fork server, a fresh process. Sleepers exist only where
         # engines support sleep mode (GPUs).
+        deployment = spec.name
         sleeper = await self._state.take_sleeper(deployment)
         if sleeper is not None:
-            await self._state.wake_sleeper(sleeper, deployment)
-            log.info("coldstart: waking sleeping %s for %s", sleeper, deployment)
-            return
+            if self._gpus is None or await self._gpus.can_wake(sleeper):
+                await self._state.wake_sleeper(sleeper, deployment)
+                log.info("coldstart: waking sleeping %s for %s", sleeper, deployment)
+                return True
+            # Its device filled up while it slept: it stays asleep, another starts.
+            await self._gpus.return_sleeper(sleeper, deployment)
+        placement = None
+        if self._gpus is not None:
+            reservation = await self._gpus.reserve(spec)
+            if not reservation.launch:
+                return False
+            placement = reservation.placement
         while (stem := await self._state.take_stem()) is not None:
             if self._launcher.alive(stem):
+                if self._gpus is not None:
+                    await self._gpus.commit(stem, placement)
                 await self._state.assign(stem, deployment)
                 log.info("coldstart: assigned pre-warmed %s to %s", stem, deployment)
-                return
+                return True
             # Died since the last reconcile: never hand work to a dead process.
             await self._state.mark_runner_gone(
                 stem,
@@ -273,7 +302,9 @@ class Controller:
                 error="stem died while pre-warmed",
                 exited_ms=self._now_ms(),
             )
-        await self._launch(deployment, launch_tier(self._warm.warm_state() is WarmState.READY))
+        tier = launch_tier(self._warm.warm_state() is WarmState.READY)
+        await self._launch(deployment, tier, placement)
+        return True
 
     async def _refill_pool(self, runners: list[RunnerRecord]) -> None:
         # A new stem's imports compete for the same cores as a model that is loading to
@@ -291,7 +322,9 @@ class Controller:
         for _ in range(self._settings.prewarm - stems):
             await self._launch(None, Tier.PREWARMED)
 
-    async def _launch(self, deployment: str | None, tier: Tier) -> None:
+    async def _launch(
+        self, deployment: str | None, tier: Tier, placement: GpuPlacement | None = None
+    ) -> None:
         runner_id = new_runner_id()
         # The record exists before the process does, so the next reconcile already counts
         # it: one queued request never launches two runners.
@@ -304,4 +337,6 @@ class Controller:
                 launched_ms=self._now_ms(),
             )
         )
+        if self._gpus is not None:
+            await self._gpus.commit(runner_id, placement)
         self._launcher.launch(runner_id, deployment, tier)

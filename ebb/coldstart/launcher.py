@@ -107,7 +107,7 @@ class LocalProcessLauncher:
         return self._settings.logs_dir / f"runner-{runner_id}.log"
 
     def warm_state(self) -> WarmState:
-        if self._forks is None:
+        if self._forks is None or self._forks.disabled_reason:
             return WarmState.OFF
         if self._forks.ready():
             return WarmState.READY

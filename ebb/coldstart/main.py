@@ -6,12 +6,14 @@ import asyncio
 import signal
 
 from ebb.coldstart.controller import Controller
+from ebb.coldstart.gpu_placer import GpuPlacer
 from ebb.coldstart.launcher import LocalProcessLauncher
 from ebb.coldstart.preparer import Preparer
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.process_guard import exit_when_orphaned
 from ebb.queue.connection import async_client
+from ebb.queue.gpus import GpuState
 from ebb.queue.metering import GpuMeterScript
 from ebb.queue.platform import PlatformState
 
@@ -26,7 +28,12 @@ async def _main(settings: Settings) -> None:
     state = PlatformState(client, result_ttl_s=settings.result_ttl_s)
     launcher = LocalProcessLauncher(settings)
     controller = Controller(
-        settings, state, launcher, warm=launcher, gpu_meter=GpuMeterScript(client)
+        settings,
+        state,
+        launcher,
+        warm=launcher,
+        gpu_meter=GpuMeterScript(client),
+        gpus=GpuPlacer(settings, state, GpuState(client)),
     )
     preparer = Preparer(settings, state, EngineRegistry.from_settings(settings))
     stopping = asyncio.Event()

@@ -21,6 +21,8 @@ SCALE_DECISIONS = PREFIX + "scale_decisions"  # hash: "deployment|up" / "|down" 
 FORK_SERVER = PREFIX + "fork_server"  # string: the controller's fork server state
 # hash: "metric|label|label" -> running total, counted by any process, read by /metrics
 METRIC_COUNTERS = PREFIX + "metrics:counters"
+GPU_INVENTORY = PREFIX + "gpus"  # hash: host -> HostInventory (json), refreshed by the controller
+GPU_PLACEMENTS = PREFIX + "placements"  # hash: runner id -> GpuPlacement (json) it holds
 
 # Cold-start records kept for metrics scrapes; older ones have long been scraped.
 COLD_STARTS_MAX = 10_000

@@ -24,9 +24,12 @@ from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.queue.connection import UNAVAILABLE_ERRORS, sync_client
+from ebb.queue.gpu_records import GpuPlacement
+from ebb.queue.gpus import SLEEPER_EXIT
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
 from ebb.runners import gpu_figures
+from ebb.runners.devices import use_placement
 from ebb.runners.engine import EngineAdapter, EngineOptions
 from ebb.runners.lifecycle import Lifecycle
 from ebb.runners.serve import Outcome, ServingLoop
@@ -105,7 +108,10 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
     heartbeat = Heartbeat(queue, settings.heartbeat_interval_s, stop)
     heartbeat.start()
     lifecycle = Lifecycle(queue)
-    meter = runner_meter(settings, client, runner_id, queue.deployment)
+    # A runner launched for a deployment holds its placement's GPUs from launch on.
+    placement = queue.placement() if deployment else None
+    gpus = placement.gpu_count if placement else None
+    meter = runner_meter(settings, client, runner_id, queue.deployment, gpus=gpus)
     redis_gone = False
     try:
         meter.begin(queue.deployment(deployment) if deployment else None)
@@ -149,9 +155,12 @@ def _run(
     spec = queue.deployment(deployment)
     if spec is None:
         raise RuntimeError(f"deployment {deployment!r} does not exist")
-    meter.assign(spec)
+    placement = queue.placement()
+    if placement is not None:
+        use_placement(placement)  # before the engine touches CUDA
+    meter.assign(spec, gpus=placement.gpu_count if placement else None)
     lifecycle.to(RunnerState.LOADING, deployment=deployment, tier=tier)
-    engine, tier = _load_engine(settings, spec, clock, tier)
+    engine, tier = _load_engine(settings, spec, clock, tier, placement)
     clock.lap("engine")
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
     loop.read_gpus = gpu_figures.reader()
@@ -229,8 +238,9 @@ def _sleep_until_woken(
             return None
         # The controller took this sleeper at the instant it gave up: serve that work.
         woken = queue.wait_for_assignment(timeout_s=5.0)
-        if not woken:
-            return None
+    if not woken or woken == SLEEPER_EXIT:
+        # Gave up, or evicted: the host's RAM budget for sleepers is spent.
+        return None
     clock = ColdStartClock(time.time() * 1000)
     engine.wake_up()
     clock.lap("wake")
@@ -258,8 +268,36 @@ def import_engine_libraries() -> None:
     import ebb.weights_cache  # noqa: F401
 
 
+def engine_options(
+    settings: Settings,
+    spec: DeploymentSpec,
+    model_path: Path | None,
+    model_len: int,
+    placement: GpuPlacement | None,
+) -> EngineOptions:
+    """What the engine is built with: the deployment's options and its placement's share."""
+    engine = spec.engine
+    return EngineOptions(
+        model_path=model_path,
+        max_model_len=spec.max_model_len or model_len,
+        max_num_seqs=engine.max_num_seqs or spec.max_concurrency,
+        kv_cache_gib=settings.kv_cache_gib,
+        source=spec.source,
+        dtype=engine.dtype,
+        quantization=engine.quantization,
+        tensor_parallel_size=placement.tensor_parallel_size if placement else 1,
+        enable_prefix_caching=engine.enable_prefix_caching,
+        enforce_eager=engine.enforce_eager,
+        gpu_memory_utilization=placement.gpu_memory_utilization if placement else None,
+    )
+
+
 def _load_engine(
-    settings: Settings, spec: DeploymentSpec, clock: ColdStartClock, tier: Tier
+    settings: Settings,
+    spec: DeploymentSpec,
+    clock: ColdStartClock,
+    tier: Tier,
+    placement: GpuPlacement | None = None,
 ) -> tuple[EngineAdapter, Tier]:
     entry = EngineRegistry.from_settings(settings).entry_for(spec.source)
     if entry.preload_engine():
@@ -269,13 +307,7 @@ def _load_engine(
     else:
         model_path, model_len = None, entry.context_len_of(spec.source)
     clock.lap("weights")
-    options = EngineOptions(
-        model_path=model_path,
-        max_model_len=spec.max_model_len or model_len,
-        max_num_seqs=spec.max_concurrency,
-        kv_cache_gib=settings.kv_cache_gib,
-        source=spec.source,
-    )
+    options = engine_options(settings, spec, model_path, model_len, placement)
     return entry.load_engine(options), tier
 
 
