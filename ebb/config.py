@@ -67,6 +67,12 @@ class Settings(BaseSettings):
     max_n: int = 8
     # The controller reconciles at least this often; queued work wakes it sooner.
     controller_poll_s: float = 0.5
+    # The controllers' leader lease: one acts, the others stand by and take over once the
+    # leader has not renewed it for this long.
+    controller_lease_s: float = 5.0
+    # A runner drains once the process that launched it dies: set for local launches (no
+    # runner outlives `ebb up`); runners of a remote launcher belong to the cluster.
+    runner_follows_parent: bool = False
     # vLLM's CPU KV cache, in GiB (VLLM_CPU_KVCACHE_SPACE); ignored on GPUs.
     kv_cache_gib: int = 1
     # A runner whose engine sleeps (GPU sleep mode) exits after sleeping this long.

@@ -1,4 +1,8 @@
-"""The controller process: a Controller over local processes, stopped by SIGTERM."""
+"""The controller process: a Controller over local processes, stopped by SIGTERM.
+
+Several may run against one Redis (a leader and standbys): each holds or waits for the
+leader lease (`ebb.coldstart.leader`), and only the holder acts.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,11 @@ import signal
 
 from ebb.coldstart.controller import Controller
 from ebb.coldstart.launcher import LocalProcessLauncher
+from ebb.coldstart.leader import LeaderElection
 from ebb.config import Settings
 from ebb.process_guard import exit_when_orphaned
 from ebb.queue.connection import async_client
+from ebb.queue.leader_lease import LeaderLease
 from ebb.queue.metering import GpuMeterScript
 from ebb.queue.platform import PlatformState
 
@@ -22,17 +28,23 @@ def run_controller(settings: Settings) -> None:
 async def _main(settings: Settings) -> None:
     client = async_client(settings.platform_redis_url("ebb coldstart"))
     launcher = LocalProcessLauncher(settings)
+    election = LeaderElection(LeaderLease(client), lease_s=settings.controller_lease_s)
     controller = Controller(
         settings,
         PlatformState(client, result_ttl_s=settings.result_ttl_s),
         launcher,
         warm=launcher,
         gpu_meter=GpuMeterScript(client),
+        leader=election,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, controller.stop)
+    holding = asyncio.create_task(election.run())
     try:
         await controller.run()
     finally:
+        # The lease is held (and renewed) until the controller stopped acting.
+        election.stop()
+        await holding
         await client.aclose()
