@@ -73,6 +73,18 @@ class Settings(BaseSettings):
     # A runner drains once the process that launched it dies: set for local launches (no
     # runner outlives `ebb up`); runners of a remote launcher belong to the cluster.
     runner_follows_parent: bool = False
+    # A file the runner keeps exactly while it is READY (a pod's readiness probe); unset: none.
+    runner_ready_file: Path | None = None
+    # Where the controller runs runners: "local" processes, or "kubernetes" pods (in-cluster
+    # credentials; the k8s_ settings below describe the pods).
+    launcher: str = "local"
+    k8s_namespace: str = "ebb"
+    k8s_runner_image: str = "ebb:cpu"
+    k8s_platform: str = "ebb"
+    k8s_env_secret: str = "ebb-platform"
+    k8s_weights_host_path: str = "/var/lib/ebb/weights"
+    k8s_gpu_resource: str = "nvidia.com/gpu"
+    k8s_gpus_per_runner: int = 0
     # vLLM's CPU KV cache, in GiB (VLLM_CPU_KVCACHE_SPACE); ignored on GPUs.
     kv_cache_gib: int = 1
     # A runner whose engine sleeps (GPU sleep mode) exits after sleeping this long.
@@ -144,6 +156,20 @@ class Settings(BaseSettings):
     def _lease_positive(cls, value: float) -> float:
         if value < 1:
             raise ValueError("EBB_LEASE_TTL_S must be at least 1 second")
+        return value
+
+    @field_validator("controller_lease_s")
+    @classmethod
+    def _controller_lease(cls, value: float) -> float:
+        if value < 1:
+            raise ValueError("EBB_CONTROLLER_LEASE_S must be at least 1 second")
+        return value
+
+    @field_validator("launcher")
+    @classmethod
+    def _launcher_known(cls, value: str) -> str:
+        if value not in ("local", "kubernetes"):
+            raise ValueError("EBB_LAUNCHER must be local or kubernetes")
         return value
 
     @field_validator("webhook_allowed_cidrs")

@@ -36,6 +36,7 @@ import msgspec
 
 from ebb.billing.gpu import meter_for
 from ebb.coldstart.clock import SYSTEM_CLOCK, Clock
+from ebb.coldstart.fork_client import Exit
 from ebb.coldstart.launcher import Launcher, NoWarmStarts, WarmStarts, WarmState
 from ebb.coldstart.leader import AlwaysLeader, Leadership
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
@@ -198,7 +199,7 @@ class Controller:
         await self._refill_pool(runners)
 
     async def _collect_exits(self, runners: list[RunnerRecord]) -> list[RunnerRecord]:
-        exits = {e.runner_id: e.code for e in self._launcher.poll()}
+        exits = {e.runner_id: e for e in self._launcher.poll()}
         now_ms = self._clock.time() * 1000
         live: list[RunnerRecord] = []
         for r in runners:
@@ -211,10 +212,13 @@ class Controller:
                 await self._state.forget_runner(r.runner_id)
         return live
 
-    async def _runner_gone(self, r: RunnerRecord, code: int | None) -> RunnerRecord:
+    async def _runner_gone(self, r: RunnerRecord, exit: Exit | None) -> RunnerRecord:
         await self._close_gpu_meter(r)
         if r.state.is_live:
-            why = f"process exited with code {code}" if code is not None else "stopped heartbeating"
+            if exit is None:
+                why = "stopped heartbeating"
+            else:
+                why = exit.detail or f"process exited with code {exit.code}"
             log.warning(
                 "coldstart: runner %s (%s, %s) died: %s",
                 r.runner_id,
@@ -248,7 +252,9 @@ class Controller:
         backoff.failures += 1
         backoff.next_try_s = self._clock.monotonic() + min(2.0**backoff.failures, 60.0)
         if backoff.failures >= MAX_START_FAILURES:
-            last_lines = await self._state.runner_log(r.runner_id)
+            # A runner that never ran (a pod that could not start) logged nothing itself;
+            # its launcher's account of why is its error.
+            last_lines = await self._state.runner_log(r.runner_id) or r.error.splitlines()
             await self._state.set_deployment_status(
                 r.deployment,
                 error=f"{backoff.failures} runner starts failed in a row; last: "

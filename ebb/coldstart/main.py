@@ -1,4 +1,4 @@
-"""The controller process: a Controller over local processes, stopped by SIGTERM.
+"""The controller process: a Controller over its launcher (EBB_LAUNCHER), stopped by SIGTERM.
 
 Several may run against one Redis (a leader and standbys): each holds or waits for the
 leader lease (`ebb.coldstart.leader`), and only the holder acts.
@@ -10,7 +10,7 @@ import asyncio
 import signal
 
 from ebb.coldstart.controller import Controller
-from ebb.coldstart.launcher import LocalProcessLauncher
+from ebb.coldstart.launchers import make_launcher
 from ebb.coldstart.leader import LeaderElection
 from ebb.config import Settings
 from ebb.process_guard import exit_when_orphaned
@@ -27,13 +27,13 @@ def run_controller(settings: Settings) -> None:
 
 async def _main(settings: Settings) -> None:
     client = async_client(settings.platform_redis_url("ebb coldstart"))
-    launcher = LocalProcessLauncher(settings)
+    launcher, warm = make_launcher(settings)
     election = LeaderElection(LeaderLease(client), lease_s=settings.controller_lease_s)
     controller = Controller(
         settings,
         PlatformState(client, result_ttl_s=settings.result_ttl_s),
         launcher,
-        warm=launcher,
+        warm=warm,
         gpu_meter=GpuMeterScript(client),
         leader=election,
     )

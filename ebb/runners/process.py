@@ -112,7 +112,10 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
         queue, settings.heartbeat_interval_s, stop, follow_parent=settings.runner_follows_parent
     )
     heartbeat.start()
-    lifecycle = Lifecycle(queue)
+    lifecycle = Lifecycle(
+        queue,
+        on_change=_ready_file(settings.runner_ready_file) if settings.runner_ready_file else None,
+    )
     meter = runner_meter(settings, client, runner_id, queue.deployment)
     try:
         meter.begin(queue.deployment(deployment) if deployment else None)
@@ -241,6 +244,20 @@ def _wait_as_stem(lifecycle: Lifecycle, queue: RunnerQueue, stop: threading.Even
         return None
     # The controller took this stem at the instant it was told to stop: serve that one.
     return queue.wait_for_assignment(timeout_s=5.0)
+
+
+def _ready_file(path: Path) -> Callable[[RunnerState], None]:
+    """Keeps `path` present exactly while the runner is READY: a pod's readiness probe
+    reads the runner's own state from it."""
+
+    def follow(state: RunnerState) -> None:
+        if state is RunnerState.READY:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+        else:
+            path.unlink(missing_ok=True)
+
+    return follow
 
 
 def import_engine_libraries() -> None:

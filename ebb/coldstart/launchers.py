@@ -1,0 +1,37 @@
+"""The launcher a controller process runs runners with, as EBB_LAUNCHER says."""
+
+from __future__ import annotations
+
+from ebb.coldstart.launcher import Launcher, LocalProcessLauncher, NoWarmStarts, WarmStarts
+from ebb.config import Settings
+
+
+def make_launcher(settings: Settings) -> tuple[Launcher, WarmStarts]:
+    """The launcher and its warm capacity: local processes and their fork server, or
+    Kubernetes pods (in-cluster credentials; no fork server, stems are pods)."""
+    if settings.launcher == "kubernetes":
+        return _kubernetes(settings), NoWarmStarts()
+    local = LocalProcessLauncher(settings)
+    return local, local
+
+
+def _kubernetes(settings: Settings) -> Launcher:
+    from kubernetes import client, config
+
+    from ebb.coldstart.k8s_pods import PodTemplate
+    from ebb.coldstart.launch_k8s import KubernetesLauncher
+
+    config.load_incluster_config()
+    template = PodTemplate(
+        namespace=settings.k8s_namespace,
+        image=settings.k8s_runner_image,
+        platform=settings.k8s_platform,
+        env_secret=settings.k8s_env_secret,
+        weights_host_path=settings.k8s_weights_host_path,
+        gpu_resource=settings.k8s_gpu_resource,
+    )
+    gpus = settings.k8s_gpus_per_runner
+    # A stem requests no GPU: it imports the engine, then loads onto its node's GPUs.
+    return KubernetesLauncher(
+        client.CoreV1Api(), template, gpus_for=lambda deployment: gpus if deployment else 0
+    )
