@@ -85,6 +85,10 @@ class Settings(BaseSettings):
     k8s_weights_host_path: str = "/var/lib/ebb/weights"
     k8s_gpu_resource: str = "nvidia.com/gpu"
     k8s_gpus_per_runner: int = 0
+    # EBB_LAUNCHER=ray: the cluster's address and what every runner actor asks of a node.
+    ray_address: str = "auto"
+    ray_runner_resources: str = "{}"  # JSON, e.g. {"gpu_pool_a": 1}
+    ray_gpus_per_runner: float = 0
     # vLLM's CPU KV cache, in GiB (VLLM_CPU_KVCACHE_SPACE); ignored on GPUs.
     kv_cache_gib: int = 1
     # A runner whose engine sleeps (GPU sleep mode) exits after sleeping this long.
@@ -168,8 +172,8 @@ class Settings(BaseSettings):
     @field_validator("launcher")
     @classmethod
     def _launcher_known(cls, value: str) -> str:
-        if value not in ("local", "kubernetes"):
-            raise ValueError("EBB_LAUNCHER must be local or kubernetes")
+        if value not in ("local", "kubernetes", "ray"):
+            raise ValueError("EBB_LAUNCHER must be local, kubernetes or ray")
         return value
 
     @field_validator("webhook_allowed_cidrs")

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from ebb.coldstart.launcher import Launcher, LocalProcessLauncher, NoWarmStarts, WarmStarts
+import json
+
+from ebb.coldstart.launcher import (
+    Launcher,
+    LocalProcessLauncher,
+    NoWarmStarts,
+    WarmStarts,
+    child_environment,
+)
 from ebb.config import Settings
 
 
@@ -11,6 +19,8 @@ def make_launcher(settings: Settings) -> tuple[Launcher, WarmStarts]:
     Kubernetes pods (in-cluster credentials; no fork server, stems are pods)."""
     if settings.launcher == "kubernetes":
         return _kubernetes(settings), NoWarmStarts()
+    if settings.launcher == "ray":
+        return _ray(settings), NoWarmStarts()
     local = LocalProcessLauncher(settings)
     return local, local
 
@@ -34,4 +44,29 @@ def _kubernetes(settings: Settings) -> Launcher:
     # A stem requests no GPU: it imports the engine, then loads onto its node's GPUs.
     return KubernetesLauncher(
         client.CoreV1Api(), template, gpus_for=lambda deployment: gpus if deployment else 0
+    )
+
+
+def _ray(settings: Settings) -> Launcher:
+    import ray
+
+    from ebb.coldstart.launch_ray import NAMESPACE, RayLauncher
+
+    host = settings.ray_address.rsplit(":", 1)[0]
+    ray.init(
+        address=settings.ray_address,
+        namespace=NAMESPACE,
+        log_to_driver=False,
+        # The address this driver is reached at: the cluster's own (never guessed from the
+        # machine's routable interfaces).
+        _node_ip_address=None if host == "auto" else host,
+    )
+    resources = {k: float(v) for k, v in json.loads(settings.ray_runner_resources).items()}
+    gpus = settings.ray_gpus_per_runner
+    return RayLauncher(
+        child_environment(settings),
+        settings.logs_dir,
+        # Stems, too, go where runners go: they load there once assigned.
+        resources_for=lambda deployment: resources,
+        gpus_for=lambda deployment: gpus if deployment else 0,
     )
