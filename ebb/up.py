@@ -1,12 +1,12 @@
 """`ebb up`: the whole platform on this machine, supervised.
 
-Starts redis-server (append-only file under EBB_HOME) unless EBB_REDIS_URL is set, prepares
-and deploys the default model, then runs the frontdoor, the coldstart controller and the
-webhooks worker (job results and deliveries) and the billing consumer (unless
-EBB_METERING=0) as child processes, restarting any that dies. Ctrl-C or SIGTERM stops
-everything in order: the frontdoor first (no new work), then the controller (its runners
-drain), then the webhooks worker (it collects what the drained runners finished), then
-billing, then Redis (which flushes its append-only file).
+Starts redis-server (append-only file under EBB_HOME) unless EBB_REDIS_URL is set, deploys
+the default model (the controller prepares its weights, as for any deployment), then runs
+the frontdoor, the coldstart controller, the webhooks worker (job results and deliveries)
+and the billing consumer (unless EBB_METERING=0) as child processes, restarting any that
+dies. Ctrl-C or SIGTERM stops everything in order: the frontdoor first (no new work), then
+the controller (its runners drain), then the webhooks worker (it collects what the drained
+runners finished), then billing, then Redis (which flushes its append-only file).
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ import httpx
 import redis
 from rich.console import Console
 
-from ebb.coldstart.launcher import child_environment
+from ebb.coldstart.launcher import WarmState, child_environment
 from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE, Settings
 from ebb.home import resolve_admin_key, write_run_info
 from ebb.queue.connection import async_client
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec, RunnerState
+from ebb.queue.weights_status import WeightsState, WeightsStatus
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -142,44 +143,86 @@ class Supervisor:
 
 
 async def _deploy_default(settings: Settings) -> None:
+    """The default model, deployed once per EBB_HOME; the controller prepares its weights
+    (the first run converts the GGUF) as for any deployment."""
     state = PlatformState(async_client(settings.redis_url))
     spec = DeploymentSpec(
         name=DEFAULT_MODEL_NAME, source=DEFAULT_MODEL_SOURCE, created_at_s=time.time()
     )
-    if await state.put_deployment(spec, create_only=True):
-        console.print(f"deployed [bold]{DEFAULT_MODEL_NAME}[/] from {DEFAULT_MODEL_SOURCE}")
-    await state.redis.aclose()
+    try:
+        if await state.put_deployment(spec, create_only=True):
+            await state.set_deployment_status(
+                spec.name, **WeightsStatus(WeightsState.PREPARING).fields()
+            )
+            console.print(f"deployed [bold]{DEFAULT_MODEL_NAME}[/] from {DEFAULT_MODEL_SOURCE}")
+    finally:
+        await state.redis.aclose()
 
 
-def _prepare_default_weights(settings: Settings) -> None:
-    from ebb.weights_cache import CacheOptions, ensure
+@dataclass(frozen=True)
+class _Readiness:
+    """What `ebb up` waits for before it says `ready:`."""
 
-    with console.status("preparing the default model's weights (first run converts GGUF)"):
-        options = CacheOptions.from_settings(settings)
-        model = ensure(DEFAULT_MODEL_SOURCE, settings.weights_dir, options=options)
-    console.print(f"weights ready: {model.path}")
+    answering: bool  # the frontdoor's /readyz
+    pool_filled: bool  # EBB_PREWARM stems waiting for an assignment
+    # The fork server has imported the engine (or there is none): a first request then
+    # never competes with that import for the cores (it slowed a pre-warmed start 4x).
+    warm_done: bool
+    weights: WeightsStatus | None  # the default model's, when it is deployed
+
+    @property
+    def ready(self) -> bool:
+        weights_ready = self.weights is None or self.weights.state is WeightsState.READY
+        return self.answering and self.pool_filled and self.warm_done and weights_ready
+
+    def describe(self) -> str:
+        if self.weights is not None and self.weights.state is WeightsState.PREPARING:
+            phase = self.weights.phase or "starting"
+            return (
+                f"preparing the default model's weights: {phase} "
+                f"{self.weights.progress:.0%} (the first run converts its GGUF)"
+            )
+        if self.pool_filled and not self.warm_done:
+            return "starting the fork server (importing the engine once for every runner)"
+        return "starting the frontdoor, controller and pre-warmed runner pool"
 
 
-async def _pool_filled(settings: Settings) -> bool:
+def _answering(settings: Settings) -> bool:
+    try:
+        return httpx.get(settings.base_url + "/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+async def _readiness(settings: Settings, default_model: bool, answering: bool) -> _Readiness:
     state = PlatformState(async_client(settings.redis_url))
     try:
         runners = await state.runners()
+        fork_server = await state.fork_server_state()
+        weights = None
+        if default_model:
+            weights = WeightsStatus.of(await state.deployment_status(DEFAULT_MODEL_NAME))
     finally:
         await state.redis.aclose()
     stems = sum(r.state is RunnerState.PREWARMED and not r.deployment for r in runners)
-    return stems >= settings.prewarm
+    warm_done = not settings.fork_server or fork_server == WarmState.READY
+    return _Readiness(answering, stems >= settings.prewarm, warm_done, weights)
 
 
-def _wait_ready(settings: Settings, stop: threading.Event, timeout_s: float = 300.0) -> bool:
+def _wait_ready(
+    settings: Settings, stop: threading.Event, *, default_model: bool, timeout_s: float = 600.0
+) -> bool:
     deadline = time.monotonic() + timeout_s
-    with console.status("starting the frontdoor, controller and pre-warmed runner pool"):
+    with console.status("starting the frontdoor, controller and pre-warmed runner pool") as shown:
         while not stop.is_set() and time.monotonic() < deadline:
-            try:
-                ready = httpx.get(settings.base_url + "/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                ready = False
-            if ready and asyncio.run(_pool_filled(settings)):
+            answering = _answering(settings)
+            readiness = asyncio.run(_readiness(settings, default_model, answering))
+            if readiness.ready:
                 return True
+            if readiness.weights is not None and readiness.weights.state is WeightsState.FAILED:
+                console.print(f"[red]the default model's weights failed: {readiness.weights.error}")
+                return False
+            shown.update(readiness.describe())
             stop.wait(0.2)
     return False
 
@@ -198,7 +241,6 @@ def run_up(settings: Settings, *, default_model: bool = True) -> int:
     supervisor = Supervisor(settings)
     try:
         if default_model:
-            _prepare_default_weights(settings)
             asyncio.run(_deploy_default(settings))
         supervisor.children = [
             Child("frontdoor", [sys.executable, "-m", "ebb", "frontdoor"]),
@@ -209,7 +251,7 @@ def run_up(settings: Settings, *, default_model: bool = True) -> int:
             supervisor.children.append(Child("billing", [sys.executable, "-m", "ebb", "billing"]))
         for child in supervisor.children:
             supervisor.start(child)
-        if not _wait_ready(settings, stop):
+        if not _wait_ready(settings, stop, default_model=default_model):
             console.print(f"[red]the platform did not become ready; logs in {settings.logs_dir}")
             return 1
         write_run_info(settings, base_url=settings.base_url, redis_url=settings.redis_url)

@@ -111,6 +111,18 @@ def runner(
     raise typer.Exit(run_runner(Settings(), runner_id, deployment, tier))
 
 
+@app.command(hidden=True)
+def prepare(source: str = typer.Argument(...)) -> None:
+    """Prepare one source's weights in the cache, reporting on stdout (started by the
+    controller's preparer)."""
+    from ebb.process_guard import exit_when_orphaned
+    from ebb.weights_cache.preparation import run_preparation
+
+    _logging()
+    exit_when_orphaned()
+    raise typer.Exit(run_preparation(source, Settings().weights_dir))
+
+
 @app.command("fork-server", hidden=True)
 def fork_server() -> None:
     """Import the engine once and fork runners on request (started by the controller)."""

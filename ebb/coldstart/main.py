@@ -12,7 +12,9 @@ import signal
 from ebb.coldstart.controller import Controller
 from ebb.coldstart.launchers import make_launcher
 from ebb.coldstart.leader import LeaderElection
+from ebb.coldstart.preparer import Preparer
 from ebb.config import Settings
+from ebb.engines import EngineRegistry
 from ebb.process_guard import exit_when_orphaned
 from ebb.queue.connection import async_client
 from ebb.queue.leader_lease import LeaderLease
@@ -27,22 +29,30 @@ def run_controller(settings: Settings) -> None:
 
 async def _main(settings: Settings) -> None:
     client = async_client(settings.platform_redis_url("ebb coldstart"))
+    state = PlatformState(client, result_ttl_s=settings.result_ttl_s)
     launcher, warm = make_launcher(settings)
     election = LeaderElection(LeaderLease(client), lease_s=settings.controller_lease_s)
     controller = Controller(
         settings,
-        PlatformState(client, result_ttl_s=settings.result_ttl_s),
+        state,
         launcher,
         warm=warm,
         gpu_meter=GpuMeterScript(client),
         leader=election,
     )
+    preparer = Preparer(settings, state, EngineRegistry.from_settings(settings))
+    stopping = asyncio.Event()
+
+    def stop() -> None:
+        stopping.set()
+        controller.stop()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, controller.stop)
+        loop.add_signal_handler(sig, stop)
     holding = asyncio.create_task(election.run())
     try:
-        await controller.run()
+        await asyncio.gather(controller.run(), preparer.run(stopping, leading=election.leading))
     finally:
         # The lease is held (and renewed) until the controller stopped acting.
         election.stop()

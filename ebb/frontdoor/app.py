@@ -37,7 +37,7 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.services = services
         # Warm the tokenizers of existing deployments so first requests don't pay for it.
         for spec in await services.state.list_deployments():
-            services.catalog.prepare(spec)
+            services.catalog.warm(spec)
         log.info("frontdoor: serving on %s", settings.base_url)
         yield
         await services.redis.aclose()

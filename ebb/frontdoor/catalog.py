@@ -1,10 +1,10 @@
 """What the frontdoor must know of each deployment's model before admitting a request:
 its tokenizer (to render chats, count and check prompt tokens) and its context length.
 
-Weights are prepared (fetched or converted into the weight cache) once per source, in a
-worker thread, when a deployment is created or first used; the deployment's status shows
-the phase and fraction done (`weights_phase`, `weights_progress`). Requests that arrive
-meanwhile wait for it within their admission window.
+The weights themselves are prepared by the controller (`ebb.coldstart.preparer`, in a
+process of its own), which publishes where they are in the deployment's weights status;
+the frontdoor only reads the tokenizer from there, once per model directory. A request
+that arrives while the weights are prepared waits for them within its admission window.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,12 +21,12 @@ from ebb.errors import CapacityError, WeightsError
 from ebb.frontdoor.tokenizer import HfPromptTokenizer, PromptTokenizer
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec
-from ebb.weights_cache import CacheOptions
+from ebb.queue.weights_status import WeightsState, WeightsStatus
 
 log = logging.getLogger(__name__)
 
-# How often preparation progress is written into the deployment's status.
-_PROGRESS_PUSH_S = 0.25
+# How often a waiting request looks at the weights status again.
+_STATUS_POLL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -35,133 +35,64 @@ class ModelInfo:
     max_model_len: int
 
 
-class _LatestProgress:
-    """The newest (phase, fraction) a preparing thread reported; read by the event loop."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._value: tuple[str, float] | None = None
-
-    def update(self, phase: str, fraction: float) -> None:
-        with self._lock:
-            self._value = (phase, fraction)
-
-    def take(self) -> tuple[str, float] | None:
-        with self._lock:
-            value, self._value = self._value, None
-            return value
-
-
 class ModelCatalog:
-    def __init__(
-        self,
-        weights_dir: Path,
-        state: PlatformState,
-        options: CacheOptions | None = None,
-        engines: EngineRegistry | None = None,
-    ):
-        self._weights_dir = weights_dir
+    def __init__(self, state: PlatformState, engines: EngineRegistry | None = None):
+        self._state = state
         # Sources without weights to prepare (test engines) bring their own tokenizer.
         self._engines = engines or EngineRegistry()
-        self._state = state
-        self._options = options or CacheOptions()
-        self._loading: dict[str, asyncio.Task[tuple[PromptTokenizer, int]]] = {}
-        # Per source, the deployments (name, created at) whose status tells of its task.
-        self._followers: dict[str, set[tuple[str, float]]] = {}
-        self._background: set[asyncio.Task] = set()
-
-    def prepare(self, spec: DeploymentSpec) -> asyncio.Task:
-        """Start (or join) preparing the deployment's model; idempotent per source."""
-        task = self._loading.get(spec.source)
-        follower = (spec.name, spec.created_at_s)
-        if task is None or (task.done() and task.exception() is not None):
-            task = asyncio.create_task(self._load(spec))
-            self._loading[spec.source] = task
-            self._followers[spec.source] = {follower}
-        elif follower not in self._followers[spec.source]:
-            # Another deployment of a source already prepared (or being prepared): no
-            # second preparation, but this one's status must say how that one goes.
-            self._followers[spec.source].add(follower)
-            joined = asyncio.create_task(self._follow(spec.name, task))
-            self._background.add(joined)
-            joined.add_done_callback(self._background.discard)
-        return task
-
-    async def _follow(self, name: str, task: asyncio.Task) -> None:
-        if not task.done():
-            await self._state.set_deployment_status(
-                name, weights="preparing", weights_phase="", weights_progress=0
-            )
-        try:
-            await asyncio.shield(task)
-        except Exception as e:
-            error = e.message if isinstance(e, WeightsError) else str(e)
-            await self._state.set_deployment_status(name, weights="failed", weights_error=error)
-            return
-        await self._state.set_deployment_status(
-            name, weights="ready", weights_error="", weights_progress=1
-        )
+        # Tokenizers by model directory (or by source, for sources without weights);
+        # shared tasks, so concurrent first requests read the files once.
+        self._tokenizers: dict[str, asyncio.Task[PromptTokenizer]] = {}
 
     async def info(self, spec: DeploymentSpec, wait_s: float) -> ModelInfo:
-        task = self.prepare(spec)
-        try:
-            tokenizer, model_len = await asyncio.wait_for(asyncio.shield(task), wait_s)
-        except TimeoutError as e:
-            raise CapacityError(
-                f"The weights of {spec.name!r} are still being prepared; retry shortly.",
-                retry_after_s=5,
-                code="weights_preparing",
-            ) from e
-        return ModelInfo(tokenizer, spec.max_model_len or model_len)
-
-    async def _load(self, spec: DeploymentSpec) -> tuple[PromptTokenizer, int]:
+        """The model's tokenizer and context length, waiting up to `wait_s` for the
+        weights; `CapacityError` (weights_preparing) when they are not ready by then,
+        `WeightsError` when their preparation failed."""
         entry = self._engines.entry_for(spec.source)
         if not entry.prepares_weights:
-            return entry.make_tokenizer(), entry.context_len_of(spec.source)
-        await self._state.set_deployment_status(
-            spec.name, weights="preparing", weights_phase="", weights_progress=0
-        )
-        progress = _LatestProgress()
-        pusher = asyncio.create_task(self._push_progress(spec.name, progress))
-        try:
-            result = await asyncio.to_thread(self._load_blocking, spec.source, progress.update)
-        except WeightsError as e:
-            await self._state.set_deployment_status(
-                spec.name, weights="failed", weights_error=e.message
-            )
-            raise
-        except Exception as e:
-            log.exception("frontdoor: preparing %s failed", spec.source)
-            await self._state.set_deployment_status(
-                spec.name, weights="failed", weights_error=str(e)
-            )
-            raise WeightsError(f"Preparing the weights of {spec.name!r} failed: {e}") from e
-        finally:
-            pusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pusher  # no stale progress may land after the final status
-        await self._state.set_deployment_status(
-            spec.name, weights="ready", weights_error="", weights_progress=1
-        )
-        return result
-
-    async def _push_progress(self, name: str, progress: _LatestProgress) -> None:
+            tokenizer = await self._tokenizer(spec.source, entry.make_tokenizer)
+            return ModelInfo(tokenizer, spec.max_model_len or entry.context_len_of(spec.source))
+        deadline_s = time.monotonic() + wait_s
         while True:
-            await asyncio.sleep(_PROGRESS_PUSH_S)
-            latest = progress.take()
-            if latest is not None:
-                phase, fraction = latest
-                await self._state.set_deployment_status(
-                    name, weights_phase=phase, weights_progress=round(fraction, 4)
+            weights = WeightsStatus.of(await self._state.deployment_status(spec.name))
+            if weights.state is WeightsState.FAILED:
+                raise WeightsError(weights.error, code=weights.error_code or None)
+            if weights.state is WeightsState.READY and weights.path:
+                tokenizer = await self._ready_tokenizer(spec, weights.path)
+                if tokenizer is not None:
+                    return ModelInfo(tokenizer, spec.max_model_len or weights.max_model_len)
+            remaining_s = deadline_s - time.monotonic()
+            if remaining_s <= 0:
+                raise CapacityError(
+                    f"The weights of {spec.name!r} are still being prepared; retry shortly.",
+                    retry_after_s=5,
+                    code="weights_preparing",
                 )
+            await asyncio.sleep(min(_STATUS_POLL_S, remaining_s))
 
-    def _load_blocking(self, source: str, progress) -> tuple[PromptTokenizer, int]:
-        from ebb.weights_cache import ensure, release
+    def warm(self, spec: DeploymentSpec) -> None:
+        """Read the tokenizer of a deployment whose weights are ready now, in the
+        background, so its first request does not pay for it."""
+        task = asyncio.create_task(self._warm(spec))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
-        # Held while the tokenizer is read, so an eviction cannot pull the files away.
-        model = ensure(source, self._weights_dir, progress, options=self._options, hold=True)
-        progress("tokenizer", 0.0)
-        try:
-            return HfPromptTokenizer.from_dir(model.path), model.max_model_len
-        finally:
-            release(model)
+    async def _warm(self, spec: DeploymentSpec) -> None:
+        with contextlib.suppress(CapacityError, WeightsError):
+            await self.info(spec, wait_s=0)  # not ready yet: the first request waits
+
+    async def _ready_tokenizer(self, spec: DeploymentSpec, path: str) -> PromptTokenizer | None:
+        if path in self._tokenizers or Path(path).is_dir():
+            return await self._tokenizer(path, lambda: HfPromptTokenizer.from_dir(path))
+        # The cache evicted the files since: ask the controller to prepare them again.
+        log.warning("frontdoor: weights of %s gone from %s; asking for them", spec.name, path)
+        await self._state.set_deployment_status(
+            spec.name, **WeightsStatus(WeightsState.PREPARING).fields()
+        )
+        return None
+
+    async def _tokenizer(self, key: str, load) -> PromptTokenizer:
+        task = self._tokenizers.get(key)
+        if task is None or (task.done() and task.exception() is not None):
+            task = asyncio.create_task(asyncio.to_thread(load))
+            self._tokenizers[key] = task
+        return await asyncio.shield(task)

@@ -16,6 +16,7 @@ from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.frontdoor.services import ServicesDep
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec, RunnerState
+from ebb.queue.weights_status import WeightsState, WeightsStatus
 
 router = APIRouter(prefix="/v1/deployments")
 
@@ -156,8 +157,12 @@ async def create_deployment(
             f"/v1/deployments/{spec.name} ('ebb scale') or delete it first.",
             param="name",
         )
-    # Prefetch now, so the first cold start finds the weights in the cache.
-    services.catalog.prepare(spec)
+    if services.engines.entry_for(spec.source).prepares_weights:
+        # The controller's preparer prefetches them, so the first cold start finds the
+        # weights in the cache; until it reports, they are asked for.
+        await services.state.set_deployment_status(
+            spec.name, **WeightsStatus(WeightsState.PREPARING).fields()
+        )
     await services.state.wake(spec.name)
     return await deployment_view(services.state, spec)
 

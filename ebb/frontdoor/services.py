@@ -28,7 +28,6 @@ from ebb.queue.platform import PlatformState
 from ebb.queue.ratelimits import RateLimitStore
 from ebb.queue.requests import RequestQueue
 from ebb.queue.webhook_secrets import WebhookSecrets
-from ebb.weights_cache import CacheOptions
 
 
 @dataclass
@@ -57,7 +56,6 @@ def build_services(settings: Settings) -> Services:
     queue = RequestQueue(client, request_ttl_s=max(settings.result_ttl_s, 3600))
     ratelimits = RateLimitStore(client)
     engines = EngineRegistry.from_settings(settings)
-    cache_options = CacheOptions.from_settings(settings)
     return Services(
         settings=settings,
         admin_key=resolve_admin_key(settings),
@@ -65,7 +63,7 @@ def build_services(settings: Settings) -> Services:
         state=state,
         queue=queue,
         executor=Executor(settings, queue, state),
-        catalog=ModelCatalog(settings.weights_dir, state, cache_options, engines),
+        catalog=ModelCatalog(state, engines),
         engines=engines,
         metrics=Metrics(settings.weights_dir, settings.weights_cache_bytes),
         limiter=RateLimiter(ratelimits),

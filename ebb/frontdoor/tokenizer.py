@@ -7,11 +7,13 @@ the real prompt length. The model's context length is the caller's business, not
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any, Protocol
 
 from ebb.errors import InvalidRequest
+from ebb.frontdoor.chat_template import ChatTemplate, special_tokens_of, template_source
 
 
 class PromptTokenizer(Protocol):
@@ -32,56 +34,61 @@ class PromptTokenizer(Protocol):
 
 
 class HfPromptTokenizer:
-    """A Hugging Face tokenizer loaded from a local HF-layout directory."""
+    """A Hugging Face tokenizer from a local HF-layout directory, read the way transformers
+    reads it (so the ids are the ones the engine's own tokenizer gives) without importing
+    transformers, which would bring torch into the frontdoor (~450 MB): `tokenizer.json`
+    through the `tokenizers` library, the chat template through jinja2 in the sandboxed
+    environment transformers renders it in (`chat_template.render`)."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any, template: ChatTemplate | None):
         self._tokenizer = tokenizer
-        # Fast tokenizers share one Rust object whose padding/truncation state is mutable;
-        # concurrent calls can fail with "Already borrowed", so calls are serialised.
+        self._template = template
+        # One Rust object behind every call; serialised as transformers' own use needs.
         self._lock = threading.Lock()
 
     @classmethod
     def from_dir(cls, path: str | Path) -> HfPromptTokenizer:
-        # Imported here: transformers takes seconds to import and most processes never
-        # tokenize.
-        from transformers import AutoTokenizer
+        from tokenizers import Tokenizer
 
-        return cls(AutoTokenizer.from_pretrained(str(path)))
+        root = Path(path)
+        config = _read_json(root / "tokenizer_config.json")
+        if not (root / "tokenizer.json").is_file():
+            raise OSError(
+                f"{root} has no tokenizer.json; ebb reads fast (tokenizers) tokenizers only"
+            )
+        # As is: with a tokenizer.json, transformers ignores the config's add_bos_token
+        # and add_eos_token and keeps the file's post-processor too.
+        tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
+        source = template_source(root, config)
+        template = ChatTemplate(source, special_tokens_of(config)) if source else None
+        return cls(tokenizer, template)
 
     @property
     def has_chat_template(self) -> bool:
-        return getattr(self._tokenizer, "chat_template", None) is not None
+        return self._template is not None
 
     def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        if not self.has_chat_template:
+        if self._template is None:
             raise InvalidRequest(
                 "This model has no chat template, so it cannot serve /v1/chat/completions; "
                 "send a plain prompt to /v1/completions instead.",
                 param="messages",
             )
-        from jinja2 import TemplateError, TemplateSyntaxError
-
+        # The template holds the special tokens itself: encode without adding more.
+        text = self._template.render(messages)
         with self._lock:
-            try:
-                # Rendering to text first, then encoding without extra special tokens: the
-                # template already holds them, and transformers 5 returns a BatchEncoding
-                # rather than ids when asked to tokenize directly.
-                text = self._tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, tokenize=False
-                )
-            except TemplateSyntaxError:
-                raise  # the model's template is broken: a server problem, not the caller's
-            except TemplateError as e:
-                # Templates reject conversations with `raise_exception(...)`, e.g. roles
-                # that do not alternate; that message is the caller's to act on.
-                raise InvalidRequest(
-                    f"This model's chat template refused the messages: {e}", param="messages"
-                ) from e
-            return list(self._tokenizer.encode(text, add_special_tokens=False))
+            return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     def encode(self, text: str) -> list[int]:
         with self._lock:
-            return list(self._tokenizer.encode(text, add_special_tokens=True))
+            return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    loaded = json.loads(path.read_text(encoding="utf-8"))
+    return loaded if isinstance(loaded, dict) else {}
 
 
 class ByteTokenizer:

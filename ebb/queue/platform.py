@@ -86,6 +86,17 @@ class PlatformState:
         raw = reply_hash(await self.redis.hgetall(keys.deployment_status(name)))
         return {k.decode(): v.decode() for k, v in raw.items()}
 
+    async def deployment_statuses(self, names: list[str]) -> dict[str, dict[str, str]]:
+        """`deployment_status` of each name, in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(keys.deployment_status(name))
+        replies = await pipe.execute()
+        return {
+            name: {k.decode(): v.decode() for k, v in reply_hash(raw).items()}
+            for name, raw in zip(names, replies, strict=True)
+        }
+
     async def queue_snapshot(self, deployment: str) -> QueueSnapshot:
         pipe = self.redis.pipeline(transaction=False)
         for queue in (keys.queue(deployment), keys.job_queue(deployment)):

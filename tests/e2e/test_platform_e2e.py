@@ -4,10 +4,12 @@ driven by the official `openai` client and plain HTTP."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from platform_processes import pid_of
 from support import real_engine_platform, wait_until
 
 from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE
@@ -65,6 +67,15 @@ def test_paris_streamed_with_usage(client):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert "Paris" in text
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+
+def test_the_long_lived_processes_never_load_torch(platform, admin):
+    # After requests were served: the weights were prepared by a short-lived `ebb prepare`
+    # the controller ran, the frontdoor only read the tokenizer: neither maps torch.
+    assert deployment(admin, DEFAULT_MODEL_NAME)["weights"] == "ready"
+    for role in ("frontdoor", "coldstart"):
+        maps = Path(f"/proc/{pid_of(platform.home, role)}/maps").read_text()
+        assert "libtorch" not in maps, f"the {role} process has torch loaded"
 
 
 def test_json_mode_returns_parseable_json(client):

@@ -68,6 +68,29 @@ def test_tokenizer_keeps_the_chat_template(default_local_model):
     assert (default_local_model.path / "generation_config.json").exists()
 
 
+def test_the_frontdoors_tokenizer_gives_the_ids_transformers_gives(default_local_model):
+    from transformers import AutoTokenizer
+
+    from ebb.frontdoor.tokenizer import HfPromptTokenizer
+
+    reference = AutoTokenizer.from_pretrained(default_local_model.path)
+    ours = HfPromptTokenizer.from_dir(default_local_model.path)
+    chats = [
+        [{"role": "user", "content": "What is the capital of France?"}],
+        [
+            {"role": "system", "content": "Answer in French. ¿Qué? 東京 🙂"},
+            {"role": "user", "content": "  Two  spaces\nand a newline  "},
+            {"role": "assistant", "content": "<|im_end|> is a special token"},
+            {"role": "user", "content": ""},
+        ],
+    ]
+    for chat in chats:
+        text = reference.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        assert ours.render_chat(chat) == reference.encode(text, add_special_tokens=False)
+    for prompt in ["The capital of France is", " leading space", "<|im_start|>user", ""]:
+        assert ours.encode(prompt) == reference.encode(prompt, add_special_tokens=True)
+
+
 def test_second_ensure_is_fast_and_converts_nothing(default_local_model, monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("a published model must not be converted or re-hashed again")

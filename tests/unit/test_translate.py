@@ -195,8 +195,7 @@ def test_hf_tokenizer_from_dir(tmp_path):
     refusal = refused(tok.render_chat, [{"role": "assistant", "content": "hello"}])
     assert refusal.param == "messages" and "no assistant turns" in refusal.message
 
-    hf.chat_template = None
-    no_template = HfPromptTokenizer(hf)
+    no_template = HfPromptTokenizer(inner, template=None)
     assert "/v1/completions" in refused(no_template.render_chat, messages).message
 
 

@@ -1,0 +1,178 @@
+"""The controller's preparer on a real Redis, with real `ebb prepare` processes: weights of
+a local checkpoint become READY with their path and context length in every deployment of
+the source, one process per source; a source that cannot be prepared shows FAILED with
+the reason and is tried again only after its backoff; and the frontdoor's catalog reads
+the tokenizer from what the preparer published, asking again when the files are gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+from weights_support import write_servable_dir
+
+from ebb.coldstart.clock import ManualClock
+from ebb.coldstart.preparer import RETRY_FIRST_S, Preparer
+from ebb.config import Settings
+from ebb.engines import EngineRegistry
+from ebb.errors import CapacityError, WeightsError
+from ebb.frontdoor.catalog import ModelCatalog
+from ebb.queue.connection import async_client
+from ebb.queue.platform import PlatformState
+from ebb.queue.schema import DeploymentSpec
+from ebb.queue.weights_status import WeightsState, WeightsStatus
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def settings(tmp_path, redis_url):
+    return Settings(home=tmp_path / "home", redis_url=redis_url)
+
+
+async def _deploy(state: PlatformState, name: str, source: str) -> DeploymentSpec:
+    spec = DeploymentSpec(name=name, source=source, created_at_s=time.time())
+    await state.put_deployment(spec)
+    return spec
+
+
+async def _weights(state: PlatformState, name: str) -> WeightsStatus:
+    return WeightsStatus.of(await state.deployment_status(name))
+
+
+async def _until(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = await condition()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def _settled(preparer: Preparer) -> None:
+    """Passes until no preparation is under way."""
+    await preparer.reconcile()
+    await _until(_idle(preparer), 60, "the preparations to end")
+
+
+def _idle(preparer: Preparer):
+    async def idle() -> bool:
+        await preparer.reconcile()
+        return not preparer._running
+
+    return idle
+
+
+async def test_weights_become_ready_for_every_deployment_of_the_source(settings, tmp_path):
+    checkpoint = write_servable_dir(tmp_path / "ckpt")
+    state = PlatformState(async_client(settings.redis_url))
+    preparer = Preparer(settings, state, EngineRegistry.from_settings(settings))
+    try:
+        await _deploy(state, "one", str(checkpoint))
+        await _deploy(state, "two", str(checkpoint))
+        await preparer.reconcile()
+        assert list(preparer._running) == [str(checkpoint)]  # one process for the source
+        assert (await _weights(state, "two")).state is WeightsState.PREPARING
+        await _settled(preparer)
+
+        for name in ("one", "two"):
+            weights = await _weights(state, name)
+            assert weights.state is WeightsState.READY, weights
+            assert weights.max_model_len == 256 and weights.error == ""
+            assert (tmp_path / "ckpt" / "config.json").read_bytes() == (
+                (Path(weights.path) / "config.json").read_bytes()
+            )
+        # A later deployment of a prepared source is ready at once, without a process.
+        await _deploy(state, "three", str(checkpoint))
+        await preparer.reconcile()
+        assert not preparer._running
+        assert (await _weights(state, "three")).state is WeightsState.READY
+    finally:
+        await state.redis.aclose()
+
+
+async def test_a_failed_source_says_why_and_waits_for_its_backoff(settings, tmp_path):
+    clock = ManualClock()
+    state = PlatformState(async_client(settings.redis_url))
+    preparer = Preparer(settings, state, EngineRegistry.from_settings(settings), clock=clock)
+    missing = tmp_path / "nowhere"
+    try:
+        await _deploy(state, "ghost", str(missing))
+        await _settled(preparer)
+        weights = await _weights(state, "ghost")
+        assert weights.state is WeightsState.FAILED
+        assert str(missing) in weights.error and weights.error_code.startswith("weights")
+
+        # Within the backoff nothing is started again, even for a new deployment of it.
+        await _deploy(state, "ghost2", str(missing))
+        await preparer.reconcile()
+        assert not preparer._running
+        assert (await _weights(state, "ghost2")).state is WeightsState.FAILED
+
+        # Past it, the source is tried again; the standing error is shown meanwhile.
+        write_servable_dir(missing)
+        clock.advance_to(RETRY_FIRST_S + 1)
+        await preparer.reconcile()
+        assert list(preparer._running) == [str(missing)]
+        assert (await _weights(state, "ghost")).state is WeightsState.FAILED
+        await _settled(preparer)
+        assert (await _weights(state, "ghost")).state is WeightsState.READY
+    finally:
+        await state.redis.aclose()
+
+
+async def test_the_catalog_waits_for_the_preparer_and_asks_again_for_gone_files(settings, tmp_path):
+    checkpoint = write_servable_dir(tmp_path / "ckpt")
+    state = PlatformState(async_client(settings.redis_url))
+    preparer = Preparer(settings, state, EngineRegistry.from_settings(settings))
+    catalog = ModelCatalog(state, EngineRegistry.from_settings(settings))
+    try:
+        spec = await _deploy(state, "m", str(checkpoint))
+        with pytest.raises(CapacityError) as refused:
+            await catalog.info(spec, wait_s=0.2)  # nobody prepares it yet
+        assert refused.value.code == "weights_preparing"
+
+        waiting = asyncio.create_task(catalog.info(spec, wait_s=60))
+        await _settled(preparer)
+        info = await waiting
+        assert info.max_model_len == 256
+        assert len(info.tokenizer.encode("the capital of france")) == 4
+
+        # The cache evicted the files (the status names a path that is gone): a new
+        # catalog (a restarted frontdoor) asks again, and the preparer answers.
+        ready = await _weights(state, "m")
+        gone = dataclasses.replace(ready, path=str(tmp_path / "evicted"))
+        await state.set_deployment_status("m", **gone.fields())
+        fresh = ModelCatalog(state, EngineRegistry.from_settings(settings))
+        again = asyncio.create_task(fresh.info(spec, wait_s=60))
+        await _until(
+            lambda: _state_is(state, "m", WeightsState.PREPARING), 10, "a new preparation asked"
+        )
+        await _settled(preparer)
+        assert (await again).max_model_len == 256
+        assert (await _weights(state, "m")).path == ready.path
+    finally:
+        await state.redis.aclose()
+
+
+async def test_a_failed_preparation_is_the_requests_error(settings, tmp_path):
+    state = PlatformState(async_client(settings.redis_url))
+    preparer = Preparer(settings, state, EngineRegistry.from_settings(settings))
+    catalog = ModelCatalog(state, EngineRegistry.from_settings(settings))
+    try:
+        spec = await _deploy(state, "ghost", str(tmp_path / "nowhere"))
+        await _settled(preparer)
+        with pytest.raises(WeightsError) as failed:
+            await catalog.info(spec, wait_s=5)
+        assert "nowhere" in failed.value.message
+    finally:
+        await state.redis.aclose()
+
+
+async def _state_is(state: PlatformState, name: str, expected: WeightsState) -> bool:
+    return (await _weights(state, name)).state is expected
