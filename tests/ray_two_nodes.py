@@ -60,6 +60,14 @@ def _sid(pid: int) -> int | None:
         return None
 
 
+def pss_mib(leader: int) -> float:
+    total = 0
+    for pid in session_pids(leader):
+        with contextlib.suppress(psutil.Error):
+            total += psutil.Process(pid).memory_full_info().pss
+    return total / 2**20
+
+
 def kill_session(leader: int, sig: int) -> None:
     for pid in session_pids(leader):
         with contextlib.suppress(ProcessLookupError):
@@ -73,6 +81,10 @@ def stop_node(node: subprocess.Popen) -> None:
     except AssertionError:
         kill_session(node.pid, signal.SIGKILL)  # gcs_server may ignore SIGTERM
     node.wait(timeout=10)
+
+
+def job(admin, job_id: str) -> dict:
+    return admin.get(f"/v1/jobs/{job_id}").json()
 
 
 def runner_of(admin, name: str, state: str) -> dict | None:
@@ -112,6 +124,10 @@ def main() -> int:
         }
         platform = Platform(home=home / "ebb", redis_url=None, env_extra=env).start()
         print(f"ray cluster and ebb up in {time.monotonic() - t0:.1f}s")
+        print(
+            f"ray nodes' memory: head PSS {pss_mib(head.pid):.0f} MiB, "
+            f"worker PSS {pss_mib(worker.pid):.0f} MiB"
+        )
         with platform.admin() as admin:
             check_runner_lands_on_the_worker_and_drains(platform, admin, worker)
             check_killing_the_worker_mid_request_ends_cleanly(platform, admin, worker)
@@ -157,6 +173,14 @@ def check_killing_the_worker_mid_request_ends_cleanly(platform, admin, worker) -
     thread.start()
     wait_until(lambda: len(events) >= 3 or done.is_set(), 180, "the stream to start")
     assert not events[0].startswith("refused"), events[0]
+    # A job on the same runner: lost with it, it must go back to the queue, not vanish.
+    body = {"messages": MESSAGES, "max_tokens": 1500}
+    accepted = admin.post(
+        "/v1/jobs", json={"model": "doomed", "endpoint": "chat.completions", "body": body}
+    )
+    assert accepted.status_code == 202, accepted.text
+    job_id = accepted.json()["id"]
+    wait_until(lambda: job(admin, job_id)["status"] == "running", 60, "the job to run")
     killed_at = time.monotonic()
     kill_session(worker.pid, signal.SIGKILL)  # the machine dies: node, actor and runner
     assert done.wait(120), "the stream hung after its node died"
@@ -166,6 +190,10 @@ def check_killing_the_worker_mid_request_ends_cleanly(platform, admin, worker) -
     print(f"stream ended with runner_lost {time.monotonic() - killed_at:.1f}s after the kill")
     failed = wait_until(lambda: runner_of(admin, "doomed", "failed"), 120, "the runner failed")
     print(f"runner marked failed: {failed['id']}")
+    requeued = wait_until(
+        lambda: (j := job(admin, job_id))["status"] == "queued" and j, 120, "the job requeued"
+    )
+    print(f"job requeued after its runner was lost: attempts={requeued['attempts']}")
 
 
 if __name__ == "__main__":
