@@ -11,7 +11,10 @@ from ebb.coldstart.launcher import (
     WarmStarts,
     child_environment,
 )
+from ebb.coldstart.placing import PreferringLauncher
 from ebb.config import Settings
+from ebb.queue.connection import sync_client
+from ebb.queue.deployment_lookup import read_deployment
 
 
 def make_launcher(settings: Settings) -> tuple[Launcher, WarmStarts]:
@@ -41,10 +44,19 @@ def _kubernetes(settings: Settings) -> Launcher:
         gpu_resource=settings.k8s_gpu_resource,
     )
     gpus = settings.k8s_gpus_per_runner
-    # A stem requests no GPU: it imports the engine, then loads onto its node's GPUs.
-    return KubernetesLauncher(
-        client.CoreV1Api(), template, gpus_for=lambda deployment: gpus if deployment else 0
-    )
+
+    def gpus_for(deployment: str | None) -> int:
+        # A stem requests no GPU: it imports the engine, then loads onto its node's GPUs.
+        return gpus if deployment else 0
+
+    pods = KubernetesLauncher(client.CoreV1Api(), template, gpus_for=gpus_for)
+    specs = sync_client(settings.platform_redis_url("ebb coldstart"))
+
+    def source_of(deployment: str) -> str | None:
+        spec = read_deployment(specs, deployment)
+        return spec.source if spec else None
+
+    return PreferringLauncher(pods, source_of=source_of, gpus_for=gpus_for)
 
 
 def _ray(settings: Settings) -> Launcher:

@@ -15,6 +15,7 @@ from support import wait_until
 from ebb.coldstart.k8s_pods import PodTemplate, pod_name
 from ebb.coldstart.launch_k8s import CACHED_SOURCES_ANNOTATION, KubernetesLauncher
 from ebb.coldstart.nodes import Placement
+from ebb.coldstart.placing import PreferringLauncher
 from ebb.coldstart.tiers import Tier
 
 pytestmark = pytest.mark.integration
@@ -204,4 +205,12 @@ def test_nodes_report_free_gpus_and_cached_weights(k8s):
     nodes = {n.name: n for n in launcher.nodes()}
     assert nodes["a"].cached_sources == frozenset({"s3://m/llama"}) and nodes["a"].schedulable
     assert not nodes["b"].schedulable
+    # Placement in front of it: the next llama runner prefers the node holding its weights.
+    placed = PreferringLauncher(
+        launcher, source_of={"llama": "s3://m/llama"}.get, gpus_for=lambda d: 2
+    )
+    placed.launch("r-next", "llama", Tier.FRESH)
+    [pod] = pods_of(k8s, "r-next")
+    preferred = pod.spec.affinity.node_affinity.preferred_during_scheduling_ignored_during_execution
+    assert preferred[0].preference.match_expressions[0].values == ["a"]
     launcher.stop_all(grace_s=0)
