@@ -10,7 +10,7 @@ import ipaddress
 import re
 from pathlib import Path
 
-from pydantic import ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     queue_depth_limit: int = 256
     # A claimed request's lease; runners refresh it every heartbeat_interval_s.
     lease_ttl_s: float = 5.0
+    # Prefix-aware claiming: how long a request may wait for the runner that served its
+    # prompt prefix last (its KV cache likely holds it) before any runner takes it.
+    prefix_affinity_ms: int = Field(default=500, ge=0, le=10_000)
     heartbeat_interval_s: float = 1.0
     # Pre-warmed runner processes (libraries imported, no model) kept by the controller.
     prewarm: int = 1

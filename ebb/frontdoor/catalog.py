@@ -43,6 +43,9 @@ class ModelCatalog:
         # Tokenizers by model directory (or by source, for sources without weights);
         # shared tasks, so concurrent first requests read the files once.
         self._tokenizers: dict[str, asyncio.Task[PromptTokenizer]] = {}
+        # What a deployment's ready weights gave, by (name, created at): a deployment's
+        # weights never change, so later requests need no status read.
+        self._ready: dict[tuple[str, float], ModelInfo] = {}
 
     async def info(self, spec: DeploymentSpec, wait_s: float) -> ModelInfo:
         """The model's tokenizer and context length, waiting up to `wait_s` for the
@@ -52,6 +55,9 @@ class ModelCatalog:
         if not entry.prepares_weights:
             tokenizer = await self._tokenizer(spec.source, entry.make_tokenizer)
             return ModelInfo(tokenizer, spec.max_model_len or entry.context_len_of(spec.source))
+        known = self._ready.get((spec.name, spec.created_at_s))
+        if known is not None:
+            return ModelInfo(known.tokenizer, spec.max_model_len or known.max_model_len)
         deadline_s = time.monotonic() + wait_s
         while True:
             weights = WeightsStatus.of(await self._state.deployment_status(spec.name))
@@ -60,7 +66,9 @@ class ModelCatalog:
             if weights.state is WeightsState.READY and weights.path:
                 tokenizer = await self._ready_tokenizer(spec, weights.path)
                 if tokenizer is not None:
-                    return ModelInfo(tokenizer, spec.max_model_len or weights.max_model_len)
+                    ready = ModelInfo(tokenizer, weights.max_model_len)
+                    self._ready[(spec.name, spec.created_at_s)] = ready
+                    return ModelInfo(tokenizer, spec.max_model_len or ready.max_model_len)
             remaining_s = deadline_s - time.monotonic()
             if remaining_s <= 0:
                 raise CapacityError(

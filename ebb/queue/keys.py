@@ -51,8 +51,34 @@ def events(request_id: str) -> str:
     return EVENTS_PREFIX + request_id
 
 
+RUNNER_PREFIX = PREFIX + "runner:"  # hash per runner: its RunnerRecord
+
+
 def runner(runner_id: str) -> str:
-    return f"{PREFIX}runner:{runner_id}"
+    return RUNNER_PREFIX + runner_id
+
+
+RUNNER_SIGNAL_PREFIX = PREFIX + "rsig:"
+
+
+def runner_signal(runner_id: str) -> str:
+    """List a runner blocks on beside its queue's signal: a claim that left a request for
+    this runner (its prompt prefix) wakes it here. At most one token."""
+    return RUNNER_SIGNAL_PREFIX + runner_id
+
+
+def prefix_owners(deployment: str) -> str:
+    """Hash: prompt-prefix key -> "runner id|claimed ms" of the runner that last claimed a
+    request with that prefix (prefix-aware claiming); capped, and gone when unused."""
+    return f"{PREFIX}prefix:{deployment}"
+
+
+# Prefix owners: dropped this long after the last claim of a deployment, and reset when a
+# deployment's hash reaches this many prefixes (a bound, not an eviction policy).
+PREFIX_OWNERS_TTL_S = 120
+PREFIX_OWNERS_MAX = 4096
+# Queued requests a claim may look at beyond the number it wants (passed over, stale).
+CLAIM_SCAN_EXTRA = 64
 
 
 def runner_cancels(runner_id: str) -> str:

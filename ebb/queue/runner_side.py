@@ -56,12 +56,16 @@ class RunnerQueue:
         lease_ttl_s: float,
         result_ttl_s: int,
         record_usage: bool = True,
+        prefix_affinity_ms: int = 0,
     ):
+        """`prefix_affinity_ms`: how long a request whose prompt prefix another runner
+        served last may be left for that runner (0: claim strictly oldest first)."""
         self._redis = client
         self._record_usage = record_usage
         self._scripts = RunnerScripts(client)
         self.runner_id = runner_id
         self._lease_ttl_ms = int(lease_ttl_s * 1000)
+        self._prefix_affinity_ms = prefix_affinity_ms
         self._result_ttl_s = result_ttl_s
         self._claimed_event = encode(Claimed(runner_id=runner_id))
 
@@ -109,7 +113,10 @@ class RunnerQueue:
 
     def wait_for_work(self, deployment: str, timeout_s: float) -> None:
         """Block until a request was queued for `deployment` (or timeout_s passed)."""
-        self._redis.blpop([keys.queue_signal(deployment)], timeout=max(timeout_s, 0.01))
+        self._redis.blpop(
+            [keys.queue_signal(deployment), keys.runner_signal(self.runner_id)],
+            timeout=max(timeout_s, 0.01),
+        )
 
     def claim(self, deployment: str, max_count: int, max_jobs: int = 0) -> ClaimResult:
         """Claim up to `max_count` requests; async job attempts fill at most `max_jobs` of
@@ -121,6 +128,7 @@ class RunnerQueue:
             max_jobs=max_jobs,
             lease_ttl_ms=self._lease_ttl_ms,
             claimed_event=self._claimed_event,
+            prefix_affinity_ms=self._prefix_affinity_ms,
         )
         return ClaimResult([decode_work(work) for work in claimed], cancelled)
 

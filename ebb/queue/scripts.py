@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript, Script
 
 from ebb.queue import keys
+from ebb.queue.prefix import prefix_key
 from ebb.queue.replies import reply_bytes, reply_int, reply_list, reply_text, reply_texts
 from ebb.queue.schema import WorkItem, encode
 
@@ -73,6 +74,7 @@ class QueueScripts:
                     depth_limit,
                     request_ttl_s,
                     keys.SIGNAL_LIST_MAX,
+                    prefix_key(work.prompt_token_ids),
                 ],
             )
         )
@@ -130,9 +132,12 @@ class RunnerScripts:
         max_jobs: int,
         lease_ttl_ms: int,
         claimed_event: bytes,
+        prefix_affinity_ms: int = 0,
     ) -> tuple[list[bytes], list[str]]:
         """Claim up to `max_count` requests (at most `max_jobs` job attempts): the encoded
-        work of each claimed one, and the ids this runner was asked to abort."""
+        work of each claimed one, and the ids this runner was asked to abort. With
+        `prefix_affinity_ms`, a request another runner holds the prompt prefix of waits
+        for it that long at most (see claim.lua)."""
         claimed, cancelled = reply_list(
             self._claim(
                 keys=[
@@ -140,6 +145,7 @@ class RunnerScripts:
                     keys.LEASES,
                     keys.runner_cancels(runner_id),
                     keys.runner(runner_id),
+                    keys.prefix_owners(deployment),
                     keys.job_queue(deployment),
                     keys.JOBS_WATCH,
                     keys.JOBS_SIGNAL,
@@ -153,6 +159,12 @@ class RunnerScripts:
                     claimed_event,
                     max_jobs,
                     keys.SIGNAL_LIST_MAX,
+                    prefix_affinity_ms,
+                    keys.CLAIM_SCAN_EXTRA,
+                    keys.RUNNER_PREFIX,
+                    keys.PREFIX_OWNERS_TTL_S,
+                    keys.PREFIX_OWNERS_MAX,
+                    keys.RUNNER_SIGNAL_PREFIX,
                 ],
             )
         )

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 from platform_processes import pid_of
-from support import real_engine_platform, wait_until
+from support import real_engine_platform, wait_for_weights, wait_until
 
 from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE
 from ebb.queue import keys
@@ -150,7 +150,7 @@ def test_scale_from_zero_and_back_to_zero_and_the_pool_refills(client, admin):
         },
     )
     assert created.status_code == 201, created.text
-    assert deployment(admin, "smol-brief")["status"] == "scaled_to_zero"
+    assert wait_for_weights(admin, "smol-brief", 60)["status"] == "scaled_to_zero"
     reply = client.chat.completions.create(
         model="smol-brief", messages=QUESTION, temperature=0, max_tokens=24
     )

@@ -6,11 +6,20 @@
 -- job queue only for slots the synchronous queue left over (it is empty by then), and at
 -- most ARGV[7] of them. A claimed job is added to the collector's watch set, and the
 -- collector is woken.
+-- Prefix-aware: a synchronous request whose prompt prefix (its 'prefix' field) another
+-- runner claimed last, while that runner is ready, heartbeating and had room at its last
+-- claim, is left for it (and that runner woken) until the request has waited ARGV[9] ms
+-- (its prefix is likely in that runner's KV cache); after that any runner takes it. At most ARGV[10] queued requests beyond the number to
+-- claim are looked at (passed over or no longer queued) in one claim.
+-- Each claimed prefix is recorded as this runner's (KEYS[5], capped, expiring).
 -- KEYS: 1 queue, 2 leases zset, 3 this runner's cancel set, 4 runner hash,
---       5 job queue, 6 job watch set, 7 collector signal list (5-7 optional)
+--       5 prefix owners hash, 6 job queue, 7 job watch set, 8 collector signal list
+--       (6-8 optional)
 -- ARGV: 1 runner id, 2 max to claim, 3 lease ttl ms, 4 request key prefix,
 --       5 events key prefix, 6 encoded Claimed event, 7 max job attempts to claim (0: none),
---       8 signal list max
+--       8 signal list max, 9 prefix affinity wait ms (0: off), 10 extra requests looked at,
+--       11 runner key prefix, 12 prefix owners ttl s, 13 prefix owners max,
+--       14 runner signal list prefix
 -- Returns {{id, work, id, work, ...}, {cancelled ids...}}
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -19,26 +28,65 @@ if #cancels > 0 then redis.call('DEL', KEYS[3]) end
 local claimed = {}
 local got = 0
 
--- Pops from `queue` until `want` requests were claimed or it is empty.
-local function take(queue, want, watch)
+local affinity_ms = tonumber(ARGV[9] or '0')
+local lease_ms = tonumber(ARGV[3])
+
+-- True when the request should wait for the runner that last claimed its prefix.
+local function left_for_owner(prefix, enqueued_ms)
+  if affinity_ms <= 0 or not prefix or prefix == '' then return false end
+  if now - tonumber(enqueued_ms or now) >= affinity_ms then return false end
+  local owner = redis.call('HGET', KEYS[5], prefix)
+  if not owner then return false end
+  local runner = string.match(owner, '^[^|]+')
+  if runner == ARGV[1] then return false end
+  local state = redis.call('HMGET', ARGV[11] .. runner, 'state', 'heartbeat_ms', 'free_slots')
+  if state[1] ~= 'ready' or now - tonumber(state[2] or '0') > lease_ms then return false end
+  if tonumber(state[3] or '0') <= 0 then return false end
+  -- Wake the owner if it is blocked waiting for work: the queue's own wake token may
+  -- have gone to this runner instead.
+  local signal = ARGV[14] .. runner
+  if redis.call('LLEN', signal) == 0 then
+    redis.call('RPUSH', signal, '1')
+    redis.call('EXPIRE', signal, tonumber(ARGV[12]))
+  end
+  return true
+end
+
+local function claim_one(id, rkey, fields, watch)
+  redis.call('HSET', rkey, 'state', 'claimed', 'runner', ARGV[1], 'claimed_ms', now)
+  redis.call('ZADD', KEYS[2], now + lease_ms, id)
+  redis.call('XADD', ARGV[5] .. id, '*', 'e', ARGV[6])
+  if watch and fields[4] then redis.call('SADD', watch, fields[4]) end
+  if fields[5] and fields[5] ~= '' then
+    if redis.call('HLEN', KEYS[5]) >= tonumber(ARGV[13]) then redis.call('DEL', KEYS[5]) end
+    redis.call('HSET', KEYS[5], fields[5], ARGV[1] .. '|' .. now)
+    redis.call('EXPIRE', KEYS[5], tonumber(ARGV[12]))
+  end
+  table.insert(claimed, id)
+  table.insert(claimed, fields[3])
+end
+
+-- Takes from `queue`, oldest first, until `want` requests were claimed or the first
+-- `scan` queued ones were looked at. Entries no longer queued are dropped; expired ones
+-- are marked so; with `affinity`, one left for its prefix's runner stays queued.
+local function take(queue, want, watch, affinity, scan)
   local taken = 0
-  while taken < want do
-    local head = redis.call('ZPOPMIN', queue)
-    if #head == 0 then break end
-    local id = head[1]
+  local heads = redis.call('ZRANGE', queue, 0, scan - 1)
+  for _, id in ipairs(heads) do
+    if taken >= want then break end
     local rkey = ARGV[4] .. id
-    local fields = redis.call('HMGET', rkey, 'state', 'deadline_ms', 'work', 'job')
-    if fields[1] == 'queued' then
+    local fields = redis.call(
+      'HMGET', rkey, 'state', 'deadline_ms', 'work', 'job', 'prefix', 'enqueued_ms')
+    if fields[1] ~= 'queued' then
+      redis.call('ZREM', queue, id)
+    else
       local deadline = tonumber(fields[2] or '0')
       if deadline > 0 and now > deadline then
+        redis.call('ZREM', queue, id)
         redis.call('HSET', rkey, 'state', 'expired')
-      else
-        redis.call('HSET', rkey, 'state', 'claimed', 'runner', ARGV[1], 'claimed_ms', now)
-        redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), id)
-        redis.call('XADD', ARGV[5] .. id, '*', 'e', ARGV[6])
-        if watch and fields[4] then redis.call('SADD', watch, fields[4]) end
-        table.insert(claimed, id)
-        table.insert(claimed, fields[3])
+      elseif not (affinity and left_for_owner(fields[5], fields[6])) then
+        redis.call('ZREM', queue, id)
+        claim_one(id, rkey, fields, watch)
         taken = taken + 1
       end
     end
@@ -46,16 +94,20 @@ local function take(queue, want, watch)
   return taken
 end
 
-got = take(KEYS[1], tonumber(ARGV[2]), nil)
-local jobs = math.min(tonumber(ARGV[2]) - got, tonumber(ARGV[7] or '0'))
-if KEYS[5] and jobs > 0 and redis.call('ZCARD', KEYS[1]) == 0 then
-  local taken = take(KEYS[5], jobs, KEYS[6])
+local want = tonumber(ARGV[2])
+local extra = tonumber(ARGV[10] or '0')
+got = take(KEYS[1], want, nil, true, want + extra)
+local jobs = math.min(want - got, tonumber(ARGV[7] or '0'))
+if KEYS[6] and jobs > 0 and redis.call('ZCARD', KEYS[1]) == 0 then
+  local taken = take(KEYS[6], jobs, KEYS[7], false, jobs + extra)
   if taken > 0 then
-    redis.call('RPUSH', KEYS[7], '1')
-    redis.call('LTRIM', KEYS[7], -tonumber(ARGV[8]), -1)
+    redis.call('RPUSH', KEYS[8], '1')
+    redis.call('LTRIM', KEYS[8], -tonumber(ARGV[8]), -1)
   end
   got = got + taken
 end
+-- Room left after this claim: what a request left for this runner's prefix needs.
+redis.call('HSET', KEYS[4], 'free_slots', want - got)
 if got > 0 then
   redis.call('HSET', KEYS[4], 'last_claim_ms', now)
 end

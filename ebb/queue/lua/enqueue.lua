@@ -1,7 +1,8 @@
 -- Admit a request into its deployment's queue, or refuse it when the queue is full.
 -- KEYS: 1 queue, 2 request hash, 3 queue signal list, 4 controller wake list
 -- ARGV: 1 request id, 2 work (json), 3 deployment, 4 admission window ms (0: none),
---       5 queue depth limit, 6 request ttl s, 7 signal list max
+--       5 queue depth limit, 6 request ttl s, 7 signal list max, 8 prompt prefix key
+--       ('' for none: see claim.lua)
 -- Returns {1, deadline_ms} when queued, {0, 'full'} or {0, 'duplicate'} when refused.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -15,7 +16,7 @@ local window = tonumber(ARGV[4])
 local deadline = 0
 if window > 0 then deadline = now + window end
 redis.call('HSET', KEYS[2], 'work', ARGV[2], 'state', 'queued', 'deployment', ARGV[3],
-  'deadline_ms', deadline, 'enqueued_ms', now)
+  'deadline_ms', deadline, 'enqueued_ms', now, 'prefix', ARGV[8] or '')
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[6]))
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 local max = tonumber(ARGV[7])

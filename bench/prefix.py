@@ -1,0 +1,133 @@
+"""Prefix-aware claiming on the real engine: median time to first token of requests that
+share long prompt prefixes, served by two runners, with prefix-aware claiming and without.
+
+    .venv/bin/python -m bench.prefix [--sessions 12 --turns 4 --concurrency 2]
+
+Each session has its own ~1,000-token system prompt; its turns arrive interleaved with
+the other sessions' in a fixed shuffled order. Plain claiming spreads a session's turns
+over both runners, so each runner prefills each system prompt once; prefix-aware
+claiming keeps a session on the runner that holds its prefix in vLLM's prefix cache.
+Both contenders run the same workload, one platform each (EBB_PREFIX_AFFINITY_MS 500
+and 0), in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import sys
+
+import httpx
+
+from bench.loadgen import save_results, stream_one
+from bench.serving import KV_CACHE_GIB, REPO
+
+sys.path.insert(0, str(REPO / "tests"))
+
+from support import TEST_WEIGHTS_DIR, Platform, temp_home, wait_until  # noqa: E402
+
+from ebb.config import DEFAULT_MODEL_SOURCE  # noqa: E402
+
+SENTENCES = [
+    "The archive keeps every letter the lighthouse keepers wrote since the first lamp.",
+    "Each keeper recorded the weather, the ships that passed and the state of the lens.",
+    "Storms are described in detail, with the hour they began and the damage they left.",
+    "Visitors were rare, and each one is named along with the reason for the visit.",
+]
+
+
+def system_prompt(session: int) -> str:
+    """About 1,000 tokens, different from every other session's from the first token."""
+    rng = random.Random(session)
+    lines = [f"Session {session}: you answer questions about archive volume {session}."]
+    lines += [rng.choice(SENTENCES) for _ in range(60)]
+    return " ".join(lines)
+
+
+def workload(sessions: int, turns: int) -> list[tuple[int, int]]:
+    order = [(s, t) for s in range(sessions) for t in range(turns)]
+    random.Random(7).shuffle(order)
+    return order
+
+
+async def run(platform: Platform, order: list[tuple[int, int]], concurrency: int) -> list[float]:
+    url = platform.base_url + "/v1/chat/completions"
+    headers = {"Authorization": f"Bearer {platform.admin_key}"}
+    pending = iter(order)
+    ttfts: list[float] = []
+    async with httpx.AsyncClient(headers=headers, timeout=600) as client:
+
+        async def worker() -> None:
+            for session, turn in pending:
+                body = {
+                    "model": "smol",
+                    "messages": [
+                        {"role": "system", "content": system_prompt(session)},
+                        {"role": "user", "content": f"What happened in year {turn + 1}?"},
+                    ],
+                    "max_tokens": 8,
+                    "temperature": 0,
+                    "stream": True,
+                }
+                ttfts.append((await stream_one(client, url, body)).ttft_s)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return ttfts
+
+
+def start(affinity_ms: int) -> Platform:
+    platform = Platform(
+        home=temp_home("ebb-bench-prefix-"),
+        redis_url=None,
+        env_extra={
+            "EBB_WEIGHTS_CACHE_DIR": str(TEST_WEIGHTS_DIR),
+            "EBB_KV_CACHE_GIB": KV_CACHE_GIB,
+            "EBB_PREFIX_AFFINITY_MS": str(affinity_ms),
+        },
+    ).start(timeout_s=600)
+    with platform.admin() as admin:
+        admin.post(
+            "/v1/deployments",
+            json={
+                "name": "smol",
+                "source": DEFAULT_MODEL_SOURCE,
+                "min_replicas": 2,
+                "max_replicas": 2,
+                "idle_timeout_s": 3600,
+                "max_model_len": 2048,
+            },
+        ).raise_for_status()
+        wait_until(
+            lambda: admin.get("/v1/deployments/smol").json()["replicas"]["ready"] == 2,
+            900,
+            "two ready runners",
+            poll_s=0.5,
+        )
+    return platform
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=12)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=2)
+    args = parser.parse_args()
+    order = workload(args.sessions, args.turns)
+    medians = {}
+    for name, affinity_ms in (("prefix-aware", 500), ("plain", 0)):
+        platform = start(affinity_ms)
+        try:
+            ttfts = asyncio.run(run(platform, order, args.concurrency))
+        finally:
+            platform.stop()
+        medians[name] = statistics.median(ttfts) * 1000
+        print(f"{name:>12}: median TTFT {medians[name]:.0f} ms over {len(ttfts)} requests")
+    ratio = medians["prefix-aware"] / medians["plain"]
+    print(f"prefix-aware / plain median TTFT: {ratio:.2f}")
+    save_results("prefix", {"args": vars(args), "median_ttft_ms": medians, "ratio": ratio})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Prefix-aware claiming against a real redis-server: a request whose prompt prefix another
+ready runner served last is left for that runner (and that runner is woken), never past
+the affinity wait; a full, draining or silent owner, a short prompt, or affinity off
+mean plain oldest-first claiming."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from support import deploy, deployment, wait_until
+
+from ebb.queue import keys
+from ebb.queue.connection import async_client, sync_client
+from ebb.queue.prefix import BLOCK_TOKENS, PREFIX_TOKENS, prefix_key
+from ebb.queue.requests import RequestQueue
+from ebb.queue.runner_side import RunnerQueue
+from ebb.queue.schema import RunnerRecord, RunnerState, SamplingSpec, WorkItem
+
+pytestmark = pytest.mark.integration
+
+DEP = "dep-p"
+SYSTEM = list(range(1000, 1000 + PREFIX_TOKENS))  # a shared system prompt
+OTHER = list(range(5000, 5000 + PREFIX_TOKENS))
+
+
+def work(name: str, prompt: list[int]) -> WorkItem:
+    return WorkItem(
+        request_id=f"req-{name}",
+        deployment=DEP,
+        prompt_token_ids=prompt,
+        sampling=SamplingSpec(max_tokens=4),
+    )
+
+
+def runner(url: str, runner_id: str, affinity_ms: int) -> RunnerQueue:
+    rq = RunnerQueue(
+        sync_client(url),
+        runner_id,
+        lease_ttl_s=5.0,
+        result_ttl_s=60,
+        prefix_affinity_ms=affinity_ms,
+    )
+    rq.register(
+        RunnerRecord(
+            runner_id=runner_id,
+            state=RunnerState.READY,
+            deployment=DEP,
+            heartbeat_ms=_redis_now_ms(url),
+        )
+    )
+    return rq
+
+
+def _redis_now_ms(url: str) -> int:
+    seconds, micros = redis.Redis.from_url(url).time()
+    return seconds * 1000 + micros // 1000
+
+
+def claimed_ids(rq: RunnerQueue, count: int = 4) -> list[str]:
+    return [w.request_id for w in rq.claim(DEP, count).claimed]
+
+
+@pytest.fixture
+async def queue(redis_url):
+    client = async_client(redis_url)
+    yield RequestQueue(client, request_ttl_s=60)
+    await client.aclose()
+
+
+async def enqueue(queue: RequestQueue, *items: WorkItem) -> None:
+    for item in items:
+        await queue.enqueue(item, admission_window_s=60, depth_limit=100)
+
+
+def test_the_key_covers_whole_blocks_of_the_first_tokens():
+    assert prefix_key(SYSTEM + [1, 2, 3]) == prefix_key(SYSTEM + [9]) != prefix_key(OTHER)
+    assert prefix_key(list(range(BLOCK_TOKENS - 1))) == ""
+    assert prefix_key(list(range(BLOCK_TOKENS))) == prefix_key(list(range(BLOCK_TOKENS + 5)))
+
+
+async def test_a_prefix_is_left_for_the_runner_that_served_it(redis_url, queue):
+    a, b = runner(redis_url, "ra", 10_000), runner(redis_url, "rb", 10_000)
+    await enqueue(queue, work("first", SYSTEM + [1]))
+    assert claimed_ids(a) == ["req-first"]  # a now holds the system prompt's prefix
+
+    await enqueue(queue, work("same", SYSTEM + [2]), work("other", OTHER + [3]))
+    assert claimed_ids(b) == ["req-other"]  # the same-prefix one waits for a
+    # b's claim woke a (the queue's own wake token may have gone to b).
+    assert redis.Redis.from_url(redis_url).llen(keys.runner_signal("ra")) == 1
+    assert claimed_ids(a) == ["req-same"]
+
+
+async def test_no_request_waits_past_the_affinity_wait(redis_url, queue):
+    affinity_ms = 300
+    a, b = runner(redis_url, "ra", affinity_ms), runner(redis_url, "rb", affinity_ms)
+    await enqueue(queue, work("first", SYSTEM + [1]))
+    assert claimed_ids(a) == ["req-first"]
+    await enqueue(queue, work("late", SYSTEM + [2]))
+
+    # a never claims again (busy elsewhere, say): b gets it once the wait has passed.
+    wait_until(lambda: claimed_ids(b) == ["req-late"], 10, "b to take the waiting request")
+    fields = redis.Redis.from_url(redis_url).hmget(
+        keys.request("req-late"), "enqueued_ms", "claimed_ms", "runner"
+    )
+    enqueued_ms, claimed_ms, by = int(fields[0]), int(fields[1]), fields[2].decode()
+    assert by == "rb" and claimed_ms - enqueued_ms >= affinity_ms
+
+
+@pytest.mark.parametrize("owner_is", ["full", "draining", "silent"])
+async def test_an_owner_that_cannot_take_it_is_not_waited_for(redis_url, queue, owner_is):
+    a, b = runner(redis_url, "ra", 10_000), runner(redis_url, "rb", 10_000)
+    await enqueue(queue, work("first", SYSTEM + [1]))
+    assert claimed_ids(a, count=1) == ["req-first"]  # a has no room left (0 of 1 free)
+    if owner_is == "draining":
+        a.claim(DEP, 4)  # room again, but then it drains
+        a.set_fields(state=RunnerState.DRAINING)
+    elif owner_is == "silent":
+        a.claim(DEP, 4)
+        a.set_fields(heartbeat_ms=_redis_now_ms(redis_url) - 60_000)
+    await enqueue(queue, work("same", SYSTEM + [2]))
+    assert claimed_ids(b) == ["req-same"]
+
+
+async def test_short_prompts_and_affinity_off_claim_oldest_first(redis_url, queue):
+    a, b = runner(redis_url, "ra", 10_000), runner(redis_url, "rb", 0)
+    await enqueue(queue, work("first", SYSTEM + [1]))
+    assert claimed_ids(a) == ["req-first"]
+    await enqueue(queue, work("short", [1, 2, 3]), work("same", SYSTEM + [2]))
+    assert sorted(claimed_ids(b)) == ["req-same", "req-short"]  # b waits for nobody
+
+
+async def test_a_claimed_prefix_is_recorded_as_the_runners_with_an_expiry(redis_url, queue):
+    a = runner(redis_url, "ra", 10_000)
+    await enqueue(queue, work("first", SYSTEM + [1]))
+    claimed_ids(a)
+    r = redis.Redis.from_url(redis_url)
+    assert r.hget(keys.prefix_owners(DEP), prefix_key(SYSTEM)).decode().startswith("ra|")
+    assert 0 < r.ttl(keys.prefix_owners(DEP)) <= keys.PREFIX_OWNERS_TTL_S
+
+
+def test_through_the_platform_a_shared_prompt_stays_on_one_runner(platform, admin):
+    """Two ready runners of one deployment: every request that starts with the same long
+    system prompt is served by the runner that served it first."""
+    deploy(admin, "pfx", source="fake://m?step_ms=5", min_replicas=2, max_replicas=2)
+    wait_until(
+        lambda: deployment(admin, "pfx")["replicas"]["ready"] == 2, 60, "two ready runners"
+    )
+    client = platform.openai()
+    system = {"role": "system", "content": "You are a terse assistant. " * 12}  # > 256 B
+    r = platform.redis()
+    served_by = []
+    for i in range(6):
+        reply = client.chat.completions.create(
+            model="pfx",
+            messages=[system, {"role": "user", "content": f"Question {i}?"}],
+            max_tokens=4,
+        )
+        served_by.append(r.hget(keys.request(reply.id), "runner").decode())
+    assert len(set(served_by)) == 1, served_by
