@@ -142,9 +142,7 @@ def test_through_the_platform_a_shared_prompt_stays_on_one_runner(platform, admi
     """Two ready runners of one deployment: every request that starts with the same long
     system prompt is served by the runner that served it first."""
     deploy(admin, "pfx", source="fake://m?step_ms=5", min_replicas=2, max_replicas=2)
-    wait_until(
-        lambda: deployment(admin, "pfx")["replicas"]["ready"] == 2, 60, "two ready runners"
-    )
+    wait_until(lambda: deployment(admin, "pfx")["replicas"]["ready"] == 2, 60, "two ready runners")
     client = platform.openai()
     system = {"role": "system", "content": "You are a terse assistant. " * 12}  # > 256 B
     r = platform.redis()
