@@ -111,6 +111,12 @@ class Settings(BaseSettings):
     weights_fetch_attempts: int = 5
     # The key the CLI calls the API with (a tenant's); unset means the admin key.
     api_key: str | None = None
+    # Request bodies larger than this are refused with 413 while they are read (any route).
+    max_body_bytes: int = 4 * 2**20
+    # Serve /openapi.json and /docs to anyone; off, the schema needs the admin key.
+    api_docs: bool = False
+    # /metrics needs this bearer token or the admin key (unset: the admin key only).
+    metrics_token: str | None = None
     # Tests only: accept the test engines' sources (`fake://`, see `ebb.engines`). The test
     # session sets EBB_TEST_ENGINES=1 for every process it starts; off, they get a 400.
     test_engines: bool = False
@@ -219,13 +225,20 @@ class Settings(BaseSettings):
             raise ValueError("EBB_PORT must be between 1 and 65535")
         return value
 
-    @field_validator("weights_cache_bytes", mode="before")
+    @field_validator("weights_cache_bytes", "max_body_bytes", mode="before")
     @classmethod
-    def _parse_bytes(cls, value: object) -> object:
+    def _parse_bytes(cls, value: object, info: ValidationInfo) -> object:
         if isinstance(value, str):
-            if not value.strip():
+            if not value.strip() and info.field_name == "weights_cache_bytes":
                 return None
-            return parse_bytes(value, "EBB_WEIGHTS_CACHE_BYTES")
+            return parse_bytes(value, f"EBB_{info.field_name.upper()}")
+        return value
+
+    @field_validator("max_body_bytes")
+    @classmethod
+    def _body_limit(cls, value: int) -> int:
+        if value < 64 * 1024:
+            raise ValueError("EBB_MAX_BODY_BYTES must be at least 64KiB (65536)")
         return value
 
     @field_validator("weights_cache_bytes")

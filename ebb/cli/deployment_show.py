@@ -57,7 +57,7 @@ def show_deployment(name: str, as_json: bool = JsonOpt) -> None:
         return
     console.print(f"[bold]{d['name']}[/]  {d['status']}")
     console.print(
-        f"source {d['source']} · replicas {d['min_replicas']}–{d['max_replicas']} · "
+        f"source {d.get('source', '—')} · replicas {d['min_replicas']}–{d['max_replicas']} · "
         f"idle timeout {d['idle_timeout_s']:g} s · weights {d['weights']}"
     )
     console.print(_replicas_table(d))

@@ -26,7 +26,7 @@ def _deployments_table(rows: list[dict]) -> Table:
             str(d["queue_depth"]),
             f"{d['min_replicas']}/{d['max_replicas']}",
             f"{d['idle_timeout_s']:g}",
-            d["source"],
+            d.get("source", "—"),  # tenants are not shown sources
         )
     return table
 

@@ -14,9 +14,17 @@ has a bug it should hear about, and OpenAI refuses the same bodies.
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from ebb.errors import InvalidRequest
@@ -61,6 +69,41 @@ _MESSAGE_UNSUPPORTED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "annotations": ("annotations are not supported", (None, [])),
     "audio": ("only text is supported", (None,)),
 }
+
+
+# What the published schema says the fields accept: what clients may send, before the
+# validators below normalise it (a string or parts joined, a stop string made a list).
+_STRING_ARRAY = {"type": "array", "items": {"type": "string"}}
+_TEXT_PART = {
+    "type": "object",
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+    "required": ["type", "text"],
+    "additionalProperties": False,
+}
+StopField = Annotated[
+    list[str] | None,
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                {**_STRING_ARRAY, "maxItems": MAX_STOP_SEQUENCES},
+                {"type": "null"},
+            ]
+        }
+    ),
+]
+ContentField = Annotated[
+    str | None,
+    WithJsonSchema(
+        {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}, {"type": "null"}]}
+    ),
+]
+PromptField = Annotated[
+    str,
+    WithJsonSchema(
+        {"anyOf": [{"type": "string"}, {**_STRING_ARRAY, "minItems": 1, "maxItems": 1}]}
+    ),
+]
 
 
 def _invalid(message: str, *, at: str | int | None = None) -> PydanticCustomError:
@@ -140,7 +183,7 @@ class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "developer"]
     # Text content parts arrive joined with "\n" (as vLLM joins them); None only for an
     # assistant turn, which OpenAI allows to be empty.
-    content: str | None = None
+    content: ContentField = None
     name: str | None = None
 
     @model_validator(mode="before")
@@ -195,7 +238,7 @@ class _SamplingRequest(_Strict):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     n: int | None = Field(default=None, ge=1)
-    stop: list[str] | None = None
+    stop: StopField = None
     seed: int | None = Field(default=None, ge=_INT64_MIN, le=_INT64_MAX)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
@@ -213,9 +256,11 @@ class _SamplingRequest(_Strict):
     @field_validator("stop", mode="before")
     @classmethod
     def _stop_as_list(cls, value: Any) -> Any:
+        if value is None:  # what SDKs send for "no stop sequences"
+            return None
         if isinstance(value, str):
             value = [value]
-        if value is not None and not isinstance(value, list):
+        if not isinstance(value, list):
             raise _invalid(f"stop must be a string or an array of strings; got {_show(value)}")
         if len(value) > MAX_STOP_SEQUENCES:
             raise _invalid(
@@ -274,7 +319,7 @@ class ChatCompletionRequest(_SamplingRequest):
 class CompletionRequest(_SamplingRequest):
     _unsupported = _COMPLETION_UNSUPPORTED
 
-    prompt: str
+    prompt: PromptField
     logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
 
     @field_validator("prompt", mode="before")

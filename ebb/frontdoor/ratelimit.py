@@ -34,6 +34,11 @@ class Reservation:
         self._final_tokens: int | None = None
         self._settled = False
 
+    @property
+    def reserved_tokens(self) -> int:
+        """Tokens taken from a limit (0 when no limit applied: nothing to give back)."""
+        return self._reserved_tokens if self._store is not None else 0
+
     def observe(self, event: object) -> None:
         if isinstance(event, Progress):
             self._streamed_tokens += sum(c.token_count for c in event.choices)

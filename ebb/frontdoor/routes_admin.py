@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import hmac
 import secrets
 import time
 
 import msgspec
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import Field
 
 from ebb.errors import NotFound
-from ebb.frontdoor.auth import AdminDep
+from ebb.frontdoor.auth import AdminDep, authenticate, require_admin
 from ebb.frontdoor.routes_limits import TENANT_PATTERN, RateLimitsBody
 from ebb.frontdoor.services import ServicesDep
 from ebb.home import new_secret
@@ -119,6 +120,11 @@ async def readyz(services: ServicesDep) -> Response:
 
 
 @router.get("/metrics")
-async def metrics(services: ServicesDep) -> Response:
+async def metrics(request: Request, services: ServicesDep) -> Response:
+    """Prometheus text; needs EBB_METRICS_TOKEN or the admin key as a bearer token."""
+    token = services.settings.metrics_token
+    presented = request.headers.get("authorization", "").partition(" ")[2].strip()
+    if not (token and hmac.compare_digest(presented.encode(), token.encode())):
+        await require_admin(await authenticate(request, services))
     body = await services.metrics.render(services.state)
     return Response(body, media_type="text/plain; version=0.0.4")

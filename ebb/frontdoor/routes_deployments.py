@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from ebb.engines import EngineRegistry
 from ebb.errors import Conflict, InvalidRequest, NotFound
 from ebb.frontdoor.auth import AdminDep, CallerDep
+from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.frontdoor.services import ServicesDep
 from ebb.queue.platform import PlatformState
@@ -24,6 +25,7 @@ router = APIRouter(prefix="/v1/deployments")
 MAX_PRICE_MICROS = 10**12
 # Last log lines per runner in GET /v1/deployments/{name} (the console's detail view).
 RUNNER_LOG_TAIL_LINES = 20
+MAX_SOURCE_CHARS = 2048
 
 DeploymentName = Annotated[
     str,
@@ -60,7 +62,8 @@ class DeploymentCreate(DeploymentPatch):
     name: DeploymentName = Field(
         description="lowercase letters, digits, '.', '_' or '-'; at most 63 characters"
     )
-    source: str = Field(min_length=1)
+    # Served back in listings: bounded like a URL.
+    source: str = Field(min_length=1, max_length=MAX_SOURCE_CHARS)
 
     @model_validator(mode="after")
     def _defaults(self) -> DeploymentCreate:
@@ -167,10 +170,43 @@ async def create_deployment(
     return await deployment_view(services.state, spec)
 
 
+# What a tenant key sees of a deployment it may call: its name, status and model facts.
+# Not its source, owner, GPU price, runners (PIDs, log lines) or error details: those are
+# the operator's (and may name paths, hosts or other tenants).
+_TENANT_FIELDS = (
+    "object",
+    "name",
+    "status",
+    "created_at_s",
+    "max_model_len",
+    "min_replicas",
+    "max_replicas",
+    "idle_timeout_s",
+    "admission_timeout_s",
+    "price_per_1m_input_tokens_micros",
+    "price_per_1m_output_tokens_micros",
+    "replicas",
+    "queue_depth",
+    "job_queue_depth",
+    "oldest_wait_s",
+    "weights",
+    "weights_progress",
+    "cold_start_ms",
+)
+
+
+def visible_to(caller: Caller, view: dict) -> dict:
+    """`view` as `caller` may see it (the admin: all of it)."""
+    if caller.is_admin:
+        return view
+    return {**{k: view[k] for k in _TENANT_FIELDS}, "runners": [], "error": None, "error_log": None}
+
+
 @router.get("")
 async def list_deployments(caller: CallerDep, services: ServicesDep) -> dict:
     specs = await services.state.list_deployments()
-    return {"object": "list", "data": [await deployment_view(services.state, s) for s in specs]}
+    views = [visible_to(caller, await deployment_view(services.state, s)) for s in specs]
+    return {"object": "list", "data": views}
 
 
 async def _get(state: PlatformState, name: str) -> DeploymentSpec:
@@ -183,7 +219,7 @@ async def _get(state: PlatformState, name: str) -> DeploymentSpec:
 @router.get("/{name}")
 async def get_deployment(name: str, caller: CallerDep, services: ServicesDep) -> dict:
     state = services.state
-    view = await deployment_view(state, await _get(state, name))
+    view = visible_to(caller, await deployment_view(state, await _get(state, name)))
     # Only the single-deployment view carries log lines: lists stay cheap to poll.
     for runner in view["runners"]:
         runner["log_tail"] = (await state.runner_log(runner["id"]))[-RUNNER_LOG_TAIL_LINES:]

@@ -29,6 +29,7 @@ from ebb.openai_responses import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
 from ebb.queue.job_schema import JobEvent, JobRecord, JobStatus, attempt_request_id
 from ebb.queue.job_store import IdempotencyConflict, JobStore
 from ebb.queue.schema import DeploymentSpec, WorkItem
+from ebb.webhooks.job_limits import give_back_unused
 from ebb.webhooks.signing import new_secret
 from ebb.webhooks.ssrf import UnsafeUrl, resolve_target
 from ebb.webhooks.views import current_status, job_view
@@ -47,7 +48,8 @@ class WebhookSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str = Field(min_length=1, max_length=2048)
-    events: list[JobEvent] = Field(default_factory=lambda: list(JobEvent), min_length=1)
+    # null (as SDKs send an unset field) means every event.
+    events: list[JobEvent] | None = Field(default_factory=lambda: list(JobEvent), min_length=1)
 
 
 class JobCreate(BaseModel):
@@ -57,7 +59,7 @@ class JobCreate(BaseModel):
     endpoint: Literal["chat.completions", "completions"]
     body: dict[str, Any]
     webhook: WebhookSpec | None = None
-    metadata: dict[Annotated[str, StringConstraints(max_length=64)], MetadataValue] = Field(
+    metadata: dict[Annotated[str, StringConstraints(max_length=64)], MetadataValue] | None = Field(
         default_factory=dict, max_length=16
     )
     ttl_s: int | None = Field(None, ge=1)
@@ -92,6 +94,10 @@ async def submit_job(
     await services.webhook_secrets.ensure(caller.tenant, new_secret())
     record = _new_record(caller, spec, payload, prepared, settings.job_max_attempts)
     submission = msgspec.json.encode(payload.model_dump(mode="json"), order="sorted")
+    # The same limits as a synchronous request: reserved now, settled by the collector
+    # when the job ends (429 here when the caller is over them).
+    reservation = await services.limiter.reserve(caller, record.work)
+    record.rate_reserved_tokens = reservation.reserved_tokens
     try:
         job_id, replayed = await services.jobs.submit(
             record,
@@ -99,7 +105,10 @@ async def submit_job(
             idempotency_digest=_digest(idempotency_key.encode()) if idempotency_key else "",
             submission_digest=_digest(submission),
         )
-    except IdempotencyConflict as e:
+    except BaseException as e:
+        await asyncio.shield(reservation.settle())  # nothing was queued: all of it back
+        if not isinstance(e, IdempotencyConflict):
+            raise
         raise Conflict(
             f"The Idempotency-Key was already used for a different submission (job "
             f"{e.job_id}). Reuse a key only to retry the same submission; send a new key "
@@ -107,7 +116,8 @@ async def submit_job(
             code="idempotency_key_reused",
         ) from e
     headers = {"Location": f"/v1/jobs/{job_id}"}
-    if replayed:
+    if replayed:  # the job queued the first time holds its own reservation
+        await reservation.settle()
         headers["Idempotent-Replayed"] = "true"
     return JSONResponse(await _view(services, job_id), status_code=202, headers=headers)
 
@@ -162,8 +172,10 @@ async def get_job(job_id: str, caller: CallerDep, services: ServicesDep) -> dict
 async def cancel_job(job_id: str, caller: CallerDep, services: ServicesDep) -> dict:
     """Queued: removed, never runs. Running: aborted in the engine, billed for what it
     generated (the answer shows it settled unless that takes over 5 s). Settled: 409."""
-    await _owned(services.jobs, job_id, caller)
+    record = await _owned(services.jobs, job_id, caller)
     outcome = await services.jobs.cancel(job_id)
+    if outcome == "withdrawn":  # never ran, and the collector never sees it settle
+        await give_back_unused(services.ratelimits, record, ran=False)
     if outcome in JobStatus.__members__.values():
         raise Conflict(
             f"Job {job_id} already {outcome}; there is nothing to cancel.", code="job_settled"
@@ -275,8 +287,8 @@ def _new_record(
         request_id=work.request_id,
         max_attempts=max_attempts,
         webhook_url=webhook.url if webhook else "",
-        webhook_events=sorted(set(webhook.events)) if webhook else [],
-        metadata=payload.metadata,
+        webhook_events=sorted(set(webhook.events or JobEvent)) if webhook else [],
+        metadata=payload.metadata or {},
     )
 
 

@@ -8,12 +8,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ebb.errors import EbbError, InvalidRequest, JobError, NotFound
 from ebb.frontdoor.auth import CallerDep
+from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.execution import ClientGone, Running, unless_disconnected
 from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
@@ -72,7 +72,7 @@ async def _serve(
     parse: Callable,
     prepare: Callable,
 ) -> Response:
-    body = await _json_body(request)
+    body = _json_body(request)
     parsed = parse(body)
     spec = await services.state.get_deployment(parsed.model)
     if spec is None:
@@ -178,12 +178,10 @@ async def _stream(
         await asyncio.shield(reservation.settle())
 
 
-async def _json_body(request: Request) -> object:
-    raw = await request.body()
-    try:
-        return msgspec.json.decode(raw)
-    except msgspec.DecodeError as e:
+def _json_body(request: Request) -> object:
+    body = decoded_json(request)  # read, bounded and decoded by BodyGuard
+    if body is None:
         raise InvalidRequest(
-            f"The request body is not valid JSON ({e}). Send a JSON object with "
-            "'Content-Type: application/json'."
-        ) from e
+            "The request body is missing; send a JSON object.", code="missing_body"
+        )
+    return body

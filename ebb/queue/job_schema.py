@@ -87,6 +87,9 @@ class JobRecord(msgspec.Struct, kw_only=True):
     error: JobErrorInfo | None = None
     # Why the previous attempt ended, when the job was put back in the queue.
     last_error: JobErrorInfo | None = None
+    # Tokens taken from the caller's rate limits at submission (0: none applied); the
+    # collector gives back what the job did not use once it settles.
+    rate_reserved_tokens: int = 0
     # Events already turned into deliveries (read from the ANNOUNCED_PREFIX fields).
     announced: list[JobEvent] = []
 

@@ -37,7 +37,9 @@ from ebb.queue.job_schema import (
     attempt_request_id,
 )
 from ebb.queue.job_store import Announcement, JobStore
+from ebb.queue.ratelimits import RateLimitStore
 from ebb.queue.schema import Failed, Finished, Progress
+from ebb.webhooks.job_limits import give_back_unused
 from ebb.webhooks.views import event_body
 
 log = logging.getLogger(__name__)
@@ -53,8 +55,12 @@ def new_webhook_id() -> str:
 
 
 class JobCollector:
-    def __init__(self, store: JobStore, settings: Settings):
+    def __init__(
+        self, store: JobStore, settings: Settings, ratelimits: RateLimitStore | None = None
+    ):
         self._store = store
+        # Settles each job's rate-limit reservation once it ends (None: not this collector's).
+        self._ratelimits = ratelimits
         self._settings = settings
         self._delivery_ttl_s = delivery_record_ttl_s(
             settings.webhook_give_up_s, settings.job_retention_s
@@ -113,6 +119,8 @@ class JobCollector:
         )
         if await self._store.expire(job_id, error) == "expired":
             log.info("jobs: %s expired in the queue", job_id)
+            if record is not None and self._ratelimits is not None:
+                await give_back_unused(self._ratelimits, record, ran=False)
 
     # --- 2a-c: follow the current attempt ------------------------------------------------
 
@@ -225,6 +233,11 @@ class JobCollector:
         if done:
             log.info("jobs: %s %s after %d attempt(s)", record.job_id, status, record.attempt)
             await self._store.release_attempt(record.request_id)
+            if self._ratelimits is not None:
+                used = outcome.get("usage") or {}
+                ran = bool(record.started_ms or attempt.get("claimed_ms"))
+                total = used.get("total_tokens", 0) if isinstance(used, dict) else 0
+                await give_back_unused(self._ratelimits, record, ran=ran, used_tokens=total)
         return done
 
     # --- 2d: events ------------------------------------------------------------------

@@ -18,6 +18,7 @@ from ebb.process_guard import exit_when_orphaned
 from ebb.queue.connection import async_client
 from ebb.queue.delivery_store import DeliveryStore, delivery_record_ttl_s
 from ebb.queue.job_store import JobStore
+from ebb.queue.ratelimits import RateLimitStore
 from ebb.queue.webhook_secrets import WebhookSecrets
 from ebb.webhooks.collector import JobCollector
 from ebb.webhooks.sender import USER_AGENT, Deliverer
@@ -39,6 +40,7 @@ async def _main(settings: Settings) -> None:
     collector = JobCollector(
         JobStore(client, retention_s=settings.job_retention_s, result_ttl_s=settings.result_ttl_s),
         settings,
+        RateLimitStore(client),
     )
     # Redirects are not followed: a 3xx is a failed attempt, never a hop to another host.
     http = httpx.AsyncClient(

@@ -1,8 +1,9 @@
 """Refuse webhook URLs that would make ebb call into its own network (SSRF).
 
 A URL is accepted when it is http(s) and every address its host resolves to is public
-(not loopback, private, link-local, shared, reserved, multicast or unspecified; an
-IPv4-mapped IPv6 address is judged by its IPv4 address), or inside one of the networks
+(not loopback, private, link-local, shared, reserved, multicast or unspecified; an IPv6
+address that embeds an IPv4 one - mapped, compatible, 6to4 2002::/16, NAT64 64:ff9b::/96,
+Teredo 2001::/32 - is judged by that IPv4 address as well), or inside one of the networks
 an operator allowed (EBB_WEBHOOK_ALLOWED_CIDRS). The check runs at submission (a 400) and
 again before every attempt, and the attempt connects to the address that was checked, so
 a DNS answer that changes in between (rebinding) cannot redirect it.
@@ -56,11 +57,20 @@ class Target:
 
 
 def refusal(address: IPAddress, allowed: list[IPNetwork]) -> str | None:
-    """Why `address` may not be called, or None when it may."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-        address = address.ipv4_mapped
+    """Why `address` may not be called, or None when it may. An IPv6 address that carries
+    an IPv4 one (mapped, compatible, 6to4, NAT64, Teredo) is judged by the IPv4 address
+    too: a translator or relay would deliver to it."""
     if any(address in network for network in allowed):
         return None
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:  # the same host, spelled in IPv6
+            return refusal(address.ipv4_mapped, allowed)
+        if address in _NAT64_LOCAL:
+            return "a local-use NAT64 address"
+        for embedded in _embedded_ipv4(address):
+            why = refusal(embedded, allowed)
+            if why is not None:
+                return f"{why} ({embedded}, embedded in an IPv6 address)"
     if address.is_loopback:
         return "a loopback address"
     if address.is_link_local:
@@ -75,6 +85,22 @@ def refusal(address: IPAddress, allowed: list[IPNetwork]) -> str | None:
 
 
 _SHARED_V4 = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052: the IPv4 address is the low 32 bits
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215, local use
+_COMPATIBLE = ipaddress.ip_network("::/96")  # deprecated IPv4-compatible addresses
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries, by every form that carries one."""
+    found = []
+    if address.sixtofour is not None:
+        found.append(address.sixtofour)
+    if address.teredo is not None:
+        found.extend(address.teredo)  # (server, client)
+    low32 = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if address in _NAT64 or (address in _COMPATIBLE and int(address) > 1):
+        found.append(low32)
+    return found
 
 
 def parse_url(url: str) -> tuple[str, str, int]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import openai
 import pytest
 from support import deploy, deployment, sigkill_runner_mid_stream, wait_until
@@ -72,7 +71,7 @@ def test_cold_starts_and_scale_decisions_are_metrics(platform, admin):
     )
 
     def scraped() -> str | None:
-        text = httpx.get(platform.base_url + "/metrics").text
+        text = admin.get("/metrics").text
         return 'ebb_scale_decisions_total{deployment="counted",direction="down"}' in text and text
 
     text = wait_until(scraped, 10, "the drain to be counted")

@@ -176,7 +176,8 @@ def test_invalid_json_and_keys(platform, admin):
 
 
 def test_metrics_describe_runners_and_queues(platform, admin):
-    text = httpx.get(platform.base_url + "/metrics").text
+    assert httpx.get(platform.base_url + "/metrics").status_code == 401
+    text = admin.get("/metrics").text  # /metrics needs the admin key or EBB_METRICS_TOKEN
     assert 'ebb_runners{deployment="chat",state="ready"}' in text
     assert "ebb_queue_wait_seconds_bucket" in text
 

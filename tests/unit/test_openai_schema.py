@@ -253,3 +253,39 @@ def test_invalid_json_bytes():
     error = refused(parse_chat_request, b"{not json")
     assert error.param is None
     assert "not valid JSON" in error.message
+
+
+# Fields OpenAI documents as nullable, as SDKs send them when unset.
+_NULLS = dict.fromkeys(
+    (
+        "stop",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "n",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "response_format",
+        "stream",
+        "stream_options",
+        "user",
+    )
+)
+
+
+def test_nullable_fields_may_be_null():
+    chat = parse_chat_request(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi", "name": None}],
+            **_NULLS,
+            "max_completion_tokens": None,
+            "logprobs": None,
+            "top_logprobs": None,
+            "tools": None,
+        }
+    )
+    assert chat.stop is None and chat.max_tokens_param == (None, "max_tokens")
+    completion = parse_completion_request({"model": "m", "prompt": "p", **_NULLS, "echo": None})
+    assert completion.stop is None

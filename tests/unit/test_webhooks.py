@@ -112,6 +112,33 @@ def test_only_public_addresses_may_be_called(address, why):
     assert refusal(ipaddress.ip_address(address), []) == why
 
 
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("2002:7f00:1::", "a loopback address (127.0.0.1, embedded"),  # 6to4
+        ("2002:a00:1::1", "a private address (10.0.0.1, embedded"),
+        ("64:ff9b::7f00:1", "a loopback address (127.0.0.1, embedded"),  # NAT64
+        ("64:ff9b::a9fe:a9fe", "a link-local address (169.254.169.254, embedded"),
+        ("64:ff9b:1::a00:1", "a local-use NAT64 address"),
+        # Teredo: server 65.54.227.120, client (obfuscated) 127.0.0.1
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", "a loopback address (127.0.0.1, embedded"),
+        ("::127.0.0.1", "a loopback address (127.0.0.1, embedded"),  # IPv4-compatible
+        ("::ffff:127.0.0.1", "a loopback address"),
+    ],
+)
+def test_ipv6_forms_embedding_a_non_public_ipv4_are_refused(address, why):
+    assert (refusal(ipaddress.ip_address(address), []) or "").startswith(why)
+
+
+def test_6to4_of_a_public_address_is_public():
+    assert refusal(ipaddress.ip_address("2002:808:808::1"), []) is None
+
+
+async def test_embedded_loopback_url_is_refused_at_submission():
+    with pytest.raises(UnsafeUrl, match="127.0.0.1, embedded"):
+        await resolve_target("http://[2002:7f00:1::]/hook", [])
+
+
 def test_allowed_networks_open_exactly_themselves():
     assert refusal(ipaddress.ip_address("127.0.0.1"), LOCAL) is None
     assert refusal(ipaddress.ip_address("::ffff:127.0.0.1"), LOCAL) is None

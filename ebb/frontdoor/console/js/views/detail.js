@@ -237,9 +237,8 @@ export async function render(ctx) {
     clear(status, badge(d.status));
     clear(
       meta,
-      "Source ",
-      h("code", {}, d.source),
-      ` · created ${fmtTime(d.created_at_s)} · ${d.min_replicas}–${d.max_replicas} replicas · idle timeout ${d.idle_timeout_s} s`,
+      ...(d.source ? ["Source ", h("code", {}, d.source), " · "] : []),
+      `created ${fmtTime(d.created_at_s)} · ${d.min_replicas}–${d.max_replicas} replicas · idle timeout ${d.idle_timeout_s} s`,
     );
     if (!liveArea) {
       liveArea = h("div", { class: "live-area" });

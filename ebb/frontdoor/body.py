@@ -1,0 +1,160 @@
+"""One way to read request bodies, for every route: bounded, strict JSON, decoded once.
+
+`BodyGuard` is ASGI middleware in front of every route. For a request with a body it
+  1. refuses it with 413 as soon as its Content-Length, or the bytes read so far, pass
+     EBB_MAX_BODY_BYTES (so a 50 MB body is never held in memory);
+  2. decodes it as JSON (strict UTF-8: invalid bytes and lone surrogate escapes such as
+     "\\ud800" are refused), refusing anything nested deeper than MAX_JSON_DEPTH;
+  3. hands the route the same bytes, and the decoded value as `decoded_json(request)`,
+     so routes that parse the body themselves do not decode it twice.
+Refusals are 400/413 in the OpenAI error shape. Routes therefore only ever see bodies
+that are well-formed, bounded JSON, which FastAPI's own parsing can take safely too.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ebb.errors import EbbError, InvalidRequest
+
+# Objects and arrays nested deeper than this are refused: no OpenAI body comes close (a
+# json_schema 30 levels deep is about 62 here), and deeper input overflows recursive parsers
+# and validators further in.
+MAX_JSON_DEPTH = 128
+
+_STATE_KEY = "ebb.json_body"
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+class PayloadTooLarge(EbbError):
+    status_code = 413
+    error_type = "invalid_request_error"
+    code = "request_too_large"
+
+
+def decoded_json(request: Request) -> object:
+    """The request's body as BodyGuard decoded it (None for an empty body)."""
+    return request.scope.get(_STATE_KEY)
+
+
+def decode_json(raw: bytes) -> object:
+    """Strict JSON (UTF-8 only, no lone surrogates, bounded depth); raises InvalidRequest."""
+    try:
+        value = msgspec.json.decode(raw)
+    except RecursionError as e:
+        raise _too_deep() from e
+    except msgspec.DecodeError as e:
+        hint = ""
+        if _SURROGATE_ESCAPE.search(raw):
+            hint = " Lone UTF-16 surrogate escapes (\\ud800-\\udfff) are not valid text."
+        raise InvalidRequest(
+            f"The request body is not valid JSON ({e}).{hint} Send a UTF-8 JSON object "
+            "with 'Content-Type: application/json'.",
+            code="invalid_json",
+        ) from e
+    if _depth_exceeds(value, MAX_JSON_DEPTH):
+        raise _too_deep()
+    return value
+
+
+def _too_deep() -> InvalidRequest:
+    return InvalidRequest(
+        f"The request body is nested more than {MAX_JSON_DEPTH} levels deep; flatten it.",
+        code="json_too_deep",
+    )
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Iterative (a recursive walk would fail the way the parsers do)."""
+    if not isinstance(value, dict | list):
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()  # only objects and arrays are ever pushed
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+class BodyGuard:
+    """ASGI middleware; see the module docstring. `max_body_bytes` is EBB_MAX_BODY_BYTES."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int):
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        try:
+            raw = await self._read(scope, receive)
+            scope[_STATE_KEY] = decode_json(raw) if raw.strip() else None
+        except EbbError as e:
+            await _send_error(send, e)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            # After the body: the route learns of a disconnect from the real channel.
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _read(self, scope: Scope, receive: Receive) -> bytes:
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_body_bytes:
+            raise self._too_large()
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise InvalidRequest("The client closed the connection mid-body.")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise self._too_large()
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(
+            f"The request body is larger than {self.max_body_bytes} bytes "
+            "(EBB_MAX_BODY_BYTES); send a smaller one."
+        )
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _send_error(send: Send, error: EbbError) -> None:
+    body = msgspec.json.encode(error.to_body())
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if error.status_code == 413:
+        # The rest of the body is not read: the connection cannot carry another request.
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

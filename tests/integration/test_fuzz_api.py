@@ -1,0 +1,99 @@
+"""Schema-driven fuzzing of the frontdoor: schemathesis generates requests from the API's
+own OpenAPI schema (every route, every body; valid and schema-violating ones) and sends
+them, with real keys, to a live platform on the fake engine. Whatever it sends, the answer
+is never a 5xx, and every refusal is in the OpenAI error shape."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+from support import Platform, deploy, temp_home
+
+from ebb.config import Settings
+from ebb.frontdoor.app import create_app
+
+pytestmark = pytest.mark.integration
+
+# Bounded so the whole module runs in well under a minute or two on two cores.
+EXAMPLES_PER_OPERATION = 10
+
+# The schema the frontdoor publishes (the test below checks the live one is the same),
+# read at collection time so that each operation is a test of its own.
+APP_SCHEMA = create_app(Settings()).openapi()
+OPERATIONS = [
+    result.ok() for result in schemathesis.openapi.from_dict(APP_SCHEMA).get_all_operations()
+]
+
+_SETTINGS = settings(
+    max_examples=EXAMPLES_PER_OPERATION,
+    deadline=None,
+    database=None,
+    derandomize=True,  # the same cases every run: a failure here is reproducible
+    suppress_health_check=list(HealthCheck),
+)
+
+
+@pytest.fixture(scope="module")
+def platform():
+    # Public docs here (the hostile-input module checks the default, admin-only schema).
+    p = Platform(
+        home=temp_home("ebb-fuzz-"), redis_url=None, env_extra={"EBB_API_DOCS": "1"}
+    ).start()
+    with p.admin() as admin:
+        # A real model the fuzzer may name, so some requests run all the way through.
+        deploy(admin, "fuzz", "fake://m?step_ms=1", idle_timeout_s=120)
+    yield p
+    assert p.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def keys(platform, admin) -> dict[str, str]:
+    tenant = admin.post("/v1/keys", json={"tenant": "fuzzer", "name": "fuzz"}).json()["key"]
+    return {"admin": platform.admin_key, "tenant": tenant}
+
+
+def test_the_live_schema_is_the_one_fuzzed(platform):
+    assert httpx.get(platform.base_url + "/openapi.json").json() == APP_SCHEMA
+    assert len(OPERATIONS) >= 20
+    docs = httpx.get(platform.base_url + "/docs")
+    assert docs.status_code == 200 and "/openapi.json" in docs.text
+
+
+def _call(platform: Platform, key: str, case) -> None:
+    response = case.call(
+        base_url=platform.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=60
+    )
+    assert response.status_code < 500, (case.method, case.path, case.body, response.text)
+    if response.status_code >= 400 and "json" in response.headers.get("content-type", ""):
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["code"] != "internal_error"
+
+
+@pytest.mark.parametrize("operation", OPERATIONS, ids=lambda op: f"{op.method.upper()} {op.path}")
+@pytest.mark.parametrize("who", ["admin", "tenant"])
+def test_no_5xx(platform, keys, operation, who):
+    for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+
+        @_SETTINGS
+        @given(case=operation.as_strategy(generation_mode=mode))
+        def fuzz(case) -> None:
+            _call(platform, keys[who], case)
+
+        try:
+            fuzz()
+        except Unsatisfiable:
+            # Nothing in the operation's schema can be violated (no body, free strings).
+            assert mode is GenerationMode.NEGATIVE
+
+
+def test_the_platform_still_serves_after_fuzzing(admin):
+    reply = admin.post(
+        "/v1/chat/completions",
+        json={"model": "fuzz", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+    )
+    assert reply.status_code == 200, reply.text

@@ -1,0 +1,362 @@
+"""Hostile input and least exposure, through HTTP against the whole platform (fake engine).
+
+Every route that takes a body reads it one way: bounded (413 while reading), strict JSON
+(no lone surrogates), bounded depth; every refusal is in the OpenAI error shape and none
+is a 5xx. Jobs obey the same rate limits as synchronous requests; tenants see only what
+they may; /metrics and the API schema are not public.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import select
+import socket
+
+import httpx
+import pytest
+from platform_processes import processes
+from support import Platform, deploy, temp_home, wait_until
+
+pytestmark = pytest.mark.integration
+
+METRICS_TOKEN = "metrics-" + "t" * 24
+LIMIT_BYTES = 256 * 1024
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+CHAT = {"model": "hostile", "messages": MESSAGES, "max_tokens": 4}
+
+# (method, path, a valid body): every route that takes a body.
+BODY_ROUTES = [
+    ("POST", "/v1/chat/completions", CHAT),
+    ("POST", "/v1/completions", {"model": "hostile", "prompt": "Paris is", "max_tokens": 4}),
+    ("POST", "/v1/jobs", {"model": "hostile", "endpoint": "chat.completions", "body": CHAT}),
+    ("POST", "/v1/deployments", {"name": "made-by-fuzz", "source": "fake://m"}),
+    ("PATCH", "/v1/deployments/hostile", {"max_replicas": 1}),
+    ("POST", "/v1/keys", {"tenant": "fuzz", "name": "k"}),
+    ("PUT", "/v1/tenants/fuzz/limits", {"requests_per_minute": 1000}),
+    ("PUT", "/v1/keys/key_000000000000/limits", {"requests_per_minute": 1000}),
+    ("POST", "/v1/webhooks/secret/rotate", {"overlap_s": 10}),
+]
+_ROUTE_IDS = [f"{m} {p}" for m, p, _ in BODY_ROUTES]
+
+
+@pytest.fixture(scope="module")
+def platform():
+    p = Platform(
+        home=temp_home("ebb-hostile-"),
+        redis_url=None,
+        env_extra={"EBB_METRICS_TOKEN": METRICS_TOKEN, "EBB_MAX_BODY_BYTES": str(LIMIT_BYTES)},
+    ).start()
+    with p.admin() as admin:
+        deploy(admin, "hostile", "fake://m?step_ms=1", idle_timeout_s=120)
+    yield p
+    assert p.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def tenant(platform, admin):
+    created = admin.post("/v1/keys", json={"tenant": "acme", "name": "hostile"}).json()
+    with httpx.Client(
+        base_url=platform.base_url,
+        timeout=60,
+        headers={"Authorization": f"Bearer {created['key']}"},
+    ) as client:
+        yield client
+
+
+def _assert_openai_error(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] not in (None, "internal_error"), error
+    return error
+
+
+def _raw_request(platform: Platform, head: bytes, body_chunks) -> tuple[bytes, int]:
+    """Send a request over a plain socket; (what the server answered, body bytes sent
+    before it answered or closed). The answer may be lost (b"") when the server closes with
+    our unread bytes in its buffer: its kernel then resets the connection."""
+    sent = 0
+    received = b""
+    with socket.create_connection(("127.0.0.1", platform.port), timeout=30) as sock:
+        sock.sendall(head)
+        try:
+            for chunk in body_chunks:
+                if select.select([sock], [], [], 0)[0]:  # the server answered (or closed)
+                    break
+                sock.sendall(chunk)
+                sent += len(chunk)
+            while piece := sock.recv(65536):
+                received += piece
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+    return received, sent
+
+
+def _refusals_413(admin) -> float:
+    lines = admin.get("/metrics").text.splitlines()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in lines
+        if line.startswith("ebb_http_requests_total{") and 'status="413"' in line
+    )
+
+
+def _head(platform: Platform, extra: str) -> bytes:
+    return (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {platform.admin_key}\r\nContent-Type: application/json\r\n"
+        f"{extra}\r\n"
+    ).encode()
+
+
+def _frontdoor_rss_bytes(platform: Platform) -> int:
+    [frontdoor] = processes(platform.home, "frontdoor")
+    return frontdoor.memory_info().rss
+
+
+def test_a_50mb_body_is_refused_while_read_and_never_held(platform, admin):
+    rss_before = _frontdoor_rss_bytes(platform)
+    refused_before = _refusals_413(admin)
+    declared, _ = _raw_request(platform, _head(platform, "Content-Length: 50000000\r\n"), [])
+    assert declared.startswith(b"HTTP/1.1 413 ") and b"request_too_large" in declared
+
+    def chunked():  # 50 MB, if the server kept reading
+        piece = b"x" * 65536
+        for _ in range(800):
+            yield b"%x\r\n%s\r\n" % (len(piece), piece)
+
+    answer, sent = _raw_request(
+        platform, _head(platform, "Transfer-Encoding: chunked\r\n"), chunked()
+    )
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 413 ")
+    assert sent < 50_000_000 // 2, "the server read on past its limit"
+    # Both were answered 413 (the second answer may not reach a client that kept sending).
+    assert _refusals_413(admin) - refused_before == 2
+    # The body was never buffered whole: memory grew by far less than 50 MB.
+    assert _frontdoor_rss_bytes(platform) - rss_before < 20 * 2**20
+
+
+@pytest.mark.parametrize(("method", "path", "valid"), BODY_ROUTES, ids=_ROUTE_IDS)
+def test_every_route_refuses_oversize_deep_and_invalid_text(admin, method, path, valid):
+    big = {**valid, "pad": "x" * LIMIT_BYTES}
+    _assert_openai_error(admin.request(method, path, json=big), 413)
+    deep = b"[" * 100_000 + b"]" * 100_000  # within the size limit
+    assert (
+        "nested" in _assert_openai_error(admin.request(method, path, content=deep), 400)["message"]
+    )
+    for raw in (b'{"name": "\\ud800"}', b'{"name": "\xff"}', b"{not json", b'{"a": 1'):
+        error = _assert_openai_error(
+            admin.request(method, path, content=raw, headers={"content-type": "application/json"}),
+            400,
+        )
+        assert error["code"] == "invalid_json" and error["param"] is None
+
+
+def test_a_json_schema_5000_levels_deep_is_refused(admin):
+    # Spelled as text: encoding it with json would overflow the test's own stack.
+    schema = '{"type": "object", "properties": {"a": ' * 5000 + '{"type": "object"}' + "}}" * 5000
+    body = json.dumps({**CHAT, "response_format": {"type": "json_schema", "json_schema": {}}})
+    body = body.replace('"json_schema": {}', f'"json_schema": {{"name": "d", "schema": {schema}}}')
+    response = admin.post("/v1/chat/completions", content=body.encode())
+    error = _assert_openai_error(response, 400)
+    assert error["code"] == "json_too_deep"
+
+
+def _hostile_bodies(valid: dict):
+    """Wrong types, nulls and odd values for every field of a valid body, and wrong roots."""
+    yield from ([], "text", 7, None, True, [valid])
+    odd_values = (None, "", "x" * 5000, -1, 2**70, 1.5, True, [], {}, [None], {"a": None})
+    for name, value in itertools.product(valid, odd_values):
+        yield {**valid, name: value}
+    yield {**valid, "unknown_field": 1}
+    yield {k: v for k, v in valid.items() if k != next(iter(valid))}
+
+
+@pytest.mark.parametrize(("method", "path", "valid"), BODY_ROUTES, ids=_ROUTE_IDS)
+def test_hostile_bodies_never_get_a_5xx(admin, tenant, method, path, valid):
+    for body in _hostile_bodies(valid):
+        for client in (admin, tenant):
+            response = client.request(method, path, json=body)
+            assert response.status_code < 500, (body, response.text)
+            if response.status_code >= 400:
+                _assert_openai_error(response, response.status_code)
+
+
+def test_null_fields_sdks_send_are_accepted(admin):
+    nulls = {"stop": None, "temperature": None, "seed": None, "user": None, "n": None}
+    chat = admin.post("/v1/chat/completions", json={**CHAT, **nulls})
+    assert chat.status_code == 200, chat.text
+    completion = admin.post(
+        "/v1/completions", json={"model": "hostile", "prompt": "Paris", "max_tokens": 3, **nulls}
+    )
+    assert completion.status_code == 200, completion.text
+    job = admin.post(
+        "/v1/jobs",
+        json={
+            "model": "hostile",
+            "endpoint": "chat.completions",
+            "body": {**CHAT, **nulls},
+            "webhook": None,
+            "metadata": None,
+            "ttl_s": None,
+        },
+    )
+    assert job.status_code == 202, job.text
+    done = wait_until(
+        lambda: (
+            (v := admin.get(f"/v1/jobs/{job.json()['id']}").json())["status"]
+            in ("succeeded", "failed")
+            and v
+        ),
+        60,
+        "the job to finish",
+    )
+    assert done["status"] == "succeeded"
+
+
+def test_route_and_method_errors_have_codes(admin):
+    assert _assert_openai_error(admin.get("/v1/nothing-here"), 404)["code"] == "not_found"
+    wrong_method = admin.put("/v1/chat/completions", json=CHAT)
+    assert _assert_openai_error(wrong_method, 405)["code"] == "method_not_allowed"
+    bad_query = admin.get("/v1/jobs", params={"limit": "many"})
+    assert _assert_openai_error(bad_query, 400)["param"] == "limit"
+    bad_field = admin.post("/v1/keys", json={"tenant": "ok", "name": 5})
+    assert _assert_openai_error(bad_field, 400)["param"] == "name"
+    nested = admin.post(
+        "/v1/jobs",
+        json={
+            "model": "hostile",
+            "endpoint": "chat.completions",
+            "body": CHAT,
+            "webhook": {"url": "x" * 3000},
+        },
+    )
+    assert _assert_openai_error(nested, 400)["param"] == "webhook.url"
+
+
+def test_deployment_source_is_bounded(admin):
+    long = admin.post(
+        "/v1/deployments", json={"name": "long-src", "source": "fake://" + "m" * 5000}
+    )
+    assert _assert_openai_error(long, 400)["param"] == "source"
+
+
+def test_embedded_loopback_webhook_is_refused(admin):
+    response = admin.post(
+        "/v1/jobs",
+        json={
+            "model": "hostile",
+            "endpoint": "chat.completions",
+            "body": CHAT,
+            "webhook": {"url": "http://[2002:7f00:1::]:8080/hook"},
+        },
+    )
+    error = _assert_openai_error(response, 400)
+    assert error["code"] == "unsafe_webhook_url" and "127.0.0.1" in error["message"]
+
+
+def _job(client: httpx.Client, **body) -> httpx.Response:
+    return client.post(
+        "/v1/jobs",
+        json={"model": "hostile", "endpoint": "chat.completions", "body": {**CHAT, **body}},
+    )
+
+
+def test_jobs_count_against_requests_per_minute(platform, admin):
+    created = admin.post("/v1/keys", json={"tenant": "rpm-jobs", "requests_per_minute": 3}).json()
+    headers = {"Authorization": f"Bearer {created['key']}"}
+    with httpx.Client(base_url=platform.base_url, timeout=60, headers=headers) as client:
+        assert [_job(client).status_code for _ in range(3)] == [202, 202, 202]
+        refused = _job(client)
+        error = _assert_openai_error(refused, 429)
+        assert error["code"] == "rate_limit_exceeded"
+        assert int(refused.headers["retry-after"]) >= 1
+        # Synchronous requests share the same bucket.
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 429
+
+
+def test_a_finished_job_gives_back_the_tokens_it_did_not_use(platform, admin):
+    created = admin.post("/v1/keys", json={"tenant": "tpm-jobs", "tokens_per_minute": 1000}).json()
+    headers = {"Authorization": f"Bearer {created['key']}"}
+    # Reserves the prompt + 900 tokens; stops after a few (at "Paris").
+    heavy = {"max_tokens": 900, "stop": ["Paris"]}
+    with httpx.Client(base_url=platform.base_url, timeout=60, headers=headers) as client:
+        first = _job(client, **heavy)
+        assert first.status_code == 202, first.text
+        assert _job(client, **heavy).status_code == 429  # the bucket holds < 900 now
+        wait_until(
+            lambda: client.get(f"/v1/jobs/{first.json()['id']}").json()["status"] == "succeeded",
+            60,
+            "the first job to finish",
+        )
+        # Refilling alone would take ~50 s; the settled job gave back ~850 tokens.
+        wait_until(lambda: _job(client, **heavy).status_code == 202, 10, "the give-back")
+
+
+def test_a_job_that_never_ran_gives_back_its_request(platform, admin):
+    deploy(admin, "slow-load", "fake://m?load_s=60", idle_timeout_s=5)
+    created = admin.post("/v1/keys", json={"tenant": "rpm-expire", "requests_per_minute": 1})
+    headers = {"Authorization": f"Bearer {created.json()['key']}"}
+    job_body = {k: v for k, v in CHAT.items() if k != "model"}
+    body = {"model": "slow-load", "endpoint": "chat.completions", "body": job_body, "ttl_s": 1}
+    with httpx.Client(base_url=platform.base_url, timeout=60, headers=headers) as client:
+        first = client.post("/v1/jobs", json=body)
+        assert first.status_code == 202, first.text
+        assert client.post("/v1/jobs", json=body).status_code == 429
+        wait_until(
+            lambda: client.get(f"/v1/jobs/{first.json()['id']}").json()["status"] == "expired",
+            30,
+            "the job to expire in the queue",
+        )
+        # Refilling one request takes 60 s; the expired job gave its request back.
+        wait_until(lambda: client.post("/v1/jobs", json=body).status_code == 202, 10, "give-back")
+    admin.delete("/v1/deployments/slow-load")
+
+
+def test_tenants_see_deployments_without_operator_details(admin, tenant):
+    [listed] = [d for d in tenant.get("/v1/deployments").json()["data"] if d["name"] == "hostile"]
+    one = tenant.get("/v1/deployments/hostile").json()
+    for view in (listed, one):
+        assert view["status"] and "replicas" in view and "max_model_len" in view
+        for hidden in ("source", "owner", "price_per_gpu_second_micros", "max_concurrency"):
+            assert hidden not in view
+        assert view["runners"] == [] and view["error_log"] is None
+    full = admin.get("/v1/deployments/hostile").json()
+    assert full["source"].startswith("fake://") and full["runners"]
+    assert all("pid" in r and "log_tail" in r for r in full["runners"])
+
+
+def test_metrics_need_the_metrics_token_or_the_admin_key(platform, admin, tenant):
+    url = platform.base_url + "/metrics"
+    _assert_openai_error(httpx.get(url), 401)
+    _assert_openai_error(tenant.get("/metrics"), 403)
+    _assert_openai_error(httpx.get(url, headers={"Authorization": "Bearer wrong"}), 401)
+    scraped = httpx.get(url, headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+    assert scraped.status_code == 200 and "ebb_http_requests_total" in scraped.text
+    assert admin.get("/metrics").status_code == 200
+
+
+def test_api_schema_is_the_admins_and_describes_every_body(platform, admin, tenant):
+    _assert_openai_error(httpx.get(platform.base_url + "/openapi.json"), 401)
+    _assert_openai_error(tenant.get("/openapi.json"), 403)
+    _assert_openai_error(httpx.get(platform.base_url + "/docs"), 404)
+    schema = admin.get("/openapi.json").json()
+    for method, path, _ in BODY_ROUTES:
+        template = path.replace("/hostile", "/{name}").replace("/fuzz/", "/{tenant}/")
+        template = template.replace("key_000000000000", "{key_id}")
+        operation = schema["paths"][template][method.lower()]
+        body_schema = operation["requestBody"]["content"]["application/json"]["schema"]
+        assert "$ref" in body_schema or "anyOf" in body_schema, (path, body_schema)
+    chat = schema["components"]["schemas"]["ChatCompletionRequest"]
+    assert {"model", "messages"} <= set(chat["required"])
+    assert "stop" in chat["properties"]
+
+
+def test_the_cli_works_with_a_tenant_key_and_shows_no_sources(platform, admin):
+    key = admin.post("/v1/keys", json={"tenant": "cli-t"}).json()["key"]
+    for args in (("deployments",), ("deployments", "show", "hostile"), ("status",)):
+        shown = platform.cli(*args, EBB_API_KEY=key)
+        assert shown.returncode == 0, (args, shown.stderr)
+        assert "hostile" in shown.stdout and "fake://" not in shown.stdout
+    assert "fake://" in platform.cli("deployments", "show", "hostile").stdout
