@@ -16,7 +16,18 @@ import time
 from pathlib import Path
 
 import psutil
-from support import Platform, deploy, deployment, free_port, temp_home, wait_until
+from support import (
+    TEST_WEIGHTS_DIR,
+    Platform,
+    deploy,
+    deployment,
+    free_port,
+    temp_home,
+    wait_for_weights,
+    wait_until,
+)
+
+from ebb.config import DEFAULT_MODEL_SOURCE
 
 RAY = str(Path(sys.executable).with_name("ray"))
 NODE_MEMORY = str(1024**3)
@@ -122,6 +133,9 @@ def main() -> int:
             "EBB_RAY_RUNNER_RESOURCES": json.dumps({"ebb_worker": 1}),
             "EBB_ADMISSION_TIMEOUT_S": "120",
         }
+        real = "--real-engine" in sys.argv
+        if real:  # the weights the test session converted once; no engine from a hub
+            env["EBB_WEIGHTS_CACHE_DIR"] = str(TEST_WEIGHTS_DIR)
         platform = Platform(home=home / "ebb", redis_url=None, env_extra=env).start()
         print(f"ray cluster and ebb up in {time.monotonic() - t0:.1f}s")
         print(
@@ -129,6 +143,9 @@ def main() -> int:
             f"worker PSS {pss_mib(worker.pid):.0f} MiB"
         )
         with platform.admin() as admin:
+            if real:
+                check_the_real_engine_answers_from_the_worker(platform, admin, worker)
+                return 0
             check_runner_lands_on_the_worker_and_drains(platform, admin, worker)
             check_killing_the_worker_mid_request_ends_cleanly(platform, admin, worker)
         return 0
@@ -137,6 +154,20 @@ def main() -> int:
             platform.stop()
         for node in (worker, head):
             stop_node(node)
+
+
+def check_the_real_engine_answers_from_the_worker(platform, admin, worker) -> None:
+    deploy(admin, "remote-real", DEFAULT_MODEL_SOURCE, idle_timeout_s=2)
+    wait_for_weights(admin, "remote-real")
+    t = time.monotonic()
+    reply = platform.openai(timeout=600).chat.completions.create(
+        model="remote-real", messages=MESSAGES, max_tokens=16, temperature=0
+    )
+    print(f"real engine on the worker node, cold start to the answer: {time.monotonic() - t:.1f}s")
+    assert "Paris" in (reply.choices[0].message.content or ""), reply
+    [runner] = deployment(admin, "remote-real")["runners"]
+    assert _sid(runner["pid"]) == worker.pid, "the runner runs on the worker node"
+    wait_until(lambda: runner_of(admin, "remote-real", "exited"), 120, "the runner to drain")
 
 
 def check_runner_lands_on_the_worker_and_drains(platform, admin, worker) -> None:
