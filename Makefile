@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # Packages `make lint` type-checks (strict, see [tool.mypy] in pyproject.toml).
 MYPY_STRICT := ebb/queue ebb/coldstart ebb/runners ebb/billing ebb/engines.py ebb/testing
 
-.PHONY: install run test test-unit test-integration test-e2e lint format bench bench-metering clean redis-server chromium cluster-tools
+.PHONY: install run test test-unit test-integration test-e2e lint format bench bench-metering clean redis-server chromium cluster-tools prometheus
 
 install: $(STAMP) redis-server
 
@@ -28,6 +28,12 @@ redis-server:
 	@command -v redis-server >/dev/null || { \
 	  echo "installing redis-server"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+
+# The observability tests run Debian's Prometheus (and promtool) against a live platform.
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  echo "installing prometheus"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; }
 
 # The console's browser tests drive Debian's chromium through Playwright, which must not
 # (and here cannot) download a browser of its own.
@@ -58,13 +64,13 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format ebb tests bench
 	$(VENV)/bin/ruff check --fix ebb tests bench
 
-test: install chromium cluster-tools lint
+test: install chromium prometheus cluster-tools lint
 	$(PY) -m pytest -ra $(PYTEST_ARGS) tests
 
 test-unit: install
 	$(PY) -m pytest -ra tests/unit
 
-test-integration: install
+test-integration: install prometheus
 	$(PY) -m pytest -ra -m integration tests
 
 test-e2e: install chromium

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -48,6 +49,14 @@ class Settings(BaseSettings):
 
     home: Path = Path(".ebb")
     redis_url: str | None = None
+    # The embedded Redis's fsync policy: "always" (nothing acknowledged is lost to a
+    # crash), "everysec" (up to a second of writes may be) or "no".
+    redis_appendfsync: Literal["always", "everysec", "no"] = "always"
+    # How long a process rides out an unreachable Redis (retrying with backoff) before
+    # the work at hand fails cleanly: a runner's output, a frontdoor's open streams.
+    redis_outage_s: float = 30.0
+    # Seconds a client refused while Redis is unreachable is told to wait (Retry-After).
+    redis_retry_after_s: int = 2
     host: str = "127.0.0.1"
     port: int = 8000
     admin_key: str | None = None
@@ -154,8 +163,26 @@ class Settings(BaseSettings):
     billing_s3_bucket: str | None = None
     billing_s3_prefix: str = "usage"
     billing_s3_endpoint_url: str | None = None
+    # Raw token-usage records stay in Redis at least this long, and until their hour is
+    # closed and (with an S3 bucket) exported; the hourly aggregates stay for good.
+    usage_retention_s: float = 86400
     # What one GPU-second costs the operator (micros), for unit economics; 0: not shown.
     gpu_second_cost_micros: int = 0
+
+    # Observability. Distinct tenants labelled on token metrics (the rest count as "other").
+    metrics_max_tenants: int = 50
+    # Log lines as "text" (human) or "json" (one object a line, for log shippers).
+    log_format: str = "text"
+    # OpenTelemetry traces go to this OTLP/HTTP endpoint (e.g. http://127.0.0.1:4318);
+    # unset: no tracing at all.
+    otlp_endpoint: str | None = None
+
+    @field_validator("log_format")
+    @classmethod
+    def _log_format(cls, value: str) -> str:
+        if value not in ("text", "json"):
+            raise ValueError("EBB_LOG_FORMAT must be 'text' or 'json'")
+        return value
 
     @field_validator("admission_timeout_s")
     @classmethod

@@ -34,9 +34,13 @@ def resolve_admin_key(settings: Settings) -> str:
 
 
 def write_run_info(settings: Settings, **info: object) -> None:
+    """Owner-only (0600): the Redis URL in it carries the embedded Redis's password."""
     path = settings.home / RUN_INFO_FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(info, indent=2))
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(info, indent=2))
     tmp.replace(path)
 
 

@@ -1,11 +1,12 @@
 """`ebb up`: the whole platform on this machine, supervised.
 
-Starts redis-server (append-only file under EBB_HOME) unless EBB_REDIS_URL is set, deploys
-the default model (the controller prepares its weights, as for any deployment), then runs
-the frontdoor, the coldstart controller, the webhooks worker (job results and deliveries)
-and the billing consumer (unless EBB_METERING=0) as child processes, restarting any that
-dies. Ctrl-C or SIGTERM stops everything in order: the frontdoor first (no new work), then
-the controller (its runners drain), then the webhooks worker (it collects what the drained
+Starts redis-server (password and append-only file under EBB_HOME, restarted with backoff
+like every child, see `ebb.redis_server`) unless EBB_REDIS_URL is set, deploys the default
+model (the controller prepares its weights, as for any deployment), then runs the
+frontdoor, the coldstart controller, the webhooks worker (job results and deliveries) and
+the billing consumer (unless EBB_METERING=0) as child processes, restarting any that dies.
+Ctrl-C or SIGTERM stops everything in order: the frontdoor first (no new work), then the
+controller (its runners drain), then the webhooks worker (it collects what the drained
 runners finished), then billing, then Redis (which flushes its append-only file).
 """
 
@@ -14,16 +15,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import httpx
-import redis
 from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn
 
 from ebb.coldstart.launcher import WarmState, child_environment
 from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE, Settings
@@ -32,55 +33,13 @@ from ebb.queue.connection import async_client
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec, RunnerState
 from ebb.queue.weights_status import WeightsState, WeightsStatus
+from ebb.redis_server import EmbeddedRedis
 
 log = logging.getLogger(__name__)
-console = Console(stderr=True)
+# Soft wrap: a path or URL printed to a file or a narrow terminal stays one line.
+console = Console(stderr=True, soft_wrap=True)
 
 _RESTART_BACKOFF_MAX_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_redis(settings: Settings) -> tuple[subprocess.Popen, str]:
-    settings.redis_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    cmd = [
-        "redis-server",
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--dir",
-        str(settings.redis_dir.resolve()),
-        "--appendonly",
-        "yes",
-        "--save",
-        "",
-        "--daemonize",
-        "no",
-        "--logfile",
-        str((settings.logs_dir / "redis.log").resolve()),
-    ]
-    settings.logs_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"redis-server did not start; see {settings.logs_dir / 'redis.log'}"
-                ) from None
-            time.sleep(0.05)
-    return proc, url
 
 
 @dataclass
@@ -178,10 +137,7 @@ class _Readiness:
     def describe(self) -> str:
         if self.weights is not None and self.weights.state is WeightsState.PREPARING:
             phase = self.weights.phase or "starting"
-            return (
-                f"preparing the default model's weights: {phase} "
-                f"{self.weights.progress:.0%} (the first run converts its GGUF)"
-            )
+            return f"preparing the default model ({phase}; the first run converts its GGUF)"
         if self.pool_filled and not self.warm_done:
             return "starting the fork server (importing the engine once for every runner)"
         return "starting the frontdoor, controller and pre-warmed runner pool"
@@ -213,7 +169,17 @@ def _wait_ready(
     settings: Settings, stop: threading.Event, *, default_model: bool, timeout_s: float = 600.0
 ) -> bool:
     deadline = time.monotonic() + timeout_s
-    with console.status("starting the frontdoor, controller and pre-warmed runner pool") as shown:
+    # One line: what is being waited for, and the default model's preparation as a bar
+    # (a pulsing one while there is no fraction to show); gone once ready.
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        shown = progress.add_task("starting the frontdoor, controller and pool", total=None)
         while not stop.is_set() and time.monotonic() < deadline:
             answering = _answering(settings)
             readiness = asyncio.run(_readiness(settings, default_model, answering))
@@ -222,7 +188,16 @@ def _wait_ready(
             if readiness.weights is not None and readiness.weights.state is WeightsState.FAILED:
                 console.print(f"[red]the default model's weights failed: {readiness.weights.error}")
                 return False
-            shown.update(readiness.describe())
+            preparing = readiness.weights is not None and readiness.weights.state is (
+                WeightsState.PREPARING
+            )
+            fraction = readiness.weights.progress if readiness.weights and preparing else None
+            progress.update(
+                shown,
+                description=readiness.describe(),
+                total=1.0 if fraction is not None else None,
+                completed=fraction or 0.0,
+            )
             stop.wait(0.2)
     return False
 
@@ -234,10 +209,11 @@ def run_up(settings: Settings, *, default_model: bool = True) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    redis_proc = None
+    embedded = None
     if not settings.redis_url:
-        redis_proc, url = start_redis(settings)
-        settings = settings.model_copy(update={"redis_url": url})
+        embedded = EmbeddedRedis(settings)
+        embedded.start()
+        settings = settings.model_copy(update={"redis_url": embedded.url})
     supervisor = Supervisor(settings)
     try:
         if default_model:
@@ -251,17 +227,26 @@ def run_up(settings: Settings, *, default_model: bool = True) -> int:
             supervisor.children.append(Child("billing", [sys.executable, "-m", "ebb", "billing"]))
         for child in supervisor.children:
             supervisor.start(child)
+        started = ", ".join(c.name for c in supervisor.children)
+        port = urlsplit(settings.redis_url or "").port
+        redis_note = f"redis-server (port {port}), " if embedded is not None else ""
+        console.print(f"started: {redis_note}{started}")
         if not _wait_ready(settings, stop, default_model=default_model):
             console.print(f"[red]the platform did not become ready; logs in {settings.logs_dir}")
             return 1
         write_run_info(settings, base_url=settings.base_url, redis_url=settings.redis_url)
-        print(f"ready: {settings.base_url}/v1  admin key: {admin_key}", flush=True)
+        # The admin key goes to the terminal only: never to a log file.
+        print(
+            f"ready: {settings.base_url}/v1  admin key: {admin_key}  logs: {settings.logs_dir}",
+            flush=True,
+        )
         while not stop.wait(0.5):
+            if embedded is not None and (line := embedded.watch()):
+                console.print(f"[yellow]{line}")
             supervisor.watch()
         console.print("stopping: frontdoor, controller (runners drain), webhooks, billing, redis")
         return 0
     finally:
         supervisor.stop()
-        if redis_proc is not None:
-            redis_proc.terminate()
-            redis_proc.wait(timeout=30)
+        if embedded is not None:
+            embedded.stop()

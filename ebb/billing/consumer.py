@@ -5,7 +5,9 @@ Each step, in order:
   2. book them (entries.py) and fold the batch with its new cursors in one atomic step;
      a batch computed from a stale state is refused and simply re-read;
   3. when an hour is over (plus the grace), close it once all its records are folded;
-  4. after a close, export closed hours to S3, oldest first, each exactly once.
+  4. after a close, export closed hours to S3, oldest first, each exactly once;
+  5. trim raw token records of hours closed (and exported, with export on) and older
+     than the retention, so Redis does not grow with every request ever served.
 Between steps it lingers a moment, so that under load one atomic fold takes many records.
 Killing it at any instant loses nothing and double-counts nothing: what was not folded is
 re-read from the cursors, and a half-done export is finished by the next run.
@@ -34,6 +36,8 @@ LINGER_S = 0.25
 _EXPORT_RETRY_S = 30.0
 # An hour that is not over yet by Redis's clock (this host's may differ): ask again after.
 _CLOSE_RETRY_S = 1.0
+# Raw token records are looked at for trimming at least this often (and after a close).
+_TRIM_EVERY_S = 300.0
 
 
 class LedgerConsumer:
@@ -45,6 +49,7 @@ class LedgerConsumer:
         grace_s: float,
         batch: int = BATCH,
         linger_s: float = LINGER_S,
+        usage_retention_s: float = 86400,
     ):
         self.store = store
         self.exporter = exporter
@@ -54,6 +59,8 @@ class LedgerConsumer:
         self._state: LedgerState | None = None  # None: read it from Redis
         self._next_close_s = 0.0
         self._next_export_s = 0.0
+        self._retention_ms = int(usage_retention_s * 1000)
+        self._next_trim_s = 0.0
 
     async def run(self, stop: asyncio.Event, block_ms: int = 1000) -> None:
         log.info("billing: ledger consumer up (export=%s)", self._describe_export())
@@ -85,6 +92,8 @@ class LedgerConsumer:
             await self._close_hours()
         if time.monotonic() >= self._next_export_s:
             await self._export_pending()
+        if time.monotonic() >= self._next_trim_s:
+            await self._trim_usage()
         return len(records)
 
     async def _load_state(self) -> LedgerState:
@@ -133,7 +142,7 @@ class LedgerConsumer:
             )
             if outcome != "closed":
                 break
-            self._next_export_s = 0.0
+            self._next_export_s = self._next_trim_s = 0.0
             log.info("billing: closed hour %s", hour_iso(state.closed_through_ms or 0))
         self._state = state
         if outcome == "early":
@@ -156,6 +165,16 @@ class LedgerConsumer:
                 self._next_export_s = time.monotonic() + _EXPORT_RETRY_S
                 return
             await self.store.mark_exported(hour_ms, digest)
+            self._next_trim_s = 0.0
+
+    async def _trim_usage(self) -> None:
+        self._next_trim_s = time.monotonic() + _TRIM_EVERY_S
+        wanted_ms = hour_floor(await self.store.redis_now_ms() - self._retention_ms)
+        removed, boundary_ms = await self.store.trim_usage(wanted_ms)
+        if removed:
+            log.info(
+                "billing: trimmed %d raw token records before %s", removed, hour_iso(boundary_ms)
+            )
 
     def _describe_export(self) -> str:
         if self.exporter is None:

@@ -27,7 +27,10 @@ def run_billing(settings: Settings) -> None:
 async def _main(settings: Settings) -> None:
     client = async_client(settings.platform_redis_url("ebb billing"))
     consumer = LedgerConsumer(
-        LedgerStore(client), exporter_from(settings), grace_s=settings.billing_close_grace_s
+        LedgerStore(client),
+        exporter_from(settings),
+        grace_s=settings.billing_close_grace_s,
+        usage_retention_s=settings.usage_retention_s,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

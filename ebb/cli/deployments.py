@@ -121,6 +121,11 @@ def status(as_json: bool = JsonOpt) -> None:
             f"pre-warmed pool: {pool['prewarmed']} ready, {pool['starting']} starting "
             f"(target {pool['target']}); fork server: {platform['fork_server']}"
         )
+        if memory := platform.get("redis"):
+            console.print(
+                f"redis memory: {memory['used_memory_bytes'] / 2**20:.1f} MiB used "
+                f"(peak {memory['used_memory_peak_bytes'] / 2**20:.1f} MiB)"
+            )
     console.print(_deployments_table(body["data"]))
     runners = Table("deployment", "runner", "state", "tier", "pid", "error")
     for d in body["data"]:

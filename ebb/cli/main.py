@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import sys
-
 import typer
 
 from ebb.cli.chat import chat
@@ -12,6 +9,7 @@ from ebb.cli.deployment_show import delete_deployment, show_deployment
 from ebb.cli.deployments import deploy, deployments_app, scale, status
 from ebb.cli.jobs import jobs_app
 from ebb.cli.keys import keys_app
+from ebb.cli.logs import logs
 from ebb.cli.usage import price, usage_app
 from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
@@ -26,18 +24,20 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(deployments_app, name="deployments")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(usage_app, name="usage")
-for command in (deploy, scale, status, price, chat):
+for command in (deploy, scale, status, price, chat, logs):
     app.command()(command)
 deployments_app.command("show")(show_deployment)
 deployments_app.command("delete")(delete_deployment)
 
 
-def _logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+def _logging(service: str = "") -> None:
+    """This process's logging, and its tracing when EBB_OTLP_ENDPOINT is set."""
+    from ebb import logs, tracing
+
+    settings = Settings()
+    logs.configure(settings.log_format)
+    if service:
+        tracing.setup(settings.otlp_endpoint, f"ebb-{service}")
 
 
 @app.command()
@@ -45,10 +45,12 @@ def up(
     default_model: bool = typer.Option(True, help="Deploy the default model."),
 ) -> None:
     """Run the whole platform on this machine until Ctrl-C."""
+    from ebb import logs
     from ebb.up import run_up
 
-    _logging()
-    raise typer.Exit(run_up(Settings(), default_model=default_model))
+    settings = Settings()
+    logs.configure_up(settings.logs_dir / "up.log", settings.log_format)
+    raise typer.Exit(run_up(settings, default_model=default_model))
 
 
 @app.command(hidden=True)
@@ -59,7 +61,7 @@ def frontdoor() -> None:
     from ebb.frontdoor.app import create_app
     from ebb.process_guard import exit_when_orphaned
 
-    _logging()
+    _logging("frontdoor")
     settings = Settings()
     exit_when_orphaned()
     uvicorn.run(
@@ -94,7 +96,7 @@ def webhooks() -> None:
     """Run the job collector and webhook delivery worker (started by `ebb up`)."""
     from ebb.webhooks.main import run_worker
 
-    _logging()
+    _logging("webhooks")
     run_worker(Settings())
 
 
@@ -107,7 +109,7 @@ def runner(
     """Run one runner (started by the controller)."""
     from ebb.runners.process import run_runner
 
-    _logging()
+    _logging("runner")
     raise typer.Exit(run_runner(Settings(), runner_id, deployment, tier))
 
 
@@ -128,7 +130,7 @@ def fork_server() -> None:
     """Import the engine once and fork runners on request (started by the controller)."""
     from ebb.runners.fork_server import serve_forks
 
-    _logging()
+    _logging("runner")
     raise typer.Exit(serve_forks(Settings()))
 
 

@@ -185,7 +185,8 @@ class Controller:
             self._fork_server_state = state
 
     async def _reap(self) -> None:
-        reaped = await self._state.reap_expired_leases()
+        # A lease TTL after a Redis restart, live runners have renewed theirs.
+        reaped = await self._state.reap_expired_leases(restart_grace_s=self._settings.lease_ttl_s)
         if reaped:
             log.warning("coldstart: leases expired for %s", reaped)
 

@@ -32,6 +32,7 @@ from ebb.coldstart.clock import SYSTEM_CLOCK, Clock
 from ebb.coldstart.launcher import child_environment
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
+from ebb.queue import observations
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec
 from ebb.queue.weights_status import WeightsState, WeightsStatus, progress_fields
@@ -61,6 +62,8 @@ class _Preparation:
     source: str
     followers: set[str]
     task: asyncio.Task[PrepareDone | PrepareFailed] | None = None
+    # It fetched or converted the weights (not only found them cached): for metrics.
+    fetched: bool = False
 
 
 @dataclass
@@ -179,6 +182,14 @@ class Preparer:
             self._known.failures.pop(source, None)
             status = _ready(outcome)
             log.info("coldstart: weights of %s ready at %s", source, outcome.path)
+            if preparation.fetched:
+                kind = source.split(":", 1)[0]
+                await observations.count_async(
+                    self._state.redis,
+                    observations.WEIGHTS_FETCHED_BYTES,
+                    (kind,),
+                    outcome.size_bytes,
+                )
         else:
             attempts = self._known.failures.get(source, _Failure(outcome, 0, 0.0)).attempts + 1
             delay_s = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (attempts - 1))
@@ -215,6 +226,7 @@ class Preparer:
             async for line in proc.stdout:
                 message = _decoded(line)
                 if isinstance(message, PrepareProgress):
+                    preparation.fetched |= message.phase in ("download", "convert")
                     for name in sorted(preparation.followers):
                         fields = progress_fields(message.phase, message.fraction)
                         await self._state.set_deployment_status(name, **fields)

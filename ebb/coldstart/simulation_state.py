@@ -123,7 +123,7 @@ class InMemoryState:
         """Never waits: simulated time moves only when its driver moves it."""
         return self.take_wakes()
 
-    async def reap_expired_leases(self) -> list[str]:
+    async def reap_expired_leases(self, *, restart_grace_s: float = 0.0) -> list[str]:
         return []  # simulated runners never die holding a lease
 
     # --- the frontdoor's side ---------------------------------------------------------------

@@ -72,6 +72,9 @@ class ControllerState(Protocol):
         """Deployments that asked for attention, waiting up to `timeout_s` for the first."""
         ...
 
-    async def reap_expired_leases(self) -> list[str]:
-        """Fail the requests whose runner stopped renewing their lease; their ids."""
+    async def reap_expired_leases(self, *, restart_grace_s: float = 0.0) -> list[str]:
+        """Fail the requests whose runner stopped renewing their lease; their ids.
+
+        Nothing is reaped while the store itself started less than `restart_grace_s`
+        ago: runners could not renew leases while it was down."""
         ...

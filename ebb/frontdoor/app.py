@@ -11,12 +11,14 @@ from fastapi.responses import JSONResponse
 from ebb.config import Settings
 from ebb.errors import EbbError
 from ebb.frontdoor import (
+    redis_down,
     routes_admin,
     routes_apidocs,
     routes_console,
     routes_deployments,
     routes_jobs,
     routes_limits,
+    routes_logs,
     routes_openai,
     routes_status,
     routes_usage,
@@ -26,6 +28,7 @@ from ebb.frontdoor import (
 from ebb.frontdoor.body import BodyGuard
 from ebb.frontdoor.errors_http import error_response, install_input_error_handlers
 from ebb.frontdoor.services import build_services
+from ebb.queue.connection import UNAVAILABLE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +38,13 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI):
         services = build_services(settings)
         app.state.services = services
-        # Warm the tokenizers of existing deployments so first requests don't pay for it.
-        for spec in await services.state.list_deployments():
-            services.catalog.warm(spec)
+        # Warm the tokenizers of existing deployments so first requests don't pay for it
+        # (not when Redis is down: requests will wait for it, the warm-up need not).
+        try:
+            for spec in await services.state.list_deployments():
+                services.catalog.warm(spec)
+        except UNAVAILABLE_ERRORS:
+            log.warning("frontdoor: Redis unreachable at start; tokenizers warm on use")
         log.info("frontdoor: serving on %s", settings.base_url)
         yield
         await services.redis.aclose()
@@ -54,9 +61,11 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_status.router)
     app.include_router(routes_console.router)
     app.include_router(routes_weights.router)
+    app.include_router(routes_logs.router)
     app.include_router(routes_apidocs.router)
     routes_apidocs.describe_request_bodies(app)
     _install_error_handlers(app)
+    redis_down.install(app, settings.redis_retry_after_s, error_response)
     app.add_middleware(BodyGuard, max_body_bytes=settings.max_body_bytes)
 
     @app.middleware("http")

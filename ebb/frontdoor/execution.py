@@ -4,6 +4,10 @@ The admission contract: a request is either claimed by a runner before its deadl
 withdrawn by this module and refused with 503. Both are single atomic scripts on the
 request's state, so a request is never both run and refused. A client that goes away is
 withdrawn if still queued, or aborted in the engine if running.
+
+A request whose runner was lost before its client saw any output runs again (`rerun`,
+same id: billed once). Following a request rides out a Redis restart (retrying with
+backoff for EBB_REDIS_OUTAGE_S) before the unavailability reaches the caller.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from starlette.requests import Request
 from ebb.coldstart.estimate import retry_after_for
 from ebb.config import Settings
 from ebb.errors import CapacityError, JobError
+from ebb.queue.connection import UNAVAILABLE_ERRORS
 from ebb.queue.platform import PlatformState
 from ebb.queue.requests import EventReader, QueueFull, RequestQueue
 from ebb.queue.schema import (
@@ -36,6 +41,10 @@ log = logging.getLogger(__name__)
 # While a claimed request is running, how long to wait for an event before re-checking
 # its recorded state (a safety net under the lease reaper, which normally reports loss).
 _EVENT_SILENCE_S = 15.0
+# Times one request runs again after losing its runner before the loss is its answer.
+MAX_RERUNS = 2
+_OUTAGE_BACKOFF_FIRST_S = 0.1
+_OUTAGE_BACKOFF_MAX_S = 2.0
 
 
 class ClientGone(Exception):
@@ -49,6 +58,8 @@ class Running:
     work: WorkItem
     reader: EventReader
     queued_s: float
+    spec: DeploymentSpec
+    reruns: int = 0
 
 
 class Executor:
@@ -72,7 +83,14 @@ class Executor:
                 code="queue_full",
             ) from e
         reader = self._queue.events(work.request_id)
-        event = await reader.next(timeout_s=window_s)
+        await self._await_claim(work, spec, reader, window_s)
+        return Running(work, reader, queued_s=time.monotonic() - started, spec=spec)
+
+    async def _await_claim(
+        self, work: WorkItem, spec: DeploymentSpec, reader: EventReader, window_s: float
+    ) -> None:
+        """Until the request's next Claimed event; CapacityError once withdrawn unclaimed."""
+        event = await self._ride_out(reader.next, window_s)
         while event is None:
             if await self._queue.withdraw(work):
                 log.info(
@@ -88,19 +106,56 @@ class Executor:
                     code="admission_timeout",
                 )
             # Claimed at the deadline: its Claimed event is already on the stream.
-            event = await reader.next(timeout_s=_EVENT_SILENCE_S)
+            event = await self._ride_out(reader.next, _EVENT_SILENCE_S)
         if isinstance(event, Failed):
             raise JobError(event.message, code=event.code)
         if not isinstance(event, Claimed):
             raise JobError(f"unexpected first event {type(event).__name__}")
-        return Running(work, reader, queued_s=time.monotonic() - started)
+
+    async def rerun(self, running: Running, failure: Failed) -> bool:
+        """Run a request again whose runner was lost, if its client saw nothing yet (the
+        caller's to know) and it has reruns left: True once another runner claimed it.
+
+        The same request id runs again, so it is billed once. Raises CapacityError (503)
+        when no runner takes it within the admission window."""
+        if failure.code != "runner_lost" or running.reruns >= MAX_RERUNS:
+            return False
+        window_s = running.spec.admission_timeout_s or self._settings.admission_timeout_s
+        if not await self._queue.rerun_lost(running.work, admission_window_s=window_s):
+            return False
+        running.reruns += 1
+        log.warning(
+            "frontdoor: %s lost its runner before any output; running it again (%d/%d)",
+            running.work.request_id,
+            running.reruns,
+            MAX_RERUNS,
+        )
+        await self._await_claim(running.work, running.spec, running.reader, window_s)
+        return True
+
+    async def _ride_out(self, read, timeout_s: float):
+        """`read(timeout_s)`, retried with backoff while Redis is unreachable, for at most
+        EBB_REDIS_OUTAGE_S; then the unavailability propagates."""
+        deadline = time.monotonic() + self._settings.redis_outage_s
+        delay_s = _OUTAGE_BACKOFF_FIRST_S
+        while True:
+            try:
+                return await read(timeout_s)
+            except UNAVAILABLE_ERRORS as e:
+                if time.monotonic() + delay_s > deadline:
+                    raise
+                log.warning("frontdoor: Redis unavailable (%s); retrying in %.1fs", e, delay_s)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, _OUTAGE_BACKOFF_MAX_S)
 
     async def events(self, running: Running) -> AsyncIterator[Progress | Finished | Failed]:
         """The request's events until its terminal one (Finished or Failed)."""
         while True:
-            event = await running.reader.next(timeout_s=_EVENT_SILENCE_S)
+            event = await self._ride_out(running.reader.next, _EVENT_SILENCE_S)
             if event is None:
-                state = await self._queue.request_state(running.work.request_id)
+                state = await self._ride_out(
+                    lambda _: self._queue.request_state(running.work.request_id), 0
+                )
                 if state.get("state") == "claimed":
                     continue  # still running (a long prefill, say); the reaper guards loss
                 event = Failed(message="the request ended without a result", code="lost")

@@ -1,45 +1,114 @@
 """Prometheus metrics for the whole platform, served by the frontdoor at /metrics.
 
-Request metrics are counted here as requests pass; runner and queue gauges are read from
-Redis at scrape time, so they describe every process of the platform, not just this one.
+Request metrics (outcomes, latencies) are this process's own, counted as requests pass.
+Everything other processes know — cold starts, tokens and GPU time from the usage streams,
+jobs, webhook deliveries, weight fetches, each runner's engine figures, runner and queue
+gauges — is read from Redis at scrape time (`metrics_scraped`), so it describes every
+process of the platform, whichever frontdoor replica answers the scrape.
+
+Cardinality: labels are deployment names (which exist: an unknown model is counted under
+deployment ""), outcomes and codes from fixed sets, runner ids of live runners only, and
+tenants only on token counters, capped at `EBB_METRICS_MAX_TENANTS` (the rest as "other").
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
+import redis.exceptions
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily
 
+from ebb.frontdoor.metrics_scraped import ScrapedFamilies, weights_families
+from ebb.queue.observations import ObservationReader
 from ebb.queue.platform import PlatformState
-from ebb.queue.schema import RunnerState
 
 _WAIT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _COLD_START_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 120, 300)
+# Roughly 1.5x apart from 5 ms to a minute: p50, p99 and p99.9 interpolate within a bucket
+# whose bounds differ by half, wherever the latency sits.
+_TTFT_BUCKETS_S = (
+    0.005, 0.01, 0.015, 0.025, 0.04, 0.06, 0.1, 0.15, 0.25, 0.4, 0.6, 1, 1.5, 2.5, 4, 6,
+    10, 15, 25, 40, 60,
+)  # fmt: skip
+_TPOT_BUCKETS_S = (
+    0.001, 0.0015, 0.0025, 0.004, 0.006, 0.01, 0.015, 0.025, 0.04, 0.06, 0.1, 0.15, 0.25,
+    0.4, 0.6, 1, 2,
+)  # fmt: skip
+_LATENCY_BUCKETS_S = (
+    0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.4, 0.6, 1, 1.5, 2.5, 4, 6, 10, 15, 25, 40, 60,
+    120, 300,
+)  # fmt: skip
+
+
+class BoundedLabel:
+    """At most `limit` distinct values of one label; later newcomers become "other"."""
+
+    def __init__(self, limit: int):
+        self._limit = limit
+        self._seen: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        if len(self._seen) >= self._limit:
+            return "other"
+        self._seen.add(value)
+        return value
 
 
 class Metrics:
     def __init__(
-        self, weights_dir: Path | None = None, weights_budget_bytes: int | None = None
+        self,
+        weights_dir: Path | None = None,
+        weights_budget_bytes: int | None = None,
+        *,
+        max_tenants: int = 50,
+        gpu_second_cost_micros: int = 0,
     ) -> None:
         self.weights_dir = weights_dir
         self.weights_budget_bytes = weights_budget_bytes
         self.registry = CollectorRegistry()
+        self.tenant_label = BoundedLabel(max_tenants)
         self.requests = Counter(
             "ebb_http_requests",
             "HTTP requests answered, by route and status",
             ["route", "status"],
             registry=self.registry,
         )
-        self.queue_wait = Histogram(
-            "ebb_queue_wait_seconds",
-            "Time from enqueue to a runner's claim",
-            ["deployment"],
-            buckets=_WAIT_BUCKETS_S,
+        self.outcomes = Counter(
+            "ebb_requests",
+            "Inference requests by deployment and outcome (ok, client_error, rate_limited, "
+            "unavailable, runner_lost, cancelled, error); code: HTTP status or 503 reason",
+            ["deployment", "outcome", "code"],
             registry=self.registry,
         )
-
+        self.queue_wait = _histogram(
+            self.registry,
+            "ebb_queue_wait_seconds",
+            "Time from enqueue to a runner's claim",
+            _WAIT_BUCKETS_S,
+        )
+        self.ttft = _histogram(
+            self.registry,
+            "ebb_time_to_first_token_seconds",
+            "From the request's arrival to its first output token leaving the frontdoor",
+            _TTFT_BUCKETS_S,
+        )
+        self.tpot = _histogram(
+            self.registry,
+            "ebb_time_per_output_token_seconds",
+            "Per request: (last token - first token) / (completion tokens - 1)",
+            _TPOT_BUCKETS_S,
+        )
+        self.latency = _histogram(
+            self.registry,
+            "ebb_request_duration_seconds",
+            "End to end: from the request's arrival to its last byte (or its refusal)",
+            _LATENCY_BUCKETS_S,
+        )
         self.cold_start = Histogram(
             "ebb_cold_start_seconds",
             "Runner cold starts by deployment, tier and phase (phase 'total' is the whole start)",
@@ -47,15 +116,13 @@ class Metrics:
             buckets=_COLD_START_BUCKETS_S,
             registry=self.registry,
         )
-        self._cold_starts_seen = b"0-0"
-
-    async def _observe_cold_starts(self, state: PlatformState) -> None:
-        """Runners append their cold starts to a stream; fold in what is new since the
-        last scrape (this process's histogram, like any counter, starts at its start)."""
-        self._cold_starts_seen, records = await state.cold_starts_after(self._cold_starts_seen)
-        for record in records:
-            for phase, ms in record.phases_ms.items():
-                self.cold_start.labels(record.deployment, record.tier, phase).observe(ms / 1000)
+        self._scraped = ScrapedFamilies(
+            self.registry,
+            self.cold_start,
+            self.tenant_label,
+            started_ms=int(time.time() * 1000),
+            gpu_second_cost_micros=gpu_second_cost_micros,
+        )
 
     def observe_admitted(self, deployment: str, queued_s: float) -> None:
         self.queue_wait.labels(deployment).observe(queued_s)
@@ -63,16 +130,49 @@ class Metrics:
     def count(self, route: str, status: int) -> None:
         self.requests.labels(route, str(status)).inc()
 
+    def observe_request(
+        self,
+        deployment: str,
+        outcome: str,
+        code: str,
+        *,
+        duration_s: float,
+        ttft_s: float | None = None,
+        tpot_s: float | None = None,
+    ) -> None:
+        """One inference request ended (answered, refused, failed or abandoned)."""
+        self.outcomes.labels(deployment, outcome, code).inc()
+        self.latency.labels(deployment).observe(duration_s)
+        if ttft_s is not None:
+            self.ttft.labels(deployment).observe(ttft_s)
+        if tpot_s is not None:
+            self.tpot.labels(deployment).observe(tpot_s)
+
     async def render(self, state: PlatformState) -> bytes:
-        await self._observe_cold_starts(state)
         scraped = CollectorRegistry(auto_describe=False)
-        families = await _platform_families(state)
+        try:
+            families = await self._scraped.read(state, ObservationReader(state.redis))
+            families.append(_gauge("ebb_redis_up", "1 when /metrics could read Redis", 1))
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+            families = [_gauge("ebb_redis_up", "1 when /metrics could read Redis", 0)]
         if self.weights_dir is not None:
             families += await asyncio.to_thread(
-                _weights_families, self.weights_dir, self.weights_budget_bytes
+                weights_families, self.weights_dir, self.weights_budget_bytes
             )
         scraped.register(_Families(families))
         return generate_latest(self.registry) + generate_latest(scraped)
+
+
+def _histogram(
+    registry: CollectorRegistry, name: str, doc: str, buckets: tuple[float, ...]
+) -> Histogram:
+    return Histogram(name, doc, ["deployment"], buckets=buckets, registry=registry)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc)
+    family.add_metric([], value)
+    return family
 
 
 class _Families:
@@ -83,66 +183,3 @@ class _Families:
 
     def collect(self):
         return self._families
-
-
-async def _platform_families(state: PlatformState) -> list:
-    runners = GaugeMetricFamily(
-        "ebb_runners", "Runners by deployment and state", labels=["deployment", "state"]
-    )
-    depth = GaugeMetricFamily("ebb_queue_depth", "Requests waiting", labels=["deployment"])
-    cold = GaugeMetricFamily(
-        "ebb_cold_start_seconds_avg",
-        "Moving average of cold-start phases by deployment, tier and phase",
-        labels=["deployment", "tier", "phase"],
-    )
-    counts: dict[tuple[str, str], int] = {}
-    for r in await state.runners():
-        if r.state.is_live:
-            counts[(r.deployment, r.state.value)] = counts.get((r.deployment, r.state.value), 0) + 1
-    for spec in await state.list_deployments():
-        for s in RunnerState:
-            if s.is_live:
-                counts.setdefault((spec.name, s.value), 0)
-        depth.add_metric([spec.name], (await state.queue_snapshot(spec.name)).depth)
-        for tier, phases in (await state.cold_start_ms(spec.name)).items():
-            for phase, ms in phases.items():
-                cold.add_metric([spec.name, tier, phase], ms / 1000)
-    for (dep, st), n in sorted(counts.items()):
-        runners.add_metric([dep, st], n)
-    decisions = CounterMetricFamily(
-        "ebb_scale_decisions",
-        "Runners added (up) and drained when idle (down)",
-        labels=["deployment", "direction"],
-    )
-    for (dep, direction), n in sorted((await state.scale_decisions()).items()):
-        decisions.add_metric([dep, direction], n)
-    return [runners, depth, cold, decisions]
-
-
-def _weights_families(weights_dir: Path, budget_bytes: int | None) -> list:
-    """The local weight cache: bytes held, models by state, evictions so far."""
-    from ebb.weights_cache import cache_report
-
-    report = cache_report(weights_dir, budget_bytes)
-    used = GaugeMetricFamily("ebb_weights_cache_bytes", "Bytes the weight cache holds")
-    used.add_metric([], report.used_bytes)
-    models = GaugeMetricFamily(
-        "ebb_weights_cache_models", "Cached models by state", labels=["state"]
-    )
-    states = {"in_use": 0, "idle": 0, "partial": 0}
-    for entry in report.entries:
-        states["partial" if entry.partial else "in_use" if entry.in_use else "idle"] += 1
-    for name, count in states.items():
-        models.add_metric([name], count)
-    evictions = CounterMetricFamily(
-        "ebb_weights_evictions", "Models evicted from the weight cache to stay under budget"
-    )
-    evictions.add_metric([], report.evictions_total)
-    evicted = CounterMetricFamily("ebb_weights_evicted_bytes", "Bytes evicted from the cache")
-    evicted.add_metric([], report.evicted_bytes_total)
-    families = [used, models, evictions, evicted]
-    if budget_bytes is not None:
-        budget = GaugeMetricFamily("ebb_weights_cache_budget_bytes", "EBB_WEIGHTS_CACHE_BYTES")
-        budget.add_metric([], budget_bytes)
-        families.append(budget)
-    return families

@@ -16,8 +16,10 @@ from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.execution import ClientGone, Running, unless_disconnected
+from ebb.frontdoor.observe import RequestObservation
 from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
 from ebb.frontdoor.ratelimit import Reservation
+from ebb.frontdoor.redis_down import unavailable
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.translate import Prepared, prepare_chat, prepare_completion
 from ebb.openai_responses import (
@@ -27,6 +29,7 @@ from ebb.openai_responses import (
     new_request_id,
     sse_line,
 )
+from ebb.queue.connection import UNAVAILABLE_ERRORS
 from ebb.queue.schema import Failed, Finished, Progress, WorkItem
 
 log = logging.getLogger(__name__)
@@ -72,6 +75,32 @@ async def _serve(
     parse: Callable,
     prepare: Callable,
 ) -> Response:
+    """Serve one request, observed from arrival to its end (a stream ends in `_stream`)."""
+    request_id = new_request_id(kind)
+    observed = RequestObservation(services.metrics, request_id, caller, kind.value, request.headers)
+    try:
+        response = await _serve_observed(request, services, caller, parse, prepare, observed)
+    except EbbError as e:
+        e.request_id = request_id
+        observed.end_with_error(e)
+        raise
+    except Exception:
+        observed.end(500, "internal_error")
+        raise
+    if not isinstance(response, StreamingResponse):
+        observed.end(response.status_code)
+    return response
+
+
+async def _serve_observed(
+    request: Request,
+    services: Services,
+    caller: Caller,
+    parse: Callable,
+    prepare: Callable,
+    observed: RequestObservation,
+) -> Response:
+    request_id = observed.request_id
     body = _json_body(request)
     parsed = parse(body)
     spec = await services.state.get_deployment(parsed.model)
@@ -82,6 +111,7 @@ async def _serve(
             param="model",
             code="model_not_found",
         )
+    observed.deployment = spec.name
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     model = await services.catalog.info(spec, wait_s=window_s)
     # Rendering and tokenizing a long prompt is CPU work: keep it off the event loop.
@@ -92,7 +122,6 @@ async def _serve(
         max_model_len=model.max_model_len,
         max_n=services.settings.max_n,
     )
-    request_id = new_request_id(kind)
     work = WorkItem(
         request_id=request_id,
         deployment=spec.name,
@@ -103,6 +132,7 @@ async def _serve(
         key_id=caller.key_id,
         price_per_1m_input_tokens_micros=spec.price_per_1m_input_tokens_micros,
         price_per_1m_output_tokens_micros=spec.price_per_1m_output_tokens_micros,
+        traceparent=observed.traceparent(),
     )
     builder = prepared.builder(request_id, int(time.time()))
     executor = services.executor
@@ -111,71 +141,118 @@ async def _serve(
     try:
         running = await unless_disconnected(request, work, executor, executor.admit(work, spec))
         reservation.ran = True
-        services.metrics.observe_admitted(spec.name, running.queued_s)
+        observed.admitted(running.queued_s, work.enqueued_at_s)
         if prepared.stream:
             streaming = True
             return StreamingResponse(
-                _stream(services, running, builder, reservation),
+                _stream(services, running, builder, reservation, observed),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
             )
         result = await unless_disconnected(
-            request, work, executor, _collect(services, running, builder, reservation)
+            request,
+            work,
+            executor,
+            _collect(
+                services,
+                running,
+                lambda: prepared.builder(request_id, int(time.time())),
+                reservation,
+                observed,
+            ),
         )
         return JSONResponse(result, headers={"X-Request-Id": request_id})
     except ClientGone:
         # Nobody is listening; 499 is what proxies log for a client that closed first.
         return Response(status_code=499)
-    except EbbError as e:
-        e.request_id = request_id
-        raise
     finally:
         if not streaming:  # a stream settles when it ends
             await asyncio.shield(reservation.settle())
 
 
 async def _collect(
-    services: Services, running: Running, builder: ResponseBuilder, reservation: Reservation
+    services: Services,
+    running: Running,
+    new_builder: Callable[[], ResponseBuilder],
+    reservation: Reservation,
+    observed: RequestObservation,
 ) -> dict:
+    """The whole answer; a request whose runner was lost runs again (nothing was sent)."""
+    builder = new_builder()
     async for event in services.executor.events(running):
         reservation.observe(event)
+        observed.on_event(event)
         if isinstance(event, Progress):
             builder.add(event)
         elif isinstance(event, Finished):
             return builder.response(event)
         elif isinstance(event, Failed):
+            if await services.executor.rerun(running, event):
+                return await _collect(services, running, new_builder, reservation, observed)
             raise JobError(f"The request failed while running: {event.message}", code=event.code)
     raise JobError("the request ended without a result")
 
 
 async def _stream(
-    services: Services, running: Running, builder: ResponseBuilder, reservation: Reservation
+    services: Services,
+    running: Running,
+    builder: ResponseBuilder,
+    reservation: Reservation,
+    observed: RequestObservation,
 ) -> AsyncIterator[bytes]:
-    """SSE body; if the client leaves mid-stream, the request is aborted in the engine."""
+    """SSE body; if the client leaves mid-stream, the request is aborted in the engine.
+
+    A stream that cannot go on (runner lost after output, Redis gone for longer than
+    EBB_REDIS_OUTAGE_S) ends with an error event and `data: [DONE]`, never silently."""
     finished = False
     try:
-        async for event in services.executor.events(running):
-            reservation.observe(event)
-            if isinstance(event, Progress):
-                for chunk in builder.chunks_for(event):
-                    yield sse_line(chunk)
-            elif isinstance(event, Finished):
-                for chunk in builder.final_chunks(event):
-                    yield sse_line(chunk)
-                finished = True
-            elif isinstance(event, Failed):
-                finished = True
-                error = JobError(
-                    f"The request failed while running: {event.message}", code=event.code
-                )
-                yield sse_line(error.to_body())
+        try:
+            async for chunk in _stream_events(services, running, builder, reservation, observed):
+                yield chunk
+        except UNAVAILABLE_ERRORS as e:  # nothing to cancel through a Redis not there
+            log.warning(
+                "frontdoor: %s cut short, Redis unavailable: %s", running.work.request_id, e
+            )
+            yield sse_line(unavailable(services.settings.redis_retry_after_s).to_body())
+        except EbbError as e:  # a rerun that found no runner in time
+            yield sse_line(e.to_body())
+        finished = True
         yield SSE_DONE
     finally:
         if not finished:
             # Shielded: this runs while the response task is being cancelled.
             with contextlib.suppress(Exception):
                 await asyncio.shield(services.executor.cancel(running.work))
+        observed.end(200 if finished else 499)
         await asyncio.shield(reservation.settle())
+
+
+async def _stream_events(
+    services: Services,
+    running: Running,
+    builder: ResponseBuilder,
+    reservation: Reservation,
+    observed: RequestObservation,
+) -> AsyncIterator[bytes]:
+    """The SSE lines of a request's events; before any output, a lost runner means a rerun."""
+    sent_output = False
+    async for event in services.executor.events(running):
+        reservation.observe(event)
+        observed.on_event(event)
+        if isinstance(event, Progress):
+            sent_output = True
+            for chunk in builder.chunks_for(event):
+                yield sse_line(chunk)
+        elif isinstance(event, Finished):
+            for chunk in builder.final_chunks(event):
+                yield sse_line(chunk)
+        elif isinstance(event, Failed):
+            if not sent_output and await services.executor.rerun(running, event):
+                async for line in _stream_events(services, running, builder, reservation, observed):
+                    yield line
+                return
+            error = JobError(f"The request failed while running: {event.message}", code=event.code)
+            yield sse_line(error.to_body())
 
 
 def _json_body(request: Request) -> object:

@@ -25,6 +25,8 @@ async def platform_status(caller: AdminDep, services: ServicesDep) -> dict:
         },
         # Runners beyond the pool are forked from it when "ready" (EBB_FORK_SERVER).
         "fork_server": await state.fork_server_state(),
+        # Flat over time once past the retention windows (results, jobs, raw usage).
+        "redis": await state.memory(),
         "runners": [
             {
                 "id": r.runner_id,

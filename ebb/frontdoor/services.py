@@ -65,7 +65,12 @@ def build_services(settings: Settings) -> Services:
         executor=Executor(settings, queue, state),
         catalog=ModelCatalog(state, engines),
         engines=engines,
-        metrics=Metrics(settings.weights_dir, settings.weights_cache_bytes),
+        metrics=Metrics(
+            settings.weights_dir,
+            settings.weights_cache_bytes,
+            max_tenants=settings.metrics_max_tenants,
+            gpu_second_cost_micros=settings.gpu_second_cost_micros,
+        ),
         limiter=RateLimiter(ratelimits),
         ratelimits=ratelimits,
         ledger=LedgerStore(client),

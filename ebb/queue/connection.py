@@ -5,7 +5,19 @@ from __future__ import annotations
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import ExponentialBackoff, ExponentialWithJitterBackoff
+from redis.retry import Retry
+
+# What a call raises when Redis cannot answer now (down, restarting, loading its
+# append-only file, out of memory) rather than because the call was wrong: callers answer
+# "unavailable, retry" (503) or ride it out, never "internal error".
+UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError,  # BusyLoadingError, AuthenticationError among them
+    redis.TimeoutError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.TryAgainError,
+)
 
 # In-flight requests one frontdoor process can follow at once.
 ASYNC_POOL_MAX = 8192
@@ -31,7 +43,37 @@ def async_client(url: str) -> aioredis.Redis:
     )
 
 
-def sync_client(url: str) -> redis.Redis:
+# The runner's waits between attempts while Redis is unreachable: short at first (a
+# supervised restart takes well under a second), then at most this.
+_SYNC_BACKOFF_BASE_S = 0.05
+_SYNC_BACKOFF_CAP_S = 1.0
+
+
+def retries_for(outage_s: float, base_s: float, cap_s: float) -> int:
+    """How many doubling waits (base_s, 2*base_s, ... at most cap_s) add up to outage_s."""
+    retries, waited_s = 0, 0.0
+    while waited_s < outage_s:
+        retries += 1
+        waited_s += min(cap_s, base_s * 2**retries)
+    return retries
+
+
+def sync_client(url: str, *, outage_s: float = 30.0) -> redis.Redis:
+    """A blocking client that rides out about `outage_s` of unreachable Redis per command
+    (reconnecting, with backoff), then raises redis.ConnectionError.
+
+    A retried write whose first try reached Redis before the connection broke runs
+    twice: finishing checks state first (a no-op the second time), a streamed output
+    event can repeat, and requests of a claim whose reply was lost are left to the lease
+    reaper (requeued or rerun)."""
+    retry = Retry(
+        ExponentialBackoff(cap=_SYNC_BACKOFF_CAP_S, base=_SYNC_BACKOFF_BASE_S),
+        retries_for(outage_s, _SYNC_BACKOFF_BASE_S, _SYNC_BACKOFF_CAP_S),
+    )
     return redis.Redis.from_url(
-        url, decode_responses=False, health_check_interval=30, socket_timeout=SOCKET_TIMEOUT_S
+        url,
+        decode_responses=False,
+        health_check_interval=30,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        retry=retry,
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import msgspec
 import redis.asyncio as aioredis
 
-from ebb.queue import keys
+from ebb.queue import keys, observations
 from ebb.queue.connection import MAX_BLOCK_S
 from ebb.queue.job_schema import DeliveryAttempt, DeliveryRecord, decode_delivery
 from ebb.queue.job_scripts import JobScripts
@@ -51,7 +51,7 @@ class DeliveryStore:
         next_ms: int = 0,
     ) -> bool:
         """Record an attempt; outcome 'delivered', 'retry' (at next_ms) or 'failed'."""
-        return await self._scripts.delivery_record(
+        recorded = await self._scripts.delivery_record(
             webhook_id,
             owner=owner,
             attempt=msgspec.json.encode(attempt),
@@ -61,6 +61,9 @@ class DeliveryStore:
             error=attempt.error or "",
             record_ttl_s=self._record_ttl_s,
         )
+        if recorded:
+            await observations.count_async(self.redis, observations.WEBHOOK_DELIVERIES, (outcome,))
+        return bool(recorded)
 
     async def seconds_to_next_due(self) -> float | None:
         """How long until the earliest scheduled delivery is due (0 if overdue)."""

@@ -41,6 +41,7 @@ class JobScripts:
         self._job_update = register_async(client, "job_update")
         self._job_requeue = register_async(client, "job_requeue")
         self._job_expire = register_async(client, "job_expire")
+        self._job_index_prune = register_async(client, "job_index_prune")
         self._job_announce = register_async(client, "job_announce")
         self._delivery_claim = register_async(client, "delivery_claim")
         self._delivery_record = register_async(client, "delivery_record")
@@ -102,6 +103,14 @@ class JobScripts:
                     keys.RUNNER_CANCELS_PREFIX,
                     *TERMINAL_STATUSES,
                 ],
+            )
+        )
+
+    async def job_index_prune(self, tenant: str, *, look_at: int) -> int:
+        """Drop up to `look_at` of the tenant's oldest listed jobs that expired."""
+        return reply_int(
+            await self._job_index_prune(
+                keys=[keys.tenant_jobs(tenant)], args=[keys.JOB_PREFIX, look_at]
             )
         )
 

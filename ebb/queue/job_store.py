@@ -25,6 +25,7 @@ from ebb.queue.job_schema import (
 )
 from ebb.queue.job_scripts import JobScripts, Submitted
 from ebb.queue.replies import reply_entries, reply_hash, reply_text, reply_texts
+from ebb.queue.requests import RepeatFilter
 from ebb.queue.schema import RequestEvent, WorkItem, decode_event
 
 
@@ -74,6 +75,9 @@ class JobStore:
         )
         if outcome is Submitted.CONFLICT:
             raise IdempotencyConflict(job_id)
+        if outcome is Submitted.CREATED:
+            # Two per submission outpace expiry: the listing stays bounded.
+            await self._scripts.job_index_prune(record.tenant, look_at=2)
         return job_id, outcome is Submitted.REPLAYED
 
     async def get(self, job_id: str) -> JobRecord | None:
@@ -98,7 +102,9 @@ class JobStore:
 
     async def attempt_events(self, request_id: str) -> list[RequestEvent]:
         entries = reply_entries(await self.redis.xrange(keys.events(request_id)))
-        return [decode_event(fields[b"e"]) for _, fields in entries]
+        repeats = RepeatFilter()
+        events = [decode_event(fields[b"e"]) for _, fields in entries]
+        return [event for event in events if repeats.keep(event)]
 
     async def tenant_job_ids(self, tenant: str, *, before: str | None, count: int) -> list[str]:
         """A tenant's job ids, newest first, strictly older than `before` when given."""

@@ -21,6 +21,8 @@ SCALE_DECISIONS = PREFIX + "scale_decisions"  # hash: "deployment|up" / "|down" 
 FORK_SERVER = PREFIX + "fork_server"  # string: the controller's fork server state
 CONTROLLER_LEADER = PREFIX + "controller:leader"  # string: holder id, expires (PX) unless renewed
 CONTROLLER_TERM = PREFIX + "controller:term"  # counter: one more per leadership acquired
+# hash: "metric|label|label" -> running total, counted by any process, read by /metrics
+METRIC_COUNTERS = PREFIX + "metrics:counters"
 
 # Cold-start records kept for metrics scrapes; older ones have long been scraped.
 COLD_STARTS_MAX = 10_000
@@ -98,6 +100,15 @@ def sleepers(deployment: str) -> str:
 def runner_log(runner_id: str) -> str:
     """Capped list of a runner's last log lines, shown when it fails."""
     return f"{PREFIX}rlog:{runner_id}"
+
+
+def runner_stats(runner_id: str) -> str:
+    """String: the runner's latest engine figures (RunnerStats json), expiring unless renewed."""
+    return f"{PREFIX}rstats:{runner_id}"
+
+
+# Runner stats outlive a few missed reports, not a dead runner.
+RUNNER_STATS_TTL_S = 10
 
 
 def coldstart(deployment: str) -> str:

@@ -80,6 +80,7 @@ class LedgerStore:
         self.redis = client
         self._fold = register_async(client, "ledger_fold")
         self._close = register_async(client, "ledger_close")
+        self._trim = register_async(client, "ledger_trim")
 
     # --- consumer state ----------------------------------------------------------------
 
@@ -174,6 +175,21 @@ class LedgerStore:
             )
         )
         return "closed" if reply_int(ok) else reply_text(detail)
+
+    async def trim_usage(self, before_ms: int) -> tuple[int, int]:
+        """Drop raw token records older than `before_ms` (an hour start) in closed and
+        exported hours only (the script decides): (records removed, boundary in force)."""
+        removed, boundary = reply_list(
+            await self._trim(
+                keys=[keys.LEDGER_STATE, keys.USAGE, keys.LEDGER_PENDING], args=[before_ms]
+            )
+        )
+        return reply_int(removed), reply_int(boundary)
+
+    async def usage_trimmed_ms(self) -> int:
+        """Raw token records before this time (ms) were trimmed; 0: none ever were."""
+        raw = await self.redis.hget(keys.LEDGER_STATE, "usage_trimmed_ms")
+        return int(raw) if raw else 0
 
     # --- hour files ----------------------------------------------------------------------
 

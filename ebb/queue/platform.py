@@ -234,7 +234,16 @@ class PlatformState:
     async def wake(self, deployment: str) -> None:
         await self.redis.rpush(keys.WAKE, deployment)
 
-    async def reap_expired_leases(self) -> list[str]:
+    async def reap_expired_leases(self, *, restart_grace_s: float = 0.0) -> list[str]:
+        """Fail the requests whose runner stopped renewing their lease; their ids.
+
+        Leases are scored on the Redis clock, which ran on while Redis was down and no
+        runner could renew anything: within `restart_grace_s` of a Redis start nothing
+        is reaped, so runners that rode the outage out keep their requests."""
+        if restart_grace_s > 0:
+            server = await self.redis.info("server")
+            if float(server.get("uptime_in_seconds", 0)) < restart_grace_s:
+                return []
         return await self._scripts.reap(lost_event=_LOST, result_ttl_s=self._result_ttl_s)
 
     # --- API keys ----------------------------------------------------------------------
@@ -267,6 +276,15 @@ class PlatformState:
         start = f"{int(since_s * 1000)}-0" if since_s else "-"
         entries = reply_entries(await self.redis.xrange(keys.USAGE, min=start, max="+"))
         return [msgspec.json.decode(fields[b"r"], type=UsageRecord) for _, fields in entries]
+
+    async def memory(self) -> dict[str, int]:
+        """Redis's memory as INFO reports it: used, peak and the configured limit (0: none)."""
+        info = await self.redis.info("memory")
+        return {
+            "used_memory_bytes": int(info.get("used_memory", 0)),
+            "used_memory_peak_bytes": int(info.get("used_memory_peak", 0)),
+            "maxmemory_bytes": int(info.get("maxmemory", 0)),
+        }
 
     async def ping(self) -> bool:
         return bool(await self.redis.ping())

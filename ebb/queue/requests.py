@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from ebb.queue import keys
 from ebb.queue.connection import MAX_BLOCK_S
 from ebb.queue.replies import reply_entries, reply_hash, reply_list
-from ebb.queue.schema import Failed, RequestEvent, WorkItem, decode_event
+from ebb.queue.schema import Claimed, Failed, Progress, RequestEvent, WorkItem, decode_event
 from ebb.queue.scripts import QueueScripts
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,23 @@ _READ_BATCH = 256
 
 class QueueFull(Exception):
     pass
+
+
+class RepeatFilter:
+    """Drops Progress events seen before in one attempt (numbered by `seq`, which restarts
+    with each Claimed event): a write retried across a Redis restart can land twice."""
+
+    def __init__(self) -> None:
+        self._last_seq = 0
+
+    def keep(self, event: RequestEvent) -> bool:
+        if isinstance(event, Claimed):
+            self._last_seq = 0
+        elif isinstance(event, Progress) and event.seq:
+            if event.seq <= self._last_seq:
+                return False
+            self._last_seq = event.seq
+        return True
 
 
 @dataclass(frozen=True)
@@ -63,6 +80,12 @@ class RequestQueue:
         """Take back a request nobody claimed; True means it will never run."""
         return await self._scripts.withdraw(work, state="withdrawn")
 
+    async def rerun_lost(self, work: WorkItem, *, admission_window_s: float) -> bool:
+        """Queue again a request its runner was lost with; False if it was not lost."""
+        return await self._scripts.rerun_lost(
+            work, admission_window_ms=int(admission_window_s * 1000)
+        )
+
     async def cancel(self, work: WorkItem) -> str:
         """The client left: withdraw if queued, else have the runner abort it."""
         return await self._scripts.cancel(work)
@@ -86,6 +109,7 @@ class EventReader:
         self._key = keys.events(request_id)
         self._last_id = "0-0"
         self._buffer: list[RequestEvent] = []
+        self._repeats = RepeatFilter()
 
     async def next(self, timeout_s: float) -> RequestEvent | None:
         """The next event, or None if none arrived within timeout_s."""
@@ -104,9 +128,11 @@ class EventReader:
             for entry_id, fields in reply_entries(entries):
                 self._last_id = entry_id
                 try:
-                    self._buffer.append(decode_event(fields[b"e"]))
+                    event = decode_event(fields[b"e"])
                 except Exception as e:  # a malformed event must not hang the client
                     log.exception("queue: undecodable event on %s", self._key)
-                    self._buffer.append(Failed(message=f"internal error: {e}", code="internal"))
+                    event = Failed(message=f"internal error: {e}", code="internal")
+                if self._repeats.keep(event):
+                    self._buffer.append(event)
             self._buffer.reverse()
         return self._buffer.pop()

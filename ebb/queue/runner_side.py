@@ -15,6 +15,7 @@ import msgspec
 import redis
 
 from ebb.queue import keys
+from ebb.queue.observations import RunnerStats, report_runner_stats
 from ebb.queue.records import (
     COLD_START_EMA_WEIGHT,
     cold_start_field,
@@ -214,6 +215,10 @@ class RunnerQueue:
             maxlen=keys.COLD_STARTS_MAX,
             approximate=True,
         )
+
+    def report_stats(self, stats: RunnerStats) -> None:
+        """Publish the engine's latest figures for /metrics (they expire with the runner)."""
+        report_runner_stats(self._redis, stats)
 
     def count_scale_down(self, deployment: str) -> None:
         self._redis.hincrby(keys.SCALE_DECISIONS, f"{deployment}|down", 1)

@@ -44,6 +44,9 @@ class WorkItem(msgspec.Struct, kw_only=True, frozen=True):
     key_id: str = ""
     price_per_1m_input_tokens_micros: int = 0
     price_per_1m_output_tokens_micros: int = 0
+    # W3C trace context of the frontdoor's span for this request, when tracing is on: the
+    # runner's spans join the client's trace under it.
+    traceparent: str = ""
 
 
 class TopLogprob(msgspec.Struct, frozen=True):
@@ -78,6 +81,10 @@ class Claimed(msgspec.Struct, tag="claimed", frozen=True):
 
 class Progress(msgspec.Struct, tag="progress", frozen=True):
     choices: list[ChoiceDelta]
+    # 1, 2, ... per attempt (restarting after each Claimed): a runner that retries a write
+    # whose reply a Redis restart swallowed may publish one twice; readers drop repeats.
+    # 0: unnumbered.
+    seq: int = 0
 
 
 class Finished(msgspec.Struct, tag="finished", frozen=True):

@@ -52,6 +52,7 @@ class QueueScripts:
         self._withdraw = register_async(client, "withdraw")
         self._cancel = register_async(client, "cancel")
         self._reap = register_async(client, "reap")
+        self._rerun_lost = register_async(client, "rerun_lost")
 
     async def enqueue(
         self, work: WorkItem, *, admission_window_ms: int, depth_limit: int, request_ttl_s: int
@@ -99,6 +100,23 @@ class QueueScripts:
             await self._cancel(
                 keys=[keys.queue(work.deployment), keys.request(work.request_id)],
                 args=[work.request_id, keys.RUNNER_CANCELS_PREFIX],
+            )
+        )
+
+    async def rerun_lost(self, work: WorkItem, *, admission_window_ms: int) -> bool:
+        """True when `work`, failed with runner_lost, was queued again."""
+        dep = work.deployment
+        return bool(
+            reply_int(
+                await self._rerun_lost(
+                    keys=[
+                        keys.queue(dep),
+                        keys.request(work.request_id),
+                        keys.queue_signal(dep),
+                        keys.WAKE,
+                    ],
+                    args=[work.request_id, admission_window_ms, dep, keys.SIGNAL_LIST_MAX],
+                )
             )
         )
 

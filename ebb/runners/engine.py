@@ -36,6 +36,15 @@ class StepOutput:
 
 
 @dataclass(frozen=True)
+class EngineStats:
+    """The engine's own figures, for metrics. Token counts are totals since it loaded."""
+
+    kv_cache_usage_ratio: float | None  # share of KV-cache blocks in use; None: unknown
+    prefix_cache_queried_tokens: int  # prompt tokens looked up in the prefix cache
+    prefix_cache_hit_tokens: int  # of those, tokens found cached (prefill skipped)
+
+
+@dataclass(frozen=True)
 class EngineOptions:
     model_path: Path | None
     max_model_len: int
@@ -66,6 +75,10 @@ class EngineAdapter(Protocol):
     def has_unfinished(self) -> bool: ...
 
     def shutdown(self) -> None: ...
+
+    def stats(self) -> EngineStats:
+        """Current figures; cheap enough to call once a second between steps."""
+        ...
 
     # Sleep mode (vLLM level 1: weights offloaded, KV cache dropped, the process and its
     # CUDA context kept) makes a recently idle runner the fastest cold-start tier. Only

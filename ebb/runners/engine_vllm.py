@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from ebb.queue.schema import ChoiceDelta, FinishReason, SamplingSpec, TokenLogprob, TopLogprob
 from ebb.runners import vllm_compat
-from ebb.runners.engine import EngineOptions, EngineRequestError, StepOutput
+from ebb.runners.engine import EngineOptions, EngineRequestError, EngineStats, StepOutput
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -174,6 +174,8 @@ class _Request:
     prompt_tokens: int = 0
     # Completion tokens per choice index, summed over the deltas seen so far.
     tokens_by_choice: dict[int, int] = field(default_factory=dict)
+    # Whether its prompt's prefix-cache hits have been counted (once, on its first output).
+    prefix_counted: bool = False
 
     def completion_tokens(self) -> int:
         return sum(self.tokens_by_choice.values())
@@ -185,6 +187,8 @@ class VllmEngine:
         self._requests: dict[str, _Request] = {}
         self._closed = False
         self._sleep_mode = sleep_mode
+        self._prefix_queried_tokens = 0
+        self._prefix_hit_tokens = 0
 
     @classmethod
     def load(cls, options: EngineOptions) -> VllmEngine:
@@ -268,6 +272,10 @@ class VllmEngine:
     def _deltas(self, request: _Request, output: RequestOutput) -> list[ChoiceDelta]:
         """The choices of one RequestOutput with something new; updates the token counts."""
         request.prompt_tokens = len(output.prompt_token_ids or ()) or request.prompt_tokens
+        if not request.prefix_counted and output.num_cached_tokens is not None:
+            request.prefix_counted = True
+            self._prefix_queried_tokens += request.prompt_tokens
+            self._prefix_hit_tokens += output.num_cached_tokens
         deltas = []
         for completion in output.outputs:
             new_tokens = len(completion.token_ids)
@@ -300,6 +308,23 @@ class VllmEngine:
             prompt_tokens=request.prompt_tokens,
             completion_tokens=request.completion_tokens(),
         )
+
+    def stats(self) -> EngineStats:
+        """Prefix-cache hits as vLLM reports them per request (`num_cached_tokens`), and
+        the KV-cache usage its scheduler's block pool reports (ebb turns vLLM's own stat
+        logging off, so this is read where vLLM keeps it: the in-process engine core)."""
+        return EngineStats(
+            kv_cache_usage_ratio=self._kv_cache_usage(),
+            prefix_cache_queried_tokens=self._prefix_queried_tokens,
+            prefix_cache_hit_tokens=self._prefix_hit_tokens,
+        )
+
+    def _kv_cache_usage(self) -> float | None:
+        try:
+            scheduler = self._engine.engine_core.engine_core.scheduler
+            return float(scheduler.kv_cache_manager.usage)
+        except AttributeError:  # another engine-core client or scheduler: no figure
+            return None
 
     @property
     def supports_sleep(self) -> bool:

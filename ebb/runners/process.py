@@ -18,13 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ebb import tracing
 from ebb.billing.gpu import NoMeter, RunnerMeter, runner_meter
 from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
-from ebb.queue.connection import sync_client
+from ebb.queue.connection import UNAVAILABLE_ERRORS, sync_client
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
+from ebb.runners import gpu_figures
 from ebb.runners.engine import EngineAdapter, EngineOptions
 from ebb.runners.lifecycle import Lifecycle
 from ebb.runners.serve import Outcome, ServingLoop
@@ -96,7 +98,7 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
     launched_ms = float(os.environ.get(LAUNCHED_AT_ENV, time.time() * 1000))
     clock = ColdStartClock(launched_ms)
     clock.lap("spawn")
-    client = sync_client(settings.platform_redis_url("a runner"))
+    client = sync_client(settings.platform_redis_url("a runner"), outage_s=settings.redis_outage_s)
     queue = RunnerQueue(
         client,
         runner_id,
@@ -118,16 +120,25 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
         on_change=_ready_file(settings.runner_ready_file) if settings.runner_ready_file else None,
     )
     meter = runner_meter(settings, client, runner_id, queue.deployment)
+    redis_gone = False
     try:
         meter.begin(queue.deployment(deployment) if deployment else None)
         return _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat, meter)
+    except UNAVAILABLE_ERRORS:
+        # Redis stayed away past EBB_REDIS_OUTAGE_S: nothing more can be written through
+        # it. Once it is back, the reaper ends what this runner held (or reruns it) and
+        # the controller closes its GPU time from its last heartbeat.
+        log.exception("runner: %s gives up, Redis unreachable", runner_id)
+        redis_gone = True
+        return 1
     except Exception as e:
         log.exception("runner: %s failed", runner_id)
         lifecycle.fail(f"{type(e).__name__}: {e}")
         return 1
     finally:
         heartbeat.done.set()
-        meter.close()
+        if not redis_gone:
+            meter.close()
 
 
 def _run(
@@ -157,6 +168,7 @@ def _run(
     engine, tier = _load_engine(settings, spec, clock, tier)
     clock.lap("engine")
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
+    loop.read_gpus = gpu_figures.reader()
     loop.on_first_output = _become_ready(lifecycle, queue, deployment, tier, clock)
     heartbeat.held_ids = loop.held_ids
     try:
@@ -165,6 +177,8 @@ def _run(
             if woken is None:
                 break
             loop.on_first_output = woken
+    except UNAVAILABLE_ERRORS:
+        raise  # not the engine's fault, and no way to report through Redis
     except Exception as e:
         loop.fail_all(f"the engine failed: {e}")
         raise
@@ -196,6 +210,9 @@ def _become_ready(
         # From READY for a request that waited on this start, else from its own arrival:
         # a runner that went ready before any work came has no first-token cost to show.
         waited_from_s = max(ready_s, work.enqueued_at_s)
+        if work.traceparent and work.enqueued_at_s < ready_s:
+            start_ns = int(clock.start_ms * 1_000_000)
+            tracing.record_cold_start(work.traceparent, tier, start_ns, clock.phases_ms)
         queue.record_cold_start(
             deployment, tier, {"first_token": (time.time() - waited_from_s) * 1000}
         )

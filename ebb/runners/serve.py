@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ebb import tracing
+from ebb.queue.observations import GpuFigures, RunnerStats
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import (
     DeploymentSpec,
@@ -43,6 +45,8 @@ log = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.5
 # How often an idle runner re-reads its deployment (idle timeout, min replicas, deletion).
 _SPEC_REFRESH_S = 2.0
+# How often the runner publishes its engine's figures (KV cache, prefix cache, batch).
+_STATS_INTERVAL_S = 1.0
 
 
 def job_slots(max_concurrency: int) -> int:
@@ -65,6 +69,10 @@ class Held:
     work: WorkItem
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    published: int = 0  # Progress events published, numbering the next one
+    # For the request's trace (ns since the epoch): when claimed, when its first output.
+    claimed_ns: int = 0
+    first_output_ns: int | None = None
 
 
 class ServingLoop:
@@ -88,9 +96,13 @@ class ServingLoop:
         self._sleeping = False
         self._last_active = clock()
         self._spec_read_at = clock()
+        self._stats_at = -math.inf
         # Called once, with the work item, when the next token this runner publishes is
         # out: the last phase of a cold start (set again after each wake-up).
         self.on_first_output: Callable[[WorkItem], None] | None = None
+        # The figures of this runner's GPUs (NVML) for metrics; none on a CPU host. The
+        # seam where a GPU inventory's reader plugs in.
+        self.read_gpus: Callable[[], list[GpuFigures]] = list
 
     def held_ids(self) -> list[str]:
         return list(self.held)
@@ -110,6 +122,7 @@ class ServingLoop:
             if self._stop.is_set() and not self._draining:
                 self._start_draining("asked to stop")
             claimed = self._claim_and_cancel(wait=not burst)
+            self._maybe_report_stats()
             if self._engine.has_unfinished():
                 self._step()
             elif self._draining and not self.held:
@@ -137,7 +150,7 @@ class ServingLoop:
 
     def _admit(self, work: WorkItem) -> None:
         log.debug("runner: claimed %s", work.request_id)
-        held = Held(work, prompt_tokens=len(work.prompt_token_ids))
+        held = Held(work, prompt_tokens=len(work.prompt_token_ids), claimed_ns=time.time_ns())
         self.held[work.request_id] = held
         self._last_active = self._clock()
         try:
@@ -151,7 +164,10 @@ class ServingLoop:
             return
         self._engine.abort([request_id])
         log.info(
-            "runner: aborted %s after %d tokens (client left)", request_id, held.completion_tokens
+            "runner: aborted %s after %d tokens (client left)",
+            request_id,
+            held.completion_tokens,
+            extra={"request_id": request_id},
         )
         self._end(held, "cancelled", Failed(message="cancelled by the client", code="cancelled"))
 
@@ -169,7 +185,9 @@ class ServingLoop:
             held.prompt_tokens = out.prompt_tokens
             held.completion_tokens = out.completion_tokens
             if out.choices:
-                progress[out.request_id] = Progress(choices=out.choices)
+                held.published += 1
+                progress[out.request_id] = Progress(choices=out.choices, seq=held.published)
+                held.first_output_ns = held.first_output_ns or time.time_ns()
             if out.finished:
                 finished.append(out)
         self._queue.publish(progress)
@@ -182,6 +200,16 @@ class ServingLoop:
 
     def _end(self, held: Held, state: str, event: Finished | Failed) -> None:
         self.held.pop(held.work.request_id, None)
+        if held.work.traceparent:
+            tracing.record_serving(
+                held.work.traceparent,
+                enqueued_ns=int(held.work.enqueued_at_s * 1e9),
+                claimed_ns=held.claimed_ns,
+                first_output_ns=held.first_output_ns,
+                end_ns=time.time_ns(),
+                prompt_tokens=held.prompt_tokens,
+                completion_tokens=held.completion_tokens,
+            )
         done = self._queue.finish(
             held.work,
             state=state,
@@ -191,13 +219,33 @@ class ServingLoop:
         )
         if not done:
             log.warning(
-                "runner: %s was no longer ours to finish (lease expired)", held.work.request_id
+                "runner: %s was no longer ours to finish (lease expired)",
+                held.work.request_id,
+                extra={"request_id": held.work.request_id},
             )
 
     def fail_all(self, message: str) -> None:
         """The engine broke: every held request ends with an error, none hangs."""
         for held in list(self.held.values()):
             self._end(held, "failed", Failed(message=message, code="engine_error", retryable=True))
+
+    def _maybe_report_stats(self) -> None:
+        now = self._clock()
+        if now - self._stats_at < _STATS_INTERVAL_S:
+            return
+        self._stats_at = now
+        engine = self._engine.stats()
+        self._queue.report_stats(
+            RunnerStats(
+                runner_id=self._queue.runner_id,
+                deployment=self._spec.name,
+                batch_size=len(self.held),
+                kv_cache_usage_ratio=engine.kv_cache_usage_ratio,
+                prefix_cache_queried_tokens=engine.prefix_cache_queried_tokens,
+                prefix_cache_hit_tokens=engine.prefix_cache_hit_tokens,
+                gpus=self.read_gpus(),
+            )
+        )
 
     # 5: idle drain ----------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ebb.queue.schema import ChoiceDelta, FinishReason, SamplingSpec, TokenLogprob, TopLogprob
-from ebb.runners.engine import EngineOptions, EngineRequestError, StepOutput
+from ebb.runners.engine import EngineOptions, EngineRequestError, EngineStats, StepOutput
 from ebb.testing.fake_model import FAKE_JSON_REPLY, FAKE_REPLY, FakeModel
 
 
@@ -35,10 +35,19 @@ class _Request:
         return sum(c.produced for c in self.choices)
 
 
+# Fake figures: a KV cache of this many tokens, and the prompts remembered as "cached".
+_FAKE_KV_CACHE_TOKENS = 16384
+_FAKE_PREFIXES_KEPT = 64
+
+
 class FakeEngine:
     def __init__(self, model: FakeModel):
         self.model = model
         self._requests: dict[str, _Request] = {}
+        # Prefix-cache figures as vLLM would count them, against the last few prompts.
+        self._recent_prompts: list[list[int]] = []
+        self._prefix_queried_tokens = 0
+        self._prefix_hit_tokens = 0
         self.aborted: list[str] = []
         self.sleeping = False
 
@@ -59,9 +68,31 @@ class FakeEngine:
             raise EngineRequestError("max_tokens must be at least 1")
         json_mode = sampling.json_object or sampling.json_schema is not None
         reply = (FAKE_JSON_REPLY if json_mode else FAKE_REPLY * 8).encode()
+        self._count_prefix_hits(list(prompt_token_ids))
         request = _Request(prompt_tokens=len(prompt_token_ids), sampling=sampling)
         request.choices = [_Choice(i, reply) for i in range(sampling.n)]
         self._requests[request_id] = request
+
+    def _count_prefix_hits(self, prompt: list[int]) -> None:
+        longest = 0
+        for seen in self._recent_prompts:
+            common = 0
+            for a, b in zip(seen, prompt, strict=False):
+                if a != b:
+                    break
+                common += 1
+            longest = max(longest, common)
+        self._prefix_queried_tokens += len(prompt)
+        self._prefix_hit_tokens += longest
+        self._recent_prompts = [*self._recent_prompts[-(_FAKE_PREFIXES_KEPT - 1) :], prompt]
+
+    def stats(self) -> EngineStats:
+        held = sum(r.prompt_tokens + r.completion_tokens for r in self._requests.values())
+        return EngineStats(
+            kv_cache_usage_ratio=min(1.0, held / _FAKE_KV_CACHE_TOKENS),
+            prefix_cache_queried_tokens=self._prefix_queried_tokens,
+            prefix_cache_hit_tokens=self._prefix_hit_tokens,
+        )
 
     def abort(self, request_ids: Iterable[str]) -> None:
         for request_id in request_ids:
@@ -76,6 +107,8 @@ class FakeEngine:
             raise RuntimeError("step() on a sleeping engine")
         if self.model.step_ms:
             time.sleep(self.model.step_ms / 1000)  # simulates one forward pass
+        if self.model.prefill_ms and any(r.completion_tokens == 0 for r in self._requests.values()):
+            time.sleep(self.model.prefill_ms / 1000)  # simulates a long prompt's prefill
         outputs = []
         for request_id, request in list(self._requests.items()):
             deltas = [self._advance(c, request.sampling) for c in request.choices if not c.done]

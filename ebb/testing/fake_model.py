@@ -1,4 +1,4 @@
-"""The fake test model's source, `fake://NAME?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0`,
+"""The fake test model's source, `fake://NAME?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0&prefill_ms=0`,
 and its registry entry. Light on purpose: the frontdoor process reads it (through the
 registry) to admit requests, so it imports nothing of `ebb.runners`; the engine itself is
 `ebb.testing.fake_engine`.
@@ -18,7 +18,7 @@ from ebb.errors import InvalidRequest
 FAKE_SCHEME = "fake"
 FAKE_REPLY = "The capital of France is Paris. "
 FAKE_JSON_REPLY = '{"answer": "Paris"}'
-_FORM = "fake://<name>?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0"
+_FORM = "fake://<name>?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0&prefill_ms=0"
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class FakeModel:
     load_s: float = 0.0
     fail: bool = False  # the engine raises while loading
     sleep: bool = False  # the engine supports sleep mode, as vLLM does on a GPU
+    prefill_ms: float = 0.0  # a step holding a request with no output yet takes this long
 
     @classmethod
     def parse(cls, source: str) -> FakeModel:
@@ -44,6 +45,7 @@ class FakeModel:
             load_s=float(query.get("load_s", 0.0)),
             fail=query.get("fail", "0") == "1",
             sleep=query.get("sleep", "0") == "1",
+            prefill_ms=float(query.get("prefill_ms", 0.0)),
         )
 
 

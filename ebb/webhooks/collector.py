@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 
 from ebb.config import Settings
 from ebb.openai_responses import EndpointKind, ResponseBuilder, usage
+from ebb.queue import observations
 from ebb.queue.delivery_store import delivery_record_ttl_s
 from ebb.queue.job_schema import (
     JobErrorInfo,
@@ -119,6 +120,10 @@ class JobCollector:
         )
         if await self._store.expire(job_id, error) == "expired":
             log.info("jobs: %s expired in the queue", job_id)
+            deployment = record.deployment if record else ""
+            await observations.count_async(
+                self._store.redis, observations.JOBS, (deployment, "expired")
+            )
             if record is not None and self._ratelimits is not None:
                 await give_back_unused(self._ratelimits, record, ran=False)
 
@@ -232,6 +237,9 @@ class JobCollector:
         )
         if done:
             log.info("jobs: %s %s after %d attempt(s)", record.job_id, status, record.attempt)
+            await observations.count_async(
+                self._store.redis, observations.JOBS, (record.deployment, str(status))
+            )
             await self._store.release_attempt(record.request_id)
             if self._ratelimits is not None:
                 used = outcome.get("usage") or {}

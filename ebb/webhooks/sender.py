@@ -27,7 +27,9 @@ import uuid
 from collections import Counter
 
 import httpx
+from opentelemetry.context import Context
 
+from ebb import tracing
 from ebb.config import Settings
 from ebb.queue.delivery_store import DeliveryStore
 from ebb.queue.job_schema import DeliveryAttempt, DeliveryRecord, JobEvent
@@ -154,6 +156,7 @@ class Deliverer:
     async def _attempt(self, record: DeliveryRecord, after: asyncio.Task | None) -> None:
         if after is not None:
             await asyncio.wait([after])
+        started_ns = time.time_ns()
         try:
             attempt = await self._send(record)
         except Exception as e:  # a bug must not leave the delivery leased forever
@@ -167,6 +170,12 @@ class Deliverer:
                 failed_attempts=number, created_ms=record.created_ms, now_ms=_now_ms()
             )
             outcome, next_ms = ("retry", next_at) if next_at else ("failed", 0)
+        if tracing.active():
+            attributes = {"ebb.job_id": record.job_id, "ebb.webhook_id": record.webhook_id}
+            attributes.update({"ebb.attempt": number, "ebb.outcome": outcome})
+            tracing.record_span(
+                "ebb.webhook_delivery", Context(), started_ns, time.time_ns(), attributes
+            )
         log.info(
             "webhooks: %s %s of job %s attempt %d -> %s (%s)",
             record.event,

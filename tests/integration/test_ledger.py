@@ -253,3 +253,44 @@ async def test_an_hour_file_with_other_content_is_never_overwritten(
     await LedgerConsumer(store, exporter, grace_s=0).drain()
     assert (await store.pending_exports())[0] == old
     assert exporter.fetch(old) == b"someone else's\n"
+
+
+async def test_raw_token_records_are_trimmed_once_closed_and_exported(
+    client, bucket, s3_endpoint, now_hour
+):
+    _, name = bucket
+    old = now_hour - 3 * HOUR_MS
+    for i in range(4):
+        await add_usage(client, old + i, f"req-old{i}", completion=i + 1)
+    await add_usage(client, now_hour + 1, "req-now", completion=7)
+    store = LedgerStore(client)
+    exporter = S3HourExporter(name, "usage", endpoint_url=s3_endpoint)
+    # Within the retention nothing goes, though the hours are closed and exported.
+    await LedgerConsumer(store, exporter, grace_s=0).drain()
+    assert await client.xlen(keys.USAGE) == 5 and await store.usage_trimmed_ms() < old
+    await LedgerConsumer(store, exporter, grace_s=0, usage_retention_s=0).drain()
+    closed = (await store.state()).closed_through_ms
+    assert await store.usage_trimmed_ms() == closed
+    assert await client.xlen(keys.USAGE) == 1  # the open hour's record stays
+    result = await reconcile(store, exporter)
+    assert result.ok, result.drift
+    assert result.trimmed_before and result.exported_hours_checked >= 3
+    # Drift in a trimmed hour still shows, against its exported file.
+    await client.hincrby(keys.ledger_aggregates(old), "acme|m|completion_tokens", 1)
+    drift = (await reconcile(store, exporter)).drift
+    assert [(d.field, d.where) for d in drift] == [("acme|m|completion_tokens", "s3")]
+
+
+async def test_hours_waiting_for_export_keep_their_raw_records(
+    client, bucket, s3_endpoint, now_hour
+):
+    _, name = bucket
+    old = now_hour - 2 * HOUR_MS
+    await add_usage(client, old + 1, "req-1", completion=3)
+    await add_usage(client, now_hour + 1, "req-2", completion=3)
+    store = LedgerStore(client)
+    crashing = CrashAfterWrite(name, "usage", endpoint_url=s3_endpoint)
+    await LedgerConsumer(store, crashing, grace_s=0, usage_retention_s=0).drain()
+    assert await store.pending_exports()
+    assert await client.xlen(keys.USAGE) == 2 and await store.usage_trimmed_ms() <= old
+    assert (await reconcile(store)).ok

@@ -150,6 +150,30 @@ async def test_lease_expiry_ends_the_request_with_runner_lost(redis_url):
     await client.aclose()
 
 
+async def test_a_lost_request_reruns_once_under_its_id_and_bills_once(redis_url):
+    client = async_client(redis_url)
+    queue = RequestQueue(client, request_ttl_s=60)
+    state = PlatformState(client)
+    item = work("rerun")
+    await queue.enqueue(item, admission_window_s=10, depth_limit=10)
+    dead = runner_queue(redis_url, "r-gone", lease_ttl_s=0.05)
+    dead.claim(DEP, 1)
+    # Not while Redis itself just started (nobody could heartbeat): then reaped.
+    await asyncio.sleep(0.1)
+    assert await state.reap_expired_leases(restart_grace_s=1e9) == []
+    assert await state.reap_expired_leases() == [item.request_id]
+    assert not await queue.rerun_lost(work("never-lost"), admission_window_s=10)
+    assert await queue.rerun_lost(item, admission_window_s=10)
+    assert not await queue.rerun_lost(item, admission_window_s=10), "queued, not lost"
+    alive = runner_queue(redis_url, "r-next", lease_ttl_s=5)
+    assert [w.request_id for w in alive.claim(DEP, 1).claimed] == [item.request_id]
+    done = dict(state="finished", event=Finished(3, 4), prompt_tokens=3, completion_tokens=4)
+    assert not dead.finish(item, **done), "the lost runner can no longer finish it"
+    assert alive.finish(item, **done)
+    assert redis.Redis.from_url(redis_url).xlen(keys.USAGE) == 1
+    await client.aclose()
+
+
 async def test_heartbeat_keeps_a_lease_alive(redis_url):
     client = async_client(redis_url)
     queue = RequestQueue(client, request_ttl_s=60)

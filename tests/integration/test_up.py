@@ -6,6 +6,7 @@ import signal
 
 import psutil
 import pytest
+from metrics_support import scrape
 from support import Platform, temp_home
 
 pytestmark = pytest.mark.integration
@@ -60,3 +61,36 @@ def test_ctrl_c_stops_every_process(fork_server):
     platform.proc.send_signal(signal.SIGINT)
     assert platform.proc.wait(timeout=60) == 0
     assert not ebb_processes(home)
+
+
+def test_up_says_what_a_person_needs_and_keeps_the_admin_key_out_of_log_files(tmp_path):
+    # A fresh weight cache: `ebb up` converts the default model (GGUF), the step that used
+    # to print tqdm bars and transformers' advice; httpx polled /readyz on every line.
+    home = temp_home("ebb-up-quiet-")
+    platform = Platform(
+        home=home,
+        redis_url=None,
+        default_model=True,
+        env_extra={"EBB_WEIGHTS_CACHE_DIR": str(tmp_path / "weights")},
+    ).start(timeout_s=600)
+    try:
+        platform.openai().models.list()
+        with platform.admin() as admin:
+            fetched = scrape(admin).value("ebb_weights_fetched_bytes_total", source="gguf")
+        assert fetched > 100_000_000  # the converted checkpoint (~270 MB), counted once
+    finally:
+        assert platform.stop() == 0
+    output = platform.log_path.read_text()
+    for noise in ("it/s", "[transformers]", "/readyz", "HTTP Request", "Traceback"):
+        assert noise not in output, (noise, output)
+    lines = output.splitlines()
+    assert any(line.startswith("started: redis-server") for line in lines), output
+    [ready] = [line for line in lines if line.startswith("ready: ")]
+    assert ready == (
+        f"ready: {platform.base_url}/v1  admin key: {platform.admin_key}  logs: {home / 'logs'}"
+    )
+    assert len(lines) <= 8, output
+    logs = list((home / "logs").iterdir())
+    assert {p.name for p in logs} >= {"up.log", "frontdoor.log", "coldstart.log", "redis.log"}
+    for path in logs:
+        assert platform.admin_key not in path.read_text(errors="replace"), path

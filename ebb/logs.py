@@ -1,0 +1,103 @@
+"""Logging for every ebb process: one format (text or JSON), the request id on each line.
+
+`request_id` is a context variable: the frontdoor sets it when a request arrives, and
+every log line written while serving that request (its asyncio task and what it awaits)
+carries it, whichever module logs. JSON lines (`EBB_LOG_FORMAT=json`) hold `ts`, `level`,
+`logger`, `message`, `request_id` when set, and the structured fields a line passes as
+`extra={"fields": {...}}` (the access log does).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+
+# Libraries whose INFO lines are noise in an operator's log (every HTTP call, every poll).
+_CHATTY_LOGGERS = ("httpx", "httpcore", "urllib3", "botocore", "filelock")
+
+# Set for `ebb up` and inherited by its children: no progress bars in log files, no
+# library lectures on the operator's terminal.
+QUIET_LIBRARIES_ENV = {
+    "TQDM_DISABLE": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+}
+
+_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(request_prefix)s%(message)s"
+
+
+class RequestIdFilter(logging.Filter):
+    """Stamps each record with the current request id (an attribute formats can use)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not getattr(record, "request_id", ""):
+            record.request_id = request_id.get()
+        record.request_prefix = f"[{record.request_id}] " if record.request_id else ""
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, object] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if getattr(record, "request_id", ""):
+            line["request_id"] = record.request_id
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            line.update(fields)
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def configure(log_format: str = "text", level: int = logging.INFO) -> None:
+    """Set up the root logger of this process: every line to stderr (which `ebb up` and
+    the launcher point at the process's log file)."""
+    _install([_formatted(logging.StreamHandler(sys.stderr), log_format)], level)
+
+
+def configure_up(log_path: Path, log_format: str = "text") -> None:
+    """`ebb up`'s own logging: every line to `log_path`, only errors to the terminal (its
+    console output says what a person needs), Python warnings into the file too."""
+    for name, value in QUIET_LIBRARIES_ENV.items():
+        os.environ.setdefault(name, value)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    to_file = _formatted(logging.FileHandler(log_path), log_format)
+    to_terminal = logging.StreamHandler(sys.stderr)
+    to_terminal.setLevel(logging.ERROR)
+    to_terminal.setFormatter(logging.Formatter("error: %(message)s"))
+    _install([to_file, to_terminal], logging.INFO)
+    logging.captureWarnings(True)
+
+
+def _formatted(handler: logging.Handler, log_format: str) -> logging.Handler:
+    handler.addFilter(RequestIdFilter())
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter(_TEXT_FORMAT))
+    return handler
+
+
+def _install(handlers: list[logging.Handler], level: int) -> None:
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+    for name in _CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
