@@ -79,6 +79,28 @@ class Settings(BaseSettings):
     max_n: int = 8
     # The controller reconciles at least this often; queued work wakes it sooner.
     controller_poll_s: float = 0.5
+    # The controllers' leader lease: one acts, the others stand by and take over once the
+    # leader has not renewed it for this long.
+    controller_lease_s: float = 5.0
+    # A runner drains once the process that launched it dies: set for local launches (no
+    # runner outlives `ebb up`); runners of a remote launcher belong to the cluster.
+    runner_follows_parent: bool = False
+    # A file the runner keeps exactly while it is READY (a pod's readiness probe); unset: none.
+    runner_ready_file: Path | None = None
+    # Where the controller runs runners: "local" processes, or "kubernetes" pods (in-cluster
+    # credentials; the k8s_ settings below describe the pods).
+    launcher: str = "local"
+    k8s_namespace: str = "ebb"
+    k8s_runner_image: str = "ebb:cpu"
+    k8s_platform: str = "ebb"
+    k8s_env_secret: str = "ebb-platform"
+    k8s_weights_host_path: str = "/var/lib/ebb/weights"
+    k8s_gpu_resource: str = "nvidia.com/gpu"
+    k8s_gpus_per_runner: int = 0
+    # EBB_LAUNCHER=ray: the cluster's address and what every runner actor asks of a node.
+    ray_address: str = "auto"
+    ray_runner_resources: str = "{}"  # JSON, e.g. {"gpu_pool_a": 1}
+    ray_gpus_per_runner: float = 0
     # vLLM's CPU KV cache, in GiB (VLLM_CPU_KVCACHE_SPACE); ignored on GPUs.
     kv_cache_gib: int = 1
     # A runner whose engine sleeps (GPU sleep mode) exits after sleeping this long.
@@ -181,6 +203,20 @@ class Settings(BaseSettings):
     def _lease_positive(cls, value: float) -> float:
         if value < 1:
             raise ValueError("EBB_LEASE_TTL_S must be at least 1 second")
+        return value
+
+    @field_validator("controller_lease_s")
+    @classmethod
+    def _controller_lease(cls, value: float) -> float:
+        if value < 1:
+            raise ValueError("EBB_CONTROLLER_LEASE_S must be at least 1 second")
+        return value
+
+    @field_validator("launcher")
+    @classmethod
+    def _launcher_known(cls, value: str) -> str:
+        if value not in ("local", "kubernetes", "ray"):
+            raise ValueError("EBB_LAUNCHER must be local, kubernetes or ray")
         return value
 
     @field_validator("webhook_allowed_cidrs")

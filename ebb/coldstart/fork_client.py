@@ -35,6 +35,8 @@ class Exit:
 
     runner_id: str
     code: int
+    # Why, where the launcher knows more than the code (a pod's events and last log lines).
+    detail: str = ""
 
 
 SERVER_COMMAND = (sys.executable, "-m", "ebb", "fork-server")

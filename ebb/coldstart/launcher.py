@@ -84,6 +84,8 @@ def child_environment(settings: Settings) -> dict[str, str]:
         EBB_KV_CACHE_GIB=str(settings.kv_cache_gib),
         EBB_RESULT_TTL_S=str(settings.result_ttl_s),
         EBB_ADMIN_KEY=settings.admin_key or "",
+        # Local runners are children: none outlives the platform that launched it.
+        EBB_RUNNER_FOLLOWS_PARENT="1",
     )
     return env
 

@@ -62,23 +62,32 @@ class ColdStartClock:
 class Heartbeat(threading.Thread):
     """Keeps the runner's liveness and its leases fresh while the main thread computes.
 
-    It also stops the runner when its parent (the controller) is gone, so no runner
-    outlives the platform that launched it.
+    With `follow_parent` (local launches) it also stops the runner when its parent (the
+    controller) is gone, so no runner outlives the platform that launched it. Without it
+    the runner belongs to the cluster: its heartbeat in Redis is all that says it lives.
     """
 
-    def __init__(self, queue: RunnerQueue, interval_s: float, stop: threading.Event):
+    def __init__(
+        self,
+        queue: RunnerQueue,
+        interval_s: float,
+        stop: threading.Event,
+        *,
+        follow_parent: bool = True,
+    ):
         super().__init__(name="heartbeat", daemon=True)
         self._queue = queue
         self._interval_s = interval_s
         # Not `_stop`: threading.Thread has a method of that name, used by join().
         self._stop_runner = stop
         self.done = threading.Event()
-        self._parent = os.getppid()
+        self._parent = os.getppid() if follow_parent else None
         self.held_ids: Callable[[], list[str]] = lambda: []
 
     def run(self) -> None:
         while not self.done.wait(self._interval_s):
-            if os.getppid() != self._parent and not self._stop_runner.is_set():
+            orphaned = self._parent is not None and os.getppid() != self._parent
+            if orphaned and not self._stop_runner.is_set():
                 log.warning("runner: parent %d is gone, draining", self._parent)
                 self._stop_runner.set()
             try:
@@ -105,9 +114,14 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     queue.set_fields(pid=os.getpid())
-    heartbeat = Heartbeat(queue, settings.heartbeat_interval_s, stop)
+    heartbeat = Heartbeat(
+        queue, settings.heartbeat_interval_s, stop, follow_parent=settings.runner_follows_parent
+    )
     heartbeat.start()
-    lifecycle = Lifecycle(queue)
+    lifecycle = Lifecycle(
+        queue,
+        on_change=_ready_file(settings.runner_ready_file) if settings.runner_ready_file else None,
+    )
     # A runner launched for a deployment holds its placement's GPUs from launch on.
     placement = queue.placement() if deployment else None
     gpus = placement.gpu_count if placement else None
@@ -258,6 +272,20 @@ def _wait_as_stem(lifecycle: Lifecycle, queue: RunnerQueue, stop: threading.Even
         return None
     # The controller took this stem at the instant it was told to stop: serve that one.
     return queue.wait_for_assignment(timeout_s=5.0)
+
+
+def _ready_file(path: Path) -> Callable[[RunnerState], None]:
+    """Keeps `path` present exactly while the runner is READY: a pod's readiness probe
+    reads the runner's own state from it."""
+
+    def follow(state: RunnerState) -> None:
+        if state is RunnerState.READY:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+        else:
+            path.unlink(missing_ok=True)
+
+    return follow
 
 
 def import_engine_libraries() -> None:
