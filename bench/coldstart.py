@@ -75,12 +75,12 @@ def read_into_page_cache(model_dir: Path) -> None:
                     pass
 
 
-def baseline_s(model_dir: Path, work: Path) -> float:
+def baseline_s(model_dir: Path, work: Path, *, gpu: bool = False) -> float:
     """Server start plus the same request: from the server's spawn to the first token."""
     read_into_page_cache(model_dir)
     start = time.perf_counter()
     port = free_port()
-    server = start_vllm_server(model_dir, port, work / "vllm-server.log")
+    server = start_vllm_server(model_dir, port, work / "vllm-server.log", gpu=gpu)
     try:
         _, first_token = request_timing(f"http://127.0.0.1:{port}/v1", "none", "smol")
         return first_token - start
@@ -89,7 +89,8 @@ def baseline_s(model_dir: Path, work: Path) -> float:
         server.wait(timeout=60)
 
 
-def ebb_tier(tier: str, work: Path, model_dir: Path) -> dict:
+def ebb_tier(tier: str, work: Path, model_dir: Path, deploy_extra: dict | None = None) -> dict:
+    """One tier's cold start to first token; `deploy_extra`: more deployment fields."""
     weights = TEST_WEIGHTS_DIR if tier != "fresh_fetch" else work / f"{tier}-weights"
     platform = Platform(
         home=work / tier,
@@ -115,6 +116,7 @@ def ebb_tier(tier: str, work: Path, model_dir: Path) -> dict:
                     "max_model_len": MAX_MODEL_LEN,
                     "admission_timeout_s": 600,
                     "idle_timeout_s": 600,
+                    **(deploy_extra or {}),
                 },
             )
             created.raise_for_status()

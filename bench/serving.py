@@ -34,8 +34,14 @@ MAX_MODEL_LEN = 2048
 KV_CACHE_GIB = "1"
 
 
-def start_vllm_server(model_dir: Path, port: int, log_path: Path) -> subprocess.Popen:
+def start_vllm_server(
+    model_dir: Path, port: int, log_path: Path, *, gpu: bool = False
+) -> subprocess.Popen:
+    """vLLM's OpenAI server, eager, as ebb's runners run: on CPU in their dtype, on a GPU
+    (`gpu`) in vLLM's default dtype."""
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=KV_CACHE_GIB)
+    # The dtype ebb's runners use on CPU: the same arithmetic on both sides.
+    dtype = [] if gpu else ["--dtype", CPU_DTYPE]
     cmd = [
         sys.executable,
         "-m",
@@ -45,9 +51,7 @@ def start_vllm_server(model_dir: Path, port: int, log_path: Path) -> subprocess.
         "--served-model-name",
         "smol",
         "--enforce-eager",
-        # The dtype ebb's runners use on CPU: the same arithmetic on both sides.
-        "--dtype",
-        CPU_DTYPE,
+        *dtype,
         "--max-model-len",
         str(MAX_MODEL_LEN),
         "--port",

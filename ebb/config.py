@@ -79,10 +79,39 @@ class Settings(BaseSettings):
     max_n: int = 8
     # The controller reconciles at least this often; queued work wakes it sooner.
     controller_poll_s: float = 0.5
+    # The controllers' leader lease: one acts, the others stand by and take over once the
+    # leader has not renewed it for this long.
+    controller_lease_s: float = 5.0
+    # A runner drains once the process that launched it dies: set for local launches (no
+    # runner outlives `ebb up`); runners of a remote launcher belong to the cluster.
+    runner_follows_parent: bool = False
+    # A file the runner keeps exactly while it is READY (a pod's readiness probe); unset: none.
+    runner_ready_file: Path | None = None
+    # Where the controller runs runners: "local" processes, or "kubernetes" pods (in-cluster
+    # credentials; the k8s_ settings below describe the pods).
+    launcher: str = "local"
+    k8s_namespace: str = "ebb"
+    k8s_runner_image: str = "ebb:cpu"
+    k8s_platform: str = "ebb"
+    k8s_env_secret: str = "ebb-platform"
+    k8s_weights_host_path: str = "/var/lib/ebb/weights"
+    k8s_gpu_resource: str = "nvidia.com/gpu"
+    k8s_gpus_per_runner: int = 0
+    # EBB_LAUNCHER=ray: the cluster's address and what every runner actor asks of a node.
+    ray_address: str = "auto"
+    ray_runner_resources: str = "{}"  # JSON, e.g. {"gpu_pool_a": 1}
+    ray_gpus_per_runner: float = 0
     # vLLM's CPU KV cache, in GiB (VLLM_CPU_KVCACHE_SPACE); ignored on GPUs.
     kv_cache_gib: int = 1
     # A runner whose engine sleeps (GPU sleep mode) exits after sleeping this long.
     sleep_timeout_s: float = 600.0
+    # How often the controller re-reads its host's GPUs (NVML) into the inventory.
+    gpu_inventory_interval_s: float = 5.0
+    # Host RAM the sleeping runners of this host may hold with their offloaded weights
+    # (vLLM sleep level 1); beyond it the oldest sleepers exit. Unset: no limit.
+    sleep_host_ram_bytes: int | None = None
+    # Tests only (with test_engines): a JSON file of fake GPUs read instead of NVML.
+    gpu_inventory_file: Path | None = None
     # Where the weight cache lives; default EBB_HOME/weights. Put it on the fastest disk.
     weights_cache_dir: Path | None = None
     # How long a request's output stream and record are kept after it finished.
@@ -181,6 +210,20 @@ class Settings(BaseSettings):
             raise ValueError("EBB_LEASE_TTL_S must be at least 1 second")
         return value
 
+    @field_validator("controller_lease_s")
+    @classmethod
+    def _controller_lease(cls, value: float) -> float:
+        if value < 1:
+            raise ValueError("EBB_CONTROLLER_LEASE_S must be at least 1 second")
+        return value
+
+    @field_validator("launcher")
+    @classmethod
+    def _launcher_known(cls, value: str) -> str:
+        if value not in ("local", "kubernetes", "ray"):
+            raise ValueError("EBB_LAUNCHER must be local, kubernetes or ray")
+        return value
+
     @field_validator("webhook_allowed_cidrs")
     @classmethod
     def _cidrs_parse(cls, value: str) -> str:
@@ -221,11 +264,11 @@ class Settings(BaseSettings):
             raise ValueError("EBB_PORT must be between 1 and 65535")
         return value
 
-    @field_validator("weights_cache_bytes", "max_body_bytes", mode="before")
+    @field_validator("weights_cache_bytes", "sleep_host_ram_bytes", "max_body_bytes", mode="before")
     @classmethod
     def _parse_bytes(cls, value: object, info: ValidationInfo) -> object:
         if isinstance(value, str):
-            if not value.strip() and info.field_name == "weights_cache_bytes":
+            if not value.strip() and info.field_name != "max_body_bytes":
                 return None
             return parse_bytes(value, f"EBB_{info.field_name.upper()}")
         return value
@@ -237,11 +280,12 @@ class Settings(BaseSettings):
             raise ValueError("EBB_MAX_BODY_BYTES must be at least 64KiB (65536)")
         return value
 
-    @field_validator("weights_cache_bytes")
+    @field_validator("weights_cache_bytes", "sleep_host_ram_bytes")
     @classmethod
-    def _budget_positive(cls, value: int | None) -> int | None:
+    def _budget_positive(cls, value: int | None, info: ValidationInfo) -> int | None:
         if value is not None and value <= 0:
-            raise ValueError("EBB_WEIGHTS_CACHE_BYTES must be positive (unset it for no limit)")
+            name = f"EBB_{info.field_name.upper()}"
+            raise ValueError(f"{name} must be positive (unset it for no limit)")
         return value
 
     @field_validator("weights_fetch_concurrency", "weights_fetch_attempts")

@@ -57,6 +57,8 @@ class EngineEntry:
     - `preload() -> None`: imports the engine's libraries; idempotent.
     - `tokenizer() -> PromptTokenizer` and `context_len(source) -> int`: set exactly when
       `prepares_weights` is False.
+    - `memory_need(source) -> int`: the GPU bytes a runner needs, for an entry without
+      prepared weights to estimate it from (None: estimated from the weights).
     """
 
     name: str
@@ -67,6 +69,7 @@ class EngineEntry:
     preload: str | None = None
     tokenizer: str | None = None
     context_len: str | None = None
+    memory_need: str | None = None
 
     def __post_init__(self) -> None:
         own = [self.tokenizer is not None, self.context_len is not None]
@@ -94,6 +97,12 @@ class EngineEntry:
         if self.tokenizer is None:
             raise ValueError(f"{self.name}: the tokenizer comes with the prepared weights")
         return load_object(self.tokenizer)()
+
+    def memory_need_of(self, source: str) -> int | None:
+        """The GPU bytes the entry says a runner of `source` needs; None: not its to say."""
+        if self.memory_need is None:
+            return None
+        return int(load_object(self.memory_need)(source))
 
     def context_len_of(self, source: str) -> int:
         if self.context_len is None:

@@ -1,5 +1,8 @@
 """GPU-second metering of runners, from launch to exit, loading and draining included.
 
+A runner is billed for every GPU it holds: the devices of its placement (a tensor-parallel
+runner holds several), or one on a host without GPUs.
+
 The runner meters itself: when it starts (storing who its time is billed to), when a
 pre-warmed runner is assigned a deployment (its pool time ends there), every
 `interval_s` while it lives (so usage shows up while it runs, and a price change applies
@@ -83,8 +86,11 @@ class RunnerMeter(threading.Thread):
         self._script.switch(self._runner_id, self._meter, end="heartbeat_ms")
         self.start()
 
-    def assign(self, spec: DeploymentSpec) -> None:
-        """A pre-warmed runner took a deployment: its pool time ends at this heartbeat."""
+    def assign(self, spec: DeploymentSpec, gpus: int | None = None) -> None:
+        """The runner took `spec` (a pre-warmed one: its pool time ends at this heartbeat),
+        holding `gpus` devices from its placement from now on (None: as before)."""
+        if gpus is not None:
+            self._gpus = gpus
         self._meter = meter_for(self._runner_id, spec, self._gpus)
         self._script.switch(self._runner_id, self._meter, end="heartbeat_ms")
 
@@ -120,7 +126,7 @@ class NoMeter:
 
     def begin(self, spec: DeploymentSpec | None) -> None: ...
 
-    def assign(self, spec: DeploymentSpec) -> None: ...
+    def assign(self, spec: DeploymentSpec, gpus: int | None = None) -> None: ...
 
     def close(self) -> None: ...
 
@@ -130,9 +136,11 @@ def runner_meter(
     client: redis.Redis,
     runner_id: str,
     read_spec: Callable[[str], DeploymentSpec | None],
+    gpus: int | None = None,
 ) -> RunnerMeter | NoMeter:
+    """`gpus`: the devices the runner holds (its placement's); None: from the environment."""
     if not settings.metering:
         return NoMeter()
     return RunnerMeter(
-        client, runner_id, interval_s=settings.gpu_meter_interval_s, read_spec=read_spec
+        client, runner_id, interval_s=settings.gpu_meter_interval_s, read_spec=read_spec, gpus=gpus
     )

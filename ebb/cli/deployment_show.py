@@ -60,6 +60,12 @@ def show_deployment(name: str, as_json: bool = JsonOpt) -> None:
         f"source {d.get('source', '—')} · replicas {d['min_replicas']}–{d['max_replicas']} · "
         f"idle timeout {d['idle_timeout_s']:g} s · weights {d['weights']}"
     )
+    engine = {k: v for k, v in (d.get("engine") or {}).items() if v is not None}
+    if engine or d.get("max_model_len"):
+        options = [f"{k} {v}" for k, v in engine.items()]
+        if d.get("max_model_len"):
+            options.insert(0, f"max_model_len {d['max_model_len']}")
+        console.print("engine " + " · ".join(options))
     console.print(_replicas_table(d))
     if d["cold_start_ms"]:
         console.print(_cold_start_table(d))

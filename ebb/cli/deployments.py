@@ -40,20 +40,46 @@ def deploy(
         60.0, "--idle-timeout", help="Seconds idle before a runner drains."
     ),
     wait: bool = typer.Option(True, help="Wait until the weights are in the cache."),
+    dtype: str | None = typer.Option(None, help="auto, float16, bfloat16 or float32."),
+    quantization: str | None = typer.Option(None, help="A vLLM method: awq, gptq, fp8, ..."),
+    max_model_len: int | None = typer.Option(None, help="Context length (default: the model's)."),
+    max_num_seqs: int | None = typer.Option(None, help="Sequences the engine batches at once."),
+    tensor_parallel_size: int | None = typer.Option(
+        None, "--tensor-parallel-size", "--tp", help="GPUs of one host per runner."
+    ),
+    prefix_caching: bool | None = typer.Option(
+        None, "--prefix-caching/--no-prefix-caching", help="vLLM's automatic prefix caching."
+    ),
+    gpu_memory_gib: float | None = typer.Option(
+        None, help="The runner's GPU memory, instead of the estimate."
+    ),
+    enforce_eager: bool | None = typer.Option(
+        None, "--enforce-eager/--cuda-graphs", help="Eager mode, or CUDA graphs (GPUs)."
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Deploy a model; its weights are prefetched so the first cold start is a cache hit."""
+    engine = {
+        "dtype": dtype,
+        "quantization": quantization,
+        "max_num_seqs": max_num_seqs,
+        "tensor_parallel_size": tensor_parallel_size,
+        "enable_prefix_caching": prefix_caching,
+        "gpu_memory_gib": gpu_memory_gib,
+        "enforce_eager": enforce_eager,
+    }
+    fields = {
+        "name": name,
+        "source": source,
+        "min_replicas": min_replicas,
+        "max_replicas": max_replicas,
+        "idle_timeout_s": idle_timeout,
+        "max_model_len": max_model_len,
+        "engine": {k: v for k, v in engine.items() if v is not None},
+    }
     api = Api()
     body = api.call(
-        "POST",
-        "/v1/deployments",
-        json={
-            "name": name,
-            "source": source,
-            "min_replicas": min_replicas,
-            "max_replicas": max_replicas,
-            "idle_timeout_s": idle_timeout,
-        },
+        "POST", "/v1/deployments", json={k: v for k, v in fields.items() if v is not None}
     )
     if wait:
         body = wait_for_weights(api, name)
@@ -106,6 +132,38 @@ def remove_deployment(name: str) -> None:
     console.print(f"removed {name}")
 
 
+def print_gpus(hosts: list[dict]) -> None:
+    """Each host's GPUs: memory free and reserved by runners, load, temperature."""
+    gib = 1024**3
+    for host in hosts:
+        if not host["devices"]:
+            console.print(f"{host['host']}: no GPUs ({host['note'] or 'none reported'})")
+            continue
+        table = Table(
+            "gpu",
+            "name",
+            "free GiB",
+            "reserved GiB",
+            "total GiB",
+            "util",
+            "temp",
+            "runners",
+            title=f"GPUs of {host['host']}",
+        )
+        for d in host["devices"]:
+            table.add_row(
+                str(d["index"]),
+                d["name"],
+                f"{d['free_bytes'] / gib:.1f}",
+                f"{d['reserved_bytes'] / gib:.1f}",
+                f"{d['total_bytes'] / gib:.1f}",
+                f"{d['utilization_pct']} %",
+                f"{d['temperature_c']} °C",
+                ", ".join(d["runners"]),
+            )
+        console.print(table)
+
+
 def status(as_json: bool = JsonOpt) -> None:
     """The platform at a glance: deployments, runners, cold starts, the weight cache."""
     api = Api()
@@ -126,6 +184,7 @@ def status(as_json: bool = JsonOpt) -> None:
                 f"redis memory: {memory['used_memory_bytes'] / 2**20:.1f} MiB used "
                 f"(peak {memory['used_memory_peak_bytes'] / 2**20:.1f} MiB)"
             )
+        print_gpus(platform.get("gpus", []))
     console.print(_deployments_table(body["data"]))
     runners = Table("deployment", "runner", "state", "tier", "pid", "error")
     for d in body["data"]:

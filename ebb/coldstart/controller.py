@@ -11,31 +11,44 @@ clients get an error event within about a lease period. Each reconcile, in order
 A queued request for a deployment with no runner wakes the controller at once (the
 enqueue script pushes onto its wake list), so reaction is not bound to the poll interval.
 
+Only the leader acts (`Leadership`, a lease in Redis: `ebb.coldstart.leader`); a standby
+waits. Runners belong to the cluster, not to the controller that launched them: whether one
+lives is its launcher's word or its heartbeat in Redis, so a new leader adopts the runners
+of the old one and marks gone only those that fell silent.
+
 Its seams are narrow so that a simulation can run it unchanged on simulated time: the
 platform's state (`ControllerState`), the runners' processes (`Launcher`), warm capacity
-(`WarmStarts`), time (`Clock`) and the GPU meter of dead runners (`GpuMeterCloser`).
+(`WarmStarts`), time (`Clock`), leadership (`Leadership`) and the GPU meter of dead
+runners (`GpuMeterCloser`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from ebb.billing.gpu import meter_for
 from ebb.coldstart.clock import SYSTEM_CLOCK, Clock
+from ebb.coldstart.fork_client import Exit
 from ebb.coldstart.launcher import Launcher, NoWarmStarts, WarmStarts, WarmState
+from ebb.coldstart.leader import AlwaysLeader, Leadership
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
 from ebb.coldstart.state import ControllerState
 from ebb.coldstart.tiers import Tier, launch_tier
 from ebb.config import Settings
+from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.metering import LAST_SIGN_OF_LIFE, EndField, GpuMeter
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
+
+if TYPE_CHECKING:
+    from ebb.coldstart.gpu_placer import GpuPlacer
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +93,13 @@ class Controller:
         warm: WarmStarts | None = None,
         clock: Clock = SYSTEM_CLOCK,
         gpu_meter: GpuMeterCloser | None = None,
+        gpus: GpuPlacer | None = None,
+        leader: Leadership | None = None,
     ):
         """`warm`: where forked starts come from (none: every launch is fresh);
-        `gpu_meter`: closes dead runners' GPU metering when `settings.metering` is on."""
+        `gpu_meter`: closes dead runners' GPU metering when `settings.metering` is on;
+        `gpus`: places runners on GPUs (none: every runner starts as on a CPU host);
+        `leader`: whether this controller may act (none: it is the only one)."""
         self._settings = settings
         self._state = state
         self._launcher = launcher
@@ -90,20 +107,28 @@ class Controller:
         self._policy = policy
         self._clock = clock
         self._gpu_meter = gpu_meter
+        self._gpus = gpus
         self._backoff: dict[str, _Backoff] = {}
         self._stopping = asyncio.Event()
         self._fork_server_state = ""  # as last published
+        self._leader = leader or AlwaysLeader()
+        self._term = 0  # the leadership term whose runners were last adopted
+        self._heartbeats_ms: dict[str, int] = {}  # runner id -> last heartbeat, as last read
 
     def stop(self) -> None:
         self._stopping.set()
 
     async def run(self) -> None:
         log.info("coldstart: controller up (prewarm=%d)", self._settings.prewarm)
-        await self._forget_previous_runners()
         next_reconcile = 0.0
         tick_s = min(self._settings.controller_poll_s, _REAP_INTERVAL_S)
         while not self._stopping.is_set():
             try:
+                if not self._leader.leading():
+                    await self._stand_by(tick_s)
+                    continue
+                if self._leader.term != self._term:
+                    await self._take_over()
                 woken = await self._state.wait_for_wake(tick_s)
                 await self._reap()
                 if woken or self._clock.monotonic() >= next_reconcile:
@@ -115,18 +140,47 @@ class Controller:
                 await asyncio.sleep(1.0)
         self._launcher.stop_all(grace_s=30.0)
 
-    async def _forget_previous_runners(self) -> None:
-        """Runners recorded by an earlier controller (before a restart) are not ours to
-        watch: their processes died with it (they exit when their parent goes)."""
+    async def _stand_by(self, tick_s: float) -> None:
+        """Not the leader: touch nothing (not even the wake list, the leader's to pop)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), tick_s)
+
+    async def _take_over(self) -> None:
+        """A new term: what an earlier leader knew (backoff, the published fork-server
+        state) is re-read or restarted. Runners recorded by an earlier controller stay
+        ours to watch while they heartbeat; those silent for long are gone (they died with
+        it: a local runner exits when its launcher goes)."""
+        self._term = self._leader.term
+        self._backoff.clear()
+        self._fork_server_state = ""
         for r in await self._state.runners():
-            if r.state.is_live and not self._launcher.alive(r.runner_id):
+            if r.state.is_live and self._silent(r):
                 await self._state.mark_runner_gone(
                     r.runner_id,
                     state=RunnerState.EXITED,
-                    error="platform restarted",
+                    error="lost with an earlier controller",
                     exited_ms=self._now_ms(),
                 )
                 await self._close_gpu_meter(r)
+
+    def _silent(self, r: RunnerRecord) -> bool:
+        """No process this launcher knows of and no sign of life in a few lease periods.
+        A record without any timestamp (written by hand) is never silent."""
+        last_ms = r.heartbeat_ms or r.launched_ms
+        silent_ms = _SILENT_LEASES * self._settings.lease_ttl_s * 1000
+        return (
+            last_ms > 0
+            and self._clock.time() * 1000 - last_ms > silent_ms
+            and not self._launcher.alive(r.runner_id)
+        )
+
+    def _alive(self, runner_id: str) -> bool:
+        """Its launcher says so, or it heartbeated recently (launched by another leader,
+        or by a launcher that cannot see it)."""
+        beat_ms = self._heartbeats_ms.get(runner_id, 0)
+        fresh_ms = _SILENT_LEASES * self._settings.lease_ttl_s * 1000
+        recent = beat_ms > 0 and self._clock.time() * 1000 - beat_ms <= fresh_ms
+        return self._launcher.alive(runner_id) or recent
 
     def _now_ms(self) -> int:
         return int(self._clock.time() * 1000)
@@ -144,24 +198,25 @@ class Controller:
             log.warning("coldstart: leases expired for %s", reaped)
 
     async def reconcile(self) -> None:
-        runners = await self._collect_exits(await self._state.runners())
+        records = await self._state.runners()
+        self._heartbeats_ms = {r.runner_id: r.heartbeat_ms for r in records}
+        runners = await self._collect_exits(records)
         await self._publish_fork_server_state()
-        for spec in await self._state.list_deployments():
+        specs = await self._state.list_deployments()
+        if self._gpus is not None:
+            await self._gpus.refresh()
+            await self._gpus.recheck(specs)
+            await self._gpus.enforce_sleep_budget()
+        for spec in specs:
             await self._scale(spec, [r for r in runners if r.deployment == spec.name])
         await self._refill_pool(runners)
 
     async def _collect_exits(self, runners: list[RunnerRecord]) -> list[RunnerRecord]:
-        exits = {e.runner_id: e.code for e in self._launcher.poll()}
+        exits = {e.runner_id: e for e in self._launcher.poll()}
         now_ms = self._clock.time() * 1000
-        silent_ms = _SILENT_LEASES * self._settings.lease_ttl_s * 1000
         live: list[RunnerRecord] = []
         for r in runners:
-            silent = (
-                r.state.is_live
-                and r.heartbeat_ms > 0
-                and now_ms - r.heartbeat_ms > silent_ms
-                and not self._launcher.alive(r.runner_id)
-            )
+            silent = r.state.is_live and self._silent(r)
             if r.runner_id in exits or silent:
                 r = await self._runner_gone(r, exits.get(r.runner_id))
             if r.state.is_live:
@@ -170,10 +225,13 @@ class Controller:
                 await self._state.forget_runner(r.runner_id)
         return live
 
-    async def _runner_gone(self, r: RunnerRecord, code: int | None) -> RunnerRecord:
+    async def _runner_gone(self, r: RunnerRecord, exit: Exit | None) -> RunnerRecord:
         await self._close_gpu_meter(r)
         if r.state.is_live:
-            why = f"process exited with code {code}" if code is not None else "stopped heartbeating"
+            if exit is None:
+                why = "stopped heartbeating"
+            else:
+                why = exit.detail or f"process exited with code {exit.code}"
             log.warning(
                 "coldstart: runner %s (%s, %s) died: %s",
                 r.runner_id,
@@ -198,8 +256,9 @@ class Controller:
         if not self._settings.metering or self._gpu_meter is None:
             return
         spec = await self._state.get_deployment(r.deployment) if r.deployment else None
+        gpus = await self._gpus.gpu_count(r.runner_id) if self._gpus is not None else 1
         await self._gpu_meter.close(
-            r.runner_id, meter_for(r.runner_id, spec, gpus=1), end=LAST_SIGN_OF_LIFE
+            r.runner_id, meter_for(r.runner_id, spec, gpus=gpus), end=LAST_SIGN_OF_LIFE
         )
 
     async def _start_failed(self, r: RunnerRecord) -> None:
@@ -207,7 +266,9 @@ class Controller:
         backoff.failures += 1
         backoff.next_try_s = self._clock.monotonic() + min(2.0**backoff.failures, 60.0)
         if backoff.failures >= MAX_START_FAILURES:
-            last_lines = await self._state.runner_log(r.runner_id)
+            # A runner that never ran (a pod that could not start) logged nothing itself;
+            # its launcher's account of why is its error.
+            last_lines = await self._state.runner_log(r.runner_id) or r.error.splitlines()
             await self._state.set_deployment_status(
                 r.deployment,
                 error=f"{backoff.failures} runner starts failed in a row; last: "
@@ -239,33 +300,49 @@ class Controller:
         missing = desired_replicas(snap, self._policy) - snap.serving
         if missing <= 0 or (backoff and self._clock.monotonic() < backoff.next_try_s):
             return
-        for _ in range(missing):
-            await self._launch_for(spec.name)
-        await self._state.count_scale_up(spec.name, missing)
+        launched = 0
+        while launched < missing and await self._launch_for(spec):
+            launched += 1
+        if not launched:
+            return
+        await self._state.count_scale_up(spec.name, launched)
         log.info(
             "coldstart: %s scaled up by %d (queue=%d, jobs=%d, ready=%d, starting=%d)",
             spec.name,
-            missing,
+            launched,
             queue.depth,
             queue.job_depth,
             ready,
             starting,
         )
 
-    async def _launch_for(self, deployment: str) -> None:
+    async def _launch_for(self, spec: DeploymentSpec) -> bool:
+        """Start one runner of `spec`; False when its GPUs have no room for one now."""
         # Tiers, fastest first: a sleeping runner of this deployment, a pre-warmed stem, a
         # process forked from the fork server, a fresh process. Sleepers exist only where
         # engines support sleep mode (GPUs).
+        deployment = spec.name
         sleeper = await self._state.take_sleeper(deployment)
         if sleeper is not None:
-            await self._state.wake_sleeper(sleeper, deployment)
-            log.info("coldstart: waking sleeping %s for %s", sleeper, deployment)
-            return
+            if self._gpus is None or await self._gpus.can_wake(sleeper):
+                await self._state.wake_sleeper(sleeper, deployment)
+                log.info("coldstart: waking sleeping %s for %s", sleeper, deployment)
+                return True
+            # Its device filled up while it slept: it stays asleep, another starts.
+            await self._gpus.return_sleeper(sleeper, deployment)
+        placement = None
+        if self._gpus is not None:
+            reservation = await self._gpus.reserve(spec)
+            if not reservation.launch:
+                return False
+            placement = reservation.placement
         while (stem := await self._state.take_stem()) is not None:
-            if self._launcher.alive(stem):
+            if self._alive(stem):
+                if self._gpus is not None:
+                    await self._gpus.commit(stem, placement)
                 await self._state.assign(stem, deployment)
                 log.info("coldstart: assigned pre-warmed %s to %s", stem, deployment)
-                return
+                return True
             # Died since the last reconcile: never hand work to a dead process.
             await self._state.mark_runner_gone(
                 stem,
@@ -273,7 +350,9 @@ class Controller:
                 error="stem died while pre-warmed",
                 exited_ms=self._now_ms(),
             )
-        await self._launch(deployment, launch_tier(self._warm.warm_state() is WarmState.READY))
+        tier = launch_tier(self._warm.warm_state() is WarmState.READY)
+        await self._launch(deployment, tier, placement)
+        return True
 
     async def _refill_pool(self, runners: list[RunnerRecord]) -> None:
         # A new stem's imports compete for the same cores as a model that is loading to
@@ -291,7 +370,12 @@ class Controller:
         for _ in range(self._settings.prewarm - stems):
             await self._launch(None, Tier.PREWARMED)
 
-    async def _launch(self, deployment: str | None, tier: Tier) -> None:
+    async def _launch(
+        self, deployment: str | None, tier: Tier, placement: GpuPlacement | None = None
+    ) -> None:
+        if not self._leader.leading():
+            # The lease ran out during this pass: the next leader decides, from Redis.
+            return
         runner_id = new_runner_id()
         # The record exists before the process does, so the next reconcile already counts
         # it: one queued request never launches two runners.
@@ -304,4 +388,6 @@ class Controller:
                 launched_ms=self._now_ms(),
             )
         )
+        if self._gpus is not None:
+            await self._gpus.commit(runner_id, placement)
         self._launcher.launch(runner_id, deployment, tier)

@@ -1,6 +1,7 @@
 """The controller's handle on the fork server (ebb/runners/fork_server.py).
 
-Requests go down the server's stdin; its answers (ready, spawned, exited) are read without
+Requests go down the server's stdin; its answers (ready, spawned, exited, or disabled with
+the reason forking is unsafe there) are read without
 blocking whenever the launcher is asked something. Forked runners are the server's
 children, not ours: it reaps them and reports their exits. Should the server itself die,
 its runners notice their parent went and drain, followed by pid until they are gone, and
@@ -34,6 +35,8 @@ class Exit:
 
     runner_id: str
     code: int
+    # Why, where the launcher knows more than the code (a pod's events and last log lines).
+    detail: str = ""
 
 
 SERVER_COMMAND = (sys.executable, "-m", "ebb", "fork-server")
@@ -53,6 +56,8 @@ class ForkServerClient:
         self._restarts = 0
         self._restart_at = 0.0
         self._closed = False
+        # Why the server refused to fork (a CUDA context in it); it is not restarted then.
+        self.disabled_reason = ""
         self._start()
 
     def _start(self) -> None:
@@ -103,7 +108,7 @@ class ForkServerClient:
         """Runners that exited since the last call, each reported once; a server that died
         is restarted (after a backoff that grows while it keeps dying)."""
         self._pump()
-        if self._proc.poll() is not None and not self._closed:
+        if self._proc.poll() is not None and not self._closed and not self.disabled_reason:
             self._server_died()
         for runner_id, pid in list(self._orphans.items()):
             if not _pid_exists(pid):
@@ -169,6 +174,9 @@ class ForkServerClient:
         elif kind == "exited":
             self._pids.pop(event["runner_id"], None)
             self._exits.append(Exit(event["runner_id"], event["code"]))
+        elif kind == "disabled":
+            self.disabled_reason = event["reason"]
+            log.warning("coldstart: forked starts are off on this host: %s", event["reason"])
 
     def _server_died(self) -> None:
         """What it never forked failed; what it forked drains on its own (its parent went)

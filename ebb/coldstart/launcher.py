@@ -84,6 +84,8 @@ def child_environment(settings: Settings) -> dict[str, str]:
         EBB_KV_CACHE_GIB=str(settings.kv_cache_gib),
         EBB_RESULT_TTL_S=str(settings.result_ttl_s),
         EBB_ADMIN_KEY=settings.admin_key or "",
+        # Local runners are children: none outlives the platform that launched it.
+        EBB_RUNNER_FOLLOWS_PARENT="1",
     )
     return env
 
@@ -107,7 +109,7 @@ class LocalProcessLauncher:
         return self._settings.logs_dir / f"runner-{runner_id}.log"
 
     def warm_state(self) -> WarmState:
-        if self._forks is None:
+        if self._forks is None or self._forks.disabled_reason:
             return WarmState.OFF
         if self._forks.ready():
             return WarmState.READY

@@ -1,4 +1,8 @@
-"""The controller process: a Controller over local processes, stopped by SIGTERM."""
+"""The controller process: a Controller over its launcher (EBB_LAUNCHER), stopped by SIGTERM.
+
+Several may run against one Redis (a leader and standbys): each holds or waits for the
+leader lease (`ebb.coldstart.leader`), and only the holder acts.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,16 @@ import asyncio
 import signal
 
 from ebb.coldstart.controller import Controller
-from ebb.coldstart.launcher import LocalProcessLauncher
+from ebb.coldstart.gpu_placer import GpuPlacer
+from ebb.coldstart.launchers import make_launcher
+from ebb.coldstart.leader import LeaderElection
 from ebb.coldstart.preparer import Preparer
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.process_guard import exit_when_orphaned
 from ebb.queue.connection import async_client
+from ebb.queue.gpus import GpuState
+from ebb.queue.leader_lease import LeaderLease
 from ebb.queue.metering import GpuMeterScript
 from ebb.queue.platform import PlatformState
 
@@ -24,9 +32,16 @@ def run_controller(settings: Settings) -> None:
 async def _main(settings: Settings) -> None:
     client = async_client(settings.platform_redis_url("ebb coldstart"))
     state = PlatformState(client, result_ttl_s=settings.result_ttl_s)
-    launcher = LocalProcessLauncher(settings)
+    launcher, warm = make_launcher(settings)
+    election = LeaderElection(LeaderLease(client), lease_s=settings.controller_lease_s)
     controller = Controller(
-        settings, state, launcher, warm=launcher, gpu_meter=GpuMeterScript(client)
+        settings,
+        state,
+        launcher,
+        warm=warm,
+        gpu_meter=GpuMeterScript(client),
+        gpus=GpuPlacer(settings, state, GpuState(client)),
+        leader=election,
     )
     preparer = Preparer(settings, state, EngineRegistry.from_settings(settings))
     stopping = asyncio.Event()
@@ -38,7 +53,11 @@ async def _main(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
+    holding = asyncio.create_task(election.run())
     try:
-        await asyncio.gather(controller.run(), preparer.run(stopping))
+        await asyncio.gather(controller.run(), preparer.run(stopping, leading=election.leading))
     finally:
+        # The lease is held (and renewed) until the controller stopped acting.
+        election.stop()
+        await holding
         await client.aclose()

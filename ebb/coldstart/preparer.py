@@ -22,6 +22,7 @@ import hashlib
 import logging
 import sys
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,11 +98,15 @@ class Preparer:
         self._known = _Known()
         settings.logs_dir.mkdir(parents=True, exist_ok=True)
 
-    async def run(self, stopping: asyncio.Event) -> None:
+    async def run(
+        self, stopping: asyncio.Event, leading: Callable[[], bool] = lambda: True
+    ) -> None:
+        """Prepare, pass after pass, while `leading()` (a standby controller waits)."""
         log.info("coldstart: preparer up")
         while not stopping.is_set():
             try:
-                await self.reconcile()
+                if leading():
+                    await self.reconcile()
             except Exception:
                 # Redis restarting or a bug in one pass: log and go on with the next.
                 log.exception("coldstart: preparing weights failed")

@@ -157,6 +157,9 @@ class SimulationResult:
     peak_replicas: int = 0
     zero_periods: int = 0
     duration_s: float = 0.0
+    # Runners serving the deployment at each tick (of `tick_s`): when capacity was held.
+    serving_per_tick: list[int] = field(default_factory=list)
+    tick_s: float = 0.0
 
     @property
     def refused_fraction(self) -> float:
@@ -226,11 +229,13 @@ class _Replay:
             await self.platform.control()
             serving = self._count_serving()
             self.result.runner_seconds += serving * tick_s
+            self.result.serving_per_tick.append(serving)
             self.result.peak_replicas = max(self.result.peak_replicas, serving)
             if not serving and not at_zero:
                 self.result.zero_periods += 1
             at_zero = not serving
         self.result.duration_s = tick * tick_s
+        self.result.tick_s = tick_s
         return self.result
 
     def _busy(self) -> bool:

@@ -93,6 +93,8 @@ class Executor:
         event = await self._ride_out(reader.next, window_s)
         while event is None:
             if await self._queue.withdraw(work):
+                # Placement may have refused the runner while this request waited.
+                await self._refuse_if_failing(spec)
                 log.info(
                     "frontdoor: %s not admitted within %.1fs on %s",
                     work.request_id,
@@ -176,6 +178,17 @@ class Executor:
                 spec,
                 f"Deployment {spec.name!r} cannot start a runner: {status['error']}",
                 code="deployment_failing",
+            )
+        if status.get("unschedulable"):
+            # The controller keeps checking and clears this once a GPU has room; the
+            # refusal wakes it so that it checks now.
+            await self._state.wake(spec.name)
+            raise await self._capacity_error(
+                spec,
+                f"Deployment {spec.name!r} fits on no GPU: {status['unschedulable']}. "
+                "Free GPU memory (scale other deployments down) or lower engine."
+                "gpu_memory_gib / max_model_len.",
+                code="deployment_unschedulable",
             )
 
     async def _capacity_error(self, spec: DeploymentSpec, message: str, code: str) -> CapacityError:

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from ebb.engine_options import DTYPES, GpuCapacity, check_engine
 from ebb.engines import EngineRegistry
 from ebb.errors import Conflict, InvalidRequest, NotFound
 from ebb.frontdoor.auth import AdminDep, CallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.frontdoor.services import ServicesDep
+from ebb.queue.gpus import GpuState
 from ebb.queue.platform import PlatformState
-from ebb.queue.schema import DeploymentSpec, RunnerState, ServingOptions
+from ebb.queue.schema import DeploymentSpec, EngineSpec, RunnerState, ServingOptions
 from ebb.queue.weights_status import WeightsState, WeightsStatus
 
 router = APIRouter(prefix="/v1/deployments")
@@ -52,6 +54,22 @@ class ServingBody(BaseModel):
     )
 
 
+class EngineBody(BaseModel):
+    """Engine options (`EngineSpec`); each omitted one keeps the platform's choice."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dtype: str | None = Field(None, description=f"One of {', '.join(DTYPES)}.")
+    quantization: str | None = Field(None, description="A vLLM quantization method.")
+    max_num_seqs: int | None = Field(None, ge=1, le=4096)
+    tensor_parallel_size: int | None = Field(None, ge=1, le=8)
+    enable_prefix_caching: bool | None = None
+    gpu_memory_gib: float | None = Field(
+        None, gt=0, le=4096, description="The runner's GPU memory, instead of the estimate."
+    )
+    enforce_eager: bool | None = None
+
+
 class DeploymentPatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -76,6 +94,18 @@ class DeploymentPatch(BaseModel):
         None, ge=0, le=MAX_PRICE_MICROS, description="What the owner pays per GPU-second."
     )
     serving: ServingBody | None = None
+    engine: EngineBody | None = None
+
+    def changes(self, engine: EngineSpec, serving: ServingOptions) -> dict:
+        """The fields given, `engine` and `serving` merged over the current options."""
+        fields = self.model_dump(exclude_none=True, exclude={"engine", "serving"})
+        if self.engine is not None:
+            given = self.engine.model_dump(exclude_none=True)
+            fields["engine"] = msgspec.structs.replace(engine, **given)
+        if self.serving is not None:
+            given = self.serving.model_dump(exclude_none=True)
+            fields["serving"] = msgspec.structs.replace(serving, **given)
+        return fields
 
 
 class DeploymentCreate(DeploymentPatch):
@@ -92,14 +122,6 @@ class DeploymentCreate(DeploymentPatch):
         return self
 
 
-def _fields(body: DeploymentPatch, serving: ServingOptions) -> dict[str, Any]:
-    """The body's fields for DeploymentSpec, `serving` merged over the current options."""
-    fields = body.model_dump(exclude_none=True)
-    if "serving" in fields:
-        fields["serving"] = msgspec.structs.replace(serving, **fields["serving"])
-    return fields
-
-
 def _check_bounds(spec: DeploymentSpec) -> None:
     if spec.min_replicas > spec.max_replicas:
         raise InvalidRequest(
@@ -111,6 +133,11 @@ def _check_bounds(spec: DeploymentSpec) -> None:
 
 def _check_source(engines: EngineRegistry, source: str) -> None:
     engines.validate(source)  # raises InvalidRequest naming the accepted forms
+
+
+async def _check_engine(state: PlatformState, spec: DeploymentSpec) -> None:
+    capacity = GpuCapacity.of(await GpuState(state.redis).inventories())
+    check_engine(spec.engine, max_concurrency=spec.max_concurrency, capacity=capacity)
 
 
 async def deployment_view(state: PlatformState, spec: DeploymentSpec) -> dict:
@@ -131,7 +158,10 @@ async def deployment_view(state: PlatformState, spec: DeploymentSpec) -> dict:
         "oldest_wait_s": round(queue.oldest_wait_s, 3),
         "weights": status.get("weights", "unknown"),
         "weights_progress": _weights_progress(status),
-        "error": status.get("error") or status.get("weights_error") or None,
+        "error": status.get("error")
+        or status.get("unschedulable")
+        or status.get("weights_error")
+        or None,
         "error_log": status.get("error_log") or None,
         "cold_start_ms": await state.cold_start_ms(spec.name),
         "runners": [
@@ -164,6 +194,8 @@ def _weights_progress(status: dict[str, str]) -> dict | None:
 def _summary(counts: dict[str, int], status: dict[str, str]) -> str:
     if status.get("error") or status.get("weights") == "failed":
         return "failing"
+    if status.get("unschedulable"):
+        return "unschedulable"
     if status.get("weights") == "preparing":
         return "preparing"
     if counts["ready"]:
@@ -180,8 +212,9 @@ async def create_deployment(
     body: DeploymentCreate, caller: AdminDep, services: ServicesDep
 ) -> dict:
     _check_source(services.engines, body.source)
-    spec = DeploymentSpec(**_fields(body, ServingOptions()), created_at_s=time.time())
+    spec = DeploymentSpec(**body.changes(EngineSpec(), ServingOptions()), created_at_s=time.time())
     _check_bounds(spec)
+    await _check_engine(services.state, spec)
     if not await services.state.put_deployment(spec, create_only=True):
         raise Conflict(
             f"A deployment named {spec.name!r} already exists. Change it with PATCH "
@@ -259,8 +292,9 @@ async def patch_deployment(
     name: str, body: DeploymentPatch, caller: AdminDep, services: ServicesDep
 ) -> dict:
     spec = await _get(services.state, name)
-    spec = msgspec.structs.replace(spec, **_fields(body, spec.serving))
+    spec = msgspec.structs.replace(spec, **body.changes(spec.engine, spec.serving))
     _check_bounds(spec)
+    await _check_engine(services.state, spec)
     await services.state.put_deployment(spec)
     await services.state.wake(spec.name)
     return await deployment_view(services.state, spec)

@@ -19,8 +19,12 @@ USAGE = PREFIX + "usage"  # stream: one UsageRecord per finished request
 COLD_STARTS = PREFIX + "coldstarts"  # stream: one ColdStartRecord per runner start (capped)
 SCALE_DECISIONS = PREFIX + "scale_decisions"  # hash: "deployment|up" / "|down" -> count
 FORK_SERVER = PREFIX + "fork_server"  # string: the controller's fork server state
+CONTROLLER_LEADER = PREFIX + "controller:leader"  # string: holder id, expires (PX) unless renewed
+CONTROLLER_TERM = PREFIX + "controller:term"  # counter: one more per leadership acquired
 # hash: "metric|label|label" -> running total, counted by any process, read by /metrics
 METRIC_COUNTERS = PREFIX + "metrics:counters"
+GPU_INVENTORY = PREFIX + "gpus"  # hash: host -> HostInventory (json), refreshed by the controller
+GPU_PLACEMENTS = PREFIX + "placements"  # hash: runner id -> GpuPlacement (json) it holds
 
 # Cold-start records kept for metrics scrapes; older ones have long been scraped.
 COLD_STARTS_MAX = 10_000

@@ -174,6 +174,7 @@ class PlatformState:
         pipe = self.redis.pipeline()
         pipe.srem(keys.RUNNERS, runner_id)
         pipe.srem(keys.STEMS, runner_id)
+        pipe.hdel(keys.GPU_PLACEMENTS, runner_id)
         pipe.delete(
             keys.runner(runner_id),
             keys.runner_assignment(runner_id),

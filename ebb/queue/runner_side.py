@@ -15,6 +15,8 @@ import msgspec
 import redis
 
 from ebb.queue import keys
+from ebb.queue.gpu_records import GpuPlacement
+from ebb.queue.gpus import read_placement
 from ebb.queue.observations import RunnerStats, report_runner_stats
 from ebb.queue.records import (
     COLD_START_EMA_WEIGHT,
@@ -69,6 +71,10 @@ class RunnerQueue:
         self._prefix_affinity_ms = prefix_affinity_ms
         self._result_ttl_s = result_ttl_s
         self._claimed_event = encode(Claimed(runner_id=runner_id))
+
+    def placement(self) -> GpuPlacement | None:
+        """The GPUs the controller reserved for this runner; None on CPU hosts."""
+        return read_placement(self._redis, self.runner_id)
 
     # --- registration and lifecycle -------------------------------------------------
 

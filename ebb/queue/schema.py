@@ -161,6 +161,22 @@ def decode_work(data: bytes) -> WorkItem:
 # --- platform records kept in Redis ------------------------------------------------------
 
 
+class EngineSpec(msgspec.Struct, kw_only=True, frozen=True):
+    """A deployment's engine options, passed to vLLM; None leaves the platform's choice.
+
+    Validated at deploy time by `ebb.engine_options.check_engine` (a 400 that says what to
+    change); `gpu_memory_gib` replaces placement's estimate of the runner's need.
+    """
+
+    dtype: str | None = None
+    quantization: str | None = None
+    max_num_seqs: int | None = None  # None: the deployment's max_concurrency
+    tensor_parallel_size: int | None = None  # None: 1, or what placement needs to fit
+    enable_prefix_caching: bool | None = None
+    gpu_memory_gib: float | None = None
+    enforce_eager: bool | None = None  # None: eager on CPU, CUDA graphs on GPUs
+
+
 class ServingOptions(msgspec.Struct, kw_only=True, frozen=True):
     """How a deployment's model meets the OpenAI API (beyond the engine's own options)."""
 
@@ -198,6 +214,7 @@ class DeploymentSpec(msgspec.Struct, kw_only=True):
     price_per_1m_input_tokens_micros: int = 0
     price_per_1m_output_tokens_micros: int = 0
     price_per_gpu_second_micros: int = 0
+    engine: EngineSpec = msgspec.field(default_factory=EngineSpec)
     serving: ServingOptions = msgspec.field(default_factory=ServingOptions)
 
 

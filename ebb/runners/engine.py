@@ -46,6 +46,9 @@ class EngineStats:
 
 @dataclass(frozen=True)
 class EngineOptions:
+    """What one engine build gets: the deployment's engine options (`EngineSpec`, None
+    where it leaves the engine's own choice) and, on a GPU, its placement's share."""
+
     model_path: Path | None
     max_model_len: int
     max_num_seqs: int = 32
@@ -53,6 +56,13 @@ class EngineOptions:
     seed: int = 0
     # The deployment's source, for engines that serve it without prepared weights.
     source: str = ""
+    dtype: str | None = None
+    quantization: str | None = None
+    tensor_parallel_size: int = 1
+    enable_prefix_caching: bool | None = None
+    enforce_eager: bool | None = None
+    # The share of each device's memory the engine may use (its placement's); None on CPU.
+    gpu_memory_utilization: float | None = None
     # "embed": run the model as a pooling model (requests with SamplingSpec.embed only).
     task: str = "generate"
 

@@ -15,10 +15,10 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ebb.queue.schema import ChoiceDelta, FinishReason, SamplingSpec, TokenLogprob, TopLogprob
-from ebb.runners import vllm_compat
+from ebb.runners import devices, vllm_compat
 from ebb.runners.engine import EngineOptions, EngineRequestError, EngineStats, StepOutput
 
 if TYPE_CHECKING:
@@ -47,9 +47,9 @@ def _phase(name: str) -> Iterator[None]:
 
 
 def _has_cuda() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
+    # NVML, never torch.cuda: a stem or the fork server calls this before it forks, and
+    # a CUDA context does not survive a fork (see `devices`).
+    return devices.visible_gpu_count() > 0
 
 
 def preload() -> None:
@@ -88,21 +88,36 @@ def _engine_args(options: EngineOptions, cuda: bool) -> EngineArgs:
 
     if options.model_path is None:
         raise ValueError("VllmEngine needs a local model directory (options.model_path)")
+    # Only what the deployment set reaches vLLM; the rest keeps vLLM's defaults.
+    chosen: dict[str, Any] = {}
+    if options.quantization is not None:
+        chosen["quantization"] = options.quantization
+    if options.enable_prefix_caching is not None:
+        chosen["enable_prefix_caching"] = options.enable_prefix_caching
+    if cuda and options.gpu_memory_utilization is not None:
+        # The placement's share: a second runner on the device must pass vLLM's check.
+        chosen["gpu_memory_utilization"] = options.gpu_memory_utilization
+    if options.task == "embed":
+        # An embedding deployment: vLLM's pooling runner, converting a generative
+        # checkpoint into an embedding model (last-token pooling, normalized) if need be.
+        chosen.update(runner="pooling", convert="embed")
+    dtype = options.dtype or "auto"
+    if not cuda and dtype == "auto":
+        dtype = vllm_compat.CPU_DTYPE
     return EngineArgs(
         model=str(options.model_path),
         max_model_len=options.max_model_len,
         max_num_seqs=options.max_num_seqs,
         seed=options.seed,
         # torch.compile on CPU: slower start and wrong answers here; eager is correct.
-        enforce_eager=not cuda,
-        dtype="auto" if cuda else vllm_compat.CPU_DTYPE,
+        enforce_eager=True if not cuda else bool(options.enforce_eager),
+        dtype=dtype,
+        tensor_parallel_size=options.tensor_parallel_size,
         # The runner keeps its own metrics; vLLM's periodic stat logging is per-step work.
         disable_log_stats=True,
         # Sleep mode is a GPU feature (a no-op on CPU): it enables the sleeping tier.
         enable_sleep_mode=cuda,
-        # An embedding deployment: vLLM's pooling runner, converting a generative
-        # checkpoint into an embedding model (last-token pooling, normalized) if need be.
-        **({"runner": "pooling", "convert": "embed"} if options.task == "embed" else {}),
+        **chosen,
     )
 
 

@@ -11,8 +11,11 @@ Protocol (JSON lines): the controller writes {"runner_id", "deployment", "tier",
 "code"} when a runner exits (it is their parent, so it reaps them). It exits when stdin
 closes: the controller is gone, and its runners notice their parent went and drain.
 
-It stays single-threaded and never connects to Redis, so that forking it is safe: every
-connection and thread a runner uses is its own.
+It stays single-threaded, never connects to Redis and never initialises CUDA (devices are
+found through NVML, see `devices`), so that forking it is safe: every connection, thread
+and CUDA context a runner uses is its own. Should CUDA be initialised once the engine is
+imported, it says so ({"event": "disabled", "reason"}) and exits: the controller then
+starts runners as fresh processes, with the reason in its log.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import traceback
 from typing import Any, NoReturn
 
 from ebb.config import Settings
+from ebb.runners.devices import fork_unsafe_reason
 from ebb.runners.process import LAUNCHED_AT_ENV
 
 log = logging.getLogger(__name__)
@@ -42,6 +46,12 @@ def serve_forks(settings: Settings) -> int:
     # stays to report their exits until the controller closes the pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import_engine_libraries()
+    unsafe = fork_unsafe_reason()
+    if unsafe is not None:
+        # Children of a process with a CUDA context fail on CUDA: no forked tier here.
+        log.warning("fork-server: disabled: %s", unsafe)
+        _send({"event": "disabled", "reason": unsafe})
+        return 0
     children: dict[int, str] = {}
     _send({"event": "ready"})
     log.info("fork-server: ready (pid %d)", os.getpid())

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 def reader(environ: dict[str, str] | None = None) -> Callable[[], list[GpuFigures]]:
     try:
-        import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py ships no types
+        import pynvml
     except ImportError:
         return list
     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import RunnerState
@@ -45,9 +46,17 @@ def can_transition(current: RunnerState, new: RunnerState) -> bool:
 class Lifecycle:
     """The runner process's own view of its state; the only writer of its transitions."""
 
-    def __init__(self, queue: RunnerQueue, state: RunnerState = RunnerState.STARTING):
+    def __init__(
+        self,
+        queue: RunnerQueue,
+        state: RunnerState = RunnerState.STARTING,
+        *,
+        on_change: Callable[[RunnerState], None] | None = None,
+    ):
+        """`on_change`: told of every transition once it is recorded (a pod's readiness)."""
         self._queue = queue
         self.state = state
+        self._on_change = on_change
 
     def to(self, new: RunnerState, *, error: str = "", **fields: object) -> None:
         self._check(new)
@@ -79,6 +88,8 @@ class Lifecycle:
             "lifecycle: %s %s -> %s%s", self._queue.runner_id, self.state.value, new.value, suffix
         )
         self.state = new
+        if self._on_change is not None:
+            self._on_change(new)
 
     def fail(self, error: str) -> None:
         """Record a failure from wherever the runner is; a no-op once it already ended."""

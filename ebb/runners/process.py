@@ -24,9 +24,12 @@ from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.queue.connection import UNAVAILABLE_ERRORS, sync_client
+from ebb.queue.gpu_records import GpuPlacement
+from ebb.queue.gpus import SLEEPER_EXIT
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
 from ebb.runners import gpu_figures
+from ebb.runners.devices import use_placement
 from ebb.runners.engine import EngineAdapter, EngineOptions
 from ebb.runners.lifecycle import Lifecycle
 from ebb.runners.serve import Outcome, ServingLoop
@@ -59,23 +62,32 @@ class ColdStartClock:
 class Heartbeat(threading.Thread):
     """Keeps the runner's liveness and its leases fresh while the main thread computes.
 
-    It also stops the runner when its parent (the controller) is gone, so no runner
-    outlives the platform that launched it.
+    With `follow_parent` (local launches) it also stops the runner when its parent (the
+    controller) is gone, so no runner outlives the platform that launched it. Without it
+    the runner belongs to the cluster: its heartbeat in Redis is all that says it lives.
     """
 
-    def __init__(self, queue: RunnerQueue, interval_s: float, stop: threading.Event):
+    def __init__(
+        self,
+        queue: RunnerQueue,
+        interval_s: float,
+        stop: threading.Event,
+        *,
+        follow_parent: bool = True,
+    ):
         super().__init__(name="heartbeat", daemon=True)
         self._queue = queue
         self._interval_s = interval_s
         # Not `_stop`: threading.Thread has a method of that name, used by join().
         self._stop_runner = stop
         self.done = threading.Event()
-        self._parent = os.getppid()
+        self._parent = os.getppid() if follow_parent else None
         self.held_ids: Callable[[], list[str]] = lambda: []
 
     def run(self) -> None:
         while not self.done.wait(self._interval_s):
-            if os.getppid() != self._parent and not self._stop_runner.is_set():
+            orphaned = self._parent is not None and os.getppid() != self._parent
+            if orphaned and not self._stop_runner.is_set():
                 log.warning("runner: parent %d is gone, draining", self._parent)
                 self._stop_runner.set()
             try:
@@ -102,10 +114,18 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     queue.set_fields(pid=os.getpid())
-    heartbeat = Heartbeat(queue, settings.heartbeat_interval_s, stop)
+    heartbeat = Heartbeat(
+        queue, settings.heartbeat_interval_s, stop, follow_parent=settings.runner_follows_parent
+    )
     heartbeat.start()
-    lifecycle = Lifecycle(queue)
-    meter = runner_meter(settings, client, runner_id, queue.deployment)
+    lifecycle = Lifecycle(
+        queue,
+        on_change=_ready_file(settings.runner_ready_file) if settings.runner_ready_file else None,
+    )
+    # A runner launched for a deployment holds its placement's GPUs from launch on.
+    placement = queue.placement() if deployment else None
+    gpus = placement.gpu_count if placement else None
+    meter = runner_meter(settings, client, runner_id, queue.deployment, gpus=gpus)
     redis_gone = False
     try:
         meter.begin(queue.deployment(deployment) if deployment else None)
@@ -149,9 +169,12 @@ def _run(
     spec = queue.deployment(deployment)
     if spec is None:
         raise RuntimeError(f"deployment {deployment!r} does not exist")
-    meter.assign(spec)
+    placement = queue.placement()
+    if placement is not None:
+        use_placement(placement)  # before the engine touches CUDA
+    meter.assign(spec, gpus=placement.gpu_count if placement else None)
     lifecycle.to(RunnerState.LOADING, deployment=deployment, tier=tier)
-    engine, tier = _load_engine(settings, spec, clock, tier)
+    engine, tier = _load_engine(settings, spec, clock, tier, placement)
     clock.lap("engine")
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
     loop.read_gpus = gpu_figures.reader()
@@ -229,8 +252,9 @@ def _sleep_until_woken(
             return None
         # The controller took this sleeper at the instant it gave up: serve that work.
         woken = queue.wait_for_assignment(timeout_s=5.0)
-        if not woken:
-            return None
+    if not woken or woken == SLEEPER_EXIT:
+        # Gave up, or evicted: the host's RAM budget for sleepers is spent.
+        return None
     clock = ColdStartClock(time.time() * 1000)
     engine.wake_up()
     clock.lap("wake")
@@ -250,6 +274,20 @@ def _wait_as_stem(lifecycle: Lifecycle, queue: RunnerQueue, stop: threading.Even
     return queue.wait_for_assignment(timeout_s=5.0)
 
 
+def _ready_file(path: Path) -> Callable[[RunnerState], None]:
+    """Keeps `path` present exactly while the runner is READY: a pod's readiness probe
+    reads the runner's own state from it."""
+
+    def follow(state: RunnerState) -> None:
+        if state is RunnerState.READY:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+        else:
+            path.unlink(missing_ok=True)
+
+    return follow
+
+
 def import_engine_libraries() -> None:
     from ebb.runners import engine_vllm
 
@@ -258,8 +296,37 @@ def import_engine_libraries() -> None:
     import ebb.weights_cache  # noqa: F401
 
 
+def engine_options(
+    settings: Settings,
+    spec: DeploymentSpec,
+    model_path: Path | None,
+    model_len: int,
+    placement: GpuPlacement | None,
+) -> EngineOptions:
+    """What the engine is built with: the deployment's options and its placement's share."""
+    engine = spec.engine
+    return EngineOptions(
+        model_path=model_path,
+        max_model_len=spec.max_model_len or model_len,
+        max_num_seqs=engine.max_num_seqs or spec.max_concurrency,
+        kv_cache_gib=settings.kv_cache_gib,
+        source=spec.source,
+        dtype=engine.dtype,
+        quantization=engine.quantization,
+        tensor_parallel_size=placement.tensor_parallel_size if placement else 1,
+        enable_prefix_caching=engine.enable_prefix_caching,
+        enforce_eager=engine.enforce_eager,
+        gpu_memory_utilization=placement.gpu_memory_utilization if placement else None,
+        task=spec.serving.task,
+    )
+
+
 def _load_engine(
-    settings: Settings, spec: DeploymentSpec, clock: ColdStartClock, tier: Tier
+    settings: Settings,
+    spec: DeploymentSpec,
+    clock: ColdStartClock,
+    tier: Tier,
+    placement: GpuPlacement | None = None,
 ) -> tuple[EngineAdapter, Tier]:
     entry = EngineRegistry.from_settings(settings).entry_for(spec.source)
     if entry.preload_engine():
@@ -269,14 +336,7 @@ def _load_engine(
     else:
         model_path, model_len = None, entry.context_len_of(spec.source)
     clock.lap("weights")
-    options = EngineOptions(
-        model_path=model_path,
-        max_model_len=spec.max_model_len or model_len,
-        max_num_seqs=spec.max_concurrency,
-        kv_cache_gib=settings.kv_cache_gib,
-        source=spec.source,
-        task=spec.serving.task,
-    )
+    options = engine_options(settings, spec, model_path, model_len, placement)
     return entry.load_engine(options), tier
 
 

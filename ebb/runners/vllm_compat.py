@@ -106,6 +106,7 @@ def apply(patch: Patch) -> bool:
     if problem is None:
         patch.install()
         _applied[patch.name] = installed_version()
+        _note_unverified(patch)
         return True
     reason = (
         f"vLLM patch {patch.name!r} (verified on vLLM {patch.verified_on}) cannot apply "
@@ -117,6 +118,22 @@ def apply(patch: Patch) -> bool:
         _warned.add(patch.name)
         logger.warning("engine: %s", reason)
     return False
+
+
+def _note_unverified(patch: Patch) -> None:
+    # The target's shape passed its check; a release it was not read against may still
+    # behave differently behind the same signature, which the log should say once.
+    version = installed_version()
+    if version in (patch.verified_on, "unknown") or patch.name in _warned:
+        return
+    _warned.add(patch.name)
+    logger.warning(
+        "engine: vLLM patch %r was verified on vLLM %s and applied to vLLM %s (its target "
+        "check passed)",
+        patch.name,
+        patch.verified_on,
+        version,
+    )
 
 
 # --- checks ---------------------------------------------------------------------------
@@ -224,9 +241,22 @@ OMP_THREADS = Patch(
 )
 
 
+# torch.cuda.is_available() creates a CUDA context unless torch asks NVML instead; a stem
+# or the fork server that did so would hand its forked runners a context that does not
+# survive the fork. torch reads the variable at each call. Required: without it, whether
+# forking is safe depends on which library happens to ask first.
+NVML_CUDA_CHECK = Patch(
+    name="nvml-based-cuda-check",
+    required=True,
+    check=lambda: None,
+    install=lambda: os.environ.__setitem__("PYTORCH_NVML_BASED_CUDA_CHECK", "1"),
+    without="a CUDA availability check would initialise CUDA before runners fork",
+)
+
+
 def set_process_env() -> None:
     """Set the environment defaults vLLM and torch read at import; call before importing."""
-    for patch in (IN_PROCESS_ENGINE_CORE, NO_USAGE_STATS, OMP_THREADS):
+    for patch in (IN_PROCESS_ENGINE_CORE, NO_USAGE_STATS, OMP_THREADS, NVML_CUDA_CHECK):
         apply(patch)
 
 

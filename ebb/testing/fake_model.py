@@ -1,5 +1,6 @@
-"""The fake test model's source, `fake://NAME?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0&prefill_ms=0`,
-and its registry entry. Light on purpose: the frontdoor process reads it (through the
+"""The fake test model's source,
+`fake://NAME?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0&prefill_ms=0&gpu_gib=0`, and its
+registry entry. Light on purpose: the frontdoor process reads it (through the
 registry) to admit requests, so it imports nothing of `ebb.runners`; the engine itself is
 `ebb.testing.fake_engine`.
 
@@ -18,7 +19,7 @@ from ebb.errors import InvalidRequest
 FAKE_SCHEME = "fake"
 FAKE_REPLY = "The capital of France is Paris. "
 FAKE_JSON_REPLY = '{"answer": "Paris"}'
-_FORM = "fake://<name>?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0&prefill_ms=0"
+_FORM = "fake://<name>?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0&prefill_ms=0&gpu_gib=0"
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class FakeModel:
     fail: bool = False  # the engine raises while loading
     sleep: bool = False  # the engine supports sleep mode, as vLLM does on a GPU
     prefill_ms: float = 0.0  # a step holding a request with no output yet takes this long
+    gpu_gib: float = 0.0  # the GPU memory a runner of it needs (placement's estimate)
 
     @classmethod
     def parse(cls, source: str) -> FakeModel:
@@ -46,6 +48,7 @@ class FakeModel:
             fail=query.get("fail", "0") == "1",
             sleep=query.get("sleep", "0") == "1",
             prefill_ms=float(query.get("prefill_ms", 0.0)),
+            gpu_gib=float(query.get("gpu_gib", 0.0)),
         )
 
 
@@ -66,6 +69,11 @@ def max_model_len(source: str) -> int:
     return FakeModel.parse(source).max_model_len
 
 
+def gpu_memory_need(source: str) -> int:
+    """The bytes of GPU memory one runner of `source` needs (its `gpu_gib`)."""
+    return int(FakeModel.parse(source).gpu_gib * 1024**3)
+
+
 def _invalid(message: str) -> InvalidRequest:
     return InvalidRequest(message, param="source")
 
@@ -78,4 +86,5 @@ FAKE_ENTRY = EngineEntry(
     prepares_weights=False,
     tokenizer="ebb.frontdoor.tokenizer:ByteTokenizer",
     context_len="ebb.testing.fake_model:max_model_len",
+    memory_need="ebb.testing.fake_model:gpu_memory_need",
 )

@@ -10,7 +10,7 @@ Importing this package is cheap (no torch, transformers, boto3 or huggingface_hu
 frontdoor uses `parse_source` to validate deployments.
 """
 
-from ebb.weights_cache.cache import LocalModel, ensure, release, verify
+from ebb.weights_cache.cache import LocalModel, cached_manifest, ensure, release, verify
 from ebb.weights_cache.eviction import CacheReport, cache_report
 from ebb.weights_cache.options import CacheOptions
 from ebb.weights_cache.sources import (
@@ -36,6 +36,7 @@ __all__ = [
     "Source",
     "SourceKind",
     "cache_report",
+    "cached_manifest",
     "ensure",
     "parse_source",
     "release",

@@ -190,6 +190,16 @@ def _resolve(store: Store, parsed: Source, options: CacheOptions) -> tuple[Backe
     return backend, version, entry_key(parsed.uri, version.fingerprint, parsed.name)
 
 
+def cached_manifest(source: str, cache_dir: Path) -> tuple[Manifest, Path] | None:
+    """The newest cached entry of `source` and the directory its files are in, without
+    fetching, converting or checking anything; None when nothing of it is cached."""
+    store = Store(cache_dir)
+    manifest = _last_known(store, parse_source(source).uri)
+    if manifest is None:
+        return None
+    return manifest, Path(manifest.root) if manifest.root else store.entry_dir(manifest.key)
+
+
 def _last_known(store: Store, uri: str) -> Manifest | None:
     """The newest published entry of `uri`, if any."""
     newest = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import redis
-from support import deploy, deployment, wait_until
+from support import Platform, deploy, deployment, temp_home, wait_until
 
 from ebb.queue import keys
 from ebb.queue.connection import async_client, sync_client
@@ -136,6 +136,19 @@ async def test_a_claimed_prefix_is_recorded_as_the_runners_with_an_expiry(redis_
     r = redis.Redis.from_url(redis_url)
     assert r.hget(keys.prefix_owners(DEP), prefix_key(SYSTEM)).decode().startswith("ra|")
     assert 0 < r.ttl(keys.prefix_owners(DEP)) <= keys.PREFIX_OWNERS_TTL_S
+
+
+@pytest.fixture(scope="module")
+def platform():
+    # A long affinity wait: on a loaded machine the owner may take a while to wake, and
+    # this test is about where a request goes, not how long it may wait (see above).
+    p = Platform(
+        home=temp_home("ebb-it-prefix-"),
+        redis_url=None,
+        env_extra={"EBB_PREFIX_AFFINITY_MS": "10000"},
+    ).start()
+    yield p
+    assert p.stop() == 0
 
 
 def test_through_the_platform_a_shared_prompt_stays_on_one_runner(platform, admin):

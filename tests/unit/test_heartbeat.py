@@ -28,3 +28,25 @@ def test_heartbeat_reports_held_ids_and_joins_once_done():
     heartbeat.join(timeout=5)
     assert not heartbeat.is_alive()
     assert queue.beats[0] == ["req-1"]
+
+
+def test_a_runner_follows_its_parent_only_when_launched_locally(monkeypatch):
+    import ebb.runners.process as process
+
+    parent = {"pid": 4242}
+    monkeypatch.setattr(process.os, "getppid", lambda: parent["pid"])
+    stops = {follow: threading.Event() for follow in (True, False)}
+    queues = {follow: RecordingQueue() for follow in stops}
+    beats = [Heartbeat(queues[f], interval_s=0.01, stop=stops[f], follow_parent=f) for f in stops]
+    for heartbeat in beats:
+        heartbeat.start()
+    wait_until(lambda: all(q.beats for q in queues.values()), 5, "heartbeats")
+    parent["pid"] = 1  # reparented: the launching process died
+    stops[True].wait(timeout=5)
+    beaten = len(queues[False].beats)
+    wait_until(lambda: len(queues[False].beats) > beaten + 2, 5, "more heartbeats")
+    for heartbeat in beats:
+        heartbeat.done.set()
+        heartbeat.join(timeout=5)
+    assert stops[True].is_set(), "a local runner drains once its parent is gone"
+    assert not stops[False].is_set(), "a cluster runner lives on its heartbeat alone"

@@ -113,6 +113,7 @@ const STATUS_TONES = {
   cancelled: "muted",
   expired: "muted",
   failing: "bad",
+  unschedulable: "bad",
   failed: "bad",
 };
 

@@ -12,6 +12,7 @@ import {
   showFieldError,
   showFormError,
 } from "../dom.js";
+import { engineFieldset, readEngine } from "../engine.js";
 import { progressBar, weightsProgress } from "../model.js";
 import { priceFields, priceFieldset, readPrices } from "../prices.js";
 import { readScaling, scalingFields } from "../scaling.js";
@@ -26,6 +27,7 @@ function readForm(form, prices) {
     ...readScaling(form),
   };
   readPrices(form, prices, body);
+  readEngine(form, body);
   return body;
 }
 
@@ -114,6 +116,7 @@ export async function render(ctx) {
       scalingFields({ min_replicas: 0, max_replicas: 1, idle_timeout_s: 60 }),
     ),
     priceFieldset(prices),
+    engineFieldset(),
     formError(),
     h("div", { class: "actions" }, submit),
   );

@@ -85,6 +85,30 @@ function poolLine(platform) {
   );
 }
 
+const GIB = 1024 ** 3;
+
+/** Each host's GPUs: free and reserved memory, load, temperature, the runners on each. */
+function gpusLine(platform) {
+  const hosts = (platform?.gpus || []).filter((host) => host.devices.length);
+  if (!hosts.length) return null;
+  return h(
+    "ul",
+    { class: "gpus", dataset: { gpus: "" }, "aria-label": "GPUs" },
+    hosts.flatMap((host) =>
+      host.devices.map((d) =>
+        h(
+          "li",
+          {},
+          h("strong", {}, `${host.host} GPU ${d.index}`),
+          ` ${d.name}: ${(d.free_bytes / GIB).toFixed(1)} of ${(d.total_bytes / GIB).toFixed(1)} GiB free, `,
+          `${(d.reserved_bytes / GIB).toFixed(1)} GiB reserved by ${d.runners.length} runner(s), `,
+          `${d.utilization_pct} % busy, ${d.temperature_c} °C`,
+        ),
+      ),
+    ),
+  );
+}
+
 export async function render(ctx) {
   ctx.setTitle("Deployments");
   const isAdmin = ctx.session.role === "admin";
@@ -110,9 +134,17 @@ export async function render(ctx) {
         usageByDeployment(api, startOfToday(), signal),
         isAdmin ? platformStatus(api, signal) : null,
       ]);
-      const data = [list.data, [...minute.rows], [...today.rows], today.total, platform?.pool];
+      const data = [
+        list.data,
+        [...minute.rows],
+        [...today.rows],
+        today.total,
+        platform?.pool,
+        platform?.gpus,
+      ];
       refresh(body, data, () => [
         poolLine(platform),
+        gpusLine(platform),
         list.data.length ? deploymentsTable(list.data, minute, today) : emptyState(isAdmin),
       ]);
       live.ok();

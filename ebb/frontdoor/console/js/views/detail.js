@@ -239,6 +239,7 @@ export async function render(ctx) {
       meta,
       ...(d.source ? ["Source ", h("code", {}, d.source), " · "] : []),
       `created ${fmtTime(d.created_at_s)} · ${d.min_replicas}–${d.max_replicas} replicas · idle timeout ${d.idle_timeout_s} s`,
+      engineSummary(d),
     );
     if (!liveArea) {
       liveArea = h("div", { class: "live-area" });
@@ -257,4 +258,11 @@ export async function render(ctx) {
       errorsSection(d),
     ]);
   });
+}
+
+/** " · engine dtype bfloat16, max_num_seqs 64" for the options a deployment set. */
+function engineSummary(d) {
+  const set = Object.entries(d.engine || {}).filter(([, v]) => v !== null);
+  if (d.max_model_len) set.unshift(["max_model_len", d.max_model_len]);
+  return set.length ? ` · engine ${set.map(([k, v]) => `${k} ${v}`).join(", ")}` : "";
 }

@@ -1,0 +1,163 @@
+"""GPU check: ebb's cold-start tiers, packing and forked CUDA on one GPU host, in one run.
+
+    .venv/bin/python -m bench.gpu_check
+
+Needs nothing beyond `make install` on a host with an NVIDIA GPU; on a host without one
+it says so and exits 0. Budget: about 8 minutes. In order:
+  1. baseline: vLLM's own OpenAI server started on the default model, to its first token;
+  2. the prewarmed, forked and fresh tiers through ebb (`bench.coldstart`), each on a
+     platform of its own, as ratios to the baseline;
+  3. on one platform with the fork server: a forked runner that must come up on CUDA;
+     left idle it sleeps (vLLM sleep level 1), and the next request's wake to first token
+     is the sleeping tier; a second deployment is then packed onto the same GPU and both
+     answer.
+Both sides run eager (no CUDA graph capture) to keep within the budget. Prints a summary
+and writes it to bench/results/.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from bench.coldstart import baseline_s, ebb_tier, read_into_page_cache, request_timing
+from bench.serving import MAX_MODEL_LEN, REPO
+
+sys.path.insert(0, str(REPO / "tests"))
+
+from support import (  # noqa: E402
+    TEST_WEIGHTS_DIR,
+    Platform,
+    temp_home,
+    wait_for_weights,
+    wait_until,
+)
+
+from ebb.config import DEFAULT_MODEL_SOURCE  # noqa: E402
+from ebb.runners.devices import NvmlUnavailable, read_nvml_devices  # noqa: E402
+
+# Eager on both sides: CUDA graph capture would take most of the budget, on both alike.
+ENGINE = {"enforce_eager": True}
+TIERS = ("prewarmed", "forked", "fresh")
+
+
+def gpu_names() -> list[str] | str:
+    """This host's GPUs, or why there are none."""
+    try:
+        devices = read_nvml_devices()
+    except NvmlUnavailable as e:
+        return str(e)
+    return [f"{d.index}: {d.name} ({d.total_bytes / 1024**3:.0f} GiB)" for d in devices] or (
+        "NVML reports no GPU"
+    )
+
+
+def deploy(admin, name: str, **fields) -> None:
+    body = {
+        "name": name,
+        "source": DEFAULT_MODEL_SOURCE,
+        "max_model_len": MAX_MODEL_LEN,
+        "admission_timeout_s": 600,
+        "engine": ENGINE,
+        **fields,
+    }
+    admin.post("/v1/deployments", json=body).raise_for_status()
+    wait_for_weights(admin, name, 120)
+
+
+def runners_of(admin, name: str) -> list[dict]:
+    return admin.get(f"/v1/deployments/{name}").json()["runners"]
+
+
+def placements(admin) -> dict[str, list[int]]:
+    return {r["id"]: r["gpus"] for r in admin.get("/v1/status").json()["runners"]}
+
+
+def loaded_on_cuda(platform: Platform, runner_id: str) -> bool:
+    """The runner's own log says its engine loaded on CUDA (engine_vllm's load line)."""
+    log = platform.home / "logs" / f"runner-{runner_id}.log"
+    return any(
+        "engine: loaded" in line and " on cuda " in line
+        for line in log.read_text(errors="replace").splitlines()
+    )
+
+
+def forked_sleeping_packed(work: Path, model_dir: Path) -> dict:
+    platform = Platform(
+        home=work / "gpu-check",
+        redis_url=None,
+        env_extra={"EBB_FORK_SERVER": "1", "EBB_WEIGHTS_CACHE_DIR": str(TEST_WEIGHTS_DIR)},
+    ).start(timeout_s=600)
+    platform.wait_for_fork_server()
+    try:
+        with platform.admin() as admin:
+            # A short idle timeout: the runner goes to sleep soon after its first answer.
+            deploy(admin, "a", idle_timeout_s=5)
+            read_into_page_cache(model_dir)
+            request_timing(platform.base_url + "/v1", platform.admin_key, "a")
+            [first] = runners_of(admin, "a")
+            forked_on_cuda = first["tier"] == "forked" and loaded_on_cuda(platform, first["id"])
+            wait_until(lambda: runners_of(admin, "a")[0]["state"] == "sleeping", 120, "a to sleep")
+            sent, first_token = request_timing(platform.base_url + "/v1", platform.admin_key, "a")
+            deploy(admin, "b", min_replicas=1, idle_timeout_s=600)
+            wait_until(
+                lambda: any(r["state"] == "ready" for r in runners_of(admin, "b")), 300, "b ready"
+            )
+            request_timing(platform.base_url + "/v1", platform.admin_key, "b")
+            request_timing(platform.base_url + "/v1", platform.admin_key, "a")
+            where = placements(admin)
+            a_gpus = [where.get(r["id"]) for r in runners_of(admin, "a") if r["id"] in where]
+            b_gpus = [where.get(r["id"]) for r in runners_of(admin, "b") if r["id"] in where]
+            view = admin.get("/v1/deployments/a").json()
+        return {
+            "forked_runner_on_cuda": forked_on_cuda,
+            "sleeping_first_token_s": round(first_token - sent, 3),
+            "sleeping_phases_ms": view["cold_start_ms"].get("sleeping", {}),
+            "packed_on_one_gpu": bool(a_gpus and b_gpus and a_gpus[0] == b_gpus[0]),
+            "gpus": {"a": a_gpus, "b": b_gpus},
+        }
+    finally:
+        platform.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    gpus = gpu_names()
+    if isinstance(gpus, str):
+        print(f"gpu_check: no GPU on this host ({gpus}); nothing measured.")
+        return 0
+    from ebb.weights_cache import ensure
+
+    print(f"gpu_check: GPUs {gpus}")
+    started = time.perf_counter()
+    model = ensure(DEFAULT_MODEL_SOURCE, TEST_WEIGHTS_DIR)
+    work = temp_home("ebb-gpu-check-")
+    base = baseline_s(model.path, work, gpu=True)
+    print(f"baseline: vLLM OpenAI server start + first token = {base:.2f} s")
+    tiers = [ebb_tier(t, work, model.path, {"engine": ENGINE}) for t in TIERS]
+    for r in tiers:
+        r["ratio_to_baseline"] = round(r["first_token_s"] / base, 3)
+        print(f"{r['tier']:>10}: {r['first_token_s']:6.2f} s  ratio {r['ratio_to_baseline']:.3f}")
+    rest = forked_sleeping_packed(work, model.path)
+    print(
+        f"  sleeping: {rest['sleeping_first_token_s']:6.2f} s  ratio "
+        f"{rest['sleeping_first_token_s'] / base:.3f}  phases {rest['sleeping_phases_ms']}"
+    )
+    print(f"forked runner initialised CUDA: {rest['forked_runner_on_cuda']}")
+    packed = rest["packed_on_one_gpu"]
+    print(f"two deployments packed on one GPU, both answered: {packed} {rest['gpus']}")
+    print(f"gpu_check took {time.perf_counter() - started:.0f} s")
+    out = REPO / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(
+        json.dumps({"gpus": gpus, "baseline_s": base, "tiers": tiers, **rest}, indent=2)
+    )
+    print(f"results: {path}")
+    ok = rest["forked_runner_on_cuda"] and rest["packed_on_one_gpu"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

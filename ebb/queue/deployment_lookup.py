@@ -1,0 +1,16 @@
+"""A deployment's spec on a blocking client, for code outside the event loop (a launcher
+placing a runner)."""
+
+from __future__ import annotations
+
+import msgspec
+import redis
+
+from ebb.queue import keys
+from ebb.queue.replies import reply_bytes
+from ebb.queue.schema import DeploymentSpec
+
+
+def read_deployment(client: redis.Redis, name: str) -> DeploymentSpec | None:
+    raw = client.hget(keys.DEPLOYMENTS, name)
+    return None if raw is None else msgspec.json.decode(reply_bytes(raw), type=DeploymentSpec)
