@@ -84,7 +84,12 @@ def create_app(settings: Settings) -> FastAPI:
     routes_apidocs.describe_request_bodies(app)
     _install_error_handlers(app)
     redis_down.install(app, settings.redis_retry_after_s, error_response)
-    app.add_middleware(BodyGuard, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyGuard,
+        max_body_bytes=settings.max_body_bytes,
+        # Room for the multipart framing around the file (field names, boundaries).
+        max_upload_bytes=settings.batch_file_max_bytes + 64 * 1024,
+    )
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next):

@@ -86,18 +86,21 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
 class BodyGuard:
     """ASGI middleware; see the module docstring. `max_body_bytes` is EBB_MAX_BODY_BYTES."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int):
+    def __init__(self, app: ASGIApp, max_body_bytes: int, max_upload_bytes: int | None = None):
+        """`max_upload_bytes`: a Batch API file upload's bound (its file's limit plus room
+        for the multipart framing); unset, the same as `max_body_bytes`."""
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.max_upload_bytes = max_upload_bytes or max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
         if _is_file_upload(scope):
-            # Batch API uploads are multipart, not JSON; routes_files bounds their size
-            # (EBB_BATCH_FILE_MAX_BYTES) while reading them.
-            await self.app(scope, receive, send)
+            # Batch API uploads are multipart, not JSON: passed through as a stream, but
+            # bounded here too, so an upload far past its limit is never spooled to disk.
+            await self._upload(scope, receive, send)
             return
         try:
             raw = await self._read(scope, receive)
@@ -117,6 +120,23 @@ class BodyGuard:
 
         await self.app(scope, replay, send)
 
+    async def _upload(self, scope: Scope, receive: Receive, send: Send) -> None:
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_upload_bytes:
+            await _send_error(send, self._too_large(self.max_upload_bytes))
+            return
+        size = 0
+
+        async def bounded() -> Message:
+            nonlocal size
+            message = await receive()
+            size += len(message.get("body", b""))
+            if size > self.max_upload_bytes:
+                raise self._too_large(self.max_upload_bytes)  # the route answers it
+            return message
+
+        await self.app(scope, bounded, send)
+
     async def _read(self, scope: Scope, receive: Receive) -> bytes:
         declared = _content_length(scope)
         if declared is not None and declared > self.max_body_bytes:
@@ -135,7 +155,12 @@ class BodyGuard:
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
-    def _too_large(self) -> PayloadTooLarge:
+    def _too_large(self, limit: int | None = None) -> PayloadTooLarge:
+        if limit is not None:
+            return PayloadTooLarge(
+                f"The upload is larger than {limit} bytes (EBB_BATCH_FILE_MAX_BYTES plus "
+                "its framing); split the batch into smaller files."
+            )
         return PayloadTooLarge(
             f"The request body is larger than {self.max_body_bytes} bytes "
             "(EBB_MAX_BODY_BYTES); send a smaller one."

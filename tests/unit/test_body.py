@@ -7,9 +7,9 @@ import pytest
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
-from ebb.errors import InvalidRequest
+from ebb.errors import EbbError, InvalidRequest
 from ebb.frontdoor.body import MAX_JSON_DEPTH, BodyGuard, decode_json, decoded_json
-from ebb.frontdoor.errors_http import install_input_error_handlers
+from ebb.frontdoor.errors_http import error_response, install_input_error_handlers
 
 LIMIT_BYTES = 64 * 1024
 
@@ -126,3 +126,50 @@ async def test_wrong_method_is_405_with_its_own_code(client):
     assert response.status_code == 405
     assert response.json()["error"]["code"] == "method_not_allowed"
     assert response.headers["allow"] == "POST"
+
+
+def _upload_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/v1/files")
+    async def upload(request: Request) -> dict:
+        form = await request.form()
+        return {"bytes": len(await form["file"].read())}
+
+    install_input_error_handlers(app)
+
+    @app.exception_handler(EbbError)
+    async def ebb_error(request: Request, exc: EbbError):
+        return error_response(exc)
+
+    app.add_middleware(BodyGuard, max_body_bytes=LIMIT_BYTES, max_upload_bytes=4 * LIMIT_BYTES)
+    return app
+
+
+async def test_a_file_upload_is_bounded_by_its_own_limit_declared_or_streamed():
+    transport = httpx.ASGITransport(app=_upload_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        small = await client.post("/v1/files", files={"file": ("a.jsonl", b"x" * 2 * LIMIT_BYTES)})
+        assert small.status_code == 200 and small.json() == {"bytes": 2 * LIMIT_BYTES}
+
+        big = await client.post("/v1/files", files={"file": ("a.jsonl", b"x" * 8 * LIMIT_BYTES)})
+        assert big.status_code == 413 and "EBB_BATCH_FILE_MAX_BYTES" in big.text
+
+        boundary = "b0undary"
+        head = (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+            'filename="a.jsonl"\r\n\r\n'
+        ).encode()
+
+        async def chunks():  # no Content-Length: only counting the bytes can stop it
+            yield head
+            for _ in range(16):
+                yield b"x" * LIMIT_BYTES
+            yield f"\r\n--{boundary}--\r\n".encode()
+
+        streamed = await client.post(
+            "/v1/files",
+            content=chunks(),
+            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+        )
+        assert streamed.status_code == 413
