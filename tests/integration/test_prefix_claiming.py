@@ -116,9 +116,20 @@ async def test_an_owner_that_cannot_take_it_is_not_waited_for(redis_url, queue, 
         a.set_fields(state=RunnerState.DRAINING)
     elif owner_is == "silent":
         a.claim(DEP, 4)
-        a.set_fields(heartbeat_ms=_redis_now_ms(redis_url) - 60_000)
+        long_ago_ms = _redis_now_ms(redis_url) - 60_000
+        a.set_fields(heartbeat_ms=long_ago_ms, polled_ms=long_ago_ms)
     await enqueue(queue, work("same", SYSTEM + [2]))
     assert claimed_ids(b) == ["req-same"]
+
+
+async def test_an_owner_that_claims_counts_as_alive_before_its_first_heartbeat(redis_url, queue):
+    a, b = runner(redis_url, "ra", 10_000), runner(redis_url, "rb", 10_000)
+    a.set_fields(heartbeat_ms=0)  # just ready: its heartbeat thread has not beaten yet
+    await enqueue(queue, work("first", SYSTEM + [1]))
+    assert claimed_ids(a) == ["req-first"]
+    await enqueue(queue, work("same", SYSTEM + [2]))
+    assert claimed_ids(b) == []  # left for a, which claimed a moment ago
+    assert claimed_ids(a) == ["req-same"]
 
 
 async def test_short_prompts_and_affinity_off_claim_oldest_first(redis_url, queue):

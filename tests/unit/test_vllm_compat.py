@@ -169,6 +169,13 @@ def test_on_cuda_a_load_patches_nothing(isolated):
 
 def test_model_inspection_runs_in_process(isolated):
     original = isolated.registry._run_in_subprocess
+    if original is vllm_compat._call_here:
+        # An engine loaded earlier in this test process patched it: start from a stand-in
+        # with vLLM's signature (the fixture puts the attribute back afterwards).
+        def original(fn):
+            raise AssertionError("ran in a subprocess")
+
+        isolated.registry._run_in_subprocess = original
     assert vllm_compat.IN_PROCESS_MODEL_INSPECTION.check() is None  # the real target fits
     assert vllm_compat.apply(vllm_compat.IN_PROCESS_MODEL_INSPECTION)
     replaced = isolated.registry._run_in_subprocess

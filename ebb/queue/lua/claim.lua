@@ -7,7 +7,7 @@
 -- most ARGV[7] of them. A claimed job is added to the collector's watch set, and the
 -- collector is woken.
 -- Prefix-aware: a synchronous request whose prompt prefix (its 'prefix' field) another
--- runner claimed last, while that runner is ready, heartbeating and had room at its last
+-- runner claimed last, while that runner is ready, alive and had room at its last
 -- claim, is left for it (and that runner woken) until the request has waited ARGV[9] ms
 -- (its prefix is likely in that runner's KV cache); after that any runner takes it. At most ARGV[10] queued requests beyond the number to
 -- claim are looked at (passed over or no longer queued) in one claim.
@@ -39,8 +39,12 @@ local function left_for_owner(prefix, enqueued_ms)
   if not owner then return false end
   local runner = string.match(owner, '^[^|]+')
   if runner == ARGV[1] then return false end
-  local state = redis.call('HMGET', ARGV[11] .. runner, 'state', 'heartbeat_ms', 'free_slots')
-  if state[1] ~= 'ready' or now - tonumber(state[2] or '0') > lease_ms then return false end
+  local state = redis.call(
+    'HMGET', ARGV[11] .. runner, 'state', 'heartbeat_ms', 'free_slots', 'polled_ms')
+  -- Alive: it heartbeated or claimed within a lease (its first heartbeat may be a second
+  -- away; an idle runner claims at least every half second).
+  local seen = math.max(tonumber(state[2] or '0'), tonumber(state[4] or '0'))
+  if state[1] ~= 'ready' or now - seen > lease_ms then return false end
   if tonumber(state[3] or '0') <= 0 then return false end
   -- Wake the owner if it is blocked waiting for work: the queue's own wake token may
   -- have gone to this runner instead.
@@ -107,7 +111,7 @@ if KEYS[6] and jobs > 0 and redis.call('ZCARD', KEYS[1]) == 0 then
   got = got + taken
 end
 -- Room left after this claim: what a request left for this runner's prefix needs.
-redis.call('HSET', KEYS[4], 'free_slots', want - got)
+redis.call('HSET', KEYS[4], 'free_slots', want - got, 'polled_ms', now)
 if got > 0 then
   redis.call('HSET', KEYS[4], 'last_claim_ms', now)
 end
