@@ -8,7 +8,10 @@ through Redis. Spans, in order: `ebb.request` (frontdoor, the whole request) wit
 `ebb.admission` (arrival to enqueue); on the runner, `ebb.queue_wait` (enqueue to its
 claim), `ebb.cold_start` with one child per phase when the request waited for that
 start, `ebb.prefill` (claim to first token) and `ebb.decode` (first token to the end);
-the webhooks worker's `ebb.webhook_delivery` per attempt (a trace of its own).
+the webhooks worker's `ebb.webhook_delivery` per attempt. A job (POST /v1/jobs) has an
+`ebb.job` span in place of `ebb.request`; its traceparent travels in the work item to
+the runner and in each of its deliveries to the webhooks worker, so submission, attempts
+and webhook deliveries are one trace (a batch's delivery is a trace of its own).
 
 Spans measured after the fact are created with explicit start and end times (ns since
 the epoch), so recording them costs one call when the request ends.

@@ -15,10 +15,13 @@ import uuid
 from typing import Annotated, Any, Literal
 
 import msgspec
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from ebb import tracing
 from ebb.errors import Conflict, InvalidRequest, NotFound
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
@@ -83,9 +86,39 @@ def new_job_id() -> str:
 @router.post("", status_code=202)
 async def submit_job(
     payload: JobCreate,
+    request: Request,
     caller: CallerDep,
     services: ServicesDep,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+) -> JSONResponse:
+    if not tracing.active():
+        return await _submit(payload, caller, services, idempotency_key, None, 0)
+    # The job's span continues the client's trace; the work item carries it to the runner
+    # and the job's deliveries carry it to the webhooks worker, so one trace covers the
+    # submission, every attempt and every webhook delivery.
+    started_ns = time.time_ns()
+    span = tracing.tracer.start_span(
+        "ebb.job",
+        context=tracing.context_from(request.headers),
+        kind=SpanKind.SERVER,
+        start_time=started_ns,
+        attributes={"ebb.endpoint": "jobs", "ebb.model": payload.model},
+    )
+    try:
+        response = await _submit(payload, caller, services, idempotency_key, span, started_ns)
+        span.set_attribute("http.response.status_code", response.status_code)
+        return response
+    finally:
+        span.end()
+
+
+async def _submit(
+    payload: JobCreate,
+    caller: Caller,
+    services: Services,
+    idempotency_key: str | None,
+    span: Span | None,
+    started_ns: int,
 ) -> JSONResponse:
     settings = services.settings
     ttl_s = payload.ttl_s or settings.job_ttl_s
@@ -102,7 +135,10 @@ async def submit_job(
             raise InvalidRequest(str(e), param="webhook.url", code="unsafe_webhook_url") from e
     # The tenant's signing secret exists before its first event, so it can be read first.
     await services.webhook_secrets.ensure(caller.tenant, new_secret())
-    record = _new_record(caller, spec, payload, prepared, settings.job_max_attempts)
+    traceparent = tracing.traceparent_of(span) if span is not None else ""
+    record = _new_record(
+        caller, spec, payload, prepared, settings.job_max_attempts, traceparent=traceparent
+    )
     submission = msgspec.json.encode(payload.model_dump(mode="json"), order="sorted")
     # The same limits as a synchronous request: reserved now, settled by the collector
     # when the job ends (429 here when the caller is over them).
@@ -125,6 +161,12 @@ async def submit_job(
             "for a new job.",
             code="idempotency_key_reused",
         ) from e
+    if span is not None:
+        span.set_attribute("ebb.job_id", job_id)
+        admission = trace.set_span_in_context(span)
+        # Arrival to enqueue, as for a synchronous request; the runner's queue wait follows.
+        enqueued_ns = int(record.work.enqueued_at_s * 1e9)
+        tracing.record_span("ebb.admission", admission, started_ns, enqueued_ns)
     headers = {"Location": f"/v1/jobs/{job_id}"}
     if replayed:  # the job queued the first time holds its own reservation
         await reservation.settle()
@@ -313,6 +355,8 @@ def _new_record(
     payload: JobCreate,
     prepared: Prepared,
     max_attempts: int,
+    *,
+    traceparent: str = "",
 ) -> JobRecord:
     job_id = new_job_id()
     work = WorkItem(
@@ -326,6 +370,7 @@ def _new_record(
         key_id=caller.key_id,
         price_per_1m_input_tokens_micros=spec.price_per_1m_input_tokens_micros,
         price_per_1m_output_tokens_micros=spec.price_per_1m_output_tokens_micros,
+        traceparent=traceparent,
     )
     webhook = payload.webhook
     return JobRecord(

@@ -122,6 +122,8 @@ class DeliveryRecord(msgspec.Struct, kw_only=True):
     last_status: int = 0
     last_error: str = ""
     owner: str = ""  # the worker attempting it now, if any
+    # The W3C trace context of the job that caused it: its delivery spans join that trace.
+    traceparent: str = ""
 
 
 class DeliveryAttempt(msgspec.Struct, kw_only=True, frozen=True):

@@ -196,6 +196,7 @@ class JobScripts:
                     retention_s,
                     keys.SIGNAL_LIST_MAX,
                     ANNOUNCED_PREFIX,
+                    record.work.traceparent,
                     len(TERMINAL_STATUSES),
                     *TERMINAL_STATUSES,
                     *(item for event in events for item in event),

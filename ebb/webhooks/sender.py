@@ -173,8 +173,10 @@ class Deliverer:
         if tracing.active():
             attributes = {"ebb.job_id": record.job_id, "ebb.webhook_id": record.webhook_id}
             attributes.update({"ebb.attempt": number, "ebb.outcome": outcome})
+            # Under the job's own trace when it was traced, else a trace of its own.
+            parent = record.traceparent or Context()
             tracing.record_span(
-                "ebb.webhook_delivery", Context(), started_ns, time.time_ns(), attributes
+                "ebb.webhook_delivery", parent, started_ns, time.time_ns(), attributes
             )
         log.info(
             "webhooks: %s %s of job %s attempt %d -> %s (%s)",

@@ -4,15 +4,16 @@
 --       5 watch set, 6 waiting zset
 -- ARGV: 1 job id, 2 tenant, 3 webhook url, 4 delivery key prefix, 5 delivery ttl s,
 --       6 settled job retention s, 7 signal list max, 8 announced-field prefix,
---       9 number of terminal statuses N, 10..9+N terminal statuses,
+--       9 the job's traceparent ('' when untraced),
+--       10 number of terminal statuses N, 11..10+N terminal statuses,
 --       then per event: event type, webhook id, body ('' marks it announced, undelivered)
 -- Returns the number of deliveries created.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[5])
-local n = tonumber(ARGV[9])
+local n = tonumber(ARGV[10])
 local created = 0
-for i = 10 + n, #ARGV, 3 do
+for i = 11 + n, #ARGV, 3 do
   local event, wid, body = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local fresh = redis.call('HSETNX', KEYS[1], ARGV[8] .. event, wid)
   if fresh == 1 and body ~= '' then
@@ -20,6 +21,9 @@ for i = 10 + n, #ARGV, 3 do
     redis.call('HSET', dkey, 'webhook_id', wid, 'job_id', ARGV[1], 'tenant', ARGV[2],
       'url', ARGV[3], 'event', event, 'body', body, 'created_ms', now, 'state', 'pending',
       'attempts', 0, 'next_ms', now)
+    if ARGV[9] ~= '' then
+      redis.call('HSET', dkey, 'traceparent', ARGV[9])
+    end
     redis.call('EXPIRE', dkey, ttl)
     redis.call('RPUSH', KEYS[2], wid)
     redis.call('EXPIRE', KEYS[2], ttl)
@@ -32,7 +36,7 @@ if created > 0 then
   redis.call('LTRIM', KEYS[4], -tonumber(ARGV[7]), -1)
 end
 local status = redis.call('HGET', KEYS[1], 'status')
-for i = 10, 9 + n do
+for i = 11, 10 + n do
   if status == ARGV[i] then
     redis.call('SREM', KEYS[5], ARGV[1])
     redis.call('ZREM', KEYS[6], ARGV[1])
