@@ -31,7 +31,7 @@ function describeNetworkError(error) {
 }
 
 /**
- * createApi(key, {onUnauthorized}) -> {get, post, patch, del, streamChat}.
+ * createApi(key, {onUnauthorized}) -> {get, post, patch, put, del, streamChat}.
  * onUnauthorized(error) runs when the platform refuses the key (revoked mid-session).
  */
 export function createApi(key, { onUnauthorized } = {}) {
@@ -109,6 +109,7 @@ export function createApi(key, { onUnauthorized } = {}) {
     get: (path, options) => request("GET", path, options),
     post: (path, body, options) => request("POST", path, { ...options, body }),
     patch: (path, body, options) => request("PATCH", path, { ...options, body }),
+    put: (path, body, options) => request("PUT", path, { ...options, body }),
     del: (path, options) => request("DELETE", path, options),
     streamChat,
   };

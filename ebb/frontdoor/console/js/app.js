@@ -7,6 +7,7 @@ import * as detail from "./views/detail.js";
 import * as deployments from "./views/deployments.js";
 import * as jobs from "./views/jobs.js";
 import * as keys from "./views/keys.js";
+import * as logs from "./views/logs.js";
 import * as playground from "./views/playground.js";
 import * as signin from "./views/signin.js";
 import * as usage from "./views/usage.js";
@@ -24,6 +25,7 @@ const ROUTES = [
   { pattern: /^usage$/, view: usage, nav: "usage" },
   { pattern: /^keys$/, view: keys, nav: "keys", admin: true },
   { pattern: /^jobs(?:\/([^/]+))?$/, view: jobs, nav: "jobs" },
+  { pattern: /^logs(?:\/([^/]+))?(?:\/([^/]+))?$/, view: logs, nav: "logs", admin: true },
 ];
 
 const main = document.getElementById("main");

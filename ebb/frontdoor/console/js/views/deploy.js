@@ -12,6 +12,7 @@ import {
   showFieldError,
   showFormError,
 } from "../dom.js";
+import { limitsFieldset, moreFieldset, readOptions, servingFieldset } from "../deploy_options.js";
 import { engineFieldset, readEngine } from "../engine.js";
 import { progressBar, weightsProgress } from "../model.js";
 import { priceFields, priceFieldset, readPrices } from "../prices.js";
@@ -28,6 +29,7 @@ function readForm(form, prices) {
   };
   readPrices(form, prices, body);
   readEngine(form, body);
+  readOptions(form, body);
   return body;
 }
 
@@ -115,11 +117,16 @@ export async function render(ctx) {
       h("legend", {}, "Scaling"),
       scalingFields({ min_replicas: 0, max_replicas: 1, idle_timeout_s: 60 }),
     ),
+    limitsFieldset(),
     priceFieldset(prices),
     engineFieldset(),
+    servingFieldset(),
     formError(),
     h("div", { class: "actions" }, submit),
   );
+  // Whatever else the API takes (a field newer than this form) is offered too.
+  const more = moreFieldset(schema, form);
+  if (more) form.querySelector(".form-error").before(more);
   clear(area, form, cliHint("ebb deploy NAME --source SOURCE --min 0 --max 1 --idle-timeout 60"));
 
   form.addEventListener("submit", async (event) => {

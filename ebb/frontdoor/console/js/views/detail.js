@@ -116,6 +116,18 @@ function runnersSection(d, toggled) {
         { label: "Launched", cell: (r) => fmtClock(r.launched_ms) },
         { label: "Ready", cell: (r) => fmtClock(r.ready_ms) },
         { label: "Error", cell: (r) => (r.error ? h("span", { class: "error" }, r.error) : "") },
+        {
+          label: "Logs",
+          cell: (r) =>
+            h(
+              "a",
+              {
+                href: `#/logs/${encodeURIComponent(d.name)}/${encodeURIComponent(r.id)}`,
+                "aria-label": `Follow the log of ${r.id}`,
+              },
+              "Follow",
+            ),
+        },
       ],
     }),
     runnerLogs(runners, toggled),
@@ -248,6 +260,13 @@ export async function render(ctx) {
         body,
         liveArea,
         admin ? h("div", { class: "manage" }, scaleForm(ctx, d), deleteSection(ctx, name)) : null,
+        admin
+          ? h(
+              "p",
+              {},
+              h("a", { href: `#/logs/${encodeURIComponent(name)}` }, "Follow the runners' logs live"),
+            )
+          : null,
         cliHint(`ebb deployments show ${name}`),
       );
     }

@@ -1,10 +1,12 @@
-// Jobs: async requests with webhooks — list, status, result and every delivery attempt.
+// Jobs: async requests with webhooks — submit, list, status, result, cancel and every
+// delivery attempt; the tenant's webhook signing secret and its rotation.
 // On a platform without /v1/jobs the view says so instead of failing.
 
 import {
   badge,
   clear,
   cliHint,
+  confirmDialog,
   field,
   fmtInt,
   fmtMs,
@@ -14,6 +16,8 @@ import {
   refresh,
   table,
 } from "../dom.js";
+import { jobForm } from "../jobform.js";
+import { webhookSecretSection } from "../webhook_secret.js";
 
 const STATUSES = ["queued", "running", "succeeded", "failed", "cancelled", "expired"];
 
@@ -21,14 +25,13 @@ function createdOf(job) {
   return job.created ?? job.created_at ?? job.created_at_s ?? null;
 }
 
+/** Every delivery attempt of the job's webhook events, oldest first. */
 function attemptsOf(job) {
-  const attempts =
-    job.delivery_attempts ??
-    job.webhook_attempts ??
-    job.attempts ??
-    job.deliveries ??
-    job.webhook?.attempts;
-  return Array.isArray(attempts) ? attempts : [];
+  const out = [];
+  for (const d of job.deliveries || []) {
+    (d.attempts || []).forEach((a, i) => out.push({ ...a, attempt: i + 1, event: d.event }));
+  }
+  return out.sort((a, b) => (a.at ?? 0) - (b.at ?? 0));
 }
 
 function notAvailable() {
@@ -114,7 +117,31 @@ function resultText(job) {
   return content ?? (job.result ? JSON.stringify(job.result, null, 2) : null);
 }
 
-function jobDetail(job) {
+const SETTLED = new Set(["succeeded", "failed", "cancelled", "expired"]);
+
+function cancelButton(ctx, job) {
+  if (SETTLED.has(job.status)) return null;
+  if (job.cancel_requested) return h("p", { class: "muted" }, "Cancel requested…");
+  const button = h("button", { type: "button", class: "button danger" }, "Cancel job");
+  button.addEventListener("click", async () => {
+    const sure = await confirmDialog({
+      title: `Cancel ${job.id}?`,
+      message:
+        "A queued job is dropped; a running one is stopped and billed for the tokens it produced.",
+      confirmLabel: "Cancel job",
+    });
+    if (!sure) return;
+    try {
+      const after = await ctx.api.del(`/v1/jobs/${encodeURIComponent(job.id)}`);
+      ctx.flash(`Job ${job.id} is ${after.status}.`);
+    } catch (error) {
+      ctx.flash(error.message, "bad");
+    }
+  });
+  return button;
+}
+
+function jobDetail(ctx, job) {
   const result = resultText(job);
   return [
     h(
@@ -123,6 +150,7 @@ function jobDetail(job) {
       badge(job.status),
       ` ${job.model || ""} · ${job.endpoint || ""} · created ${fmtTime(createdOf(job))}`,
     ),
+    h("div", { class: "actions" }, cancelButton(ctx, job)),
     job.error
       ? h("p", { class: "error" }, typeof job.error === "string" ? job.error : job.error.message)
       : null,
@@ -159,7 +187,7 @@ async function renderDetail(ctx, id) {
   await ctx.every(3000, async () => {
     try {
       const job = await ctx.api.get(`/v1/jobs/${encodeURIComponent(id)}`, { signal: ctx.signal });
-      refresh(body, job, () => jobDetail(job));
+      refresh(body, job, () => jobDetail(ctx, job));
       live.ok();
     } catch (error) {
       if (error.name === "AbortError") throw error;
@@ -194,7 +222,23 @@ export async function render(ctx) {
   const live = liveLine();
   const body = h("div", { class: "view-body" });
   head.append(h("div", { class: "inline-field" }, filter));
-  ctx.main.append(live.el, body, cliHint("ebb jobs"));
+  const models = (await ctx.api.get("/v1/models", { signal: ctx.signal })).data
+    .filter((m) => m.capabilities?.chat_completions !== false)
+    .map((m) => m.id)
+    .sort();
+  const submitForm = models.length
+    ? jobForm(ctx, models, (job) =>
+        ctx.navigate(`#/jobs/${encodeURIComponent(job.id)}`, `Submitted ${job.id}.`),
+      )
+    : h("p", { class: "muted" }, "No chat model is deployed: deploy one to submit jobs.");
+  const secret = webhookSecretSection(ctx);
+  ctx.main.append(
+    live.el,
+    body,
+    cliHint("ebb jobs · ebb jobs submit MODEL --prompt TEXT · ebb jobs cancel JOB_ID"),
+    h("div", { class: "manage" }, submitForm, secret.el),
+  );
+  await secret.load();
   const show = (list) => refresh(body, [select.value, list.data], () => jobsTable(list.data || []));
   show(first);
   live.ok();

@@ -1,4 +1,5 @@
-// API keys (admin): create (the secret is shown once), list, revoke.
+// API keys (admin): create (the secret is shown once), list, revoke; tenants and the rate
+// limits of tenants and keys.
 
 import {
   badge,
@@ -15,6 +16,7 @@ import {
   showFormError,
   table,
 } from "../dom.js";
+import { limitsSection, limitText } from "../limits.js";
 
 function secretCallout(created, onDone) {
   const input = h("input", {
@@ -90,6 +92,13 @@ function keysTable(ctx, keys, reload) {
       { label: "Name", cell: (k) => k.name || "—" },
       { label: "Created", cell: (k) => fmtTime(k.created) },
       { label: "Status", cell: (k) => badge(k.revoked ? "revoked" : "active") },
+      {
+        label: "Limits",
+        cell: (k) =>
+          k.limits
+            ? `${limitText(k.limits.requests_per_minute)} req · ${limitText(k.limits.tokens_per_minute)} tok`
+            : "—",
+      },
       { label: "Action", cell: revokeButton },
     ],
   });
@@ -138,10 +147,13 @@ export async function render(ctx) {
     list,
     cliHint("ebb keys create --tenant TENANT · ebb keys list · ebb keys revoke KEY_ID"),
   );
-  const reload = async () => {
+  const reloadKeys = async () => {
     const body = await ctx.api.get("/v1/keys", { signal: ctx.signal });
     refresh(list, body.data, () => keysTable(ctx, body.data, reload));
   };
+  const limits = limitsSection(ctx, reloadKeys);
+  ctx.main.append(limits.el);
+  const reload = () => Promise.all([reloadKeys(), limits.reload()]);
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     clearErrors(form);

@@ -1,7 +1,9 @@
 // Playground: chat with a deployment and watch the answer stream, with the request's time
-// to first token and usage.
+// to first token and usage; offer it tools and see its tool calls. An embedding (pooling)
+// deployment gets an embeddings playground instead.
 
-import { clear, cliHint, field, fmtInt, fmtMs, h, numberOrNull } from "../dom.js";
+import { clear, cliHint, field, fmtInt, fmtMs, h, numberOrNull, showFieldError } from "../dom.js";
+import { embeddingsPlayground } from "../embeddings.js";
 
 function statsList() {
   const values = {};
@@ -33,12 +35,14 @@ function statsList() {
   };
 }
 
+const ROLE_NAMES = { user: "You", assistant: "Assistant", tool: "Tool result" };
+
 function bubble(role, text) {
   const body = h("div", { class: "bubble-text" }, text);
   const el = h(
     "li",
     { class: `bubble ${role}`, dataset: { role } },
-    h("span", { class: "bubble-role" }, role === "user" ? "You" : "Assistant"),
+    h("span", { class: "bubble-role" }, ROLE_NAMES[role] || role),
     body,
   );
   return { el, body };
@@ -55,6 +59,7 @@ async function streamAnswer(ctx, request, parts) {
   let chunks = 0;
   let text = "";
   let finish = null;
+  const calls = []; // tool calls by index, assembled from their streamed deltas
   try {
     for await (const chunk of ctx.api.streamChat(request, controller.signal)) {
       if (chunk.requestId !== undefined) {
@@ -72,6 +77,13 @@ async function streamAnswer(ctx, request, parts) {
         text += delta;
         answer.body.textContent = text;
         answer.el.dataset.chunks = String(chunks);
+      }
+      for (const d of choice?.delta?.tool_calls || []) {
+        const call = (calls[d.index ?? 0] ??= { id: "", type: "function", function: { name: "", arguments: "" } });
+        if (d.id) call.id = d.id;
+        if (d.function?.name) call.function.name += d.function.name;
+        if (d.function?.arguments) call.function.arguments += d.function.arguments;
+        showToolCalls(answer, calls);
       }
       if (choice?.finish_reason) finish = choice.finish_reason;
       if (chunk.usage) {
@@ -93,12 +105,71 @@ async function streamAnswer(ctx, request, parts) {
   } finally {
     ctx.signal.removeEventListener("abort", abort);
   }
-  return text;
+  return { text, calls: calls.filter(Boolean) };
+}
+
+function showToolCalls(answer, calls) {
+  let box = answer.el.querySelector(".tool-calls");
+  if (!box) {
+    box = h("ul", { class: "tool-calls", "aria-label": "Tool calls" });
+    answer.el.append(box);
+  }
+  box.replaceChildren(
+    ...calls.filter(Boolean).map((c) =>
+      h(
+        "li",
+        { class: "tool-call", dataset: { tool: c.function.name, callId: c.id } },
+        h("span", { class: "tool-call-name" }, `Tool call: ${c.function.name}`),
+        h("pre", { class: "log" }, prettyArguments(c.function.arguments)),
+      ),
+    ),
+  );
+  answer.el.dataset.toolCalls = String(calls.filter(Boolean).length);
+}
+
+function prettyArguments(text) {
+  try {
+    return JSON.stringify(JSON.parse(text), null, 2);
+  } catch {
+    return text; // still streaming: not whole JSON yet
+  }
+}
+
+const TOOLS_EXAMPLE = JSON.stringify(
+  [
+    {
+      type: "function",
+      function: {
+        name: "get_weather",
+        description: "The weather in a city.",
+        parameters: {
+          type: "object",
+          properties: { city: { type: "string" } },
+          required: ["city"],
+        },
+      },
+    },
+  ],
+  null,
+  2,
+);
+
+/** The tools textarea as a list, or an error message naming what to fix. */
+function parseTools(text) {
+  if (!text.trim()) return { tools: null };
+  let tools;
+  try {
+    tools = JSON.parse(text);
+  } catch (error) {
+    return { error: `Tools must be JSON: ${error.message}` };
+  }
+  if (!Array.isArray(tools)) return { error: "Tools must be a JSON list of tool objects." };
+  return { tools };
 }
 
 async function loadModels(ctx) {
   const body = await ctx.api.get("/v1/models", { signal: ctx.signal });
-  return body.data.map((m) => m.id).sort();
+  return body.data.sort((a, b) => a.id.localeCompare(b.id));
 }
 
 export async function render(ctx) {
@@ -118,13 +189,46 @@ export async function render(ctx) {
     );
     return;
   }
-  const chosen = models.includes(ctx.params[0]) ? ctx.params[0] : models[0];
+  const ids = models.map((m) => m.id);
+  const chosen = ids.includes(ctx.params[0]) ? ctx.params[0] : ids[0];
   const modelField = field({
     label: "Model",
     param: "model",
-    options: models.map((m) => ({ value: m, label: m })),
+    options: ids.map((m) => ({ value: m, label: m })),
     value: chosen,
   });
+  const select = modelField.querySelector("select");
+  const area = h("div", {});
+  ctx.main.append(area);
+  const show = (first) => {
+    const model = models.find((m) => m.id === select.value);
+    const embed = model.capabilities?.embeddings === true;
+    const mode = embed ? embeddingsPlayground(ctx, model.id) : chatPlayground(ctx, model);
+    const command = embed
+      ? `curl $EBB_URL/v1/embeddings -d '{"model": "${model.id}", "input": ["hello"]}'`
+      : `ebb chat ${model.id} "What is the capital of France?"`;
+    clear(
+      area,
+      h(
+        "div",
+        { class: "playground", dataset: { mode: embed ? "embeddings" : "chat" } },
+        mode.panel,
+        h(
+          "aside",
+          { class: "card settings", "aria-label": "Settings and last request" },
+          modelField,
+          mode.aside,
+        ),
+      ),
+      cliHint(command),
+    );
+    if (first) mode.focus?.(); // later, focus stays on the model the user just chose
+  };
+  select.addEventListener("change", () => show(false));
+  show(true);
+}
+
+function chatPlayground(ctx, model) {
   const systemField = field({
     label: "System prompt (optional)",
     param: "system",
@@ -148,6 +252,26 @@ export async function render(ctx) {
     min: "1",
     step: "1",
   });
+  const toolsField = field({
+    label: "Tools (JSON, optional)",
+    param: "tools",
+    textarea: true,
+    rows: "4",
+    spellcheck: "false",
+    placeholder: TOOLS_EXAMPLE,
+    hint: "OpenAI tool objects; the model may answer with tool calls.",
+  });
+  const choiceField = field({
+    label: "Tool choice",
+    param: "tool_choice",
+    options: [
+      { value: "auto", label: "auto: the model decides" },
+      { value: "required", label: "required: it must call one" },
+      { value: "none", label: "none: answer in words" },
+    ],
+    value: "auto",
+  });
+  const tools = model.capabilities?.tools !== false;
   const messageField = field({
     label: "Message",
     param: "message",
@@ -156,6 +280,7 @@ export async function render(ctx) {
     hint: "Ctrl+Enter sends.",
   });
   const input = messageField.querySelector("textarea");
+  const messageHint = messageField.querySelector(".hint");
   const transcript = h("ol", {
     class: "transcript",
     "aria-label": "Conversation",
@@ -167,6 +292,7 @@ export async function render(ctx) {
   const reset = h("button", { type: "button", class: "button quiet" }, "Clear conversation");
   const stats = statsList();
   const history = [];
+  let pendingCall = null; // the tool call the next message answers, if the model made one
 
   const form = h(
     "form",
@@ -175,30 +301,15 @@ export async function render(ctx) {
     error,
     h("div", { class: "actions" }, send, stop, reset),
   );
-  const hint = h("div", {}, cliHint(`ebb chat ${chosen} "What is the capital of France?"`));
-  const select = modelField.querySelector("select");
-  select.addEventListener("change", () =>
-    clear(hint, cliHint(`ebb chat ${select.value} "What is the capital of France?"`)),
-  );
-  ctx.main.append(
-    h(
-      "div",
-      { class: "playground" },
-      h("section", { class: "card chat", "aria-label": "Chat" }, transcript, form),
-      h(
-        "aside",
-        { class: "card settings", "aria-label": "Settings and last request" },
-        modelField,
-        systemField,
-        h("div", { class: "grid two" }, tempField, maxField),
-        h("h2", {}, "Last request"),
-        stats.el,
-      ),
-    ),
-    hint,
-  );
+  const awaitResult = (call) => {
+    pendingCall = call;
+    messageHint.textContent = call
+      ? `Your next message is sent as the result of tool call ${call.function.name} (${call.id}).`
+      : "Ctrl+Enter sends.";
+  };
   reset.addEventListener("click", () => {
     history.length = 0;
+    awaitResult(null);
     clear(transcript);
     stats.reset();
     input.focus();
@@ -210,21 +321,35 @@ export async function render(ctx) {
     event.preventDefault();
     const text = input.value.trim();
     error.textContent = "";
+    toolsField.querySelector(".field-error").textContent = "";
     if (!text) {
       error.textContent = "Write a message first.";
       input.focus();
       return;
     }
+    const parsedTools = tools ? parseTools(toolsField.querySelector("textarea").value) : {};
+    if (parsedTools.error) {
+      showFieldError(toolsField, "tools", parsedTools.error);
+      toolsField.querySelector("textarea").focus();
+      return;
+    }
     const system = systemField.querySelector("textarea").value.trim();
-    const turn = [...history, { role: "user", content: text }];
+    const message = pendingCall
+      ? { role: "tool", tool_call_id: pendingCall.id, content: text }
+      : { role: "user", content: text };
+    const turn = [...history, message];
     const request = {
-      model: select.value,
+      model: model.id,
       messages: system ? [{ role: "system", content: system }, ...turn] : turn,
       temperature: numberOrNull(tempField.querySelector("input")) ?? 0.7,
       max_tokens: numberOrNull(maxField.querySelector("input")) ?? 256,
       stream_options: { include_usage: true },
     };
-    const question = bubble("user", text);
+    if (parsedTools.tools) {
+      request.tools = parsedTools.tools;
+      request.tool_choice = choiceField.querySelector("select").value;
+    }
+    const question = bubble(pendingCall ? "tool" : "user", text);
     const answer = bubble("assistant", "");
     answer.el.dataset.state = "streaming";
     transcript.append(question.el, answer.el);
@@ -235,7 +360,10 @@ export async function render(ctx) {
     transcript.setAttribute("aria-busy", "true");
     try {
       const reply = await streamAnswer(ctx, request, { answer, stats, stop });
-      history.push({ role: "user", content: text }, { role: "assistant", content: reply });
+      const said = { role: "assistant", content: reply.text || null };
+      if (reply.calls.length) said.tool_calls = reply.calls;
+      history.push(message, said);
+      awaitResult(reply.calls[0] || null);
     } catch (e) {
       answer.el.dataset.state = "failed";
       answer.body.textContent = "No answer.";
@@ -249,5 +377,15 @@ export async function render(ctx) {
       answer.el.scrollIntoView({ block: "nearest" });
     }
   });
-  input.focus();
+  return {
+    panel: h("section", { class: "card chat", "aria-label": "Chat" }, transcript, form),
+    aside: [
+      systemField,
+      h("div", { class: "grid two" }, tempField, maxField),
+      tools ? h("div", { class: "tools" }, toolsField, choiceField) : null,
+      h("h2", {}, "Last request"),
+      stats.el,
+    ],
+    focus: () => input.focus(),
+  };
 }

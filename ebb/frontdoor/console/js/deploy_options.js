@@ -1,0 +1,187 @@
+// The deploy form's remaining options: serving (task, tool parser, chat template, batch
+// discount), admission limits and the billed owner, and — read from the platform's own
+// OpenAPI schema — any other field DeploymentCreate takes that the form has no field for
+// yet, so everything the API accepts can be set here. Each field carries the API's name
+// (`serving.task`, ...) so a 400 lands next to it; empty fields are left out of the body.
+
+import { field, h } from "./dom.js";
+
+const TOOL_PARSERS = ["", "none", "hermes", "llama3_json", "mistral"];
+
+const LIMITS = [
+  {
+    param: "max_concurrency",
+    label: "Max concurrency",
+    kind: "int",
+    hint: "Requests one runner serves at once.",
+  },
+  {
+    param: "queue_depth_limit",
+    label: "Queue depth limit",
+    kind: "int",
+    hint: "Queued requests before new ones get 429.",
+  },
+  {
+    param: "admission_timeout_s",
+    label: "Admission timeout (s)",
+    kind: "number",
+    hint: "How long a request may wait for a runner; empty: the platform's.",
+  },
+  {
+    param: "owner",
+    label: "Owner (tenant)",
+    kind: "text",
+    hint: "The tenant billed for its GPU time; empty: the platform.",
+  },
+];
+
+const SERVING = [
+  {
+    param: "serving.task",
+    label: "Task",
+    kind: "choice",
+    options: [
+      { value: "", label: "generate (default)" },
+      { value: "generate", label: "generate" },
+      { value: "embed", label: "embed (pooling: /v1/embeddings)" },
+    ],
+  },
+  {
+    param: "serving.tool_parser",
+    label: "Tool parser",
+    kind: "choice",
+    options: TOOL_PARSERS.map((p) => ({
+      value: p,
+      label: p === "" ? "from the chat template (default)" : p,
+    })),
+    hint: "How replies become tool calls.",
+  },
+  {
+    param: "serving.batch_discount_pct",
+    label: "Batch discount (%)",
+    kind: "int",
+    hint: "Batch API token prices: this much percent off.",
+  },
+  {
+    param: "serving.chat_template",
+    label: "Chat template",
+    kind: "text",
+    textarea: true,
+    hint: "A Jinja chat template instead of the model's own; empty: the model's.",
+  },
+];
+
+const SWITCH = [
+  { value: "", label: "platform default" },
+  { value: "true", label: "on" },
+  { value: "false", label: "off" },
+];
+
+function control(def) {
+  const { kind, ...attrs } = def;
+  if (kind === "int" || kind === "number") {
+    Object.assign(attrs, { type: "number", min: "0", step: kind === "int" ? "1" : "any" });
+  }
+  if (kind === "bool") attrs.options = SWITCH;
+  if (attrs.options) attrs.value = "";
+  const el = field({ ...attrs, autocomplete: "off", spellcheck: "false" });
+  el.querySelector("[data-param]").dataset.kind = kind;
+  return el;
+}
+
+export function servingFieldset() {
+  return h(
+    "fieldset",
+    { class: "serving" },
+    h("legend", {}, "Serving"),
+    h("div", { class: "grid three" }, SERVING.filter((d) => !d.textarea).map(control)),
+    SERVING.filter((d) => d.textarea).map((d) => control({ ...d, rows: "3" })),
+  );
+}
+
+export function limitsFieldset() {
+  return h(
+    "fieldset",
+    { class: "admission" },
+    h("legend", {}, "Admission and billing"),
+    h("div", { class: "grid two" }, LIMITS.map(control)),
+  );
+}
+
+// --- fields only the schema knows --------------------------------------------------------
+
+function resolve(schema, prop) {
+  const ref =
+    prop.$ref || prop.allOf?.find((p) => p.$ref)?.$ref || prop.anyOf?.find((p) => p.$ref)?.$ref;
+  return ref ? schema.components.schemas[ref.split("/").pop()] || prop : prop;
+}
+
+function leafKind(prop) {
+  const typed = prop.type ? prop : (prop.anyOf || []).find((p) => p.type && p.type !== "null");
+  if (!typed) return null;
+  if (typed.enum) return { kind: "choice", options: typed.enum };
+  if (typed.type === "integer") return { kind: "int" };
+  if (typed.type === "number") return { kind: "number" };
+  if (typed.type === "boolean") return { kind: "bool" };
+  if (typed.type === "string") return { kind: "text" };
+  return null; // lists and maps: not a form field (the CLI and API take them)
+}
+
+/** [param, prop] for each leaf of DeploymentCreate, one object level deep. */
+export function schemaLeaves(schema) {
+  const props = schema?.components?.schemas?.DeploymentCreate?.properties || {};
+  const out = [];
+  for (const [name, prop] of Object.entries(props)) {
+    const target = resolve(schema, prop);
+    if (target.properties) {
+      for (const [sub, leaf] of Object.entries(target.properties)) out.push([`${name}.${sub}`, leaf]);
+    } else out.push([name, prop]);
+  }
+  return out;
+}
+
+function title(param) {
+  const words = param.split(".").pop().replaceAll("_", " ");
+  return words.charAt(0).toUpperCase() + words.slice(1);
+}
+
+/** A fieldset for the leaves the form has no field for (null when there are none). */
+export function moreFieldset(schema, form) {
+  const missing = schemaLeaves(schema).filter(
+    ([param]) => !form.querySelector(`[data-param="${CSS.escape(param)}"]`),
+  );
+  const controls = [];
+  for (const [param, prop] of missing) {
+    const leaf = leafKind(prop);
+    if (!leaf) continue;
+    const options = leaf.options
+      ? [{ value: "", label: "platform default" }, ...leaf.options.map((o) => ({ value: String(o), label: String(o) }))]
+      : undefined;
+    controls.push(
+      control({ param, label: title(param), hint: prop.description, kind: leaf.kind, options }),
+    );
+  }
+  if (!controls.length) return null;
+  return h(
+    "fieldset",
+    { class: "more" },
+    h("legend", {}, "More options"),
+    h("div", { class: "grid three" }, controls),
+  );
+}
+
+/** Adds every filled-in option field (those with a data-kind) to `body`, nesting on ".". */
+export function readOptions(form, body) {
+  for (const el of form.querySelectorAll("[data-kind]")) {
+    const text = el.value.trim();
+    if (text === "") continue;
+    const kind = el.dataset.kind;
+    let value = text;
+    if (kind === "int" || kind === "number") value = Number(text);
+    else if (kind === "bool") value = text === "true";
+    const path = el.dataset.param.split(".");
+    let target = body;
+    for (const part of path.slice(0, -1)) target = target[part] ??= {};
+    target[path.at(-1)] = value;
+  }
+}
