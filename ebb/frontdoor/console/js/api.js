@@ -115,10 +115,14 @@ export function createApi(key, { onUnauthorized } = {}) {
   };
 }
 
-/** The API's OpenAPI document (no key needed): tells which optional fields exist. */
-export async function fetchSchema() {
+/**
+ * The API's OpenAPI document: tells which optional fields exist. The key goes along, as
+ * the platform serves it to the admin key only unless its API docs are public.
+ */
+export async function fetchSchema(key) {
   try {
-    const response = await fetch("/openapi.json", { cache: "no-store" });
+    const headers = key ? { Authorization: `Bearer ${key}` } : {};
+    const response = await fetch("/openapi.json", { cache: "no-store", headers });
     return response.ok ? await response.json() : null;
   } catch {
     return null;

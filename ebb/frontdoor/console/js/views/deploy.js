@@ -75,7 +75,7 @@ export async function render(ctx) {
   const area = h("div", { class: "view-body" });
   ctx.main.append(head, area);
   const [schema, list] = await Promise.all([
-    fetchSchema(),
+    fetchSchema(ctx.session.key),
     ctx.api.get("/v1/deployments", { signal: ctx.signal }).catch(() => ({ data: [] })),
   ]);
   const prices = priceFields(schema);

@@ -122,7 +122,10 @@ export async function render(ctx) {
   };
   const base = `/v1/logs?${query(source)}`;
   await ctx.every(FOLLOW_MS, async () => {
-    if (cursor !== null && !follow.checked) return;
+    if (cursor !== null && !follow.checked) {
+      state.textContent = `Paused · ${count} lines`;
+      return;
+    }
     const path = cursor === null ? `${base}&tail=${FIRST_TAIL}` : `${base}&cursor=${cursor}`;
     let body;
     try {
@@ -136,8 +139,6 @@ export async function render(ctx) {
     cursor = encodeURIComponent(body.cursor);
     append(body.data);
     state.dataset.logs = "following";
-    state.textContent = follow.checked
-      ? `Following · ${count} lines · updated ${new Date().toLocaleTimeString("en-GB")}`
-      : `Paused · ${count} lines`;
+    state.textContent = `Following · ${count} lines · updated ${new Date().toLocaleTimeString("en-GB")}`;
   });
 }

@@ -1,0 +1,351 @@
+"""The console's operator actions in a real browser (Playwright driving Debian's chromium)
+against a real platform on the fake engine: every deployment field in the deploy form,
+the live log tail, tenant and key rate limits, submitting and cancelling jobs, rotating the
+webhook secret, and tools and embeddings in the playground. One platform for the module;
+the tests run in order, as one operator's session would. Screenshots go to
+test-output/console-ops/."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+from support import REPO_ROOT, Platform, deploy, temp_home, wait_until
+
+from ebb.logtail import runner_log
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+SHOTS = REPO_ROOT / "test-output" / "console-ops"
+CHROMIUM = "/usr/bin/chromium"
+# Headless and quiet: no network beyond loopback here, and chromium's background services
+# would otherwise keep trying to reach Google.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+WIDE = {"width": 1280, "height": 900}
+CHAT = "chat"
+SLOW = "slow"
+EMBED = "emb"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def platform() -> Iterator[Platform]:
+    p = Platform(home=temp_home("ebb-console-ops-"), redis_url=None).start()
+    yield p
+    assert p.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def deployed(admin) -> None:
+    deploy(admin, CHAT, source="fake://m?ctx=4096", min_replicas=1)
+    # Slow enough that a job is still running when the test cancels it.
+    deploy(admin, SLOW, source="fake://m?ctx=8192&step_ms=200")
+    wait_until(
+        lambda: admin.get(f"/v1/deployments/{CHAT}").json()["status"] == "ready",
+        120,
+        f"{CHAT} to have a ready runner",
+    )
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def script_errors() -> list[str]:
+    return []
+
+
+@pytest.fixture(scope="module")
+def page(browser, platform, deployed, script_errors) -> Iterator[Page]:
+    context = browser.new_context(viewport=WIDE)
+    p = context.new_page()
+    p.on("pageerror", lambda e: script_errors.append(str(e)))
+    p.goto(platform.base_url + "/console")
+    p.get_by_label("API key").fill(platform.admin_key)
+    p.get_by_role("button", name="Sign in").click()
+    expect(p.get_by_text("Signed in with the admin key")).to_be_visible()
+    yield p
+    context.close()
+
+
+def shot(page: Page, name: str) -> None:
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def open_view(page: Page, route: str) -> None:
+    page.evaluate("route => { location.hash = route; }", f"#/{route}")
+    expect(page.locator("main h1")).to_be_visible()
+
+
+def schema_leaves(schema: dict) -> list[str]:
+    """Every scalar field DeploymentCreate takes, one object level deep (`engine.dtype`)."""
+    components = schema["components"]["schemas"]
+
+    def ref_of(prop: dict) -> str | None:
+        for p in [prop, *prop.get("anyOf", []), *prop.get("allOf", [])]:
+            if "$ref" in p:
+                return p["$ref"].split("/")[-1]
+        return None
+
+    def scalar(prop: dict) -> bool:
+        types = [prop.get("type"), *(p.get("type") for p in prop.get("anyOf", []))]
+        return any(t in ("string", "integer", "number", "boolean") for t in types)
+
+    leaves = []
+    for name, prop in components["DeploymentCreate"]["properties"].items():
+        ref = ref_of(prop)
+        if ref and "properties" in components[ref]:
+            fields = components[ref]["properties"].items()
+            leaves += [f"{name}.{sub}" for sub, leaf in fields if scalar(leaf)]
+        elif scalar(prop):
+            leaves.append(name)
+    return leaves
+
+
+def test_the_deploy_form_sets_every_field_the_api_takes(page, admin):
+    open_view(page, "deploy")
+    leaves = schema_leaves(admin.get("/openapi.json").json())
+    assert {"serving.task", "max_concurrency", "owner", "engine.dtype"} <= set(leaves)
+    form = page.get_by_role("form", name="Deploy a model")
+    expect(form.locator('[data-param="serving.task"]')).to_be_visible()
+    missing = [
+        (p, form.locator(f'[data-param="{p}"]').count())
+        for p in leaves
+        if form.locator(f'[data-param="{p}"]').count() != 1
+    ]
+    assert missing == [], f"the deploy form has no field for {missing}"
+
+    page.get_by_label("Name", exact=True).fill(EMBED)
+    page.get_by_label("Source").fill("fake://m?ctx=64")
+    page.get_by_label("Task").select_option("embed")
+    page.get_by_label("Max concurrency").fill("4")
+    page.get_by_label("Queue depth limit").fill("50")
+    page.get_by_label("Admission timeout (s)").fill("8")
+    page.get_by_label("Owner (tenant)").fill("acme")
+    page.get_by_label("Batch discount (%)").fill("150")
+    page.get_by_label("Prefix caching").select_option("false")
+    page.get_by_role("button", name="Deploy").click()
+    # The platform's bound lands next to the field it is about, and nothing is created.
+    discount = page.locator(".field", has=page.get_by_label("Batch discount (%)"))
+    expect(discount.locator(".field-error")).to_contain_text("100")
+    assert admin.get(f"/v1/deployments/{EMBED}").status_code == 404
+
+    page.get_by_label("Batch discount (%)").fill("50")
+    page.get_by_role("button", name="Deploy").click()
+    expect(page.get_by_role("heading", name=re.compile(f"{EMBED}"))).to_be_visible()
+    created = admin.get(f"/v1/deployments/{EMBED}").json()
+    assert created["serving"]["task"] == "embed"
+    assert created["serving"]["batch_discount_pct"] == 50
+    assert (created["max_concurrency"], created["queue_depth_limit"]) == (4, 50)
+    assert (created["admission_timeout_s"], created["owner"]) == (8, "acme")
+    assert created["engine"]["enable_prefix_caching"] is False
+    shot(page, "01-deploy-every-field")
+
+
+def test_the_logs_view_follows_a_runner_live(page, admin, platform):
+    runner = admin.get(f"/v1/deployments/{CHAT}").json()["runners"][0]["id"]
+    open_view(page, f"deployments/{CHAT}")
+    page.get_by_role("link", name=f"Follow the log of {runner}").click()
+    expect(page.get_by_role("heading", name="Logs", exact=True)).to_be_visible()
+    expect(page.get_by_label("Show")).to_have_value(f"runner:{CHAT}/{runner}")
+    lines = page.get_by_label("Log lines")
+    expect(lines).not_to_have_attribute("data-lines", "0")
+    expect(page.locator('[data-logs="following"]')).to_contain_text("Following")
+    # A line the runner writes after the view opened shows up without a reload.
+    marker = "console-follow-marker " + runner
+    with runner_log(platform.home / "logs", runner).open("a") as log:
+        log.write(marker + "\n")
+    expect(lines).to_contain_text(marker, timeout=15_000)
+    shot(page, "02-logs-runner")
+
+    # The whole deployment: lines say which runner's file they come from.
+    page.get_by_label("Show").select_option(f"deployment:{CHAT}")
+    expect(page.get_by_label("Log lines")).to_contain_text(f"[runner-{runner}] {marker}")
+    # Paused, nothing new is appended; following again catches up.
+    page.get_by_label("Follow new lines").uncheck()
+    expect(page.locator('[data-logs="following"]')).to_contain_text("Paused")
+    later = "console-after-pause " + runner
+    with runner_log(platform.home / "logs", runner).open("a") as log:
+        log.write(later + "\n")
+    page.get_by_label("Follow new lines").check()
+    expect(page.get_by_label("Log lines")).to_contain_text(later, timeout=15_000)
+
+
+def test_tenant_and_key_rate_limits(page, admin):
+    key = admin.post("/v1/keys", json={"tenant": "acme", "name": "limited"}).json()
+    open_view(page, "keys")
+    page.get_by_label("Limits of").select_option("tenant")
+    page.get_by_label("Tenant or key id").fill("acme")
+    page.get_by_label("Requests per minute").fill("120")
+    page.get_by_label("Tokens per minute").fill("50000")
+    page.get_by_role("button", name="Set limits").click()
+    expect(page.get_by_text("Limits of tenant acme: 120/min requests")).to_be_visible()
+    row = page.locator('.table-wrap[aria-label="Tenants"] tr[data-key="acme"]')
+    expect(row.locator('td[data-label="Requests"]')).to_have_text("120/min")
+    expect(row.locator('td[data-label="Tokens"]')).to_have_text("50,000/min")
+    tenants = {t["tenant"]: t for t in admin.get("/v1/tenants").json()["data"]}
+    assert tenants["acme"]["limits"] == {"requests_per_minute": 120, "tokens_per_minute": 50000}
+
+    # A key that does not exist: the platform's answer lands next to the id.
+    page.get_by_label("Limits of").select_option("key")
+    page.get_by_label("Tenant or key id").fill("key_nope")
+    page.get_by_role("button", name="Set limits").click()
+    target = page.locator(".field", has=page.get_by_label("Tenant or key id"))
+    expect(target.locator(".field-error")).to_contain_text("No key with id 'key_nope'")
+
+    page.get_by_label("Tenant or key id").fill(key["id"])
+    page.get_by_label("Requests per minute").fill("7")
+    page.get_by_label("Tokens per minute").fill("")
+    page.get_by_role("button", name="Set limits").click()
+    key_row = page.locator(f'.table-wrap[aria-label="API keys"] tr[data-key="{key["id"]}"]')
+    expect(key_row.locator('td[data-label="Limits"]')).to_have_text("7/min req · unlimited tok")
+    listed = {k["id"]: k for k in admin.get("/v1/keys").json()["data"]}
+    assert listed[key["id"]]["limits"] == {"requests_per_minute": 7, "tokens_per_minute": None}
+    shot(page, "03-limits")
+
+
+def test_submit_a_job_and_see_its_result(page, admin):
+    open_view(page, "jobs")
+    page.get_by_label("Model", exact=True).select_option(CHAT)
+    page.get_by_label("Prompt").fill("What is the capital of France?")
+    page.get_by_label("Max tokens", exact=True).fill("8")
+    page.get_by_role("button", name="Submit job").click()
+    expect(page.get_by_text(re.compile(r"^Submitted job_"))).to_be_visible()
+    job_id = page.url.rsplit("/", 1)[-1]
+    expect(page.locator(".meta .badge")).to_have_text("Succeeded", timeout=30_000)
+    expect(page.locator("#result-title")).to_be_visible()
+    job = admin.get(f"/v1/jobs/{job_id}").json()
+    assert job["status"] == "succeeded" and job["model"] == CHAT
+    assert job["usage"]["completion_tokens"] == 8
+    expect(page.get_by_role("button", name="Cancel job")).to_have_count(0)
+    shot(page, "04-job-succeeded")
+
+
+def test_cancel_a_running_job(page, admin):
+    open_view(page, "jobs")
+    page.get_by_label("Model", exact=True).select_option(SLOW)
+    page.get_by_label("Prompt").fill("Write a very long story.")
+    page.get_by_label("Max tokens", exact=True).fill("4000")
+    page.get_by_role("button", name="Submit job").click()
+    expect(page.get_by_text(re.compile(r"^Submitted job_"))).to_be_visible()
+    job_id = page.url.rsplit("/", 1)[-1]
+    page.get_by_role("button", name="Cancel job", exact=True).click()
+    dialog = page.get_by_role("dialog", name=f"Cancel {job_id}?")
+    expect(dialog.get_by_role("button", name="Cancel", exact=True)).to_be_focused()
+    dialog.get_by_role("button", name="Cancel job", exact=True).click()
+    expect(page.locator(".meta .badge")).to_have_text("Cancelled", timeout=30_000)
+    assert admin.get(f"/v1/jobs/{job_id}").json()["status"] == "cancelled"
+    shot(page, "05-job-cancelled")
+
+
+def test_rotate_the_webhook_secret(page, admin):
+    open_view(page, "jobs")
+    secret = page.get_by_label("Current secret")
+    expect(secret).to_have_value(re.compile(r"^whsec_"))
+    before = secret.input_value()
+    assert before == admin.get("/v1/webhooks/secret").json()["secret"]
+    expect(secret).to_have_attribute("type", "password")  # not on screen until asked
+    page.get_by_label("Old secret stays valid for (s)").fill("600")
+    page.get_by_role("button", name="Rotate secret").click()
+    page.get_by_role("dialog", name="Rotate the webhook secret?").get_by_role(
+        "button", name="Rotate"
+    ).click()
+    expect(page.get_by_text("Rotated: deliveries are signed with the new secret")).to_be_visible()
+    expect(secret).not_to_have_value(before)
+    after = admin.get("/v1/webhooks/secret").json()
+    assert secret.input_value() == after["secret"] != before
+    assert after["previous_secret_expires_at"] is not None
+    expect(page.get_by_text("The previous secret is still accepted until")).to_be_visible()
+    page.get_by_role("button", name="Show", exact=True).click()
+    expect(secret).to_have_attribute("type", "text")
+    shot(page, "06-webhook-secret")
+
+
+def test_the_playground_sends_tools_and_shows_the_tool_call(page):
+    open_view(page, f"playground/{CHAT}")
+    expect(page.locator('.playground[data-mode="chat"]')).to_be_visible()
+    page.get_by_label("Tools (JSON, optional)").fill("[not json")
+    page.get_by_role("textbox", name="Message").fill("What is the weather in Paris?")
+    page.get_by_role("button", name="Send").click()
+    tools = page.locator(".field", has=page.get_by_label("Tools (JSON, optional)"))
+    expect(tools.locator(".field-error")).to_contain_text("Tools must be JSON")
+
+    page.get_by_label("Tools (JSON, optional)").fill(json.dumps([WEATHER]))
+    page.get_by_role("button", name="Send").click()
+    answer = page.locator(".bubble.assistant").last
+    expect(answer).to_have_attribute("data-state", "done", timeout=30_000)
+    call = answer.locator('.tool-call[data-tool="get_weather"]')
+    expect(call).to_contain_text("Tool call: get_weather")
+    arguments = json.loads(call.locator("pre").inner_text())  # assembled from the deltas
+    assert isinstance(arguments, dict) and arguments
+    expect(page.locator('[data-stat="finish"]')).to_have_text("tool_calls")
+    call_id = call.get_attribute("data-call-id")
+    expect(page.get_by_text(f"result of tool call get_weather ({call_id})")).to_be_visible()
+    shot(page, "07-playground-tool-call")
+
+    # The next message goes back as the tool's result; the model then answers in words.
+    page.get_by_role("textbox", name="Message").fill('{"celsius": 18}')
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator(".bubble.tool")).to_contain_text('{"celsius": 18}')
+    reply = page.locator(".bubble.assistant").last
+    expect(reply).to_have_attribute("data-state", "done", timeout=30_000)
+    expect(reply.locator(".tool-call")).to_have_count(0)
+    expect(reply.locator(".bubble-text")).not_to_be_empty()
+    shot(page, "08-playground-tool-result")
+
+
+def test_the_playground_embeds_with_a_pooling_deployment(page):
+    open_view(page, f"playground/{EMBED}")
+    expect(page.locator('.playground[data-mode="embeddings"]')).to_be_visible()
+    expect(page.get_by_role("textbox", name="Message")).to_have_count(0)
+    page.get_by_label("Inputs", exact=True).fill("Paris\nParis\nRome")
+    page.get_by_role("button", name="Embed").click()
+    rows = page.locator('.table-wrap[aria-label="Embeddings"] tbody tr')
+    expect(rows).to_have_count(3, timeout=30_000)
+    dims = rows.locator('td[data-label="Dimensions"]')
+    expect(dims).to_have_text(["8", "8", "8"])
+    norms = rows.locator('td[data-label="Norm"]').all_inner_texts()
+    firsts = rows.locator('td[data-label="First values"]').all_inner_texts()
+    assert firsts[0] == firsts[1] != firsts[2] and norms[0] == norms[1]
+    expect(page.locator('[data-stat="prompt"]')).to_have_text(str(len("ParisParisRome")))
+    shot(page, "09-playground-embeddings")
+
+
+def test_no_unlabelled_controls_and_no_script_errors(page, script_errors):
+    for route in ("deploy", "keys", "jobs", "logs", f"playground/{CHAT}", f"playground/{EMBED}"):
+        open_view(page, route)
+        unlabelled = page.evaluate(
+            """() => [...document.querySelectorAll('input, select, textarea')]
+                .filter(el => !el.labels.length && !el.getAttribute('aria-label'))
+                .map(el => el.outerHTML)"""
+        )
+        assert unlabelled == [], route
+    assert script_errors == []
