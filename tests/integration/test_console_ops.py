@@ -159,6 +159,7 @@ def test_the_deploy_form_sets_every_field_the_api_takes(page, admin):
     assert admin.get(f"/v1/deployments/{EMBED}").status_code == 404
 
     page.get_by_label("Batch discount (%)").fill("50")
+    shot(page, "01-deploy-form")
     page.get_by_role("button", name="Deploy").click()
     expect(page.get_by_role("heading", name=re.compile(f"{EMBED}"))).to_be_visible()
     created = admin.get(f"/v1/deployments/{EMBED}").json()
@@ -167,7 +168,7 @@ def test_the_deploy_form_sets_every_field_the_api_takes(page, admin):
     assert (created["max_concurrency"], created["queue_depth_limit"]) == (4, 50)
     assert (created["admission_timeout_s"], created["owner"]) == (8, "acme")
     assert created["engine"]["enable_prefix_caching"] is False
-    shot(page, "01-deploy-every-field")
+    shot(page, "02-deploy-progress")
 
 
 def test_the_logs_view_follows_a_runner_live(page, admin, platform):
@@ -307,6 +308,10 @@ def test_the_playground_sends_tools_and_shows_the_tool_call(page):
     arguments = json.loads(call.locator("pre").inner_text())  # assembled from the deltas
     assert isinstance(arguments, dict) and arguments
     expect(page.locator('[data-stat="finish"]')).to_have_text("tool_calls")
+    expect(page.locator('[data-stat="ttft"]')).to_have_text(re.compile(r"^[\d.]+ m?s$"))
+    expect(page.get_by_label("Tools (JSON, optional)")).not_to_have_attribute(
+        "aria-invalid", "true"
+    )
     call_id = call.get_attribute("data-call-id")
     expect(page.get_by_text(f"result of tool call get_weather ({call_id})")).to_be_visible()
     shot(page, "07-playground-tool-call")

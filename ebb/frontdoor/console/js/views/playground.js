@@ -2,7 +2,17 @@
 // to first token and usage; offer it tools and see its tool calls. An embedding (pooling)
 // deployment gets an embeddings playground instead.
 
-import { clear, cliHint, field, fmtInt, fmtMs, h, numberOrNull, showFieldError } from "../dom.js";
+import {
+  clear,
+  clearErrors,
+  cliHint,
+  field,
+  fmtInt,
+  fmtMs,
+  h,
+  numberOrNull,
+  showFieldError,
+} from "../dom.js";
 import { embeddingsPlayground } from "../embeddings.js";
 
 function statsList() {
@@ -68,11 +78,11 @@ async function streamAnswer(ctx, request, parts) {
       }
       const choice = chunk.choices?.[0];
       const delta = choice?.delta?.content || "";
+      if (firstAt === null && (delta || choice?.delta?.tool_calls?.length)) {
+        firstAt = performance.now(); // a tool call's first delta is the first token too
+        stats.set("ttft", fmtMs(firstAt - started));
+      }
       if (delta) {
-        if (firstAt === null) {
-          firstAt = performance.now();
-          stats.set("ttft", fmtMs(firstAt - started));
-        }
         chunks += 1;
         text += delta;
         answer.body.textContent = text;
@@ -321,7 +331,7 @@ function chatPlayground(ctx, model) {
     event.preventDefault();
     const text = input.value.trim();
     error.textContent = "";
-    toolsField.querySelector(".field-error").textContent = "";
+    clearErrors(toolsField);
     if (!text) {
       error.textContent = "Write a message first.";
       input.focus();
