@@ -252,7 +252,7 @@ def test_usage_grows_while_the_view_is_open(page, platform):
 
 def test_create_and_revoke_a_key(page, browser, platform):
     go(page, "Keys")
-    page.get_by_label("Tenant").fill("acme")
+    page.get_by_label("Tenant", exact=True).fill("acme")
     page.get_by_label("Name (optional)").fill("console-test")
     page.get_by_role("button", name="Create key").click()
     secret_box = page.locator("#new-key-secret")
