@@ -124,9 +124,9 @@ async def store(
 
     def check(quota: TenantQuota | None, specs: dict[str, DeploymentSpec]) -> None:
         before = owned(tenant, specs)
+        check_change(tenant, quota, before, {**before, spec.name: spec})
         previous = specs.get(spec.name)
         if previous is None or previous.source != spec.source:
             check_source(tenant, quota, spec.source)
-        check_change(tenant, quota, before, {**before, spec.name: spec})
 
     return await services.quotas.put_deployment(tenant, spec, check, create_only=create_only)
