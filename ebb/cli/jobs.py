@@ -143,15 +143,17 @@ def secret(
     overlap: float | None = typer.Option(
         None, "--overlap", help="Seconds the old secret stays valid after --rotate."
     ),
+    tenant: str | None = typer.Option(None, help="This tenant's secret (the admin)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """The webhook signing secret (whsec_...) that verifies your deliveries."""
     api = Api()
+    params = {"tenant": tenant} if tenant else {}
     if rotate:
         body = {} if overlap is None else {"overlap_s": overlap}
-        answer = api.call("POST", "/v1/webhooks/secret/rotate", json=body)
+        answer = api.call("POST", "/v1/webhooks/secret/rotate", json=body, params=params)
     else:
-        answer = api.call("GET", "/v1/webhooks/secret")
+        answer = api.call("GET", "/v1/webhooks/secret", params=params)
     if as_json:
         print_json(answer)
         return
