@@ -195,3 +195,22 @@ def test_a_tenant_reads_only_its_own_quota_and_the_admin_lists_them(platform, ad
     # The admin key's own tenant is not one a key can be made for.
     refused = admin.post("/v1/keys", json={"tenant": "admin"})
     assert refused.status_code == 400 and "admin key's own tenant" in refused.text
+
+
+def test_a_tenant_reads_the_logs_of_its_own_deployments_only(platform, admin):
+    set_quota(admin, "logs-t", max_deployments=1, max_replicas=1, max_gpus=1,
+              allowed_sources=["fake://"])  # fmt: skip
+    own, other = tenant(platform, admin, "logs-t"), tenant(platform, admin, "logs-o")
+    assert (
+        own.post("/v1/deployments", json={"name": "logs-d", "source": "fake://l"}).status_code
+        == 201
+    )
+    assert chat(own, "logs-d").status_code == 200
+    [runner] = own.get("/v1/deployments/logs-d").json()["runners"]
+    lines = own.get("/v1/logs", params={"deployment": "logs-d"})
+    assert lines.status_code == 200, lines.text
+    assert any(runner["id"] in line["source"] for line in lines.json()["data"])
+    assert refusal(own.get("/v1/logs"), 403, "deployment")  # the platform's: the admin's
+    assert refusal(other.get("/v1/logs", params={"deployment": "logs-d"}), 404, "name")
+    theirs = own.get("/v1/logs", params={"deployment": "logs-d", "runner": "not-mine"})
+    assert refusal(theirs, 404, "runner")
