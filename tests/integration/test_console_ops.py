@@ -106,7 +106,8 @@ def open_view(page: Page, route: str) -> None:
 
 
 def schema_leaves(schema: dict) -> list[str]:
-    """Every scalar field DeploymentCreate takes, one object level deep (`engine.dtype`)."""
+    """Every field DeploymentCreate takes that a form can hold, one object level deep
+    (`engine.dtype`)."""
     components = schema["components"]["schemas"]
 
     def ref_of(prop: dict) -> str | None:
@@ -116,8 +117,16 @@ def schema_leaves(schema: dict) -> list[str]:
         return None
 
     def scalar(prop: dict) -> bool:
-        types = [prop.get("type"), *(p.get("type") for p in prop.get("anyOf", []))]
-        return any(t in ("string", "integer", "number", "boolean") for t in types)
+        """A value a form field can hold: a scalar, a list of strings, a map of strings."""
+        for p in [prop, *prop.get("anyOf", [])]:
+            kind = p.get("type")
+            if kind in ("string", "integer", "number", "boolean"):
+                return True
+            if kind == "array" and p.get("items", {}).get("type") == "string":
+                return True
+            if kind == "object" and p.get("additionalProperties", {}).get("type") == "string":
+                return True
+        return False
 
     leaves = []
     for name, prop in components["DeploymentCreate"]["properties"].items():
@@ -133,7 +142,9 @@ def schema_leaves(schema: dict) -> list[str]:
 def test_the_deploy_form_sets_every_field_the_api_takes(page, admin):
     open_view(page, "deploy")
     leaves = schema_leaves(admin.get("/openapi.json").json())
-    assert {"serving.task", "max_concurrency", "owner", "engine.dtype"} <= set(leaves)
+    assert {"serving.task", "max_concurrency", "owner", "engine.dtype", "shared_with"} <= set(
+        leaves
+    )
     form = page.get_by_role("form", name="Deploy a model")
     expect(form.locator('[data-param="serving.task"]')).to_be_visible()
     missing = [
@@ -152,6 +163,8 @@ def test_the_deploy_form_sets_every_field_the_api_takes(page, admin):
     page.get_by_label("Owner (tenant)").fill("acme")
     page.get_by_label("Batch discount (%)").fill("150")
     page.get_by_label("Prefix caching").select_option("false")
+    page.get_by_label("Visibility").select_option("private")
+    page.get_by_label("Shared with (tenants)").fill("beta, gamma")
     page.get_by_role("button", name="Deploy").click()
     # The platform's bound lands next to the field it is about, and nothing is created.
     discount = page.locator(".field", has=page.get_by_label("Batch discount (%)"))
@@ -168,6 +181,12 @@ def test_the_deploy_form_sets_every_field_the_api_takes(page, admin):
     assert (created["max_concurrency"], created["queue_depth_limit"]) == (4, 50)
     assert (created["admission_timeout_s"], created["owner"]) == (8, "acme")
     assert created["engine"]["enable_prefix_caching"] is False
+    assert (created["visibility"], created["shared_with"]) == ("private", ["beta", "gamma"])
+    # The same deployment as a command: the CLI takes the same fields.
+    hint = page.locator(".cli-hint code")
+    for flag in ("--task embed", "--batch-discount 50", "--owner acme", "--no-prefix-caching"):
+        expect(hint).to_contain_text(flag)
+    expect(hint).to_contain_text("--share-with beta --share-with gamma")
     shot(page, "02-deploy-progress")
 
 
@@ -231,6 +250,53 @@ def test_tenant_and_key_rate_limits(page, admin):
     listed = {k["id"]: k for k in admin.get("/v1/keys").json()["data"]}
     assert listed[key["id"]]["limits"] == {"requests_per_minute": 7, "tokens_per_minute": None}
     shot(page, "03-limits")
+
+
+def test_a_tenant_deploys_its_own_model_within_the_quota_the_admin_set(
+    page, browser, admin, platform
+):
+    key = admin.post("/v1/keys", json={"tenant": "solo", "name": "self-service"}).json()
+    open_view(page, "keys")
+    page.get_by_label("Quota of tenant").fill("solo")
+    page.get_by_label("Max deployments").fill("1")
+    page.get_by_label("Max replicas (summed)").fill("1")
+    page.get_by_label("Max GPUs (summed)").fill("1")
+    page.get_by_label("Allowed sources").fill("fake://")
+    page.get_by_role("button", name="Set quota").click()
+    expect(page.get_by_text("Quota of solo: 1 deployments, 1 replicas, 1 GPUs")).to_be_visible()
+    quota = admin.get("/v1/tenants/solo/quota").json()
+    assert (quota["max_deployments"], quota["allowed_sources"]) == (1, ["fake://"])
+
+    tenant = browser.new_context(viewport=WIDE).new_page()
+    tenant.goto(platform.base_url + "/console")
+    tenant.get_by_label("API key").fill(key["key"])
+    tenant.get_by_role("button", name="Sign in").click()
+    expect(tenant.get_by_text("Signed in with a tenant key")).to_be_visible()
+    tenant.get_by_role("navigation", name="Main").get_by_role(
+        "link", name="Deploy", exact=True
+    ).click()
+    tenant.get_by_label("Name", exact=True).fill("solo-chat")
+    tenant.get_by_label("Source").fill("fake://m?ctx=4096")
+    tenant.get_by_role("button", name="Deploy").click()
+    expect(tenant.get_by_role("heading", name=re.compile("solo-chat"))).to_be_visible()
+    assert admin.get("/v1/deployments/solo-chat").json()["owner"] == "solo"
+
+    # Its own deployment: the tenant may scale and delete it; a second one is over quota.
+    tenant.get_by_role("link", name="Open deployment").click()
+    expect(tenant.get_by_role("button", name="Delete deployment")).to_be_visible()
+    tenant.get_by_role("navigation", name="Main").get_by_role(
+        "link", name="Deploy", exact=True
+    ).click()
+    tenant.get_by_label("Name", exact=True).fill("solo-two")
+    tenant.get_by_label("Source").fill("fake://m?ctx=4096")
+    tenant.get_by_role("button", name="Deploy").click()
+    # The refusal lands in the form (next to the field it names, or on top).
+    expect(tenant.get_by_role("form", name="Deploy a model")).to_contain_text(
+        "may own at most 1 deployments and owns 1"
+    )
+    assert admin.get("/v1/deployments/solo-two").status_code == 404
+    shot(tenant, "04-tenant-over-quota")
+    tenant.context.close()
 
 
 def test_submit_a_job_and_see_its_result(page, admin):

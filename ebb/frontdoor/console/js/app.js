@@ -20,7 +20,7 @@ const ROLE_ITEM = "ebb.console.role";
 const ROUTES = [
   { pattern: /^deployments$/, view: deployments, nav: "deployments" },
   { pattern: /^deployments\/([^/]+)$/, view: detail, nav: "deployments" },
-  { pattern: /^deploy$/, view: deploy, nav: "deploy", admin: true },
+  { pattern: /^deploy$/, view: deploy, nav: "deploy" },
   { pattern: /^playground(?:\/([^/]+))?$/, view: playground, nav: "playground" },
   { pattern: /^usage$/, view: usage, nav: "usage" },
   { pattern: /^keys$/, view: keys, nav: "keys", admin: true },

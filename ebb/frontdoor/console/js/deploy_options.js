@@ -31,7 +31,23 @@ const LIMITS = [
     param: "owner",
     label: "Owner (tenant)",
     kind: "text",
-    hint: "The tenant billed for its GPU time; empty: the platform.",
+    hint: "The tenant that owns it and is billed its GPU time; empty: the platform.",
+  },
+  {
+    param: "visibility",
+    label: "Visibility",
+    kind: "choice",
+    options: [
+      { value: "", label: "platform default" },
+      { value: "public", label: "public: every tenant may call it" },
+      { value: "private", label: "private: its owner and the tenants shared with" },
+    ],
+  },
+  {
+    param: "shared_with",
+    label: "Shared with (tenants)",
+    kind: "list",
+    hint: "Tenants that may call a private deployment, separated by commas.",
   },
 ];
 
@@ -103,7 +119,7 @@ export function limitsFieldset() {
   return h(
     "fieldset",
     { class: "admission" },
-    h("legend", {}, "Admission and billing"),
+    h("legend", {}, "Admission, owner and sharing"),
     h("div", { class: "grid two" }, LIMITS.map(control)),
   );
 }
@@ -124,7 +140,11 @@ function leafKind(prop) {
   if (typed.type === "number") return { kind: "number" };
   if (typed.type === "boolean") return { kind: "bool" };
   if (typed.type === "string") return { kind: "text" };
-  return null; // lists and maps: not a form field (the CLI and API take them)
+  if (typed.type === "array" && typed.items?.type === "string") return { kind: "list" };
+  if (typed.type === "object" && typed.additionalProperties?.type === "string") {
+    return { kind: "map" };
+  }
+  return null; // other shapes: not a form field (the CLI and API take them)
 }
 
 /** [param, prop] for each leaf of DeploymentCreate, one object level deep. */
@@ -157,8 +177,19 @@ export function moreFieldset(schema, form) {
     const options = leaf.options
       ? [{ value: "", label: "platform default" }, ...leaf.options.map((o) => ({ value: String(o), label: String(o) }))]
       : undefined;
+    const shape = {
+      list: { hint: `${prop.description || ""} Separate values with commas.` },
+      map: { textarea: true, rows: "3", hint: `${prop.description || ""} One NAME=value a line.` },
+    }[leaf.kind];
     controls.push(
-      control({ param, label: title(param), hint: prop.description, kind: leaf.kind, options }),
+      control({
+        param,
+        label: title(param),
+        hint: prop.description,
+        kind: leaf.kind,
+        options,
+        ...shape,
+      }),
     );
   }
   if (!controls.length) return null;
@@ -179,6 +210,18 @@ export function readOptions(form, body) {
     let value = text;
     if (kind === "int" || kind === "number") value = Number(text);
     else if (kind === "bool") value = text === "true";
+    else if (kind === "list") {
+      value = text
+        .split(",")
+        .map((v) => v.trim())
+        .filter(Boolean);
+    } else if (kind === "map") {
+      value = {};
+      for (const line of text.split("\n")) {
+        const at = line.indexOf("=");
+        if (at > 0) value[line.slice(0, at).trim()] = line.slice(at + 1);
+      }
+    }
     const path = el.dataset.param.split(".");
     let target = body;
     for (const part of path.slice(0, -1)) target = target[part] ??= {};

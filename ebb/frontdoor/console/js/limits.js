@@ -35,6 +35,97 @@ export function tenantsTable(tenants) {
   });
 }
 
+/** "Set a tenant's quota": what its own deployments may add up to (PUT .../quota). */
+function quotaForm(ctx, reload) {
+  const done = h("p", { class: "form-ok", role: "status" });
+  const form = h(
+    "form",
+    { class: "card", novalidate: true, "aria-labelledby": "quota-title" },
+    h("h2", { id: "quota-title" }, "Set a tenant's quota"),
+    h(
+      "p",
+      { class: "hint" },
+      "Tenants deploy their own models within it. Setting it replaces the whole quota; an empty number is 0.",
+    ),
+    h(
+      "div",
+      { class: "grid two" },
+      field({
+        label: "Quota of tenant",
+        param: "tenant",
+        autocomplete: "off",
+        spellcheck: "false",
+      }),
+      field({
+        label: "Max deployments",
+        param: "max_deployments",
+        type: "number",
+        min: "0",
+        step: "1",
+      }),
+      field({
+        label: "Max replicas (summed)",
+        param: "max_replicas",
+        type: "number",
+        min: "0",
+        step: "1",
+        hint: "max_replicas over all its deployments.",
+      }),
+      field({
+        label: "Max GPUs (summed)",
+        param: "max_gpus",
+        type: "number",
+        min: "0",
+        step: "1",
+        hint: "max_replicas × tensor parallel size over all its deployments.",
+      }),
+    ),
+    field({
+      label: "Allowed sources",
+      param: "allowed_sources",
+      autocomplete: "off",
+      spellcheck: "false",
+      hint: "Source prefixes it may deploy from, separated by commas; * allows any.",
+    }),
+    formError(),
+    done,
+    h(
+      "div",
+      { class: "actions" },
+      h("button", { type: "submit", class: "button primary" }, "Set quota"),
+    ),
+  );
+  const control = (param) => form.querySelector(`[data-param="${param}"]`);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    clearErrors(form);
+    done.textContent = "";
+    const tenant = control("tenant").value.trim();
+    if (!tenant) {
+      showFieldError(form, "tenant", "Enter the tenant the quota is for.");
+      control("tenant").focus();
+      return;
+    }
+    const body = {
+      max_deployments: numberOrNull(control("max_deployments")) ?? 0,
+      max_replicas: numberOrNull(control("max_replicas")) ?? 0,
+      max_gpus: numberOrNull(control("max_gpus")) ?? 0,
+      allowed_sources: control("allowed_sources")
+        .value.split(",")
+        .map((v) => v.trim())
+        .filter(Boolean),
+    };
+    try {
+      const q = await ctx.api.put(`/v1/tenants/${encodeURIComponent(tenant)}/quota`, body);
+      done.textContent = `Quota of ${q.tenant}: ${q.max_deployments} deployments, ${q.max_replicas} replicas, ${q.max_gpus} GPUs; it uses ${q.use.deployments}, ${q.use.replicas} and ${q.use.gpus}.`;
+      await reload();
+    } catch (error) {
+      showFormError(form, error);
+    }
+  });
+  return form;
+}
+
 /** The "Set rate limits" form and the tenants table; `onSet` reloads the keys table. */
 export function limitsSection(ctx, onSet) {
   const tenants = h("div", {});
@@ -131,9 +222,12 @@ export function limitsSection(ctx, onSet) {
       "section",
       { "aria-labelledby": "tenants-title" },
       form,
+      quotaForm(ctx, reload),
       h("h2", { id: "tenants-title" }, "Tenants"),
       tenants,
-      cliHint("ebb keys limits --tenant TENANT --rpm 600 --tpm 100000 · ebb keys tenants"),
+      cliHint(
+        "ebb keys limits --tenant TENANT --rpm 600 --tpm 100000 · ebb tenants quota TENANT --max-deployments 2 --allow-source fake:// · ebb tenants",
+      ),
     ),
     reload,
   };

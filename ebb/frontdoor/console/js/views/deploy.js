@@ -62,11 +62,55 @@ function checkLocally(form, body) {
   return ok;
 }
 
+// `ebb deploy` flags by API field: the hint after a deploy is the same deployment as a command.
+const FLAGS = {
+  min_replicas: "--min",
+  max_replicas: "--max",
+  idle_timeout_s: "--idle-timeout",
+  max_concurrency: "--max-concurrency",
+  queue_depth_limit: "--queue-depth-limit",
+  admission_timeout_s: "--admission-timeout",
+  max_model_len: "--max-model-len",
+  owner: "--owner",
+  visibility: "--visibility",
+  "engine.dtype": "--dtype",
+  "engine.quantization": "--quantization",
+  "engine.max_num_seqs": "--max-num-seqs",
+  "engine.tensor_parallel_size": "--tp",
+  "engine.gpu_memory_gib": "--gpu-memory-gib",
+  "serving.tool_parser": "--tool-parser",
+  "serving.task": "--task",
+  "serving.batch_discount_pct": "--batch-discount",
+};
+const SWITCH_FLAGS = {
+  "engine.enable_prefix_caching": ["--prefix-caching", "--no-prefix-caching"],
+  "engine.enforce_eager": ["--enforce-eager", "--cuda-graphs"],
+};
+const PRICE_FLAGS = {
+  price_per_1m_input_tokens_micros: "--input-price",
+  price_per_1m_output_tokens_micros: "--output-price",
+  price_per_gpu_second_micros: "--gpu-second-price",
+};
+
+function quoted(value) {
+  const text = String(value);
+  return /^[\w@%+=:,./-]+$/.test(text) ? text : `'${text.replaceAll("'", "'\\''")}'`;
+}
+
 function cliCommand(body) {
-  return (
-    `ebb deploy ${body.name} --source ${body.source} --min ${body.min_replicas ?? 0} ` +
-    `--max ${body.max_replicas ?? 1} --idle-timeout ${body.idle_timeout_s ?? 60}`
-  );
+  const parts = ["ebb deploy", body.name, "--source", quoted(body.source)];
+  const flat = { ...body };
+  for (const group of ["engine", "serving"]) {
+    for (const [k, v] of Object.entries(body[group] || {})) flat[`${group}.${k}`] = v;
+  }
+  for (const [param, value] of Object.entries(flat)) {
+    if (FLAGS[param]) parts.push(FLAGS[param], quoted(value));
+    else if (SWITCH_FLAGS[param]) parts.push(SWITCH_FLAGS[param][value ? 0 : 1]);
+    else if (PRICE_FLAGS[param]) parts.push(PRICE_FLAGS[param], String(value / 1e6));
+    else if (param === "shared_with") for (const t of value) parts.push("--share-with", quoted(t));
+    else if (param === "serving.chat_template") parts.push("--chat-template-file", "TEMPLATE.jinja");
+  }
+  return parts.join(" ");
 }
 
 export async function render(ctx) {

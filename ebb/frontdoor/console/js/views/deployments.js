@@ -53,9 +53,8 @@ function emptyState(isAdmin) {
       "A deployment gives a model an OpenAI-compatible name. It costs nothing while idle: " +
         "runners start when requests arrive and drain away afterwards.",
     ),
-    isAdmin
-      ? h("a", { href: "#/deploy", class: "button primary" }, "Deploy a model")
-      : h("p", {}, "Ask an administrator to deploy a model."),
+    h("a", { href: "#/deploy", class: "button primary" }, "Deploy a model"),
+    isAdmin ? null : h("p", { class: "hint" }, "Within the quota the administrator set for your tenant."),
   );
 }
 
@@ -119,7 +118,8 @@ export async function render(ctx) {
       "div",
       { class: "view-head" },
       h("h1", {}, "Deployments"),
-      isAdmin ? h("a", { href: "#/deploy", class: "button primary" }, "Deploy a model") : null,
+      // Tenants deploy their own within their quota; the platform says when one is reached.
+      h("a", { href: "#/deploy", class: "button primary" }, "Deploy a model"),
     ),
     live.el,
     body,

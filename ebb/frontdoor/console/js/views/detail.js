@@ -1,5 +1,5 @@
 // One deployment: replicas, queue, cold starts, runners with their last log lines, recent
-// errors; scale and delete for the admin.
+// errors; scale and delete for the admin and for the tenant that owns it.
 
 import {
   badge,
@@ -256,10 +256,12 @@ export async function render(ctx) {
     if (!liveArea) {
       liveArea = h("div", { class: "live-area" });
       const admin = ctx.session.role === "admin";
+      // The platform shows a deployment whole (its source too) to whoever may change it.
+      const manages = admin || d.source !== undefined;
       clear(
         body,
         liveArea,
-        admin ? h("div", { class: "manage" }, scaleForm(ctx, d), deleteSection(ctx, name)) : null,
+        manages ? h("div", { class: "manage" }, scaleForm(ctx, d), deleteSection(ctx, name)) : null,
         admin
           ? h(
               "p",
