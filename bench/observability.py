@@ -2,6 +2,7 @@
 neither, same machine, same run.
 
     .venv/bin/python -m bench.observability [--rounds 6] [--requests 200] [--concurrency 32]
+        [--sample-ratio 1.0]
 
 Two platforms on the fake engine (the overhead is the frontdoor's and the runner's; a fast
 fake engine makes it as visible as it can be), driven with streamed chat requests:
@@ -142,10 +143,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200, help="requests per measurement")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument(
+        "--sample-ratio", type=float, default=1.0, help="EBB_OTLP_SAMPLE_RATIO of the on platform"
+    )
     args = parser.parse_args()
 
     sink = OtlpSink()
-    platforms = {"on": start({"EBB_OTLP_ENDPOINT": sink.url}), "off": start({})}
+    traced = {"EBB_OTLP_ENDPOINT": sink.url, "EBB_OTLP_SAMPLE_RATIO": str(args.sample_ratio)}
+    platforms = {"on": start(traced), "off": start({})}
     results: dict[str, list[LevelResult]] = {"on": [], "off": []}
     cpu: dict[str, list[dict[str, float]]] = {"on": [], "off": []}
     try:

@@ -188,6 +188,9 @@ class Settings(BaseSettings):
     # OpenTelemetry traces go to this OTLP/HTTP endpoint (e.g. http://127.0.0.1:4318);
     # unset: no tracing at all.
     otlp_endpoint: str | None = None
+    # The share of new traces recorded (a client's sampled traceparent is always followed):
+    # below 1 it bounds tracing's cost on a busy platform.
+    otlp_sample_ratio: float = Field(1.0, ge=0.0, le=1.0)
 
     @field_validator("log_format")
     @classmethod

@@ -20,17 +20,25 @@ the epoch), so recording them costs one call when the request ends.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.sampling import Sampler
+
 tracer = trace.get_tracer("ebb")
 _propagator = TraceContextTextMapPropagator()
 
 
-def setup(endpoint: str | None, service: str) -> None:
-    """Export this process's spans to the OTLP/HTTP `endpoint`; nothing when it is None."""
+def setup(endpoint: str | None, service: str, *, sample_ratio: float = 1.0) -> None:
+    """Export this process's spans to the OTLP/HTTP `endpoint`; nothing when it is None.
+
+    `sample_ratio` of the traces that start here are recorded; a span with a parent
+    (the client's traceparent, or the frontdoor's in a work item) follows the parent's
+    decision, so a trace is recorded whole or not at all."""
     if not endpoint:
         return
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -38,10 +46,20 @@ def setup(endpoint: str | None, service: str) -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service}), sampler=sampler(sample_ratio)
+    )
     exporter = OTLPSpanExporter(endpoint=endpoint.rstrip("/") + "/v1/traces")
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+
+
+def sampler(ratio: float) -> Sampler:
+    """Parent-based: a trace's first span decides (`ratio` of them recorded), the rest of
+    it, in every process, follows the sampled flag of its traceparent."""
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    return ParentBased(TraceIdRatioBased(ratio))
 
 
 def active() -> bool:

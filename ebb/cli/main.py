@@ -41,7 +41,9 @@ def _logging(service: str = "") -> None:
     settings = Settings()
     logs.configure(settings.log_format)
     if service:
-        tracing.setup(settings.otlp_endpoint, f"ebb-{service}")
+        tracing.setup(
+            settings.otlp_endpoint, f"ebb-{service}", sample_ratio=settings.otlp_sample_ratio
+        )
 
 
 @app.command()
