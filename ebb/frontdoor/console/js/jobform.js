@@ -38,7 +38,7 @@ export function jobForm(ctx, models, onSubmitted) {
     field({
       label: "Webhook URL (optional)",
       param: "webhook.url",
-      type: "url",
+      inputmode: "url",
       autocomplete: "off",
       spellcheck: "false",
       hint: "Receives job.started and the job's end, signed with your webhook secret.",

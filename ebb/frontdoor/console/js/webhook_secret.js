@@ -72,7 +72,7 @@ export function webhookSecretSection(ctx) {
       h("div", { class: "row" }, secret, reveal),
     ),
     facts,
-    h("div", { class: "grid two" }, overlap),
+    overlap,
     done,
     h("div", { class: "actions" }, rotate),
     cliHint("ebb jobs secret · ebb jobs secret --rotate --overlap SECONDS"),
