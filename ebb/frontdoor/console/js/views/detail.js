@@ -1,5 +1,6 @@
 // One deployment: replicas, queue, cold starts, runners with their last log lines, recent
-// errors; scale and delete for the admin and for the tenant that owns it.
+// errors; versions and rollouts (where the platform has them), scale and delete for the
+// admin and for the tenant that owns it.
 
 import {
   badge,
@@ -20,6 +21,7 @@ import {
 } from "../dom.js";
 import { progressBar, replicaCounts, replicaStates, weightsProgress } from "../model.js";
 import { readScaling, scalingFields } from "../scaling.js";
+import { versionsSection } from "../versions.js";
 
 function stat(label, value, extra) {
   return h(
@@ -228,6 +230,7 @@ export async function render(ctx) {
   );
   const toggled = new Map(); // runner id -> whether the user left its log open
   let liveArea = null; // built on the first answer; forms below it are built once
+  let versions = null; // the versions section, where the platform has versions
   await ctx.every(2000, async () => {
     let d;
     try {
@@ -258,9 +261,11 @@ export async function render(ctx) {
       const admin = ctx.session.role === "admin";
       // The platform shows a deployment whole (its source too) to whoever may change it.
       const manages = admin || d.source !== undefined;
+      versions = manages ? await versionsSection(ctx, name) : null;
       clear(
         body,
         liveArea,
+        versions?.el,
         manages ? h("div", { class: "manage" }, scaleForm(ctx, d), deleteSection(ctx, name)) : null,
         admin
           ? h(
@@ -278,6 +283,7 @@ export async function render(ctx) {
       runnersSection(d, toggled),
       errorsSection(d),
     ]);
+    await versions?.poll();
   });
 }
 
