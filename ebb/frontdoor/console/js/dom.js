@@ -132,7 +132,8 @@ export function cliHint(command) {
   return h("p", { class: "cli-hint" }, h("span", {}, "Same in the CLI: "), code(command));
 }
 
-export function table({ label, columns, rows, empty, rowKey }) {
+export function table({ label, columns: given, rows, empty, rowKey }) {
+  const columns = given.filter(Boolean); // a null column is one this data does not have
   const head = h(
     "tr",
     {},

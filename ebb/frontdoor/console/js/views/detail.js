@@ -113,6 +113,10 @@ function runnersSection(d, toggled) {
       columns: [
         { label: "Runner", cell: (r) => h("code", {}, r.id) },
         { label: "State", cell: (r) => badge(r.state) },
+        // Where the platform has versions, each runner serves one.
+        runners.some((r) => r.version)
+          ? { label: "Version", cell: (r) => (r.version ? `v${r.version}` : "—") }
+          : null,
         { label: "Tier", cell: (r) => (r.tier || "—").replaceAll("_", " ") },
         { label: "PID", num: true, cell: (r) => String(r.pid || "—") },
         { label: "Launched", cell: (r) => fmtClock(r.launched_ms) },
