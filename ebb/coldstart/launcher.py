@@ -17,9 +17,10 @@ import sys
 import time
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from ebb.coldstart.fork_client import Exit, ForkServerClient
+from ebb.coldstart.stem_pools import StemPool
 from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
 from ebb.runners.process import LAUNCHED_AT_ENV
@@ -46,6 +47,16 @@ class Launcher(Protocol):
 
     def stop_all(self, grace_s: float) -> None:
         """Ask every runner to drain, wait up to `grace_s`, then kill the rest."""
+        ...
+
+
+@runtime_checkable
+class PoolLauncher(Protocol):
+    """A `Launcher` of a cluster with node pools (Kubernetes, Ray)."""
+
+    def launch_stem(self, runner_id: str, pool: StemPool) -> None:
+        """Start a stem (no deployment, tier PREWARMED) on a node of `pool` only, holding
+        the pool's GPUs; reported by `poll` like any runner."""
         ...
 
 

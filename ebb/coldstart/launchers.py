@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
+
+import redis
 
 from ebb.coldstart.launcher import (
     Launcher,
@@ -12,9 +16,11 @@ from ebb.coldstart.launcher import (
     child_environment,
 )
 from ebb.coldstart.placing import PreferringLauncher
+from ebb.coldstart.stem_pools import runner_gpus
 from ebb.config import Settings
 from ebb.queue.connection import sync_client
 from ebb.queue.deployment_lookup import read_deployment
+from ebb.queue.node_caches import read_node_caches
 
 
 def make_launcher(settings: Settings) -> tuple[Launcher, WarmStarts]:
@@ -42,21 +48,34 @@ def _kubernetes(settings: Settings) -> Launcher:
         env_secret=settings.k8s_env_secret,
         weights_host_path=settings.k8s_weights_host_path,
         gpu_resource=settings.k8s_gpu_resource,
+        pool_label=settings.pool_label,
     )
-    gpus = settings.k8s_gpus_per_runner
-
-    def gpus_for(deployment: str | None) -> int:
-        # A stem requests no GPU: it imports the engine, then loads onto its node's GPUs.
-        return gpus if deployment else 0
-
-    pods = KubernetesLauncher(client.CoreV1Api(), template, gpus_for=gpus_for)
     specs = sync_client(settings.platform_redis_url("ebb coldstart"))
+    gpus_for = _gpus_for(specs, settings.k8s_gpus_per_runner)
+    pods = KubernetesLauncher(client.CoreV1Api(), template, gpus_for=gpus_for)
 
     def source_of(deployment: str) -> str | None:
         spec = read_deployment(specs, deployment)
         return spec.source if spec else None
 
-    return PreferringLauncher(pods, source_of=source_of, gpus_for=gpus_for)
+    return PreferringLauncher(
+        pods,
+        source_of=source_of,
+        gpus_for=gpus_for,
+        cached=lambda: read_node_caches(specs, now_ms=int(time.time() * 1000)),
+    )
+
+
+def _gpus_for(specs: redis.Redis, default: int) -> Callable[[str | None], int]:
+    """The GPUs a runner of a deployment requests (its engine's tensor parallel size,
+    else `default`); a stem launched by `launch` none (pool stems: their pool's)."""
+
+    def gpus_for(deployment: str | None) -> int:
+        if deployment is None:
+            return 0
+        return runner_gpus(read_deployment(specs, deployment), default) or 0
+
+    return gpus_for
 
 
 def _ray(settings: Settings) -> Launcher:
@@ -74,11 +93,20 @@ def _ray(settings: Settings) -> Launcher:
         _node_ip_address=None if host == "auto" else host,
     )
     resources = {k: float(v) for k, v in json.loads(settings.ray_runner_resources).items()}
-    gpus = settings.ray_gpus_per_runner
+    specs = sync_client(settings.platform_redis_url("ebb coldstart"))
+    default = settings.ray_gpus_per_runner
+
+    def gpus_for(deployment: str | None) -> float:
+        if deployment is None:
+            return 0
+        spec = read_deployment(specs, deployment)
+        tp = spec.engine.tensor_parallel_size if spec else None
+        return float(tp) if tp else default
+
     return RayLauncher(
         child_environment(settings),
         settings.logs_dir,
         # Stems, too, go where runners go: they load there once assigned.
         resources_for=lambda deployment: resources,
-        gpus_for=lambda deployment: gpus if deployment else 0,
+        gpus_for=gpus_for,
     )

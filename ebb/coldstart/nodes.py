@@ -6,16 +6,21 @@ and the sources whose weights its node-local cache already holds. `rank_nodes` i
 whole placement preference, a pure function: a node that holds the weights first (a cold
 start there skips the fetch, the slowest phase), then warm capacity, then free GPUs.
 
+`rank_stems` is the same preference among the stems already waiting: a stem on a node
+that holds the weights first, then the one whose pool spares the fewest GPUs.
+
 `overall_warm_state` folds the nodes' warm capacity into the one `WarmState` the
 controller and the frontdoor see (the tier the next launch gets).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ebb.coldstart.launcher import WarmState
+from ebb.coldstart.stem_pools import StemPool
+from ebb.queue.schema import RunnerRecord, RunnerState
 
 
 @dataclass(frozen=True)
@@ -78,3 +83,34 @@ def overall_warm_state(nodes: Iterable[NodeCapacity]) -> WarmState:
         if state in states:
             return state
     return WarmState.OFF
+
+
+def rank_stems(
+    stems: Iterable[RunnerRecord],
+    pools: Mapping[str, StemPool],
+    source: str,
+    gpus: int,
+    cached: Mapping[str, frozenset[str]],
+) -> list[str]:
+    """The waiting stems (PREWARMED, no deployment) that can become a runner of `source`
+    needing `gpus` GPUs, best first: on a node whose cache holds the source, then in the
+    pool with the fewest GPUs beyond the need, then the oldest; ties by id. A stem of a
+    pool no longer configured counts as holding no GPUs."""
+
+    def pool_of(stem: RunnerRecord) -> StemPool:
+        return pools.get(stem.pool) or StemPool(stem.pool, 0)
+
+    waiting = [
+        s
+        for s in stems
+        if s.state is RunnerState.PREWARMED and not s.deployment and pool_of(s).serves(gpus)
+    ]
+    waiting.sort(
+        key=lambda s: (
+            source not in cached.get(s.node, frozenset()),
+            pool_of(s).gpus - gpus,
+            s.launched_ms,
+            s.runner_id,
+        )
+    )
+    return [s.runner_id for s in waiting]
