@@ -26,6 +26,8 @@ LABEL_RUNNER = "ebb.io/runner-id"
 LABEL_TIER = "ebb.io/tier"
 LABEL_POOL = "ebb.io/pool"  # on a stem pod: the node pool it waits in
 ANNOTATION_DEPLOYMENT = "ebb.io/deployment"  # names are not all valid label values
+# Node annotation a node's prefetcher keeps (`ebb prefetch`): JSON list of cached sources.
+CACHED_SOURCES_ANNOTATION = "ebb.io/cached-sources"
 WEIGHTS_MOUNT = "/var/lib/ebb/weights"
 READY_FILE = "/tmp/ebb/ready"
 

@@ -30,6 +30,7 @@ from urllib3.exceptions import ReadTimeoutError
 
 from ebb.coldstart.fork_client import Exit
 from ebb.coldstart.k8s_pods import (
+    CACHED_SOURCES_ANNOTATION,
     LABEL_APP,
     LABEL_PLATFORM,
     PodTemplate,
@@ -48,8 +49,6 @@ log = logging.getLogger(__name__)
 
 _LOG_TAIL_LINES = 20
 _DETAIL_MAX_CHARS = 2000
-# Node annotation a weight prefetcher keeps: JSON list of the sources the node caches.
-CACHED_SOURCES_ANNOTATION = "ebb.io/cached-sources"
 
 
 class KubernetesLauncher:
