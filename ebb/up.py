@@ -26,7 +26,8 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn
 
-from ebb.coldstart.launcher import WarmState, child_environment
+from ebb.coldstart.launcher import child_environment
+from ebb.coldstart.tiers import WarmState
 from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE, Settings
 from ebb.home import resolve_admin_key, write_run_info
 from ebb.queue.connection import async_client

@@ -38,13 +38,13 @@ import msgspec
 from ebb.billing.gpu import meter_for
 from ebb.coldstart.clock import SYSTEM_CLOCK, Clock
 from ebb.coldstart.fork_client import Exit
-from ebb.coldstart.launcher import Launcher, NoWarmStarts, PoolLauncher, WarmStarts, WarmState
+from ebb.coldstart.launcher import Launcher, NoWarmStarts, PoolLauncher, WarmStarts
 from ebb.coldstart.leader import AlwaysLeader, Leadership
-from ebb.coldstart.nodes import rank_stems
+from ebb.coldstart.placement import rank_stems
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
 from ebb.coldstart.state import ControllerState
 from ebb.coldstart.stem_pools import DEFAULT_POOL, StemPool, parse_stem_pools, runner_gpus
-from ebb.coldstart.tiers import Tier, launch_tier
+from ebb.coldstart.tiers import Tier, WarmState, launch_tier
 from ebb.config import Settings
 from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.metering import LAST_SIGN_OF_LIFE, EndField, GpuMeter

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ebb.coldstart.nodes import Placement
+from ebb.coldstart.placement import Placement
 from ebb.coldstart.tiers import Tier
 
 RUNNER_APP = "ebb-runner"

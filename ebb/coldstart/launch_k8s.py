@@ -41,7 +41,7 @@ from ebb.coldstart.k8s_pods import (
     runner_pod,
     unschedulable,
 )
-from ebb.coldstart.nodes import NodeCapacity, Placement
+from ebb.coldstart.placement import NodeCapacity, Placement
 from ebb.coldstart.stem_pools import StemPool
 from ebb.coldstart.tiers import Tier
 

@@ -26,7 +26,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ebb.coldstart.fork_client import Exit
-from ebb.coldstart.nodes import NodeCapacity, Placement
+from ebb.coldstart.placement import NodeCapacity, Placement
 from ebb.coldstart.stem_pools import StemPool
 from ebb.coldstart.tiers import Tier
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ebb.coldstart.fork_client import Exit
-from ebb.coldstart.nodes import NodeCapacity, Placement, choose_placement
+from ebb.coldstart.placement import NodeCapacity, Placement, choose_placement
 from ebb.coldstart.stem_pools import StemPool
 from ebb.coldstart.tiers import Tier
 

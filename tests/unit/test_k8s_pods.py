@@ -7,7 +7,7 @@ import kubernetes_validate
 import pytest
 
 from ebb.coldstart.k8s_pods import PodEnd, PodTemplate, pod_end, runner_pod, unschedulable
-from ebb.coldstart.nodes import Placement
+from ebb.coldstart.placement import Placement
 from ebb.coldstart.tiers import Tier
 
 # The oldest and newest Kubernetes versions the manifests and runner pods are checked for.

@@ -10,7 +10,7 @@ import pytest
 from ebb.coldstart.clock import ManualClock
 from ebb.coldstart.controller import Controller
 from ebb.coldstart.fork_client import Exit
-from ebb.coldstart.nodes import rank_stems
+from ebb.coldstart.placement import rank_stems
 from ebb.coldstart.simulation_state import InMemoryState
 from ebb.coldstart.stem_pools import StemPool, parse_stem_pools, runner_gpus
 from ebb.coldstart.tiers import Tier
