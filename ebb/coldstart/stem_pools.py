@@ -67,6 +67,11 @@ def _pool(name: str, value: object) -> StemPool:
     return StemPool(name, int(stems), int(gpus))
 
 
+def stems_wanted(raw: str, *, prewarm: int) -> int:
+    """How many stems the controller keeps in all (`ebb up` is ready once they wait)."""
+    return sum(p.stems for p in parse_stem_pools(raw, prewarm=prewarm))
+
+
 def runner_gpus(spec: DeploymentSpec | None, default: int) -> int:
     """The GPUs one runner of `spec` asks its node for: its engine's tensor parallel size
     (vLLM runs one rank per device), else the platform's default; a stem (None) asks
