@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 
@@ -51,7 +52,11 @@ def _kubernetes(settings: Settings) -> Launcher:
         pool_label=settings.pool_label,
     )
     specs = sync_client(settings.platform_redis_url("ebb coldstart"))
-    gpus_for = _gpus_for(specs, settings.k8s_gpus_per_runner)
+    per_runner = gpus_for_deployments(specs, settings.k8s_gpus_per_runner)
+
+    def gpus_for(deployment: str | None) -> int:
+        return math.ceil(per_runner(deployment))  # a pod asks for whole devices
+
     pods = KubernetesLauncher(client.CoreV1Api(), template, gpus_for=gpus_for)
 
     def source_of(deployment: str) -> str | None:
@@ -66,14 +71,15 @@ def _kubernetes(settings: Settings) -> Launcher:
     )
 
 
-def _gpus_for(specs: redis.Redis, default: int) -> Callable[[str | None], int]:
-    """The GPUs a runner of a deployment requests (its engine's tensor parallel size,
-    else `default`); a stem launched by `launch` none (pool stems: their pool's)."""
+def gpus_for_deployments(specs: redis.Redis, default: float) -> Callable[[str | None], float]:
+    """The GPUs one runner of a deployment asks its node for (`stem_pools.runner_gpus`:
+    its engine's tensor parallel size, else `default`), read from its spec in Redis at
+    each launch; a stem launched without a pool none (a pool's stems: their pool's)."""
 
-    def gpus_for(deployment: str | None) -> int:
+    def gpus_for(deployment: str | None) -> float:
         if deployment is None:
             return 0
-        return runner_gpus(read_deployment(specs, deployment), default) or 0
+        return runner_gpus(read_deployment(specs, deployment), default)
 
     return gpus_for
 
@@ -94,15 +100,7 @@ def _ray(settings: Settings) -> Launcher:
     )
     resources = {k: float(v) for k, v in json.loads(settings.ray_runner_resources).items()}
     specs = sync_client(settings.platform_redis_url("ebb coldstart"))
-    default = settings.ray_gpus_per_runner
-
-    def gpus_for(deployment: str | None) -> float:
-        if deployment is None:
-            return 0
-        spec = read_deployment(specs, deployment)
-        tp = spec.engine.tensor_parallel_size if spec else None
-        return float(tp) if tp else default
-
+    gpus_for = gpus_for_deployments(specs, settings.ray_gpus_per_runner)
     return RayLauncher(
         child_environment(settings),
         settings.logs_dir,

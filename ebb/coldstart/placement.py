@@ -108,7 +108,7 @@ def rank_stems(
     stems: Iterable[RunnerRecord],
     pools: Mapping[str, StemPool],
     source: str,
-    gpus: int,
+    gpus: float,
     cached: Mapping[str, frozenset[str]],
 ) -> list[str]:
     """The waiting stems (PREWARMED, no deployment) that can become a runner of `source`

@@ -27,7 +27,7 @@ class StemPool:
     stems: int
     gpus: int = 0  # what each stem of the pool requests (and a runner from it can use)
 
-    def serves(self, gpus_needed: int) -> bool:
+    def serves(self, gpus_needed: float) -> bool:
         """A stem of this pool can become a runner needing `gpus_needed` GPUs. The default
         pool's stems get their devices at assignment (local GPU placement), so they fit
         any need."""
@@ -72,7 +72,7 @@ def stems_wanted(raw: str, *, prewarm: int) -> int:
     return sum(p.stems for p in parse_stem_pools(raw, prewarm=prewarm))
 
 
-def runner_gpus(spec: DeploymentSpec | None, default: int) -> int:
+def runner_gpus(spec: DeploymentSpec | None, default: float) -> float:
     """The GPUs one runner of `spec` asks its node for: its engine's tensor parallel size
     (vLLM runs one rank per device), else the platform's default; a stem (None) asks
     none beyond its pool's."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
 import pytest
 import redis
 from k8s_emulator import emulator
@@ -17,8 +18,11 @@ from support import wait_until
 from ebb.coldstart.controller import Controller
 from ebb.coldstart.k8s_pods import LABEL_POOL, PodTemplate, pod_name
 from ebb.coldstart.launch_k8s import KubernetesLauncher
+from ebb.coldstart.launchers import gpus_for_deployments
 from ebb.coldstart.placing import PreferringLauncher
+from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
+from ebb.queue import keys
 from ebb.queue.connection import async_client
 from ebb.queue.node_caches import publish_node_cache, read_node_caches
 from ebb.queue.platform import PlatformState
@@ -187,3 +191,30 @@ async def until(condition, timeout_s: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+def test_a_runner_pod_requests_its_deployments_tensor_parallel_gpus(k8s, redis_url):
+    sync = redis.Redis.from_url(redis_url)
+    for spec in (
+        DeploymentSpec(name="tp4", source="s3://m/big", engine=EngineSpec(tensor_parallel_size=4)),
+        DeploymentSpec(name="plain", source="s3://m/small"),
+    ):
+        sync.hset(keys.DEPLOYMENTS, spec.name, msgspec.json.encode(spec))
+    per_runner = gpus_for_deployments(sync, 1)  # EBB_K8S_GPUS_PER_RUNNER=1
+    assert [per_runner(d) for d in ("tp4", "plain", None)] == [4, 1, 0]
+    pods = KubernetesLauncher(
+        k8s, TEMPLATE, gpus_for=lambda d: int(per_runner(d)), watch_pods=False
+    )
+    for runner_id, deployment in (("r-tp4", "tp4"), ("r-plain", "plain"), ("r-stem", None)):
+        pods.launch(runner_id, deployment, Tier.FRESH if deployment else Tier.PREWARMED)
+    found = {p.metadata.labels["ebb.io/runner-id"]: p for p in k8s.list_namespaced_pod(NS).items}
+    resources = {rid: found[rid].spec.containers[0].resources for rid in found}
+    assert (
+        resources["r-tp4"].requests["nvidia.com/gpu"]
+        == "4"
+        == resources["r-tp4"].limits["nvidia.com/gpu"]
+    )
+    assert resources["r-plain"].limits["nvidia.com/gpu"] == "1"
+    assert "nvidia.com/gpu" not in resources["r-stem"].requests
+    pods.stop_all(grace_s=0)
+    sync.close()
