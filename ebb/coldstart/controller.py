@@ -372,7 +372,7 @@ class Controller:
         return True
 
     async def _take_stem(self, spec: DeploymentSpec) -> str | None:
-        """The best waiting stem for `spec` (`nodes.rank_stems`: on a node holding its
+        """The best waiting stem for `spec` (`placement.rank_stems`: on a node holding its
         weights, from a pool with its GPUs), out of the pool."""
         waiting = [r for r in self._records if r.state is RunnerState.PREWARMED]
         if not waiting:

@@ -1,6 +1,6 @@
 """Runners as Kubernetes Pods, through the official `kubernetes` client (`ebb[k8s]`).
 
-A `Launcher` and the placement contract (`nodes.py`): `launch_on` creates the runner's
+A `Launcher` and the placement contract (`placement.py`): `launch_on` creates the runner's
 Pod (`k8s_pods.runner_pod`), preferring the node placement chose; `poll` reports each
 runner's end exactly once — a container that exited, or a pod that will never start
 (an image that cannot be pulled, no node that fits it for `unschedulable_after_s`, an

@@ -1,5 +1,5 @@
 """Placement in front of a launcher that can place: each runner goes to the node
-`nodes.choose_placement` prefers (its weights already cached there, then warm capacity,
+`placement.choose_placement` prefers (its weights already cached there, then warm capacity,
 then free GPUs), as a preference its scheduler may still overrule.
 
 `PreferringLauncher` is a `Launcher` the controller uses like any other; stems (no

@@ -10,7 +10,7 @@ Every pass (EBB_PREFETCH_INTERVAL_S), in order:
   3. publish the sources the cache holds, under this node's name (EBB_NODE_NAME), in
      Redis with an expiry of a few passes, and, with EBB_PREFETCH_ANNOTATE_NODE, as the
      node's `ebb.io/cached-sources` annotation (patched only when it changed).
-Placement reads them (`nodes.rank_nodes`, `nodes.rank_stems`): a runner, or a stem for
+Placement reads them (`placement.rank_nodes`, `placement.rank_stems`): a runner, or a stem for
 it, goes first to a node that holds its weights.
 """
 
