@@ -296,6 +296,17 @@ def test_a_tenant_deploys_its_own_model_within_the_quota_the_admin_set(
     )
     assert admin.get("/v1/deployments/solo-two").status_code == 404
     shot(tenant, "04-tenant-over-quota")
+
+    # Its logs view follows its own deployments' runners, never the platform's or others'.
+    tenant.get_by_role("navigation", name="Main").get_by_role("link", name="Logs").click()
+    expect(tenant.get_by_label("Show")).to_have_value("deployment:solo-chat")
+    options = (
+        tenant.get_by_label("Show")
+        .locator("option")
+        .evaluate_all("options => options.map(o => o.value)")
+    )
+    assert options == ["deployment:solo-chat"], options
+    expect(tenant.locator('[data-logs="following"]')).to_contain_text("Following")
     tenant.context.close()
 
 

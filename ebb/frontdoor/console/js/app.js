@@ -25,7 +25,7 @@ const ROUTES = [
   { pattern: /^usage$/, view: usage, nav: "usage" },
   { pattern: /^keys$/, view: keys, nav: "keys", admin: true },
   { pattern: /^jobs(?:\/([^/]+))?$/, view: jobs, nav: "jobs" },
-  { pattern: /^logs(?:\/([^/]+))?(?:\/([^/]+))?$/, view: logs, nav: "logs", admin: true },
+  { pattern: /^logs(?:\/([^/]+))?(?:\/([^/]+))?$/, view: logs, nav: "logs" },
 ];
 
 const main = document.getElementById("main");

@@ -271,7 +271,7 @@ export async function render(ctx) {
         liveArea,
         versions?.el,
         manages ? h("div", { class: "manage" }, scaleForm(ctx, d), deleteSection(ctx, name)) : null,
-        admin
+        manages
           ? h(
               "p",
               {},

@@ -1,4 +1,5 @@
-// Logs (admin): follow the platform's, a deployment's or one runner's log lines live.
+// Logs: follow the platform's, a deployment's or one runner's log lines live (the admin);
+// a tenant follows the runners of its own deployments.
 // GET /v1/logs answers the last lines and a cursor; each poll passes the cursor back and
 // gets only the lines written since, so following costs one small request a second.
 
@@ -30,7 +31,10 @@ function parseValue(value) {
 }
 
 function query(source) {
-  if (source.runner) return `runner=${encodeURIComponent(source.runner)}`;
+  if (source.runner) {
+    // The deployment goes along: a tenant's key may read only its own deployments' runners.
+    return `deployment=${encodeURIComponent(source.deployment)}&runner=${encodeURIComponent(source.runner)}`;
+  }
   if (source.deployment) return `deployment=${encodeURIComponent(source.deployment)}`;
   return "";
 }
@@ -47,9 +51,11 @@ function hashFor(source) {
 }
 
 async function sourceOptions(ctx, chosen) {
+  const admin = ctx.session.role === "admin";
   const list = await ctx.api.get("/v1/deployments", { signal: ctx.signal });
-  const options = [{ value: "platform", label: "Platform processes" }];
-  for (const d of list.data) {
+  const options = admin ? [{ value: "platform", label: "Platform processes" }] : [];
+  // A tenant sees whole (source included) only the deployments it owns: their logs.
+  for (const d of list.data.filter((x) => admin || x.source !== undefined)) {
     options.push({ value: `deployment:${d.name}`, label: `Deployment ${d.name} (all runners)` });
     for (const r of d.runners || []) {
       options.push({
@@ -60,7 +66,8 @@ async function sourceOptions(ctx, chosen) {
   }
   // A runner that has exited is gone from the list, yet its log can still be read.
   const value = valueOf(chosen);
-  if (!options.some((o) => o.value === value)) options.push({ value, label: value });
+  const known = options.some((o) => o.value === value);
+  if (!known && (admin || chosen.deployment)) options.push({ value, label: value });
   return options;
 }
 
@@ -70,6 +77,15 @@ export async function render(ctx) {
   const head = h("div", { class: "view-head" }, h("h1", {}, "Logs"));
   ctx.main.append(head);
   const options = await sourceOptions(ctx, source);
+  if (!options.length) {
+    ctx.main.append(
+      h("p", { class: "muted", dataset: { logs: "none" } }, "You have no deployments whose logs to follow."),
+    );
+    return;
+  }
+  if (ctx.session.role !== "admin" && !source.deployment) {
+    Object.assign(source, parseValue(options[0].value)); // a tenant has no platform logs
+  }
   const sourceField = field({
     label: "Show",
     param: "source",
