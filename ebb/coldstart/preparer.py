@@ -117,7 +117,8 @@ class Preparer:
                 preparation.task.cancel()
 
     async def reconcile(self) -> None:
-        specs = [s for s in await self._state.list_deployments() if self._prepares(s)]
+        # Per serving unit: a new version's weights are ready before traffic moves to it.
+        specs = [s for s in await self._state.serving_units() if self._prepares(s)]
         statuses = await self._state.deployment_statuses([s.name for s in specs])
         for spec in specs:
             await self._consider(spec, WeightsStatus.of(statuses[spec.name]))

@@ -6,7 +6,7 @@ import time
 from typing import Annotated, Literal
 
 import msgspec
-from fastapi import APIRouter
+from fastapi import APIRouter, Header
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from ebb.engine_options import DTYPES, GpuCapacity, check_engine
@@ -14,11 +14,19 @@ from ebb.engines import EngineRegistry
 from ebb.errors import Conflict, InvalidRequest, NotFound
 from ebb.frontdoor.auth import AdminDep, CallerDep
 from ebb.frontdoor.caller import Caller
+from ebb.frontdoor.deploy_versions import (
+    deploy_version,
+    keep_first_env,
+    refuse_version_fields,
+    seal_env,
+    version_summary,
+)
 from ebb.frontdoor.routes_limits import TENANT_PATTERN
-from ebb.frontdoor.services import ServicesDep
+from ebb.frontdoor.services import Services, ServicesDep
 from ebb.queue.gpus import GpuState
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec, EngineSpec, RunnerState, ServingOptions
+from ebb.queue.versions import public_name, split_unit
 from ebb.queue.weights_status import WeightsState, WeightsStatus
 
 router = APIRouter(prefix="/v1/deployments")
@@ -98,7 +106,7 @@ class DeploymentPatch(BaseModel):
 
     def changes(self, engine: EngineSpec, serving: ServingOptions) -> dict:
         """The fields given, `engine` and `serving` merged over the current options."""
-        fields = self.model_dump(exclude_none=True, exclude={"engine", "serving"})
+        fields = self.model_dump(exclude_none=True, exclude={"engine", "serving", "env"})
         if self.engine is not None:
             given = self.engine.model_dump(exclude_none=True)
             fields["engine"] = msgspec.structs.replace(engine, **given)
@@ -114,6 +122,11 @@ class DeploymentCreate(DeploymentPatch):
     )
     # Served back in listings: bounded like a URL.
     source: str = Field(min_length=1, max_length=MAX_SOURCE_CHARS)
+    env: dict[str, str] | None = Field(
+        None,
+        description="The version's environment (secrets such as HF_TOKEN), stored encrypted; "
+        "only the names are ever shown. Absent on a new version: the latest version's.",
+    )
 
     @model_validator(mode="after")
     def _defaults(self) -> DeploymentCreate:
@@ -141,7 +154,8 @@ async def _check_engine(state: PlatformState, spec: DeploymentSpec) -> None:
 
 
 async def deployment_view(state: PlatformState, spec: DeploymentSpec) -> dict:
-    runners = [r for r in await state.runners() if r.deployment == spec.name]
+    # Every version's runners (a version's serving unit is "NAME@vN").
+    runners = [r for r in await state.runners() if public_name(r.deployment) == spec.name]
     counts = {s.value: 0 for s in RunnerState if s.is_live}
     for r in runners:
         if r.state.is_live:
@@ -151,6 +165,7 @@ async def deployment_view(state: PlatformState, spec: DeploymentSpec) -> dict:
     return {
         "object": "deployment",
         **msgspec.to_builtins(spec),
+        **await version_summary(state, spec),
         "status": _summary(counts, status),
         "replicas": counts,
         "queue_depth": queue.depth,
@@ -167,6 +182,7 @@ async def deployment_view(state: PlatformState, spec: DeploymentSpec) -> dict:
         "runners": [
             {
                 "id": r.runner_id,
+                "version": split_unit(r.deployment)[1],
                 "state": r.state.value,
                 "tier": r.tier,
                 "pid": r.pid,
@@ -209,18 +225,28 @@ def _summary(counts: dict[str, int], status: dict[str, str]) -> str:
 
 @router.post("", status_code=201)
 async def create_deployment(
-    body: DeploymentCreate, caller: AdminDep, services: ServicesDep
+    body: DeploymentCreate,
+    caller: AdminDep,
+    services: ServicesDep,
+    if_none_match: Annotated[str | None, Header()] = None,
 ) -> dict:
     _check_source(services.engines, body.source)
+    create_only = if_none_match == "*"  # the client wants a new deployment or a 409
+    existing = await services.state.get_deployment(body.name)
+    if existing is not None and not create_only:
+        return await _deploy_version(services, existing, body)
     spec = DeploymentSpec(**body.changes(EngineSpec(), ServingOptions()), created_at_s=time.time())
     _check_bounds(spec)
     await _check_engine(services.state, spec)
+    seal_env(services, body.env)  # refused before anything is stored
     if not await services.state.put_deployment(spec, create_only=True):
         raise Conflict(
             f"A deployment named {spec.name!r} already exists. Change it with PATCH "
-            f"/v1/deployments/{spec.name} ('ebb scale') or delete it first.",
+            f"/v1/deployments/{spec.name} ('ebb scale'), deploy a new version of it "
+            "(without If-None-Match), or delete it first.",
             param="name",
         )
+    await keep_first_env(services, spec, body.env)
     if services.engines.entry_for(spec.source).prepares_weights:
         # The controller's preparer prefetches them, so the first cold start finds the
         # weights in the cache; until it reports, they are asked for.
@@ -229,6 +255,21 @@ async def create_deployment(
         )
     await services.state.wake(spec.name)
     return await deployment_view(services.state, spec)
+
+
+async def _deploy_version(services: Services, existing: DeploymentSpec, body: DeploymentCreate):
+    """An existing name: the body is its next version (`ebb.frontdoor.deploy_versions`)."""
+
+    async def check(spec: DeploymentSpec) -> None:
+        _check_bounds(spec)
+        await _check_engine(services.state, spec)
+
+    def changes(latest: DeploymentSpec) -> dict:
+        return body.changes(latest.engine, latest.serving)
+
+    record = await deploy_version(services, existing, changes, body.env, check)
+    view = await deployment_view(services.state, existing)
+    return {**view, "deployed_version": record.version}
 
 
 # What a tenant key sees of a deployment it may call: its name, status and model facts.
@@ -292,6 +333,7 @@ async def patch_deployment(
     name: str, body: DeploymentPatch, caller: AdminDep, services: ServicesDep
 ) -> dict:
     spec = await _get(services.state, name)
+    await refuse_version_fields(services.state, name, body.model_fields_set)
     spec = msgspec.structs.replace(spec, **body.changes(spec.engine, spec.serving))
     _check_bounds(spec)
     await _check_engine(services.state, spec)

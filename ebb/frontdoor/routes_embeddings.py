@@ -29,6 +29,7 @@ from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.openai_schema import _to_invalid
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.tokenizer import PromptTokenizer
+from ebb.frontdoor.version_routing import route, version_headers
 from ebb.queue.schema import DeploymentSpec, Failed, Finished, Progress, SamplingSpec, WorkItem
 
 router = APIRouter(prefix="/v1")
@@ -108,7 +109,7 @@ def tokenize_inputs(
 @router.post("/embeddings")
 async def embeddings(request: Request, caller: CallerDep, services: ServicesDep) -> JSONResponse:
     req = parse_embedding_request(decoded_json(request))  # decoded by BodyGuard
-    spec = await services.state.get_deployment(req.model)
+    spec = await route(services.state, req.model, request.headers)
     if spec is None:
         raise NotFound(
             f"The model {req.model!r} does not exist. GET /v1/models lists the deployed models.",
@@ -140,7 +141,7 @@ async def embeddings(request: Request, caller: CallerDep, services: ServicesDep)
         "model": req.model,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
-    return JSONResponse(body)
+    return JSONResponse(body, headers=version_headers(spec))
 
 
 async def _embed_one(

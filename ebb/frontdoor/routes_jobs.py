@@ -30,10 +30,12 @@ from ebb.frontdoor.translate import (
     prepare_completion,
     require_generative,
 )
+from ebb.frontdoor.version_routing import route
 from ebb.openai_responses import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
 from ebb.queue.job_schema import JobEvent, JobRecord, JobStatus, attempt_request_id
 from ebb.queue.job_store import IdempotencyConflict, JobStore
 from ebb.queue.schema import DeploymentSpec, WorkItem
+from ebb.queue.versions import public_name
 from ebb.webhooks.job_limits import give_back_unused
 from ebb.webhooks.signing import new_secret
 from ebb.webhooks.ssrf import UnsafeUrl, resolve_target
@@ -259,7 +261,8 @@ async def _view(services: Services, job_id: str) -> dict:
 
 
 async def _deployment(services: Services, model: str) -> DeploymentSpec:
-    spec = await services.state.get_deployment(model)
+    # The job's attempts run on one version, picked by the traffic split.
+    spec = await route(services.state, model)
     if spec is None:
         raise NotFound(
             f"The model {model!r} does not exist. GET /v1/models lists the deployed models.",
@@ -331,7 +334,7 @@ def _new_record(
     return JobRecord(
         job_id=job_id,
         tenant=caller.tenant,
-        deployment=spec.name,
+        deployment=public_name(spec.name),
         endpoint=CHAT_ENDPOINT if payload.endpoint == CHAT_ENDPOINT else COMPLETIONS_ENDPOINT,
         work=work,
         request_id=work.request_id,

@@ -28,6 +28,7 @@ from ebb.frontdoor.translate import (
     prepare_completion,
     require_generative,
 )
+from ebb.frontdoor.version_routing import route, version_headers
 from ebb.openai_responses import (
     SSE_DONE,
     EndpointKind,
@@ -115,7 +116,7 @@ async def _serve_observed(
     request_id = observed.request_id
     body = _json_body(request)
     parsed = parse(body)
-    spec = await services.state.get_deployment(parsed.model)
+    spec = await route(services.state, parsed.model, request.headers)
     if spec is None:
         raise NotFound(
             f"The model {parsed.model!r} does not exist. GET /v1/models lists the deployed "
@@ -123,7 +124,7 @@ async def _serve_observed(
             param="model",
             code="model_not_found",
         )
-    observed.deployment = spec.name
+    observed.deployment = parsed.model
     require_generative(spec)
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     model = await services.catalog.info(spec, wait_s=window_s)
@@ -161,7 +162,11 @@ async def _serve_observed(
             return StreamingResponse(
                 _stream(services, running, builder, reservation, observed),
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
+                headers={
+                    "Cache-Control": "no-cache",
+                    "X-Request-Id": request_id,
+                    **version_headers(spec),
+                },
             )
         result = await unless_disconnected(
             request,
@@ -175,7 +180,7 @@ async def _serve_observed(
                 observed,
             ),
         )
-        return JSONResponse(result, headers={"X-Request-Id": request_id})
+        return JSONResponse(result, headers={"X-Request-Id": request_id, **version_headers(spec)})
     except ClientGone:
         # Nobody is listening; 499 is what proxies log for a client that closed first.
         return Response(status_code=499)

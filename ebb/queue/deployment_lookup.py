@@ -3,14 +3,12 @@ placing a runner)."""
 
 from __future__ import annotations
 
-import msgspec
 import redis
 
-from ebb.queue import keys
-from ebb.queue.replies import reply_bytes
 from ebb.queue.schema import DeploymentSpec
+from ebb.queue.version_store import read_unit_spec
 
 
 def read_deployment(client: redis.Redis, name: str) -> DeploymentSpec | None:
-    raw = client.hget(keys.DEPLOYMENTS, name)
-    return None if raw is None else msgspec.json.decode(reply_bytes(raw), type=DeploymentSpec)
+    """The spec of a deployment, or of one version's serving unit (`NAME@vN`)."""
+    return read_unit_spec(client, name)

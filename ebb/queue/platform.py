@@ -28,6 +28,7 @@ from ebb.queue.schema import (
     encode,
 )
 from ebb.queue.scripts import QueueScripts
+from ebb.queue.version_store import VersionStore
 
 _LOST = encode(
     Failed(
@@ -71,11 +72,23 @@ class PlatformState:
         return sorted(specs, key=lambda s: s.name)
 
     async def delete_deployment(self, name: str) -> bool:
+        store = VersionStore(self.redis)
+        numbers = set((await store.split(name)).weights) | set(await store.versions(name))
         pipe = self.redis.pipeline()
         pipe.hdel(keys.DEPLOYMENTS, name)
         pipe.delete(keys.deployment_status(name), keys.coldstart(name))
         removed, _ = await pipe.execute()
+        await store.forget(name, sorted(numbers))
         return bool(removed)
+
+    async def serving_units(self) -> list[DeploymentSpec]:
+        """What the controller scales: each version of each deployment that has traffic
+        or may hold work, as its own unit (`ebb.queue.versions`)."""
+        return await VersionStore(self.redis).units(await self.list_deployments())
+
+    async def serving_unit(self, unit: str) -> DeploymentSpec | None:
+        """The spec of one serving unit (a deployment's version), None once deleted."""
+        return await VersionStore(self.redis).unit_spec(unit)
 
     async def set_deployment_status(self, name: str, **fields: object) -> None:
         await self.redis.hset(
