@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 from rich.table import Table
 
 from ebb.cli.api import EXIT_USAGE, Api, JsonOpt, console, err_console, print_json
+from ebb.cli.rollouts import parse_env, wait_for_version
 from ebb.cli.weights import print_cache, wait_for_weights
 
 deployments_app = typer.Typer(
@@ -56,9 +59,17 @@ def deploy(
     enforce_eager: bool | None = typer.Option(
         None, "--enforce-eager/--cuda-graphs", help="Eager mode, or CUDA graphs (GPUs)."
     ),
+    env: list[str] | None = typer.Option(
+        None, "--env", help="NAME=VALUE in the version's environment (stored encrypted)."
+    ),
+    env_file: Path | None = typer.Option(None, help="NAME=VALUE lines for the environment."),
+    create_only: bool = typer.Option(
+        False, "--create-only", help="Refuse if the name exists instead of a new version."
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Deploy a model; its weights are prefetched so the first cold start is a cache hit."""
+    """Deploy a model, or a new version of an existing one (no traffic until `ebb
+    rollout`); its weights are prefetched so the first cold start is a cache hit."""
     engine = {
         "dtype": dtype,
         "quantization": quantization,
@@ -76,11 +87,25 @@ def deploy(
         "idle_timeout_s": idle_timeout,
         "max_model_len": max_model_len,
         "engine": {k: v for k, v in engine.items() if v is not None},
+        "env": parse_env(env, env_file),
     }
     api = Api()
     body = api.call(
-        "POST", "/v1/deployments", json={k: v for k, v in fields.items() if v is not None}
+        "POST",
+        "/v1/deployments",
+        json={k: v for k, v in fields.items() if v is not None},
+        headers={"If-None-Match": "*"} if create_only else {},
     )
+    if version := body.get("deployed_version"):
+        history = wait_for_version(api, name, version) if wait else body
+        if as_json:
+            print_json(history)
+        else:
+            console.print(
+                f"deployed version {version} of [bold]{name}[/] (no traffic yet); move "
+                f"traffic to it with 'ebb rollout {name}' (or --canary PCT)"
+            )
+        return
     if wait:
         body = wait_for_weights(api, name)
     if as_json:

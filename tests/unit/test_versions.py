@@ -6,8 +6,8 @@ import pytest
 
 from ebb.queue.rollout import (
     RolloutRefused,
-    VersionHealth,
     Verdict,
+    VersionHealth,
     canary_steps,
     health_of,
     judge,
