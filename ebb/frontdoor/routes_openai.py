@@ -28,7 +28,7 @@ from ebb.frontdoor.translate import (
     prepare_completion,
     require_generative,
 )
-from ebb.frontdoor.version_routing import route, version_headers
+from ebb.frontdoor.version_routing import route, version_headers, version_of
 from ebb.openai_responses import (
     SSE_DONE,
     EndpointKind,
@@ -125,6 +125,7 @@ async def _serve_observed(
             code="model_not_found",
         )
     observed.deployment = parsed.model
+    observed.version = version_of(spec)
     require_generative(spec)
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     model = await services.catalog.info(spec, wait_s=window_s)
