@@ -18,10 +18,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from ebb.queue.platform import PlatformState
 from ebb.queue.rollout import RolloutRefused, Verdict, health_of, judge, promote, rollback, warmed
-from ebb.queue.schema import RunnerState
+from ebb.queue.schema import RunnerState, UsageRecord
 from ebb.queue.version_store import VersionStore
 from ebb.queue.versions import TrafficSplit, unit_name
 
@@ -30,11 +31,19 @@ log = logging.getLogger(__name__)
 PASS_INTERVAL_S = 0.5
 
 
+@dataclass
+class _StepRead:
+    since_s: float
+    after_id: bytes
+    records: list[UsageRecord] = field(default_factory=list)
+
+
 class RolloutDriver:
     def __init__(self, state: PlatformState, clock: Callable[[], float] = time.time):
         self._state = state
         self._store = VersionStore(state.redis)
         self._clock = clock
+        self._read: dict[str, _StepRead] = {}  # deployment -> its current step's records
 
     async def run(
         self, stopping: asyncio.Event, leading: Callable[[], bool] = lambda: True
@@ -50,11 +59,13 @@ class RolloutDriver:
                 await asyncio.wait_for(stopping.wait(), PASS_INTERVAL_S)
 
     async def advance(self) -> None:
+        scheduled: set[str] = set()
         for spec in await self._state.list_deployments():
             split = await self._store.split(spec.name)
             rollout = split.rollout
             if rollout is None or not rollout.active:
                 continue
+            scheduled.add(spec.name)
             try:
                 if rollout.state == "warming":
                     await self._when_warm(spec.name, rollout.to_version)
@@ -62,6 +73,8 @@ class RolloutDriver:
                     await self._on_schedule(spec.name, split)
             except RolloutRefused:
                 continue  # changed under us by the API: the next pass sees the new state
+        for name in set(self._read) - scheduled:
+            del self._read[name]
 
     async def _when_warm(self, name: str, version: int) -> None:
         unit = unit_name(name, version)
@@ -73,10 +86,23 @@ class RolloutDriver:
         log.info("coldstart: %s v%d is warm; traffic now %s", name, version, moved.weights)
         await self._state.wake(unit)
 
+    async def _step_records(self, name: str, step_started_at_s: float) -> list[UsageRecord]:
+        """The deployment's usage records since its step began, read incrementally: each
+        pass reads only what finished since the last one."""
+        read = self._read.get(name)
+        if read is None or read.since_s != step_started_at_s:
+            start_ms = int(step_started_at_s * 1000)
+            read = self._read[name] = _StepRead(step_started_at_s, f"{start_ms - 1}-0".encode())
+        while True:
+            read.after_id, batch = await self._state.usage_after(read.after_id)
+            read.records += [r for r in batch if r.deployment == name]
+            if len(batch) < 10_000:
+                return read.records
+
     async def _on_schedule(self, name: str, split: TrafficSplit) -> None:
         rollout = split.rollout
         assert rollout is not None
-        records = await self._state.usage_records(since_s=rollout.step_started_at_s)
+        records = await self._step_records(name, rollout.step_started_at_s)
         health = health_of(records, name)
         now = self._clock()
         verdict, why = judge(

@@ -291,6 +291,19 @@ class PlatformState:
         entries = reply_entries(await self.redis.xrange(keys.USAGE, min=start, max="+"))
         return [msgspec.json.decode(fields[b"r"], type=UsageRecord) for _, fields in entries]
 
+    async def usage_after(
+        self, after_id: bytes, *, count: int = 10_000
+    ) -> tuple[bytes, list[UsageRecord]]:
+        """Up to `count` usage records newer than stream id `after_id` (b"0-0": from the
+        start; b"<ms>-0": from that time on), and the id to resume from."""
+        entries = reply_entries(
+            await self.redis.xrange(keys.USAGE, min=b"(" + after_id, max="+", count=count)
+        )
+        if not entries:
+            return after_id, []
+        records = [msgspec.json.decode(f[b"r"], type=UsageRecord) for _, f in entries]
+        return entries[-1][0].encode(), records
+
     async def memory(self) -> dict[str, int]:
         """Redis's memory as INFO reports it: used, peak and the configured limit (0: none)."""
         info = await self.redis.info("memory")
