@@ -22,14 +22,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ebb.errors import InvalidRequest, JobError, NotFound
+from ebb.errors import InvalidRequest, JobError
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.openai_schema import _to_invalid
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.tokenizer import PromptTokenizer
-from ebb.frontdoor.version_routing import route, version_headers
+from ebb.frontdoor.version_routing import routed, version_headers
 from ebb.queue.schema import DeploymentSpec, Failed, Finished, Progress, SamplingSpec, WorkItem
 
 router = APIRouter(prefix="/v1")
@@ -109,13 +109,7 @@ def tokenize_inputs(
 @router.post("/embeddings")
 async def embeddings(request: Request, caller: CallerDep, services: ServicesDep) -> JSONResponse:
     req = parse_embedding_request(decoded_json(request))  # decoded by BodyGuard
-    spec = await route(services.state, req.model, request.headers)
-    if spec is None:
-        raise NotFound(
-            f"The model {req.model!r} does not exist. GET /v1/models lists the deployed models.",
-            param="model",
-            code="model_not_found",
-        )
+    spec = await routed(services.state, caller, req.model, request.headers)
     if spec.serving.task != "embed":
         raise InvalidRequest(
             f"The model {req.model!r} is a generative deployment; embeddings come from a "

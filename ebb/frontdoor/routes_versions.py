@@ -1,4 +1,5 @@
-"""A deployment's versions and rollouts (admin key): history, roll out, promote, roll back.
+"""A deployment's versions and rollouts: history, roll out, promote, roll back. The admin
+manages every deployment's, a tenant those of its own deployments (`tenancy`).
 
 `POST /v1/deployments` with an existing name deploys a new version (`deploy_versions`);
 these endpoints move traffic between versions. Transitions are `ebb.queue.rollout`'s;
@@ -13,8 +14,9 @@ from typing import Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ebb.errors import Conflict, InvalidRequest, NotFound
-from ebb.frontdoor.auth import AdminDep
+from ebb.errors import Conflict, InvalidRequest
+from ebb.frontdoor import tenancy
+from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.deploy_versions import versions_view
 from ebb.frontdoor.services import Services, ServicesDep
@@ -64,12 +66,9 @@ class RolloutBody(BaseModel):
 
 
 async def _owned(services: Services, caller: Caller, name: str) -> DeploymentSpec:
-    """The deployment `caller` may roll out (the admin: any). Tenant ownership checks
-    belong here."""
-    spec = await services.state.get_deployment(name)
-    if spec is None:
-        raise NotFound(f"No deployment named {name!r}. 'ebb deployments' lists them.", param="name")
-    return spec
+    """The deployment `caller` may roll out: 404 when it may not see it, 403 when it only
+    calls it."""
+    return await tenancy.managed_deployment(services.state, caller, name)
 
 
 async def _change(services: Services, name: str, change) -> TrafficSplit:
@@ -80,13 +79,13 @@ async def _change(services: Services, name: str, change) -> TrafficSplit:
 
 
 @router.get("/{name}/versions")
-async def list_versions(name: str, caller: AdminDep, services: ServicesDep) -> dict:
+async def list_versions(name: str, caller: CallerDep, services: ServicesDep) -> dict:
     return await versions_view(services.state, await _owned(services, caller, name))
 
 
 @router.post("/{name}/rollout")
 async def start_rollout(
-    name: str, body: RolloutBody, caller: AdminDep, services: ServicesDep
+    name: str, body: RolloutBody, caller: CallerDep, services: ServicesDep
 ) -> dict:
     spec = await _owned(services, caller, name)
     store = VersionStore(services.state.redis)
@@ -121,7 +120,7 @@ async def start_rollout(
 
 
 @router.post("/{name}/rollout/promote")
-async def promote_rollout(name: str, caller: AdminDep, services: ServicesDep) -> dict:
+async def promote_rollout(name: str, caller: CallerDep, services: ServicesDep) -> dict:
     spec = await _owned(services, caller, name)
     now = time.time()
     await _change(services, name, lambda split: promote(split, now))
@@ -129,7 +128,7 @@ async def promote_rollout(name: str, caller: AdminDep, services: ServicesDep) ->
 
 
 @router.post("/{name}/rollback")
-async def rollback_rollout(name: str, caller: AdminDep, services: ServicesDep) -> dict:
+async def rollback_rollout(name: str, caller: CallerDep, services: ServicesDep) -> dict:
     spec = await _owned(services, caller, name)
     now = time.time()
     split = await _change(services, name, lambda s: rollback(s, "rolled back by hand", now))

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ebb.errors import NotFound
+from ebb.frontdoor import tenancy
+from ebb.frontdoor.caller import Caller
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec
 from ebb.queue.version_store import VersionStore
@@ -29,6 +32,21 @@ async def route(
     key = headers.get(ROUTE_KEY_HEADER) if headers is not None else None
     version = pick_version(split.weights, route_point(key))
     return await store.unit_spec(unit_name(deployment, version))
+
+
+async def routed(
+    state: PlatformState,
+    caller: Caller,
+    deployment: str,
+    headers: Mapping[str, str] | None = None,
+) -> DeploymentSpec:
+    """`route` for a deployment `caller` may call; the model's 404 otherwise."""
+    await tenancy.visible_deployment(state, caller, deployment)
+    spec = await route(state, deployment, headers)
+    if spec is None:  # deleted a moment ago
+        await tenancy.visible_deployment(state, caller, deployment)  # raises its 404
+        raise NotFound(f"The model {deployment!r} does not exist.", param="model")
+    return spec
 
 
 def version_of(spec: DeploymentSpec) -> int:
