@@ -8,11 +8,12 @@ import time
 
 import httpx
 import pytest
+from billing_support import new_key, tenant_client
 from steady_load import MESSAGES, SteadyLoad
 from support import Platform, deploy, temp_home, wait_until
 
 from ebb.queue.versions import pick_version, route_point
-from ebb.secrets import new_key
+from ebb.secrets import new_key as new_secrets_key
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +25,7 @@ def platform():
     p = Platform(
         home=temp_home("ebb-it-versions-"),
         redis_url=None,
-        env_extra={"EBB_SECRETS_KEY": new_key()},
+        env_extra={"EBB_SECRETS_KEY": new_secrets_key()},
     ).start()
     yield p
     assert p.stop() == 0
@@ -224,3 +225,25 @@ def test_secrets_never_appear_in_responses_logs_or_redis(platform, admin):
     # Each runner opened its version's env: it logs the names it set, never the values.
     assert b"set env ['HF_TOKEN']" in logs and b"set env ['S3_SECRET']" in logs
     assert SECRET_VALUE.encode() not in logs
+
+
+def test_a_tenant_versions_and_rolls_out_its_own_deployment_only(platform, admin):
+    r = admin.put(
+        "/v1/tenants/team/quota",
+        json={"max_deployments": 2, "max_replicas": 2, "allowed_sources": ["fake://ok"]},
+    )
+    assert r.status_code == 200, r.text
+    team = tenant_client(platform, new_key(admin, "team"))
+    other = tenant_client(platform, new_key(admin, "other"))
+    assert team.post("/v1/deployments", json={"name": "team-m", "source": "fake://ok"}).is_success
+    v2 = team.post("/v1/deployments", json={"name": "team-m", "source": "fake://ok?step_ms=1"})
+    assert v2.status_code == 201 and v2.json()["deployed_version"] == 2
+    outside = team.post("/v1/deployments", json={"name": "team-m", "source": "fake://nope"})
+    assert outside.status_code in (403, 429) and outside.json()["error"]["param"] == "source"
+    assert team.post("/v1/deployments/team-m/rollout", json={}).status_code == 200
+    # Another tenant: the deployment does not exist for it, and it cannot take the name.
+    assert other.get("/v1/deployments/team-m/versions").status_code == 404
+    assert other.post("/v1/deployments/team-m/rollback").status_code == 404
+    taken = other.post("/v1/deployments", json={"name": "team-m", "source": "fake://ok"})
+    assert taken.status_code in (403, 409)
+    assert [v["version"] for v in _versions(admin, "team-m")["data"]] == [1, 2]
