@@ -230,7 +230,12 @@ def test_secrets_never_appear_in_responses_logs_or_redis(platform, admin):
 def test_a_tenant_versions_and_rolls_out_its_own_deployment_only(platform, admin):
     r = admin.put(
         "/v1/tenants/team/quota",
-        json={"max_deployments": 2, "max_replicas": 2, "allowed_sources": ["fake://ok"]},
+        json={
+            "max_deployments": 2,
+            "max_replicas": 2,
+            "max_gpus": 2,
+            "allowed_sources": ["fake://ok"],
+        },
     )
     assert r.status_code == 200, r.text
     team = tenant_client(platform, new_key(admin, "team"))
