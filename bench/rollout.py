@@ -43,9 +43,13 @@ def summary(outcomes: list[Outcome]) -> dict:
         "requests": len(outcomes),
         "failed": sum(not o.ok for o in outcomes),
         "versions": _count(outcomes),
-        "ttft_p50_ms": _p(ttfts, 0.5),
-        "ttft_p99_ms": _p(ttfts, 0.99),
+        "ttft_p50_ms": _round(_p(ttfts, 0.5)),
+        "ttft_p99_ms": _round(_p(ttfts, 0.99)),
     }
+
+
+def _round(ms: float | None) -> float | None:
+    return None if ms is None else round(ms, 1)
 
 
 def _count(outcomes: list[Outcome]) -> dict[str, int]:
