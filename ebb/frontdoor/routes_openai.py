@@ -90,6 +90,7 @@ async def _serve(
         response = await _serve_observed(request, services, caller, parse, prepare, observed)
     except EbbError as e:
         e.request_id = request_id
+        e.version = observed.version
         observed.end_with_error(e)
         raise
     except Exception:

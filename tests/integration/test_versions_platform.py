@@ -139,8 +139,10 @@ def test_a_failing_canary_rolls_back_by_itself(platform, admin):
     assert "error rate" in rollout["reason"]
     assert _versions(admin, "bad")["traffic"] == {"1": 100, "2": 0}
     failed = load.failures()
-    # Only the canary failed: its engine refused them (version 1's has no error_pct).
+    # Only the canary failed (refused by its engine, which alone has error_pct), and the
+    # error answers name the version too.
     assert failed and all("error_pct=50" in o.error for o in failed)
+    assert {o.version for o in failed} == {"2"}
     after = load.since(back + 0.5)
     assert all(o.ok and o.version == "1" for o in after)
 
