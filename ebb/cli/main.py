@@ -131,6 +131,27 @@ def prepare(source: str = typer.Argument(...)) -> None:
     raise typer.Exit(run_preparation(source, Settings().weights_dir))
 
 
+@app.command(hidden=True)
+def prefetch() -> None:
+    """Keep this node's weight cache warm for the deployments and publish what it holds
+    (one per node: a DaemonSet on Kubernetes). Stops on SIGTERM."""
+    import signal
+    import threading
+
+    from ebb.coldstart.prefetch import Prefetcher, node_annotator, node_name
+    from ebb.queue.connection import sync_client
+
+    _logging("prefetch")
+    settings = Settings()
+    client = sync_client(settings.platform_redis_url("ebb prefetch"))
+    annotate = node_annotator(node_name(settings)) if settings.prefetch_annotate_node else None
+    prefetcher = Prefetcher(settings, client, annotate=annotate)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    prefetcher.run(stop)
+
+
 @app.command("fork-server", hidden=True)
 def fork_server() -> None:
     """Import the engine once and fork runners on request (started by the controller)."""

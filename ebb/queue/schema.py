@@ -260,6 +260,10 @@ class RunnerRecord(msgspec.Struct, kw_only=True):
     # When the controller last gave it a deployment (a stem taken from the pool, a sleeper
     # woken); 0 for a runner launched with its deployment.
     assigned_ms: int = 0
+    # The node it runs on, as the runner reports it (EBB_NODE_NAME, else its host name).
+    node: str = ""
+    # The stem pool it was launched into ("" the default pool, or launched for a deployment).
+    pool: str = ""
 
     @property
     def is_starting(self) -> bool:

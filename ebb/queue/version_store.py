@@ -7,6 +7,7 @@ before versions existed keeps working unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import msgspec
 import redis
@@ -92,17 +93,8 @@ class VersionStore:
         """The serving units of `specs`: every version that has traffic or may still hold
         work (listed in its split), in one round trip."""
         pipe = self.redis.pipeline(transaction=False)
-        for spec in specs:
-            pipe.get(keys.traffic(spec.name))
-            pipe.hgetall(keys.deployment_versions(spec.name))
-        replies = await pipe.execute()
-        units: list[DeploymentSpec] = []
-        for i, spec in enumerate(specs):
-            split, versions = _split(replies[2 * i]), _versions(replies[2 * i + 1])
-            for number in sorted(split.weights):
-                if number == 1 or number in versions:
-                    units.append(compose(spec, versions.get(number), split, number))
-        return units
+        _ask_units(pipe, specs)
+        return _units(specs, await pipe.execute())
 
     async def forget(self, deployment: str, numbers: list[int]) -> None:
         """Drop a deleted deployment's versions, split and the units' own state."""
@@ -111,6 +103,30 @@ class VersionStore:
         for unit in units:
             doomed += [keys.deployment_status(unit), keys.coldstart(unit)]
         await self.redis.delete(*doomed)
+
+
+def _ask_units(pipe: Any, specs: list[DeploymentSpec]) -> None:
+    """Queue the reads `_units` needs on `pipe` (an async or a blocking pipeline)."""
+    for spec in specs:
+        pipe.get(keys.traffic(spec.name))
+        pipe.hgetall(keys.deployment_versions(spec.name))
+
+
+def _units(specs: list[DeploymentSpec], replies: list[Any]) -> list[DeploymentSpec]:
+    units: list[DeploymentSpec] = []
+    for i, spec in enumerate(specs):
+        split, versions = _split(replies[2 * i]), _versions(replies[2 * i + 1])
+        for number in sorted(split.weights):
+            if number == 1 or number in versions:
+                units.append(compose(spec, versions.get(number), split, number))
+    return units
+
+
+def read_units(client: redis.Redis, specs: list[DeploymentSpec]) -> list[DeploymentSpec]:
+    """`VersionStore.units` on a blocking client (a node's weight prefetcher)."""
+    pipe = client.pipeline(transaction=False)
+    _ask_units(pipe, specs)
+    return _units(specs, pipe.execute())
 
 
 def _unit(
