@@ -7,12 +7,17 @@ from __future__ import annotations
 import time
 
 import httpx
+import msgspec
 import pytest
+import redis
 from billing_support import new_key, tenant_client
 from steady_load import MESSAGES, SteadyLoad
 from support import Platform, deploy, temp_home, wait_until
 
-from ebb.queue.versions import pick_version, route_point
+from ebb.queue import keys
+from ebb.queue.deployment_lookup import read_deployment, read_serving_units
+from ebb.queue.schema import DeploymentSpec
+from ebb.queue.versions import TrafficSplit, VersionRecord, pick_version, route_point
 from ebb.secrets import new_key as new_secrets_key
 
 pytestmark = pytest.mark.integration
@@ -254,3 +259,22 @@ def test_a_tenant_versions_and_rolls_out_its_own_deployment_only(platform, admin
     taken = other.post("/v1/deployments", json={"name": "team-m", "source": "fake://ok"})
     assert taken.status_code in (403, 409)
     assert [v["version"] for v in _versions(admin, "team-m")["data"]] == [1, 2]
+
+
+def test_blocking_readers_see_every_serving_version(redis_url):
+    """What a node's weight prefetcher and a launcher read: each version's unit."""
+    client = redis.Redis.from_url(redis_url)
+    spec = DeploymentSpec(name="pre", source="s3://bucket/v1", min_replicas=1)
+    v2 = VersionRecord(
+        version=2, created_at_s=1.0, spec=DeploymentSpec(name="pre", source="s3://bucket/v2")
+    )
+    client.hset(keys.DEPLOYMENTS, "pre", msgspec.json.encode(spec))
+    client.hset(keys.deployment_versions("pre"), "2", msgspec.json.encode(v2))
+    client.set(keys.traffic("pre"), msgspec.json.encode(TrafficSplit(weights={1: 90, 2: 10})))
+    units = read_serving_units(client)
+    assert [(u.name, u.source, u.min_replicas) for u in units] == [
+        ("pre", "s3://bucket/v1", 1),
+        ("pre@v2", "s3://bucket/v2", 1),
+    ]
+    assert read_deployment(client, "pre@v2").source == "s3://bucket/v2"
+    assert read_deployment(client, "pre@v3") is None  # no such version
