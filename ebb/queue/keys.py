@@ -233,3 +233,16 @@ def batch(batch_id: str) -> str:
 def tenant_batches(tenant: str) -> str:
     """Sorted set of a tenant's batch ids, all scored 0: ids sort by creation time (lex)."""
     return f"{PREFIX}batches:tenant:{tenant}"
+
+
+# --- deployment versions and traffic splits -----------------------------------------------
+
+
+def deployment_versions(deployment: str) -> str:
+    """Hash: version number -> VersionRecord (json) of a deployment's immutable versions."""
+    return f"{PREFIX}dversions:{deployment}"
+
+
+def traffic(deployment: str) -> str:
+    """String: the deployment's TrafficSplit (json): weights per version and its rollout."""
+    return f"{PREFIX}traffic:{deployment}"
