@@ -115,6 +115,24 @@ export function servingFieldset() {
   );
 }
 
+/** The version's environment (secrets such as HF_TOKEN): sent once, stored sealed. */
+export function envFieldset() {
+  return h(
+    "fieldset",
+    { class: "env" },
+    h("legend", {}, "Environment"),
+    control({
+      param: "env",
+      label: "Environment variables",
+      kind: "map",
+      textarea: true,
+      rows: "3",
+      autocomplete: "off",
+      hint: "One NAME=value a line (e.g. HF_TOKEN=…). Stored encrypted; only the names are ever shown again. Empty: a new version keeps the latest one's.",
+    }),
+  );
+}
+
 export function limitsFieldset() {
   return h(
     "fieldset",

@@ -12,7 +12,13 @@ import {
   showFieldError,
   showFormError,
 } from "../dom.js";
-import { limitsFieldset, moreFieldset, readOptions, servingFieldset } from "../deploy_options.js";
+import {
+  envFieldset,
+  limitsFieldset,
+  moreFieldset,
+  readOptions,
+  servingFieldset,
+} from "../deploy_options.js";
 import { engineFieldset, readEngine } from "../engine.js";
 import { progressBar, weightsProgress } from "../model.js";
 import { priceFields, priceFieldset, readPrices } from "../prices.js";
@@ -165,6 +171,7 @@ export async function render(ctx) {
     priceFieldset(prices),
     engineFieldset(),
     servingFieldset(),
+    envFieldset(),
     formError(),
     h("div", { class: "actions" }, submit),
   );
@@ -297,11 +304,18 @@ function coldStartStep(s, d, seen) {
 
 function progressPanel(ctx, created) {
   const name = created.name;
-  const createdStep = step("created", "Deployment created");
+  const version = created.deployed_version;
+  const createdStep = step("created", version > 1 ? "Version created" : "Deployment created");
   createdStep.set(
     "done",
-    "done",
-    h("p", {}, "Clients call it as model ", h("code", {}, name), "."),
+    version > 1 ? `version ${version}` : "done",
+    version > 1
+      ? h(
+          "p",
+          {},
+          `A new version (v${version}) of ${name}: it takes no traffic until you roll it out from the deployment's Versions panel.`,
+        )
+      : h("p", {}, "Clients call it as model ", h("code", {}, name), "."),
   );
   const weights = step("weights", "Weights prefetch");
   const cold = step("cold-start", "First cold start");
