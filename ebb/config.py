@@ -208,7 +208,7 @@ class Settings(BaseSettings):
     otlp_endpoint: str | None = None
     # The share of new traces recorded (a client's sampled traceparent is always followed):
     # below 1 it bounds tracing's cost on a busy platform.
-    otlp_sample_ratio: float = Field(1.0, ge=0.0, le=1.0)
+    otlp_sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
 
     @field_validator("secrets_key")
     @classmethod
