@@ -18,8 +18,11 @@ from ebb.errors import InvalidRequest
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 MAX_ENV_VARS = 64
 MAX_ENV_VALUE_CHARS = 16384
-# Names the platform sets itself: a version may not redirect a runner's Redis or keys.
-_RESERVED_PREFIX = "EBB_"
+# Names a version may not set: the platform's own (a runner's Redis, keys), and those that
+# steer the dynamic loader, the interpreter or device placement of the runner and of the
+# processes it starts (a tenant's env must not run code or take another tenant's GPUs).
+_RESERVED_PREFIXES = ("EBB_", "LD_", "PYTHON", "CUDA_", "NVIDIA_")
+_RESERVED_NAMES = frozenset({"PATH", "HOME", "TMPDIR"})
 
 
 def new_key() -> str:
@@ -83,9 +86,12 @@ def check_env(env: dict[str, str]) -> None:
             raise InvalidRequest(
                 f"env name {name!r} is not a variable name (letters, digits, '_').", param="env"
             )
-        if name.upper().startswith(_RESERVED_PREFIX):
+        upper = name.upper()
+        if upper.startswith(_RESERVED_PREFIXES) or upper in _RESERVED_NAMES:
             raise InvalidRequest(
-                f"env name {name!r}: names starting with EBB_ are the platform's own.",
+                f"env name {name!r} is the platform's to set (names starting with "
+                f"{', '.join(_RESERVED_PREFIXES)} and {', '.join(sorted(_RESERVED_NAMES))}); "
+                "engine settings go in the deployment's engine options.",
                 param="env",
             )
         if len(value) > MAX_ENV_VALUE_CHARS or "\x00" in value:

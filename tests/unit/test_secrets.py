@@ -36,7 +36,16 @@ def test_a_malformed_key_is_refused():
 
 @pytest.mark.parametrize(
     "env",
-    [{"1BAD": "x"}, {"EBB_REDIS_URL": "redis://evil"}, {"A": "x\x00y"}, {"A-B": "x"}],
+    [
+        {"1BAD": "x"},
+        {"EBB_REDIS_URL": "redis://evil"},
+        {"LD_PRELOAD": "/tmp/x.so"},
+        {"PYTHONPATH": "/tmp"},
+        {"CUDA_VISIBLE_DEVICES": "0,1"},
+        {"PATH": "/tmp"},
+        {"A": "x\x00y"},
+        {"A-B": "x"},
+    ],
 )
 def test_env_names_a_process_cannot_hold_or_the_platform_owns_are_refused(env):
     with pytest.raises(InvalidRequest):
