@@ -12,8 +12,6 @@ asks for by default), as little-endian float32 bytes.
 from __future__ import annotations
 
 import asyncio
-import base64
-import struct
 import time
 import uuid
 from typing import Any, Literal
@@ -29,6 +27,7 @@ from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.openai_schema import _to_invalid
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.tokenizer import PromptTokenizer
+from ebb.openai_responses import embedding_response
 from ebb.queue.schema import DeploymentSpec, Failed, Finished, Progress, SamplingSpec, WorkItem
 
 router = APIRouter(prefix="/v1")
@@ -105,6 +104,28 @@ def tokenize_inputs(
     return inputs
 
 
+def require_embedding(spec: DeploymentSpec) -> None:
+    if spec.serving.task != "embed":
+        raise InvalidRequest(
+            f"The model {spec.name!r} is a generative deployment; embeddings come from a "
+            'deployment created with "serving": {"task": "embed"}.',
+            param="model",
+        )
+
+
+def job_work(req: EmbeddingRequest, inputs: list[list[int]]) -> tuple[list[int], SamplingSpec]:
+    """An embeddings job's one work item: its inputs' tokens concatenated, and sampling that
+    says where each input ends (the runner embeds each on its own)."""
+    prompt = [t for ids in inputs for t in ids]
+    sampling = SamplingSpec(
+        max_tokens=1,
+        embed=True,
+        dimensions=req.dimensions,
+        embed_input_lengths=[len(ids) for ids in inputs] if len(inputs) > 1 else [],
+    )
+    return prompt, sampling
+
+
 @router.post("/embeddings")
 async def embeddings(request: Request, caller: CallerDep, services: ServicesDep) -> JSONResponse:
     req = parse_embedding_request(decoded_json(request))  # decoded by BodyGuard
@@ -115,12 +136,7 @@ async def embeddings(request: Request, caller: CallerDep, services: ServicesDep)
             param="model",
             code="model_not_found",
         )
-    if spec.serving.task != "embed":
-        raise InvalidRequest(
-            f"The model {req.model!r} is a generative deployment; embeddings come from a "
-            'deployment created with "serving": {"task": "embed"}.',
-            param="model",
-        )
+    require_embedding(spec)
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     model = await services.catalog.info(spec, wait_s=window_s)
     inputs = await asyncio.to_thread(tokenize_inputs, req, model.tokenizer, model.max_model_len)
@@ -130,16 +146,12 @@ async def embeddings(request: Request, caller: CallerDep, services: ServicesDep)
             for ids in inputs
         ]
     results = [t.result() for t in tasks]
-    prompt_tokens = sum(tokens for _, tokens in results)
-    body = {
-        "object": "list",
-        "data": [
-            {"object": "embedding", "index": i, "embedding": _encode(vector, req.encoding_format)}
-            for i, (vector, _) in enumerate(results)
-        ],
-        "model": req.model,
-        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-    }
+    body = embedding_response(
+        [vector for vector, _ in results],
+        model=req.model,
+        prompt_tokens=sum(tokens for _, tokens in results),
+        encoding_format=req.encoding_format,
+    )
     return JSONResponse(body)
 
 
@@ -179,9 +191,3 @@ async def _embed_one(
         raise JobError("the embedding ended without a vector")
     finally:
         await asyncio.shield(reservation.settle())
-
-
-def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
-    if encoding_format == "float":
-        return vector
-    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
