@@ -72,7 +72,7 @@ class BatchCreate(BaseModel):
 
 @router.post("")
 async def create_batch(payload: BatchCreate, caller: CallerDep, services: ServicesDep) -> dict:
-    info = owned_file(services.files, payload.input_file_id, caller)
+    info = await owned_file(services.files, payload.input_file_id, caller)
     if info.purpose != "batch":
         raise InvalidRequest("input_file_id must name a file uploaded with purpose batch.")
     content = await asyncio.to_thread(services.files.content, info.file_id)
