@@ -1,10 +1,13 @@
 """`POST /v1/embeddings`, served by deployments whose engine runs as a pooling model
 (`serving.task = "embed"`).
 
-Each input becomes its own work item, admitted, rate-limited and billed (prompt tokens at
-the deployment's input price) exactly like a chat request, so that scale-from-zero, the
-admission window and usage need nothing of their own; a request's inputs run at once and
-its answer waits for all of them. The vectors come back as the engine pooled them
+A request becomes one work item carrying all its inputs (concatenated, cut by
+`SamplingSpec.embed_input_lengths`; the runner embeds each as an engine request of its
+own, all in one batch), admitted, rate-limited and billed (prompt tokens at the
+deployment's input price) exactly like a chat request, so that scale-from-zero, the
+admission window and usage need nothing of their own. Jobs and Batch API lines carry the
+same work item. One item rather than one per input keeps a request's queue, claim and
+event traffic constant in its inputs. The vectors come back as the engine pooled them
 (normalized), as float lists or, with `encoding_format: "base64"` (what the official SDK
 asks for by default), as little-endian float32 bytes.
 """
@@ -27,7 +30,7 @@ from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.openai_schema import _to_invalid
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.tokenizer import PromptTokenizer
-from ebb.openai_responses import embedding_response
+from ebb.openai_responses import embedding_response, embedding_vectors
 from ebb.queue.schema import DeploymentSpec, Failed, Finished, Progress, SamplingSpec, WorkItem
 
 router = APIRouter(prefix="/v1")
@@ -140,34 +143,27 @@ async def embeddings(request: Request, caller: CallerDep, services: ServicesDep)
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     model = await services.catalog.info(spec, wait_s=window_s)
     inputs = await asyncio.to_thread(tokenize_inputs, req, model.tokenizer, model.max_model_len)
-    async with asyncio.TaskGroup() as group:
-        tasks = [
-            group.create_task(_embed_one(services, caller, spec, ids, req.dimensions))
-            for ids in inputs
-        ]
-    results = [t.result() for t in tasks]
+    vectors, prompt_tokens = await _embed(services, caller, spec, req, inputs)
     body = embedding_response(
-        [vector for vector, _ in results],
-        model=req.model,
-        prompt_tokens=sum(tokens for _, tokens in results),
-        encoding_format=req.encoding_format,
+        vectors, model=req.model, prompt_tokens=prompt_tokens, encoding_format=req.encoding_format
     )
     return JSONResponse(body)
 
 
-async def _embed_one(
+async def _embed(
     services: Services,
     caller: Caller,
     spec: DeploymentSpec,
-    prompt_ids: list[int],
-    dimensions: int | None,
-) -> tuple[list[float], int]:
-    """One input through admission and a runner: its vector and prompt tokens."""
+    req: EmbeddingRequest,
+    inputs: list[list[int]],
+) -> tuple[list[list[float]], int]:
+    """The request's inputs through admission and a runner: their vectors, prompt tokens."""
+    prompt, sampling = job_work(req, inputs)
     work = WorkItem(
         request_id=f"embd-{uuid.uuid4().hex}",
         deployment=spec.name,
-        prompt_token_ids=prompt_ids,
-        sampling=SamplingSpec(max_tokens=1, embed=True, dimensions=dimensions),
+        prompt_token_ids=prompt,
+        sampling=sampling,
         tenant=caller.tenant,
         enqueued_at_s=time.time(),
         key_id=caller.key_id,
@@ -179,15 +175,18 @@ async def _embed_one(
         running = await executor.admit(work, spec)
         reservation.ran = True
         services.metrics.observe_admitted(spec.name, running.queued_s)
-        vector: list[float] | None = None
+        progress: list[Progress] = []
         async for event in executor.events(running):
             reservation.observe(event)
             if isinstance(event, Progress):
-                vector = next((c.embedding for c in event.choices if c.embedding), vector)
-            elif isinstance(event, Finished) and vector is not None:
-                return vector, event.prompt_tokens
+                progress.append(event)
+            elif isinstance(event, Finished):
+                vectors = embedding_vectors(progress, len(inputs))
+                if vectors is not None:
+                    return vectors, event.prompt_tokens
+                break
             elif isinstance(event, Failed):
                 raise JobError(f"The embedding failed: {event.message}", code=event.code)
-        raise JobError("the embedding ended without a vector")
+        raise JobError("the embedding ended without its vectors")
     finally:
         await asyncio.shield(reservation.settle())
