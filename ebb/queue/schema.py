@@ -218,6 +218,11 @@ class DeploymentSpec(msgspec.Struct, kw_only=True):
     price_per_1m_input_tokens_micros: int = 0
     price_per_1m_output_tokens_micros: int = 0
     price_per_gpu_second_micros: int = 0
+    # Who may see and call it besides its owner and the admin: "public" every tenant (what
+    # admin-created deployments are, and every record written before this field existed),
+    # "private" only the tenants in `shared_with` (what tenant-created deployments are).
+    visibility: Literal["public", "private"] = "public"
+    shared_with: list[str] = []
     engine: EngineSpec = msgspec.field(default_factory=EngineSpec)
     serving: ServingOptions = msgspec.field(default_factory=ServingOptions)
 
