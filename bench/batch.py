@@ -125,6 +125,9 @@ def batch_phase(admin: httpx.Client, *, requests: int, max_tokens: int) -> dict:
     return {
         "status": done["status"],
         "request_counts": done["request_counts"],
+        # Where the time went (the API's whole seconds): queueing the lines, then running.
+        "queueing_lines_s": done["in_progress_at"] - done["created_at"],
+        "running_s": done["completed_at"] - done["in_progress_at"],
         "wall_s": round(wall_s, 2),
         "completion_tokens": tokens,
         "tokens_per_s": round(tokens / wall_s, 1),
