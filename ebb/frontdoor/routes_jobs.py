@@ -326,13 +326,13 @@ async def _prepare(services: Services, spec: DeploymentSpec, payload: JobCreate)
 async def _prepare_embeddings(
     services: Services, spec: DeploymentSpec, body: dict[str, Any], window_s: float
 ) -> _Queued:
+    require_embedding(spec)  # before the body: a chat body to a chat model says so
     try:
         req = parse_embedding_request(body)
-        require_embedding(spec)
         model = await services.catalog.info(spec, wait_s=window_s)
         inputs = await asyncio.to_thread(tokenize_inputs, req, model.tokenizer, model.max_model_len)
     except InvalidRequest as e:
-        e.param = f"body.{e.param}" if e.param and e.param != "model" else e.param or "body"
+        e.param = f"body.{e.param}" if e.param else "body"
         raise
     prompt, sampling = job_work(req, inputs)
     return _Queued(prompt, sampling, encoding_format=req.encoding_format)
