@@ -13,7 +13,8 @@ makes exactly `--max-tokens` tokens). Phases, in order:
   4. probe with a batch of `--requests` lines running (started first, measured once its
      lines run), then the batch is cancelled -> median TTFT (target: at most +10 %);
   5. probe alone again (3 and 5 bracket 4 against drift).
-Results go to bench/results/.
+`--job-slots-beside-sync 0` runs the platform with EBB_JOB_SLOTS_BESIDE_SYNC=0 (jobs take
+no new slot while a synchronous request runs). Results go to bench/results/.
 """
 
 from __future__ import annotations
@@ -170,9 +171,18 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--probe", type=int, default=32, help="requests per TTFT probe")
+    parser.add_argument(
+        "--job-slots-beside-sync",
+        type=int,
+        default=None,
+        help="EBB_JOB_SLOTS_BESIDE_SYNC for the platform (default: unset)",
+    )
     args = parser.parse_args()
 
-    platform = start_ebb(temp_home("ebb-bench-batch-") / "ebb")
+    env = {}
+    if args.job_slots_beside_sync is not None:
+        env["EBB_JOB_SLOTS_BESIDE_SYNC"] = str(args.job_slots_beside_sync)
+    platform = start_ebb(temp_home("ebb-bench-batch-") / "ebb", env)
     result: dict = {"args": vars(args)}
     try:
         with platform.admin() as admin:

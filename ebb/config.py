@@ -143,6 +143,11 @@ class Settings(BaseSettings):
     job_max_ttl_s: int = 7 * 86400
     job_retention_s: int = 7 * 86400
     job_max_attempts: int = 3
+    # Batch slots jobs (and Batch API lines) may hold on a runner while it serves a
+    # synchronous request; unset: three quarters of max_concurrency whatever runs. 0: jobs
+    # yield fully (no new job beside a synchronous request), for CPUs, where jobs in the
+    # batch slow synchronous requests down.
+    job_slots_beside_sync: int | None = Field(None, ge=0)
     # The Batch API: the largest input file accepted, and its discount is per deployment.
     batch_file_max_bytes: int = 64 * 1024 * 1024
     # Where Batch API files (inputs, outputs, error files) are kept: this bucket of the

@@ -179,6 +179,7 @@ def _run(
     clock.lap("engine")
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
     loop.read_gpus = gpu_figures.reader()
+    loop.jobs_beside_sync = settings.job_slots_beside_sync
     loop.on_first_output = _become_ready(lifecycle, queue, deployment, tier, clock)
     heartbeat.held_ids = loop.held_ids
     try:

@@ -103,6 +103,9 @@ class ServingLoop:
         # The figures of this runner's GPUs (NVML) for metrics; none on a CPU host. The
         # seam where a GPU inventory's reader plugs in.
         self.read_gpus: Callable[[], list[GpuFigures]] = list
+        # Job slots while a synchronous request runs here (EBB_JOB_SLOTS_BESIDE_SYNC);
+        # None: `job_slots` whatever runs. See `_job_limit`.
+        self.jobs_beside_sync: int | None = None
 
     def held_ids(self) -> list[str]:
         return list(self.held)
@@ -140,13 +143,25 @@ class ServingLoop:
         if free > 0 and not self.held and wait:
             self._queue.wait_for_work(self._spec.name, _IDLE_WAIT_S)
         held_jobs = sum(1 for h in self.held.values() if h.work.job_id)
-        max_jobs = min(free, job_slots(self._spec.max_concurrency) - held_jobs)
+        max_jobs = min(free, self._job_limit() - held_jobs)
         result = self._queue.claim(self._spec.name, max(free, 0), max(max_jobs, 0))
         for work in result.claimed:
             self._admit(work)
         for request_id in result.cancelled:
             self._abort(request_id)
         return len(result.claimed)
+
+    def _job_limit(self) -> int:
+        """Job slots now. Beside a synchronous request, optionally fewer: on CPUs every
+        sequence in the batch slows every step, so jobs running beside a synchronous
+        request raise its latency; with `jobs_beside_sync` = 0 the runner claims no new
+        job while one runs (jobs in flight finish), trading batch progress under steady
+        traffic for synchronous latency."""
+        limit = job_slots(self._spec.max_concurrency)
+        serving_sync = any(not h.work.job_id for h in self.held.values())
+        if serving_sync and self.jobs_beside_sync is not None:
+            limit = min(limit, self.jobs_beside_sync)
+        return limit
 
     def _admit(self, work: WorkItem) -> None:
         log.debug("runner: claimed %s", work.request_id)
