@@ -147,7 +147,7 @@ class Settings(BaseSettings):
     # synchronous request; unset: three quarters of max_concurrency whatever runs. 0: jobs
     # yield fully (no new job beside a synchronous request), for CPUs, where jobs in the
     # batch slow synchronous requests down.
-    job_slots_beside_sync: int | None = Field(None, ge=0)
+    job_slots_beside_sync: int | None = Field(default=None, ge=0)
     # The Batch API: the largest input file accepted, and its discount is per deployment.
     batch_file_max_bytes: int = 64 * 1024 * 1024
     # Where Batch API files (inputs, outputs, error files) are kept: this bucket of the
