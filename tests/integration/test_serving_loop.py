@@ -272,6 +272,10 @@ async def test_jobs_can_yield_fully_beside_synchronous_requests(redis_url):
         assert len(jobs_beside) <= 3, "a job was claimed while the request ran"
         # Once the jobs in flight finished, the request ran alone.
         assert with_sync[-1] == {sync.request_id}
+        # The rest wait until synchronous traffic has been quiet for a second.
+        states = await h.jobs.attempt_states([f"job_{i}.1" for i in range(6)])
+        assert states.count("queued") == 3
+        assert await h.serve(idle_s=2) is Outcome.IDLE
         states = await h.jobs.attempt_states([f"job_{i}.1" for i in range(6)])
         assert states == ["finished"] * 6, "the jobs ran once the request was done"
 
