@@ -14,6 +14,8 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ebb.secrets import SecretBox
+
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
@@ -45,7 +47,8 @@ def parse_bytes(text: str, name: str) -> int:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="EBB_", extra="ignore")
+    # Inputs stay out of validation errors: one of them may be a key (EBB_SECRETS_KEY).
+    model_config = SettingsConfigDict(env_prefix="EBB_", extra="ignore", hide_input_in_errors=True)
 
     home: Path = Path(".ebb")
     redis_url: str | None = None
@@ -60,6 +63,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     admin_key: str | None = None
+    # Encrypts deployment versions' environments (secrets such as HF_TOKEN) at rest: a
+    # Fernet key (`ebb.secrets.new_key()`). Unset: versions cannot carry an environment.
+    secrets_key: str | None = Field(default=None, repr=False)
 
     # Admission: how long a synchronous request may wait for a runner to claim it.
     admission_timeout_s: float = 10.0
@@ -73,6 +79,18 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = 1.0
     # Pre-warmed runner processes (libraries imported, no model) kept by the controller.
     prewarm: int = 1
+    # Pre-warmed stems per node pool on a cluster (replaces EBB_PREWARM when set), JSON:
+    # {"a100": {"stems": 2, "gpus": 1}, "cpu": 1}; a stem of a pool lands only on nodes
+    # labelled EBB_POOL_LABEL=<pool> (Kubernetes) or having the resource <pool> (Ray).
+    stem_pools: str = ""
+    pool_label: str = "ebb.io/pool"
+    # The node this process runs on, as placement names it (a pod's spec.nodeName through
+    # the downward API); unset: the host name.
+    node_name: str = ""
+    # `ebb prefetch` (one per node): how often it re-reads the deployments, and whether it
+    # also keeps the node's ebb.io/cached-sources annotation (in-cluster credentials).
+    prefetch_interval_s: float = 10.0
+    prefetch_annotate_node: bool = False
     # Fork runners from one process that imported the engine once (else each imports it).
     fork_server: bool = True
     # Upper bound on `n` (choices per request).
@@ -200,6 +218,13 @@ class Settings(BaseSettings):
     # unset: no tracing at all.
     otlp_endpoint: str | None = None
 
+    @field_validator("secrets_key")
+    @classmethod
+    def _secrets_key_is_fernet(cls, v: str | None) -> str | None:
+        if v:
+            SecretBox(v)  # raises ValueError that says how to make one
+        return v
+
     @field_validator("log_format")
     @classmethod
     def _log_format(cls, value: str) -> str:
@@ -233,6 +258,14 @@ class Settings(BaseSettings):
     def _launcher_known(cls, value: str) -> str:
         if value not in ("local", "kubernetes", "ray"):
             raise ValueError("EBB_LAUNCHER must be local, kubernetes or ray")
+        return value
+
+    @field_validator("stem_pools")
+    @classmethod
+    def _stem_pools_parse(cls, value: str) -> str:
+        from ebb.coldstart.stem_pools import parse_stem_pools
+
+        parse_stem_pools(value, prewarm=0)  # raises ValueError saying what to change
         return value
 
     @field_validator("webhook_allowed_cidrs")

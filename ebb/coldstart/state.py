@@ -9,6 +9,7 @@ processes (runners, frontdoors).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from ebb.queue.platform import QueueSnapshot
@@ -21,6 +22,12 @@ class ControllerState(Protocol):
     async def list_deployments(self) -> list[DeploymentSpec]: ...
 
     async def get_deployment(self, name: str) -> DeploymentSpec | None: ...
+
+    async def serving_units(self) -> list[DeploymentSpec]:
+        """Each deployment version that may need runners, named as its serving unit."""
+        ...
+
+    async def serving_unit(self, unit: str) -> DeploymentSpec | None: ...
 
     async def set_deployment_status(self, name: str, **fields: object) -> None:
         """Merge `fields` into the deployment's status (its error state, shown to users)."""
@@ -50,8 +57,13 @@ class ControllerState(Protocol):
         """The last lines the runner logged (shown with a failing deployment)."""
         ...
 
-    async def take_stem(self) -> str | None:
-        """One pre-warmed runner out of the pool, never the same one twice."""
+    async def take_stem(self, candidates: Sequence[str] | None = None) -> str | None:
+        """One pre-warmed runner out of the pool, never the same one twice: any, or the
+        first of `candidates` (runner ids, best first) still waiting."""
+        ...
+
+    async def node_caches(self) -> dict[str, frozenset[str]]:
+        """{node: the sources its weight cache holds}, nodes whose prefetcher is alive."""
         ...
 
     async def take_sleeper(self, deployment: str) -> str | None:

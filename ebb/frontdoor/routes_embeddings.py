@@ -24,13 +24,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ebb.errors import InvalidRequest, JobError
-from ebb.frontdoor import tenancy
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.openai_schema import _to_invalid
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.tokenizer import PromptTokenizer
+from ebb.frontdoor.version_routing import routed, version_headers
 from ebb.openai_responses import embedding_response, embedding_vectors
 from ebb.queue.schema import DeploymentSpec, Failed, Finished, Progress, SamplingSpec, WorkItem
 
@@ -108,10 +108,11 @@ def tokenize_inputs(
     return inputs
 
 
-def require_embedding(spec: DeploymentSpec) -> None:
+def require_embedding(spec: DeploymentSpec, model: str) -> None:
+    """`model` (the name asked for, which routes to `spec`) serves embeddings."""
     if spec.serving.task != "embed":
         raise InvalidRequest(
-            f"The model {spec.name!r} is a generative deployment; embeddings come from a "
+            f"The model {model!r} is a generative deployment; embeddings come from a "
             'deployment created with "serving": {"task": "embed"}.',
             param="model",
         )
@@ -133,8 +134,8 @@ def job_work(req: EmbeddingRequest, inputs: list[list[int]]) -> tuple[list[int],
 @router.post("/embeddings")
 async def embeddings(request: Request, caller: CallerDep, services: ServicesDep) -> JSONResponse:
     req = parse_embedding_request(decoded_json(request))  # decoded by BodyGuard
-    spec = await tenancy.visible_deployment(services.state, caller, req.model)
-    require_embedding(spec)
+    spec = await routed(services.state, caller, req.model, request.headers)
+    require_embedding(spec, req.model)
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     model = await services.catalog.info(spec, wait_s=window_s)
     inputs = await asyncio.to_thread(tokenize_inputs, req, model.tokenizer, model.max_model_len)
@@ -142,7 +143,7 @@ async def embeddings(request: Request, caller: CallerDep, services: ServicesDep)
     body = embedding_response(
         vectors, model=req.model, prompt_tokens=prompt_tokens, encoding_format=req.encoding_format
     )
-    return JSONResponse(body)
+    return JSONResponse(body, headers=version_headers(spec))
 
 
 async def _embed(

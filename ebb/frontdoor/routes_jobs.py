@@ -21,7 +21,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from ebb.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
-from ebb.frontdoor import tenancy
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
@@ -34,10 +33,12 @@ from ebb.frontdoor.routes_embeddings import (
 from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.translate import prepare_chat, prepare_completion, require_generative
+from ebb.frontdoor.version_routing import routed
 from ebb.openai_responses import CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT
 from ebb.queue.job_schema import JobEvent, JobRecord, JobStatus, attempt_request_id
 from ebb.queue.job_store import IdempotencyConflict, JobStore
 from ebb.queue.schema import DeploymentSpec, SamplingSpec, ToolCallFormat, WorkItem
+from ebb.queue.versions import public_name
 from ebb.webhooks.job_limits import give_back_unused
 from ebb.webhooks.signing import new_secret
 from ebb.webhooks.ssrf import UnsafeUrl, resolve_target
@@ -269,7 +270,8 @@ async def _view(services: Services, job_id: str) -> dict:
 
 
 async def _deployment(services: Services, caller: Caller, model: str) -> DeploymentSpec:
-    return await tenancy.visible_deployment(services.state, caller, model)
+    # The job's attempts run on one version, picked by the traffic split.
+    return await routed(services.state, caller, model)
 
 
 @dataclass(frozen=True)
@@ -326,7 +328,7 @@ async def _prepare(services: Services, spec: DeploymentSpec, payload: JobCreate)
 async def _prepare_embeddings(
     services: Services, spec: DeploymentSpec, body: dict[str, Any], window_s: float
 ) -> _Queued:
-    require_embedding(spec)  # before the body: a chat body to a chat model says so
+    require_embedding(spec, str(body["model"]))  # first: a chat body to a chat model
     try:
         req = parse_embedding_request(body)
         model = await services.catalog.info(spec, wait_s=window_s)
@@ -362,7 +364,7 @@ def _new_record(
     return JobRecord(
         job_id=job_id,
         tenant=caller.tenant,
-        deployment=spec.name,
+        deployment=public_name(spec.name),
         endpoint=payload.endpoint,
         work=work,
         request_id=work.request_id,

@@ -29,6 +29,7 @@ from ebb.frontdoor.translate import (
     prepare_completion,
     require_generative,
 )
+from ebb.frontdoor.version_routing import routed, version_headers, version_of
 from ebb.openai_responses import (
     SSE_DONE,
     EndpointKind,
@@ -89,6 +90,7 @@ async def _serve(
         response = await _serve_observed(request, services, caller, parse, prepare, observed)
     except EbbError as e:
         e.request_id = request_id
+        e.version = observed.version
         observed.end_with_error(e)
         raise
     except Exception:
@@ -110,8 +112,9 @@ async def _serve_observed(
     request_id = observed.request_id
     body = _json_body(request)
     parsed = parse(body)
-    spec = await tenancy.visible_deployment(services.state, caller, parsed.model)
-    observed.deployment = spec.name
+    spec = await routed(services.state, caller, parsed.model, request.headers)
+    observed.deployment = parsed.model
+    observed.version = version_of(spec)
     require_generative(spec)
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     model = await services.catalog.info(spec, wait_s=window_s)
@@ -149,7 +152,11 @@ async def _serve_observed(
             return StreamingResponse(
                 _stream(services, running, builder, reservation, observed),
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
+                headers={
+                    "Cache-Control": "no-cache",
+                    "X-Request-Id": request_id,
+                    **version_headers(spec),
+                },
             )
         result = await unless_disconnected(
             request,
@@ -163,7 +170,7 @@ async def _serve_observed(
                 observed,
             ),
         )
-        return JSONResponse(result, headers={"X-Request-Id": request_id})
+        return JSONResponse(result, headers={"X-Request-Id": request_id, **version_headers(spec)})
     except ClientGone:
         # Nobody is listening; 499 is what proxies log for a client that closed first.
         return Response(status_code=499)

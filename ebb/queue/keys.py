@@ -25,6 +25,8 @@ CONTROLLER_TERM = PREFIX + "controller:term"  # counter: one more per leadership
 METRIC_COUNTERS = PREFIX + "metrics:counters"
 GPU_INVENTORY = PREFIX + "gpus"  # hash: host -> HostInventory (json), refreshed by the controller
 GPU_PLACEMENTS = PREFIX + "placements"  # hash: runner id -> GpuPlacement (json) it holds
+# hash: node -> NodeCache (json): the sources its weight cache holds, from its prefetcher
+NODE_CACHES = PREFIX + "node_caches"
 TENANT_QUOTAS = PREFIX + "tenant_quotas"  # hash: tenant -> TenantQuota (json), set by the admin
 
 # Cold-start records kept for metrics scrapes; older ones have long been scraped.
@@ -231,3 +233,16 @@ def batch(batch_id: str) -> str:
 def tenant_batches(tenant: str) -> str:
     """Sorted set of a tenant's batch ids, all scored 0: ids sort by creation time (lex)."""
     return f"{PREFIX}batches:tenant:{tenant}"
+
+
+# --- deployment versions and traffic splits -----------------------------------------------
+
+
+def deployment_versions(deployment: str) -> str:
+    """Hash: version number -> VersionRecord (json) of a deployment's immutable versions."""
+    return f"{PREFIX}dversions:{deployment}"
+
+
+def traffic(deployment: str) -> str:
+    """String: the deployment's TrafficSplit (json): weights per version and its rollout."""
+    return f"{PREFIX}traffic:{deployment}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -15,6 +16,7 @@ import redis.asyncio as aioredis
 
 from ebb.queue import keys
 from ebb.queue.connection import MAX_BLOCK_S
+from ebb.queue.node_caches import read_node_caches_async
 from ebb.queue.records import decode_runner, encode_runner, parse_cold_start
 from ebb.queue.replies import reply_entries, reply_hash, reply_text, reply_texts
 from ebb.queue.schema import (
@@ -28,6 +30,7 @@ from ebb.queue.schema import (
     encode,
 )
 from ebb.queue.scripts import QueueScripts
+from ebb.queue.version_store import VersionStore
 
 _LOST = encode(
     Failed(
@@ -71,11 +74,23 @@ class PlatformState:
         return sorted(specs, key=lambda s: s.name)
 
     async def delete_deployment(self, name: str) -> bool:
+        store = VersionStore(self.redis)
+        numbers = set((await store.split(name)).weights) | set(await store.versions(name))
         pipe = self.redis.pipeline()
         pipe.hdel(keys.DEPLOYMENTS, name)
         pipe.delete(keys.deployment_status(name), keys.coldstart(name))
         removed, _ = await pipe.execute()
+        await store.forget(name, sorted(numbers))
         return bool(removed)
+
+    async def serving_units(self) -> list[DeploymentSpec]:
+        """What the controller scales: each version of each deployment that has traffic
+        or may hold work, as its own unit (`ebb.queue.versions`)."""
+        return await VersionStore(self.redis).units(await self.list_deployments())
+
+    async def serving_unit(self, unit: str) -> DeploymentSpec | None:
+        """The spec of one serving unit (a deployment's version), None once deleted."""
+        return await VersionStore(self.redis).unit_spec(unit)
 
     async def set_deployment_status(self, name: str, **fields: object) -> None:
         await self.redis.hset(
@@ -186,15 +201,29 @@ class PlatformState:
     async def runner_log(self, runner_id: str) -> list[str]:
         return reply_texts(await self.redis.lrange(keys.runner_log(runner_id), 0, -1))
 
-    async def take_stem(self) -> str | None:
-        """Take one live pre-warmed runner out of the pool (SPOP: no stem is assigned
-        twice); stems that died since they joined are dropped on the way."""
-        while (popped := await self.redis.spop(keys.STEMS)) is not None:
-            runner_id = reply_text(popped)
-            state = await self.redis.hget(keys.runner(runner_id), "state")
-            if state == RunnerState.PREWARMED.value.encode():
+    async def take_stem(self, candidates: Sequence[str] | None = None) -> str | None:
+        """Take one live pre-warmed runner out of the pool, never the same one twice: any
+        (SPOP), or the first of `candidates` still in it (SREM, in their order); stems that
+        died since they joined are dropped on the way."""
+        if candidates is None:
+            while (popped := await self.redis.spop(keys.STEMS)) is not None:
+                if await self._still_prewarmed(reply_text(popped)):
+                    return reply_text(popped)
+            return None
+        for runner_id in candidates:
+            if await self.redis.srem(keys.STEMS, runner_id) and await self._still_prewarmed(
+                runner_id
+            ):
                 return runner_id
         return None
+
+    async def _still_prewarmed(self, runner_id: str) -> bool:
+        state = await self.redis.hget(keys.runner(runner_id), "state")
+        return state == RunnerState.PREWARMED.value.encode()
+
+    async def node_caches(self) -> dict[str, frozenset[str]]:
+        """{node: sources its weight cache holds}, as the nodes' prefetchers publish them."""
+        return await read_node_caches_async(self.redis, now_ms=now_ms())
 
     async def take_sleeper(self, deployment: str) -> str | None:
         """Take one of the deployment's sleeping runners to wake (SPOP: once each)."""
@@ -277,6 +306,19 @@ class PlatformState:
         start = f"{int(since_s * 1000)}-0" if since_s else "-"
         entries = reply_entries(await self.redis.xrange(keys.USAGE, min=start, max="+"))
         return [msgspec.json.decode(fields[b"r"], type=UsageRecord) for _, fields in entries]
+
+    async def usage_after(
+        self, after_id: bytes, *, count: int = 10_000
+    ) -> tuple[bytes, list[UsageRecord]]:
+        """Up to `count` usage records newer than stream id `after_id` (b"0-0": from the
+        start; b"<ms>-0": from that time on), and the id to resume from."""
+        entries = reply_entries(
+            await self.redis.xrange(keys.USAGE, min=b"(" + after_id, max="+", count=count)
+        )
+        if not entries:
+            return after_id, []
+        records = [msgspec.json.decode(f[b"r"], type=UsageRecord) for _, f in entries]
+        return entries[-1][0].encode(), records
 
     async def memory(self) -> dict[str, int]:
         """Redis's memory as INFO reports it: used, peak and the configured limit (0: none)."""

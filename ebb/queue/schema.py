@@ -264,6 +264,10 @@ class RunnerRecord(msgspec.Struct, kw_only=True):
     # When the controller last gave it a deployment (a stem taken from the pool, a sleeper
     # woken); 0 for a runner launched with its deployment.
     assigned_ms: int = 0
+    # The node it runs on, as the runner reports it (EBB_NODE_NAME, else its host name).
+    node: str = ""
+    # The stem pool it was launched into ("" the default pool, or launched for a deployment).
+    pool: str = ""
 
     @property
     def is_starting(self) -> bool:
@@ -295,6 +299,11 @@ class UsageRecord(msgspec.Struct, kw_only=True):
     key_id: str = ""
     price_per_1m_input_tokens_micros: int = 0
     price_per_1m_output_tokens_micros: int = 0
+    # The deployment's version that served it (1 for deployments made before versions).
+    version: int = 1
+    # From enqueue to the first output, as the runner saw it; None: no output (failed
+    # before any, an embedding). Rollouts compare versions by it.
+    ttft_ms: float | None = None
 
 
 class ColdStartRecord(msgspec.Struct, kw_only=True):

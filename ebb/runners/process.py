@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from ebb.runners.embedding_inputs import EmbeddingInputs
 from ebb.runners.engine import EngineAdapter, EngineOptions
 from ebb.runners.lifecycle import Lifecycle
 from ebb.runners.serve import Outcome, ServingLoop
+from ebb.secrets import SecretBox
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +116,8 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    queue.set_fields(pid=os.getpid())
+    # Where it runs, for placement: a stem here serves best a model this node caches.
+    queue.set_fields(pid=os.getpid(), node=settings.node_name or socket.gethostname())
     heartbeat = Heartbeat(
         queue, settings.heartbeat_interval_s, stop, follow_parent=settings.runner_follows_parent
     )
@@ -170,6 +173,12 @@ def _run(
     spec = queue.deployment(deployment)
     if spec is None:
         raise RuntimeError(f"deployment {deployment!r} does not exist")
+    # The version's environment (secrets such as HF_TOKEN) before weights or the engine
+    # read theirs; only names are logged.
+    env = SecretBox(settings.secrets_key).open(queue.sealed_env(deployment))
+    os.environ.update(env)
+    if env:
+        log.info("runner: %s set env %s", queue.runner_id, sorted(env))
     placement = queue.placement()
     if placement is not None:
         use_placement(placement)  # before the engine touches CUDA
@@ -315,7 +324,11 @@ def engine_options(
         source=spec.source,
         dtype=engine.dtype,
         quantization=engine.quantization,
-        tensor_parallel_size=placement.tensor_parallel_size if placement else 1,
+        # Placement's split on a host it placed; else (a pod or an actor given its GPUs
+        # by the cluster) the deployment's own.
+        tensor_parallel_size=(
+            placement.tensor_parallel_size if placement else engine.tensor_parallel_size or 1
+        ),
         enable_prefix_caching=engine.enable_prefix_caching,
         enforce_eager=engine.enforce_eager,
         gpu_memory_utilization=placement.gpu_memory_utilization if placement else None,

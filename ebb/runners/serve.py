@@ -244,6 +244,7 @@ class ServingLoop:
             event=event,
             prompt_tokens=held.prompt_tokens,
             completion_tokens=held.completion_tokens,
+            ttft_ms=_ttft_ms(held),
         )
         if not done:
             log.warning(
@@ -314,3 +315,10 @@ class ServingLoop:
         log.info(
             "runner: %s draining (%s), %d in flight", self._queue.runner_id, why, len(self.held)
         )
+
+
+def _ttft_ms(held: Held) -> float | None:
+    """From the request's enqueue (the frontdoor's clock) to its first output."""
+    if not held.first_output_ns or not held.work.enqueued_at_s:
+        return None
+    return max(0.0, held.first_output_ns / 1e6 - held.work.enqueued_at_s * 1000)
