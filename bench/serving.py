@@ -76,7 +76,7 @@ def start_vllm_server(
     return proc
 
 
-def start_ebb(home: Path) -> Platform:
+def start_ebb(home: Path, env: dict[str, str] | None = None) -> Platform:
     platform = Platform(
         home=home,
         redis_url=None,
@@ -84,6 +84,7 @@ def start_ebb(home: Path) -> Platform:
         env_extra={
             "EBB_WEIGHTS_CACHE_DIR": str(TEST_WEIGHTS_DIR),
             "EBB_KV_CACHE_GIB": KV_CACHE_GIB,
+            **(env or {}),
         },
     ).start()
     with platform.admin() as admin:

@@ -161,8 +161,19 @@ class Settings(BaseSettings):
     job_max_ttl_s: int = 7 * 86400
     job_retention_s: int = 7 * 86400
     job_max_attempts: int = 3
+    # Batch slots jobs (and Batch API lines) may hold on a runner while it serves a
+    # synchronous request; unset: three quarters of max_concurrency whatever runs. 0: jobs
+    # yield fully (no new job beside a synchronous request), for CPUs, where jobs in the
+    # batch slow synchronous requests down.
+    job_slots_beside_sync: int | None = Field(default=None, ge=0)
     # The Batch API: the largest input file accepted, and its discount is per deployment.
     batch_file_max_bytes: int = 64 * 1024 * 1024
+    # Where Batch API files (inputs, outputs, error files) are kept: this bucket of the
+    # object store (boto3 credentials as usual; the endpoint from AWS_ENDPOINT_URL(_S3) or
+    # the URL here), under the prefix; no bucket: EBB_HOME/files.
+    files_s3_bucket: str | None = None
+    files_s3_prefix: str = "files"
+    files_s3_endpoint_url: str | None = None
     # A batch still validating after this long was interrupted while its lines were
     # queued (the frontdoor died): the frontdoor's batch watcher queues the rest.
     batch_resume_after_s: float = 30.0

@@ -9,8 +9,10 @@ does I/O, and nothing here imports the frontdoor or the webhooks packages.
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
+import struct
 import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -30,6 +32,7 @@ SSE_DONE = b"data: [DONE]\n\n"
 # The endpoint a job was submitted for, as its record stores it (and the API shows it).
 CHAT_ENDPOINT = "chat.completions"
 COMPLETIONS_ENDPOINT = "completions"
+EMBEDDINGS_ENDPOINT = "embeddings"
 
 
 class EndpointKind(StrEnum):
@@ -262,6 +265,41 @@ class ResponseBuilder:
         if state.logprobs is not None:
             return state.logprobs
         return _render_logprobs(self.kind, [], state.chars)
+
+
+def embedding_response(
+    vectors: list[list[float]], *, model: str, prompt_tokens: int, encoding_format: str
+) -> dict[str, Any]:
+    """OpenAI's embeddings list: vector i is input i's. `encoding_format` "base64" writes
+    each as little-endian float32 bytes (what the official SDK asks for by default)."""
+    return {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": i, "embedding": _encode(v, encoding_format)}
+            for i, v in enumerate(vectors)
+        ],
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+
+
+def embedding_vectors(events: list[Progress], inputs: int) -> list[list[float]] | None:
+    """Input i's vector from choice i of an embedding request's events; None if any is
+    missing."""
+    found: dict[int, list[float]] = {}
+    for event in events:
+        for choice in event.choices:
+            if choice.embedding is not None:
+                found[choice.index] = choice.embedding
+    if set(found) != set(range(inputs)):
+        return None
+    return [found[i] for i in range(inputs)]
+
+
+def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
+    if encoding_format == "float":
+        return vector
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
 
 
 def usage(finished: Finished) -> dict[str, int]:

@@ -137,10 +137,24 @@ def _content(text: str) -> str | None:
 class ToolStream:
     """One streamed choice, split into content to send now and tool-call deltas.
 
-    `feed` each text delta in order, then `finish` once. A named call streams its
-    arguments as they come; other calls are sent whole when the reply ends, because only
-    then is their JSON known to be complete. Auto mode streams content until the text may
-    begin a call, then holds the rest back.
+    `feed` each text delta in order, then `finish` once. Deltas have OpenAI's shape: a
+    call's first delta carries `index`, `id`, `type` and `function.name` (with
+    `function.arguments` holding what is known of them, possibly ""), later ones
+    `index` and a further `function.arguments` piece; the pieces join into the arguments'
+    JSON text as the model wrote it. A named call streams its arguments as they come.
+    Other calls are found in the text by `_CallScanner` and announced as soon as their
+    `name` string is complete, their arguments streamed as the model writes them.
+
+    What stays buffered, and why: auto mode holds text back from where a call may begin
+    (a marker, or a prefix of one) until it knows whether it is one; a call's arguments
+    that the model writes before its name wait for the name (a delta cannot name its
+    function late); hermes text between or after calls is sent as content at the end,
+    because until then it may turn out to start another call. When the text never
+    produced a call's name, `finish` parses the whole held text as `parse` would (a
+    malformed call stays content, as in vLLM). Once a call was announced it cannot be
+    taken back: a call whose JSON breaks off (max_tokens) ends with the arguments sent so
+    far, as OpenAI's streams do, and a stream after `"parallel_tool_calls": false`
+    announces only the first call.
     """
 
     def __init__(self, fmt: ToolCallFormat):
@@ -149,6 +163,7 @@ class ToolStream:
         self._holding = fmt.mode == "required"
         self._sent_content = False
         self._named_call: ToolCall | None = None
+        self._scanner = _CallScanner(fmt)
         self.calls: list[ToolCall] = []
 
     def feed(self, text: str) -> tuple[str, list[dict[str, Any]]]:
@@ -156,13 +171,13 @@ class ToolStream:
             return "", self._named_delta(text)
         if self._holding:
             self._held += text
-            return "", []
+            return "", self._scan(text)
         pending = self._held + text
         start = self._call_start(pending)
         if start is not None:
             self._holding = True
             self._held = pending[start:]
-            return self._send(pending[:start]), []
+            return self._send(pending[:start]), self._scan(self._held)
         keep = _partial_marker_len(pending, self._markers())
         self._held = pending[len(pending) - keep :] if keep else ""
         return self._send(pending[: len(pending) - keep]), []
@@ -173,10 +188,20 @@ class ToolStream:
         held, self._held = self._held, ""
         if not self._holding:
             return self._send(held), []
-        content, calls = parse(held, self._fmt)
-        self.calls = calls
-        deltas = [{"index": i, **call.to_openai()} for i, call in enumerate(calls)]
-        return self._send(content or ""), deltas
+        if not self._scanner.calls:
+            # No call announced: the held text decides, as a finished reply would.
+            content, calls = parse(held, self._fmt)
+            self.calls = calls
+            deltas = [{"index": i, **call.to_openai()} for i, call in enumerate(calls)]
+            return self._send(content or ""), deltas
+        deltas = self._scanner.finish()
+        self.calls = [ToolCall(c.name, c.arguments, c.call_id) for c in self._scanner.calls]
+        return self._send(self._scanner.content()), deltas
+
+    def _scan(self, text: str) -> list[dict[str, Any]]:
+        deltas = self._scanner.feed(text)
+        self.calls = [ToolCall(c.name, c.arguments, c.call_id) for c in self._scanner.calls]
+        return deltas
 
     def _named_delta(self, text: str) -> list[dict[str, Any]]:
         if self._named_call is None:
@@ -210,6 +235,172 @@ class ToolStream:
         marker = self._markers()[0]
         at = text.find(marker)
         return at if at >= 0 else None
+
+
+@dataclass
+class _ScannedCall:
+    name: str
+    call_id: str
+    arguments: str = ""  # the arguments text sent so far
+
+
+class _CallScanner:
+    """Finds call objects (`{"name": ..., "arguments" | "parameters": {...}}`) in text fed
+    piece by piece, and turns them into OpenAI tool-call deltas as their parts complete.
+
+    A small JSON lexer: it follows strings (with escapes) and brace depth, so it knows the
+    keys of a call object (depth 1) and where its arguments object starts and ends. Outside
+    call objects, hermes text is tags and content (kept for `content`); the other syntaxes'
+    separators (`[`, `,`, `;`, tags) are skipped. In hermes, only a `{` inside
+    `<tool_call>` begins a call, so braces in content are content.
+    """
+
+    def __init__(self, fmt: ToolCallFormat):
+        self._hermes = fmt.mode == "auto" and fmt.parser == "hermes"
+        if fmt.mode == "required":
+            self._argument_keys: tuple[str, ...] = ("parameters",)
+        elif fmt.mode == "auto" and fmt.parser == "llama3_json":
+            self._argument_keys = ("parameters", "arguments")
+        else:
+            self._argument_keys = ("arguments",)
+        self._max_calls = 1 if fmt.mode == "auto" and not fmt.parallel else None
+        self.calls: list[_ScannedCall] = []
+        # Lexer state.
+        self._depth = 0
+        self._in_string = False
+        self._escape = False
+        self._string = ""  # the depth-1 string being read (key or value), raw
+        self._key = ""
+        self._after_colon = False
+        # The call object being read: its text so far, name, and where its arguments are.
+        self._object = ""
+        self._name: str | None = None
+        self._arguments_at: int | None = None  # offset of the arguments' `{` in _object
+        self._arguments_end: int | None = None
+        self._call: _ScannedCall | None = None
+        # hermes: text outside calls (content) and whether we are inside <tool_call>.
+        self._outside = ""
+        self._tag = ""
+        self._inside_tag = False
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        deltas: list[dict[str, Any]] = []
+        for char in text:
+            if self._depth == 0:
+                self._outside_char(char)
+                continue
+            self._object += char
+            self._lex(char, deltas)
+        if self._depth > 0:
+            self._stream_arguments(deltas)
+        return deltas
+
+    def finish(self) -> list[dict[str, Any]]:
+        deltas: list[dict[str, Any]] = []
+        if self._depth > 0:
+            self._stream_arguments(deltas)
+        return deltas
+
+    def content(self) -> str:
+        return self._outside.strip() if self._hermes else ""
+
+    def _outside_char(self, char: str) -> None:
+        if not self._hermes:
+            if char == "{":
+                self._open_object(char)
+            return
+        if self._inside_tag:
+            if char == "{" and not self._tag.strip():
+                self._open_object(char)
+                return
+            self._tag += char
+            if self._tag.endswith(_HERMES_CLOSE):
+                self._tag, self._inside_tag = "", False
+            return
+        self._outside += char
+        if self._outside.endswith(_HERMES_OPEN):
+            self._outside = self._outside[: -len(_HERMES_OPEN)]
+            self._inside_tag, self._tag = True, ""
+
+    def _open_object(self, char: str) -> None:
+        self._depth, self._object = 1, char
+        self._name = self._call = self._arguments_at = self._arguments_end = None
+        self._key, self._after_colon = "", False
+
+    def _lex(self, char: str, deltas: list[dict[str, Any]]) -> None:
+        if self._in_string:
+            if self._depth == 1:
+                self._string += char
+            if self._escape:
+                self._escape = False
+            elif char == "\\":
+                self._escape = True
+            elif char == '"':
+                self._in_string = False
+                if self._depth == 1:
+                    self._string_done(deltas)
+            return
+        if char == '"':
+            self._in_string = True
+            self._string = char if self._depth == 1 else ""
+        elif char == ":" and self._depth == 1:
+            self._after_colon = True
+        elif char == "," and self._depth == 1:
+            self._key, self._after_colon = "", False
+        elif char in "{[":
+            opens_arguments = char == "{" and self._depth == 1 and self._after_colon
+            if opens_arguments and self._key in self._argument_keys and self._arguments_at is None:
+                self._arguments_at = len(self._object) - 1
+            self._depth += 1
+        elif char in "}]":
+            self._depth -= 1
+            closes_arguments = self._depth == 1 and self._arguments_at is not None
+            if closes_arguments and char == "}" and self._arguments_end is None:
+                self._arguments_end = len(self._object)
+            if self._depth == 0:
+                self._close_object(deltas)
+
+    def _string_done(self, deltas: list[dict[str, Any]]) -> None:
+        value = _json(self._string)
+        if not self._after_colon:
+            self._key = value if isinstance(value, str) else ""
+        elif self._key == "name" and isinstance(value, str) and self._name is None:
+            self._name = value
+            self._announce(deltas)
+
+    def _announce(self, deltas: list[dict[str, Any]]) -> None:
+        if self._max_calls is not None and len(self.calls) >= self._max_calls:
+            return
+        self._call = _ScannedCall(self._name or "", ToolCall("", "").call_id)
+        self.calls.append(self._call)
+        deltas.append(
+            {
+                "index": len(self.calls) - 1,
+                "id": self._call.call_id,
+                "type": "function",
+                "function": {"name": self._call.name, "arguments": ""},
+            }
+        )
+
+    def _stream_arguments(self, deltas: list[dict[str, Any]]) -> None:
+        call = self._call
+        if call is None or self._arguments_at is None:
+            return
+        end = self._arguments_end if self._arguments_end is not None else len(self._object)
+        known = self._object[self._arguments_at : end]
+        piece = known[len(call.arguments) :]
+        if piece:
+            call.arguments += piece
+            index = self.calls.index(call)
+            deltas.append({"index": index, "function": {"arguments": piece}})
+
+    def _close_object(self, deltas: list[dict[str, Any]]) -> None:
+        self._stream_arguments(deltas)
+        call = self._call
+        if call is not None and self._arguments_at is None and not call.arguments:
+            call.arguments = "{}"  # a call without arguments, as `parse` reads it
+            deltas.append({"index": self.calls.index(call), "function": {"arguments": "{}"}})
+        self._call = None
 
 
 def _partial_marker_len(text: str, markers: tuple[str, ...]) -> int:

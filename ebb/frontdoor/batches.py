@@ -17,7 +17,11 @@ from ebb.errors import InvalidRequest
 from ebb.queue.batch_store import BatchLine, BatchRecord
 from ebb.queue.job_schema import JobRecord, JobStatus
 
-ENDPOINTS = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions"}
+ENDPOINTS = {
+    "/v1/chat/completions": "chat.completions",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+}
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 MAX_BATCH_LINES = 50_000
 MAX_CUSTOM_ID_CHARS = 512

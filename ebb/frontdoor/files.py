@@ -1,8 +1,11 @@
-"""Files of the Batch API (`purpose: "batch"` inputs, batch outputs), on local disk.
+"""Files of the Batch API (`purpose: "batch"` inputs, batch outputs and error files).
 
-A file is `EBB_HOME/files/<id>` plus `<id>.json`, its metadata (owner tenant, name,
-purpose, size, creation time). Both are written to a temporary name and renamed, so a
-reader sees a whole file or none; a file is never changed once written.
+Stored in the object store when one is configured (EBB_FILES_S3_BUCKET: `S3FileStore`),
+else on local disk under EBB_HOME (`LocalFileStore`); `file_store` picks. Either way a
+file is its content under `<id>` plus `<id>.json`, its metadata (owner tenant, name,
+purpose, size, creation time), the metadata written last so a file is seen whole or not
+at all, and never changed once written. Every method blocks (disk or boto3): callers on
+the event loop run them in a thread.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Protocol
+
+from ebb.config import Settings
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,42 @@ def new_file_id() -> str:
     return f"file-{uuid.uuid4().hex}"
 
 
-class FileStore:
+class FileStore(Protocol):
+    def put(
+        self, content: bytes, *, tenant: str, filename: str, purpose: str, file_id: str = ""
+    ) -> FileInfo:
+        """Store `content`; with a given `file_id` (outputs), writing it again is a no-op."""
+        ...
+
+    def info(self, file_id: str) -> FileInfo | None: ...
+
+    def content(self, file_id: str) -> bytes: ...
+
+    def list(self, tenant: str | None) -> list[FileInfo]:
+        """Every file of `tenant` (all with None), newest first."""
+        ...
+
+
+def file_store(settings: Settings) -> FileStore:
+    """The object store when EBB_FILES_S3_BUCKET is set, else EBB_HOME/files."""
+    if settings.files_s3_bucket:
+        return S3FileStore(
+            settings.files_s3_bucket,
+            settings.files_s3_prefix,
+            endpoint_url=settings.files_s3_endpoint_url,
+        )
+    return LocalFileStore(settings.files_dir)
+
+
+def _valid_id(file_id: str) -> bool:
+    return bool(file_id) and "/" not in file_id and not file_id.startswith(".")
+
+
+def _newest_first(found: list[FileInfo]) -> list[FileInfo]:
+    return sorted(found, key=lambda i: (i.created_at_s, i.file_id), reverse=True)
+
+
+class LocalFileStore:
     def __init__(self, root: Path):
         self._root = root
 
@@ -67,7 +108,7 @@ class FileStore:
         return info
 
     def info(self, file_id: str) -> FileInfo | None:
-        if "/" in file_id or file_id.startswith("."):
+        if not _valid_id(file_id):
             return None
         try:
             return FileInfo(**json.loads(self._meta(file_id).read_bytes()))
@@ -86,7 +127,7 @@ class FileStore:
             info = self.info(meta.stem)
             if info is not None and (tenant is None or info.tenant == tenant):
                 found.append(info)
-        return sorted(found, key=lambda i: (i.created_at_s, i.file_id), reverse=True)
+        return _newest_first(found)
 
     def _meta(self, file_id: str) -> Path:
         return self._root / f"{file_id}.json"
@@ -96,3 +137,77 @@ def _write_atomically(path: Path, content: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     tmp.write_bytes(content)
     os.replace(tmp, path)
+
+
+class S3FileStore:
+    """Files as objects `<prefix>/<id>` and `<prefix>/<id>.json` in one bucket. boto3 finds
+    credentials the standard way (AWS_* variables, profiles, instance roles) and the
+    endpoint in `endpoint_url` or AWS_ENDPOINT_URL(_S3); it is imported only here, so a
+    frontdoor without an object store never loads it."""
+
+    def __init__(self, bucket: str, prefix: str = "files", *, endpoint_url: str | None = None):
+        import boto3
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self._s3: Any = boto3.client("s3", endpoint_url=endpoint_url)
+
+    def put(
+        self, content: bytes, *, tenant: str, filename: str, purpose: str, file_id: str = ""
+    ) -> FileInfo:
+        if file_id and (existing := self.info(file_id)) is not None:
+            return existing
+        info = FileInfo(
+            file_id=file_id or new_file_id(),
+            tenant=tenant,
+            filename=filename,
+            purpose=purpose,
+            bytes=len(content),
+            created_at_s=int(time.time()),
+        )
+        self._s3.put_object(Bucket=self.bucket, Key=self._key(info.file_id), Body=content)
+        # Metadata last: a file is listed only once its content is whole.
+        meta = json.dumps(asdict(info)).encode()
+        self._s3.put_object(Bucket=self.bucket, Key=self._key(f"{info.file_id}.json"), Body=meta)
+        return info
+
+    def info(self, file_id: str) -> FileInfo | None:
+        if not _valid_id(file_id):
+            return None
+        raw = self._get(f"{file_id}.json")
+        return None if raw is None else FileInfo(**json.loads(raw))
+
+    def content(self, file_id: str) -> bytes:
+        raw = self._get(file_id)
+        if raw is None:
+            raise FileNotFoundError(f"s3://{self.bucket}/{self._key(file_id)}")
+        return raw
+
+    def list(self, tenant: str | None) -> list[FileInfo]:
+        found = []
+        pages = self._s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=f"{self.prefix}/"
+        )
+        for page in pages:
+            for obj in page.get("Contents", []):
+                name = obj["Key"][len(self.prefix) + 1 :]
+                if not name.endswith(".json") or "/" in name:
+                    continue
+                info = self.info(name.removesuffix(".json"))
+                if info is not None and (tenant is None or info.tenant == tenant):
+                    found.append(info)
+        return _newest_first(found)
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def _get(self, name: str) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            reply = self._s3.get_object(Bucket=self.bucket, Key=self._key(name))
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise
+        return bytes(reply["Body"].read())

@@ -61,7 +61,7 @@ class BatchCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     input_file_id: str = Field(min_length=1)
-    endpoint: Literal["/v1/chat/completions", "/v1/completions"]
+    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
     completion_window: Literal["24h"]
     metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] = (
         Field(default_factory=dict, max_length=16)
@@ -72,7 +72,7 @@ class BatchCreate(BaseModel):
 
 @router.post("")
 async def create_batch(payload: BatchCreate, caller: CallerDep, services: ServicesDep) -> dict:
-    info = owned_file(services.files, payload.input_file_id, caller)
+    info = await owned_file(services.files, payload.input_file_id, caller)
     if info.purpose != "batch":
         raise InvalidRequest("input_file_id must name a file uploaded with purpose batch.")
     content = await asyncio.to_thread(services.files.content, info.file_id)

@@ -1,10 +1,13 @@
 """`POST /v1/embeddings`, served by deployments whose engine runs as a pooling model
 (`serving.task = "embed"`).
 
-Each input becomes its own work item, admitted, rate-limited and billed (prompt tokens at
-the deployment's input price) exactly like a chat request, so that scale-from-zero, the
-admission window and usage need nothing of their own; a request's inputs run at once and
-its answer waits for all of them. The vectors come back as the engine pooled them
+A request becomes one work item carrying all its inputs (concatenated, cut by
+`SamplingSpec.embed_input_lengths`; the runner embeds each as an engine request of its
+own, all in one batch), admitted, rate-limited and billed (prompt tokens at the
+deployment's input price) exactly like a chat request, so that scale-from-zero, the
+admission window and usage need nothing of their own. Jobs and Batch API lines carry the
+same work item. One item rather than one per input keeps a request's queue, claim and
+event traffic constant in its inputs. The vectors come back as the engine pooled them
 (normalized), as float lists or, with `encoding_format: "base64"` (what the official SDK
 asks for by default), as little-endian float32 bytes.
 """
@@ -12,8 +15,6 @@ asks for by default), as little-endian float32 bytes.
 from __future__ import annotations
 
 import asyncio
-import base64
-import struct
 import time
 import uuid
 from typing import Any, Literal
@@ -30,6 +31,7 @@ from ebb.frontdoor.openai_schema import _to_invalid
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.tokenizer import PromptTokenizer
 from ebb.frontdoor.version_routing import routed, version_headers
+from ebb.openai_responses import embedding_response, embedding_vectors
 from ebb.queue.schema import DeploymentSpec, Failed, Finished, Progress, SamplingSpec, WorkItem
 
 router = APIRouter(prefix="/v1")
@@ -106,51 +108,58 @@ def tokenize_inputs(
     return inputs
 
 
+def require_embedding(spec: DeploymentSpec, model: str) -> None:
+    """`model` (the name asked for, which routes to `spec`) serves embeddings."""
+    if spec.serving.task != "embed":
+        raise InvalidRequest(
+            f"The model {model!r} is a generative deployment; embeddings come from a "
+            'deployment created with "serving": {"task": "embed"}.',
+            param="model",
+        )
+
+
+def job_work(req: EmbeddingRequest, inputs: list[list[int]]) -> tuple[list[int], SamplingSpec]:
+    """An embeddings job's one work item: its inputs' tokens concatenated, and sampling that
+    says where each input ends (the runner embeds each on its own)."""
+    prompt = [t for ids in inputs for t in ids]
+    sampling = SamplingSpec(
+        max_tokens=1,
+        embed=True,
+        dimensions=req.dimensions,
+        embed_input_lengths=[len(ids) for ids in inputs] if len(inputs) > 1 else [],
+    )
+    return prompt, sampling
+
+
 @router.post("/embeddings")
 async def embeddings(request: Request, caller: CallerDep, services: ServicesDep) -> JSONResponse:
     req = parse_embedding_request(decoded_json(request))  # decoded by BodyGuard
     spec = await routed(services.state, caller, req.model, request.headers)
-    if spec.serving.task != "embed":
-        raise InvalidRequest(
-            f"The model {req.model!r} is a generative deployment; embeddings come from a "
-            'deployment created with "serving": {"task": "embed"}.',
-            param="model",
-        )
+    require_embedding(spec, req.model)
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     model = await services.catalog.info(spec, wait_s=window_s)
     inputs = await asyncio.to_thread(tokenize_inputs, req, model.tokenizer, model.max_model_len)
-    async with asyncio.TaskGroup() as group:
-        tasks = [
-            group.create_task(_embed_one(services, caller, spec, ids, req.dimensions))
-            for ids in inputs
-        ]
-    results = [t.result() for t in tasks]
-    prompt_tokens = sum(tokens for _, tokens in results)
-    body = {
-        "object": "list",
-        "data": [
-            {"object": "embedding", "index": i, "embedding": _encode(vector, req.encoding_format)}
-            for i, (vector, _) in enumerate(results)
-        ],
-        "model": req.model,
-        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-    }
+    vectors, prompt_tokens = await _embed(services, caller, spec, req, inputs)
+    body = embedding_response(
+        vectors, model=req.model, prompt_tokens=prompt_tokens, encoding_format=req.encoding_format
+    )
     return JSONResponse(body, headers=version_headers(spec))
 
 
-async def _embed_one(
+async def _embed(
     services: Services,
     caller: Caller,
     spec: DeploymentSpec,
-    prompt_ids: list[int],
-    dimensions: int | None,
-) -> tuple[list[float], int]:
-    """One input through admission and a runner: its vector and prompt tokens."""
+    req: EmbeddingRequest,
+    inputs: list[list[int]],
+) -> tuple[list[list[float]], int]:
+    """The request's inputs through admission and a runner: their vectors, prompt tokens."""
+    prompt, sampling = job_work(req, inputs)
     work = WorkItem(
         request_id=f"embd-{uuid.uuid4().hex}",
         deployment=spec.name,
-        prompt_token_ids=prompt_ids,
-        sampling=SamplingSpec(max_tokens=1, embed=True, dimensions=dimensions),
+        prompt_token_ids=prompt,
+        sampling=sampling,
         tenant=caller.tenant,
         enqueued_at_s=time.time(),
         key_id=caller.key_id,
@@ -162,21 +171,18 @@ async def _embed_one(
         running = await executor.admit(work, spec)
         reservation.ran = True
         services.metrics.observe_admitted(spec.name, running.queued_s)
-        vector: list[float] | None = None
+        progress: list[Progress] = []
         async for event in executor.events(running):
             reservation.observe(event)
             if isinstance(event, Progress):
-                vector = next((c.embedding for c in event.choices if c.embedding), vector)
-            elif isinstance(event, Finished) and vector is not None:
-                return vector, event.prompt_tokens
+                progress.append(event)
+            elif isinstance(event, Finished):
+                vectors = embedding_vectors(progress, len(inputs))
+                if vectors is not None:
+                    return vectors, event.prompt_tokens
+                break
             elif isinstance(event, Failed):
                 raise JobError(f"The embedding failed: {event.message}", code=event.code)
-        raise JobError("the embedding ended without a vector")
+        raise JobError("the embedding ended without its vectors")
     finally:
         await asyncio.shield(reservation.settle())
-
-
-def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
-    if encoding_format == "float":
-        return vector
-    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()

@@ -1,4 +1,5 @@
-"""The Files API as the Batch API needs it: upload a JSONL input, list, read back."""
+"""The Files API as the Batch API needs it: upload a JSONL input, list, read back (from
+the object store or EBB_HOME, see ebb.frontdoor.files)."""
 
 from __future__ import annotations
 
@@ -62,18 +63,18 @@ async def list_files(caller: CallerDep, services: ServicesDep) -> dict:
 
 @router.get("/{file_id}")
 async def retrieve_file(file_id: str, caller: CallerDep, services: ServicesDep) -> dict:
-    return owned_file(services.files, file_id, caller).view()
+    return (await owned_file(services.files, file_id, caller)).view()
 
 
 @router.get("/{file_id}/content")
 async def file_content(file_id: str, caller: CallerDep, services: ServicesDep) -> Response:
-    owned_file(services.files, file_id, caller)
+    await owned_file(services.files, file_id, caller)
     content = await asyncio.to_thread(services.files.content, file_id)
     return Response(content, media_type="application/jsonl")
 
 
-def owned_file(files: FileStore, file_id: str, caller: Caller) -> FileInfo:
-    info = files.info(file_id)
+async def owned_file(files: FileStore, file_id: str, caller: Caller) -> FileInfo:
+    info = await asyncio.to_thread(files.info, file_id)
     if info is None or (info.tenant != caller.tenant and not caller.is_admin):
         raise NotFound(f"No file {file_id!r}. GET /v1/files lists yours.", param="file_id")
     return info

@@ -1,7 +1,7 @@
 """Async jobs: submit (POST), read (GET), list (GET) and cancel (DELETE) /v1/jobs.
 
-A job is a chat or completions request run without a client waiting: it is checked and
-tokenized like a synchronous one (the same 400s), then queued in its deployment's job
+A job is a chat, completions or embeddings request run without a client waiting: it is
+checked and tokenized like a synchronous one (the same 400s), then queued in its deployment's job
 queue with no admission window, only its TTL. Its result stays retrievable here for
 EBB_JOB_RETENTION_S whether or not its webhook was delivered.
 """
@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -26,19 +27,20 @@ from ebb.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
+from ebb.frontdoor.routes_embeddings import (
+    job_work,
+    parse_embedding_request,
+    require_embedding,
+    tokenize_inputs,
+)
 from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.frontdoor.services import Services, ServicesDep
-from ebb.frontdoor.translate import (
-    Prepared,
-    prepare_chat,
-    prepare_completion,
-    require_generative,
-)
+from ebb.frontdoor.translate import prepare_chat, prepare_completion, require_generative
 from ebb.frontdoor.version_routing import routed
-from ebb.openai_responses import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
+from ebb.openai_responses import CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT
 from ebb.queue.job_schema import JobEvent, JobRecord, JobStatus, attempt_request_id
 from ebb.queue.job_store import IdempotencyConflict, JobStore
-from ebb.queue.schema import DeploymentSpec, WorkItem
+from ebb.queue.schema import DeploymentSpec, SamplingSpec, ToolCallFormat, WorkItem
 from ebb.queue.versions import public_name
 from ebb.webhooks.job_limits import give_back_unused
 from ebb.webhooks.signing import new_secret
@@ -72,7 +74,7 @@ class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(min_length=1)
-    endpoint: Literal["chat.completions", "completions"]
+    endpoint: Literal["chat.completions", "completions", "embeddings"]
     body: dict[str, Any]
     webhook: WebhookSpec | None = None
     metadata: dict[Annotated[str, StringConstraints(max_length=64)], MetadataValue] | None = Field(
@@ -314,7 +316,17 @@ async def _deployment(services: Services, caller: Caller, model: str) -> Deploym
     return await routed(services.state, caller, model)
 
 
-async def _prepare(services: Services, spec: DeploymentSpec, payload: JobCreate) -> Prepared:
+@dataclass(frozen=True)
+class _Queued:
+    """What a job's work item carries, and what its result needs to know."""
+
+    prompt_token_ids: list[int]
+    sampling: SamplingSpec
+    tools: ToolCallFormat | None = None
+    encoding_format: str = "float"  # embeddings: how the result writes vectors
+
+
+async def _prepare(services: Services, spec: DeploymentSpec, payload: JobCreate) -> _Queued:
     """Check and tokenize the job's request exactly as the synchronous endpoint would."""
     body = dict(payload.body)
     if body.setdefault("model", payload.model) != payload.model:
@@ -329,17 +341,19 @@ async def _prepare(services: Services, spec: DeploymentSpec, payload: JobCreate)
             "remove stream from body.",
             param="body.stream",
         )
+    window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
+    if payload.endpoint == EMBEDDINGS_ENDPOINT:
+        return await _prepare_embeddings(services, spec, body, window_s)
     chat = payload.endpoint == CHAT_ENDPOINT
     try:
         parsed = (parse_chat_request if chat else parse_completion_request)(body)
     except InvalidRequest as e:
         e.param = f"body.{e.param}" if e.param else "body"
         raise
-    window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     require_generative(spec)
     model = await services.catalog.info(spec, wait_s=window_s)
     try:
-        return await asyncio.to_thread(
+        prepared = await asyncio.to_thread(
             prepare_chat if chat else prepare_completion,
             parsed,
             model.tokenizer,
@@ -350,13 +364,29 @@ async def _prepare(services: Services, spec: DeploymentSpec, payload: JobCreate)
     except InvalidRequest as e:
         e.param = f"body.{e.param}" if e.param else "body"
         raise
+    return _Queued(prepared.prompt_token_ids, prepared.sampling, prepared.tools)
+
+
+async def _prepare_embeddings(
+    services: Services, spec: DeploymentSpec, body: dict[str, Any], window_s: float
+) -> _Queued:
+    require_embedding(spec, str(body["model"]))  # first: a chat body to a chat model
+    try:
+        req = parse_embedding_request(body)
+        model = await services.catalog.info(spec, wait_s=window_s)
+        inputs = await asyncio.to_thread(tokenize_inputs, req, model.tokenizer, model.max_model_len)
+    except InvalidRequest as e:
+        e.param = f"body.{e.param}" if e.param else "body"
+        raise
+    prompt, sampling = job_work(req, inputs)
+    return _Queued(prompt, sampling, encoding_format=req.encoding_format)
 
 
 def _new_record(
     caller: Caller,
     spec: DeploymentSpec,
     payload: JobCreate,
-    prepared: Prepared,
+    prepared: _Queued,
     max_attempts: int,
     *,
     traceparent: str = "",
@@ -380,7 +410,7 @@ def _new_record(
         job_id=job_id,
         tenant=caller.tenant,
         deployment=public_name(spec.name),
-        endpoint=CHAT_ENDPOINT if payload.endpoint == CHAT_ENDPOINT else COMPLETIONS_ENDPOINT,
+        endpoint=payload.endpoint,
         work=work,
         request_id=work.request_id,
         max_attempts=max_attempts,
@@ -388,6 +418,7 @@ def _new_record(
         webhook_events=sorted(set(webhook.events or job_events())) if webhook else [],
         metadata=payload.metadata or {},
         tools=prepared.tools,
+        encoding_format=prepared.encoding_format,
     )
 
 

@@ -17,7 +17,7 @@ from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.frontdoor.catalog import ModelCatalog
 from ebb.frontdoor.execution import Executor
-from ebb.frontdoor.files import FileStore
+from ebb.frontdoor.files import FileStore, file_store
 from ebb.frontdoor.metrics import Metrics
 from ebb.frontdoor.ratelimit import RateLimiter
 from ebb.home import resolve_admin_key
@@ -98,7 +98,7 @@ def build_services(settings: Settings) -> Services:
                 settings.webhook_give_up_s, settings.job_retention_s
             ),
         ),
-        files=FileStore(settings.files_dir),
+        files=file_store(settings),
     )
 
 

@@ -67,7 +67,7 @@ class JobRecord(msgspec.Struct, kw_only=True):
     job_id: str
     tenant: str
     deployment: str
-    endpoint: str  # "chat.completions" | "completions"
+    endpoint: str  # "chat.completions" | "completions" | "embeddings"
     # The first attempt's work; later attempts differ only in request_id.
     work: WorkItem
     request_id: str  # the current attempt's
@@ -86,6 +86,8 @@ class JobRecord(msgspec.Struct, kw_only=True):
     metadata: dict[str, str] = {}
     # Set when the chat request declared tools: how its result's text becomes tool calls.
     tools: ToolCallFormat | None = None
+    # An embeddings job's vectors in its result: "float" lists or "base64".
+    encoding_format: str = "float"
     result: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
     error: JobErrorInfo | None = None

@@ -50,6 +50,10 @@ class SamplingSpec(msgspec.Struct, kw_only=True, frozen=True):
     # (models trained for that only).
     embed: bool = False
     dimensions: int | None = None
+    # An embeddings job's inputs travel concatenated in prompt_token_ids: each one's
+    # length, in order (empty: the prompt is one input). The runner embeds each on its own
+    # and answers with choice i for input i (see ebb.runners.embedding_inputs).
+    embed_input_lengths: list[int] = []
 
 
 ToolMode = Literal["auto", "required", "named"]

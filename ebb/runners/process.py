@@ -31,6 +31,7 @@ from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
 from ebb.runners import gpu_figures
 from ebb.runners.devices import use_placement
+from ebb.runners.embedding_inputs import EmbeddingInputs
 from ebb.runners.engine import EngineAdapter, EngineOptions
 from ebb.runners.lifecycle import Lifecycle
 from ebb.runners.serve import Outcome, ServingLoop
@@ -187,6 +188,7 @@ def _run(
     clock.lap("engine")
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
     loop.read_gpus = gpu_figures.reader()
+    loop.jobs_beside_sync = settings.job_slots_beside_sync
     loop.on_first_output = _become_ready(lifecycle, queue, deployment, tier, clock)
     heartbeat.held_ids = loop.held_ids
     try:
@@ -350,7 +352,10 @@ def _load_engine(
         model_path, model_len = None, entry.context_len_of(spec.source)
     clock.lap("weights")
     options = engine_options(settings, spec, model_path, model_len, placement)
-    return entry.load_engine(options), tier
+    engine: EngineAdapter = entry.load_engine(options)
+    if spec.serving.task == "embed":
+        engine = EmbeddingInputs(engine)  # jobs' multi-input embedding work items
+    return engine, tier
 
 
 def _prepare_weights(settings: Settings, source: str, tier: Tier) -> tuple[Path, int, Tier]:

@@ -49,6 +49,11 @@ _SPEC_REFRESH_S = 2.0
 _STATS_INTERVAL_S = 1.0
 
 
+# With EBB_JOB_SLOTS_BESIDE_SYNC, jobs keep to it until synchronous traffic has been
+# quiet this long.
+_SYNC_QUIET_S = 1.0
+
+
 def job_slots(max_concurrency: int) -> int:
     """Batch slots async jobs may hold at once on one runner.
 
@@ -103,6 +108,10 @@ class ServingLoop:
         # The figures of this runner's GPUs (NVML) for metrics; none on a CPU host. The
         # seam where a GPU inventory's reader plugs in.
         self.read_gpus: Callable[[], list[GpuFigures]] = list
+        # Job slots while a synchronous request runs here (EBB_JOB_SLOTS_BESIDE_SYNC);
+        # None: `job_slots` whatever runs. See `_job_limit`.
+        self.jobs_beside_sync: int | None = None
+        self._sync_seen_at = -math.inf  # the last claim or end of a synchronous request
 
     def held_ids(self) -> list[str]:
         return list(self.held)
@@ -140,7 +149,7 @@ class ServingLoop:
         if free > 0 and not self.held and wait:
             self._queue.wait_for_work(self._spec.name, _IDLE_WAIT_S)
         held_jobs = sum(1 for h in self.held.values() if h.work.job_id)
-        max_jobs = min(free, job_slots(self._spec.max_concurrency) - held_jobs)
+        max_jobs = min(free, self._job_limit() - held_jobs)
         result = self._queue.claim(self._spec.name, max(free, 0), max(max_jobs, 0))
         for work in result.claimed:
             self._admit(work)
@@ -148,10 +157,27 @@ class ServingLoop:
             self._abort(request_id)
         return len(result.claimed)
 
+    def _job_limit(self) -> int:
+        """Job slots now. Beside a synchronous request, optionally fewer: on CPUs every
+        sequence in the batch slows every step, so jobs running beside a synchronous
+        request raise its latency; with `jobs_beside_sync` = 0 the runner claims no new
+        job while one runs or ran in the last second (jobs in flight finish), trading batch
+        progress under steady traffic for synchronous latency."""
+        limit = job_slots(self._spec.max_concurrency)
+        if self.jobs_beside_sync is None:
+            return limit
+        serving_sync = any(not h.work.job_id for h in self.held.values())
+        # Also just after one: a client's next request is usually a few ms away, and jobs
+        # claimed in that gap would run beside it all the same.
+        recent = self._clock() - self._sync_seen_at < _SYNC_QUIET_S
+        return min(limit, self.jobs_beside_sync) if serving_sync or recent else limit
+
     def _admit(self, work: WorkItem) -> None:
         log.debug("runner: claimed %s", work.request_id)
         held = Held(work, prompt_tokens=len(work.prompt_token_ids), claimed_ns=time.time_ns())
         self.held[work.request_id] = held
+        if not work.job_id:
+            self._sync_seen_at = self._clock()
         self._last_active = self._clock()
         try:
             self._engine.add_request(work.request_id, work.prompt_token_ids, work.sampling)
@@ -200,6 +226,8 @@ class ServingLoop:
 
     def _end(self, held: Held, state: str, event: Finished | Failed) -> None:
         self.held.pop(held.work.request_id, None)
+        if not held.work.job_id:
+            self._sync_seen_at = self._clock()
         if held.work.traceparent:
             tracing.record_serving(
                 held.work.traceparent,

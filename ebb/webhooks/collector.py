@@ -5,7 +5,8 @@ reaper fails an attempt whose runner went silent. Each pass, in order:
   1. expire jobs still queued past their TTL deadline;
   2. for every watched job (claimed attempts, settled jobs with events to announce):
      a. claimed -> mark the job running;
-     b. finished -> build the OpenAI response from the attempt's events: succeeded;
+     b. finished -> build the OpenAI response (chat, completion or embeddings list)
+        from the attempt's events: succeeded;
      c. failed and retryable (runner lost, engine broke) with attempts left -> queue the
         next attempt; otherwise failed with the reason; cancelled -> cancelled;
      d. announce the job's new events (one delivery each for the subscribed ones), and
@@ -27,7 +28,14 @@ import msgspec
 from redis.exceptions import RedisError
 
 from ebb.config import Settings
-from ebb.openai_responses import EndpointKind, ResponseBuilder, usage
+from ebb.openai_responses import (
+    EMBEDDINGS_ENDPOINT,
+    EndpointKind,
+    ResponseBuilder,
+    embedding_response,
+    embedding_vectors,
+    usage,
+)
 from ebb.queue import observations
 from ebb.queue.delivery_store import delivery_record_ttl_s
 from ebb.queue.job_schema import (
@@ -153,6 +161,8 @@ class JobCollector:
         return False  # queued: a runner will claim it
 
     async def _succeed(self, record: JobRecord, attempt: dict[str, str]) -> bool:
+        if record.endpoint == EMBEDDINGS_ENDPOINT:
+            return await self._succeed_embedding(record, attempt)
         builder = ResponseBuilder(
             EndpointKind.of_job_endpoint(record.endpoint),
             request_id=record.job_id,
@@ -176,6 +186,25 @@ class JobCollector:
                 )
         error = JobErrorInfo("lost", "The job's attempt finished without its output.")
         return await self._settle(record, attempt, JobStatus.FAILED, error)
+
+    async def _succeed_embedding(self, record: JobRecord, attempt: dict[str, str]) -> bool:
+        events = await self._store.attempt_events(record.request_id)
+        finished = next((e for e in events if isinstance(e, Finished)), None)
+        inputs = len(record.work.sampling.embed_input_lengths) or 1
+        progress = [e for e in events if isinstance(e, Progress)]
+        vectors = embedding_vectors(progress, inputs) if finished is not None else None
+        if finished is None or vectors is None:
+            error = JobErrorInfo("lost", "The job's attempt finished without its vectors.")
+            return await self._settle(record, attempt, JobStatus.FAILED, error)
+        result = embedding_response(
+            vectors,
+            model=record.deployment,
+            prompt_tokens=finished.prompt_tokens,
+            encoding_format=record.encoding_format,
+        )
+        return await self._settle(
+            record, attempt, JobStatus.SUCCEEDED, None, result=result, usage=usage(finished)
+        )
 
     async def _after_failure(self, record: JobRecord, attempt: dict[str, str]) -> bool:
         error, retryable = await self._failure(record.request_id, attempt)

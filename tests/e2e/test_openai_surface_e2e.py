@@ -188,6 +188,53 @@ def test_embeddings_from_a_pooling_deployment_of_the_default_weights(client, adm
     assert floats.data[0].embedding == pytest.approx(vectors[0], abs=1e-6)
 
 
+def test_embeddings_through_a_batch_match_the_synchronous_ones(client):
+    # The pooling deployment of the previous test; a batch line may embed several inputs.
+    texts = ["The capital of France is Paris.", "Bananas."]
+    sync = client.embeddings.create(model="smol-embed", input=texts, encoding_format="float")
+    lines = [
+        {
+            "custom_id": "both",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "smol-embed", "input": texts, "encoding_format": "float"},
+        },
+        {
+            "custom_id": "one",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "smol-embed", "input": texts[1], "encoding_format": "base64"},
+        },
+    ]
+    content = "\n".join(json.dumps(line) for line in lines).encode()
+    uploaded = client.files.create(file=("embed.jsonl", content), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
+
+    def settled():
+        current = client.batches.retrieve(batch.id)
+        return current if current.status not in ("validating", "in_progress") else None
+
+    done = wait_until(settled, 300, "the embeddings batch to complete")
+    assert done.status == "completed" and done.request_counts.completed == 2
+    output = {
+        o["custom_id"]: o["response"]["body"]
+        for o in map(json.loads, client.files.content(done.output_file_id).text.splitlines())
+    }
+    both = [d["embedding"] for d in output["both"]["data"]]
+    assert both[0] == pytest.approx(sync.data[0].embedding, abs=1e-5)
+    assert both[1] == pytest.approx(sync.data[1].embedding, abs=1e-5)
+    assert output["both"]["usage"]["prompt_tokens"] == sync.usage.prompt_tokens
+    # base64 as OpenAI writes it: little-endian float32.
+    import base64
+    import struct
+
+    raw = base64.b64decode(output["one"]["data"][0]["embedding"])
+    one = struct.unpack(f"<{len(raw) // 4}f", raw)
+    assert list(one) == pytest.approx(sync.data[1].embedding, abs=1e-5)
+
+
 def test_a_three_line_batch_to_completion(client):
     lines = [
         {

@@ -269,7 +269,8 @@ def test_listing_is_per_tenant_and_paginated(platform, admin):
 @pytest.mark.parametrize(
     ("change", "status", "param"),
     [
-        ({"endpoint": "embeddings"}, 400, "endpoint"),
+        ({"endpoint": "images"}, 400, "endpoint"),
+        ({"endpoint": "embeddings"}, 400, "model"),  # a chat deployment
         ({"body": {"messages": MESSAGES, "stream": True}}, 400, "body.stream"),
         ({"body": {"messages": MESSAGES, "model": "other"}}, 400, "body.model"),
         ({"body": {"messages": MESSAGES, "max_tokens": 0}}, 400, "body.max_tokens"),

@@ -236,6 +236,108 @@ def test_bad_embedding_requests(admin, embedder, body, param):
     assert response.json()["error"]["param"] == param
 
 
+def _settled_job(admin, job_id: str) -> dict:
+    def done():
+        job = admin.get(f"/v1/jobs/{job_id}").json()
+        return job if job["status"] in ("succeeded", "failed", "cancelled", "expired") else None
+
+    return wait_until(done, 60, f"job {job_id} to settle")
+
+
+def test_embeddings_through_a_job_match_the_synchronous_ones(client, admin, embedder):
+    from openai.types import CreateEmbeddingResponse
+
+    sync = client.embeddings.create(
+        model=embedder, input=["Paris", "Rome"], encoding_format="float"
+    )
+    before = _usage(admin, embedder)
+    body = {"input": ["Paris", "Rome", "Paris"], "encoding_format": "float"}
+    response = admin.post(
+        "/v1/jobs", json={"model": embedder, "endpoint": "embeddings", "body": body}
+    )
+    assert response.status_code == 202, response.text
+    job = _settled_job(admin, response.json()["id"])
+    assert job["status"] == "succeeded" and job["endpoint"] == "embeddings"
+    result = CreateEmbeddingResponse.model_validate(job["result"])
+    vectors = [d.embedding for d in result.data]
+    assert [d.index for d in result.data] == [0, 1, 2]
+    assert vectors == [sync.data[0].embedding, sync.data[1].embedding, sync.data[0].embedding]
+    assert result.usage.prompt_tokens == len("ParisRomeParis") == result.usage.total_tokens
+    # Billed once, as prompt tokens only.
+    wait_until(lambda: _usage(admin, embedder)["requests"] > before["requests"], 30, "usage")
+    after = _usage(admin, embedder)
+    assert after["requests"] == before["requests"] + 1
+    assert after["prompt_tokens"] - before["prompt_tokens"] == len("ParisRomeParis")
+    assert after["completion_tokens"] == before["completion_tokens"]
+    # base64, as the SDK decodes it.
+    response = admin.post(
+        "/v1/jobs",
+        json={
+            "model": embedder,
+            "endpoint": "embeddings",
+            "body": {"input": "Rome", "encoding_format": "base64"},
+        },
+    )
+    job = _settled_job(admin, response.json()["id"])
+    import base64
+    import struct
+
+    raw = base64.b64decode(job["result"]["data"][0]["embedding"])
+    assert list(struct.unpack(f"<{len(raw) // 4}f", raw)) == pytest.approx(vectors[1], rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "param"),
+    [
+        ("fake", {"input": "x"}, "model"),  # a generative deployment
+        ("fake-embed", {"input": ""}, "body.input.0"),
+        ("fake-embed", {"input": "x", "stream": True}, "body.stream"),
+        ("fake-embed", {"input": "x", "dimensions": 0}, "body.dimensions"),
+    ],
+)
+def test_bad_embedding_jobs(admin, embedder, model, body, param):
+    response = admin.post("/v1/jobs", json={"model": model, "endpoint": "embeddings", "body": body})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_an_embeddings_batch(client, embedder):
+    lines = [
+        {
+            "custom_id": "one",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": embedder, "input": "Paris", "encoding_format": "float"},
+        },
+        {
+            "custom_id": "two",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": embedder, "input": ["Paris", "Rome"], "encoding_format": "float"},
+        },
+        {
+            "custom_id": "bad",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": embedder, "input": ""},
+        },
+    ]
+    uploaded = client.files.create(file=("e.jsonl", _batch_file(lines)), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
+    done = _settled_batch(client, batch.id)
+    assert done.status == "completed" and done.endpoint == "/v1/embeddings"
+    assert (done.request_counts.completed, done.request_counts.failed) == (2, 1)
+    output = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
+    by_id = {o["custom_id"]: o["response"]["body"] for o in output}
+    assert by_id["one"]["object"] == "list" and len(by_id["two"]["data"]) == 2
+    assert by_id["one"]["data"][0]["embedding"] == by_id["two"]["data"][0]["embedding"]
+    assert by_id["two"]["usage"] == {"prompt_tokens": len("ParisRome"), "total_tokens": 9}
+    (error,) = [json.loads(x) for x in client.files.content(done.error_file_id).text.splitlines()]
+    assert error["custom_id"] == "bad" and "empty" in error["error"]["message"]
+
+
 def test_chat_to_an_embedding_deployment_is_refused(client, embedder):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=embedder, messages=MESSAGES)

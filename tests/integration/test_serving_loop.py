@@ -253,6 +253,33 @@ async def test_jobs_leave_a_quarter_of_the_slots_to_synchronous_requests(redis_u
         assert states == ["finished"] * 5
 
 
+async def test_jobs_can_yield_fully_beside_synchronous_requests(redis_url):
+    async with serving_harness(redis_url, source=SLOW, max_concurrency=4) as h:
+        h.loop.jobs_beside_sync = 0  # EBB_JOB_SLOTS_BESIDE_SYNC=0
+        for i in range(6):
+            await h.submit_job(f"job_{i}", max_tokens=40)
+        serving = h.start()
+        await asyncio.to_thread(
+            wait_until,
+            lambda: any(len(b) == 3 for b in h.engine.batches),
+            10,
+            "three jobs to run",
+        )
+        sync = await h.submit(60)
+        assert await asyncio.wait_for(serving, 60) is Outcome.IDLE
+        with_sync = [b for b in h.engine.batches if sync.request_id in b]
+        jobs_beside = set().union(*with_sync) - {sync.request_id}
+        assert len(jobs_beside) <= 3, "a job was claimed while the request ran"
+        # Once the jobs in flight finished, the request ran alone.
+        assert with_sync[-1] == {sync.request_id}
+        # The rest wait until synchronous traffic has been quiet for a second.
+        states = await h.jobs.attempt_states([f"job_{i}.1" for i in range(6)])
+        assert states.count("queued") == 3
+        assert await h.serve(idle_s=2) is Outcome.IDLE
+        states = await h.jobs.attempt_states([f"job_{i}.1" for i in range(6)])
+        assert states == ["finished"] * 6, "the jobs ran once the request was done"
+
+
 async def test_a_finished_job_attempt_is_collected_as_its_result(redis_url):
     async with serving_harness(redis_url) as h:
         await h.submit_job("job_r", max_tokens=8)

@@ -92,17 +92,22 @@ def test_parser_defaults_follow_the_chat_template():
 
 def test_streamed_content_stops_where_a_call_may_begin():
     stream = ToolStream(AUTO)
-    sent = []
+    sent, calls = [], []
     text = "Checking. " + HERMES_CALL
     for piece in [text[i : i + 3] for i in range(0, len(text), 3)]:
-        content, calls = stream.feed(piece)
-        assert calls == []
+        content, new_calls = stream.feed(piece)
         sent.append(content)
-    assert "".join(sent) == "Checking. ", "nothing of the call may leak as content"
-    content, calls = stream.finish()
-    assert content == "" and len(calls) == 1
-    assert calls[0]["index"] == 0 and calls[0]["function"]["name"] == "get_weather"
-    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
+        calls += new_calls
+    content, last = stream.finish()
+    assert "".join(sent) + content == "Checking. ", "nothing of the call may leak as content"
+    assert last == [], "the call was streamed before the reply ended"
+    assert calls[0]["index"] == 0 and calls[0]["function"] == {
+        "name": "get_weather",
+        "arguments": "",
+    }
+    assert all(c["index"] == 0 and "id" not in c for c in calls[1:])
+    arguments = "".join(c["function"]["arguments"] for c in calls)
+    assert json.loads(arguments) == {"city": "Paris"} and len(calls) > 3
 
 
 def test_streamed_text_with_a_marker_prefix_is_released():
@@ -295,5 +300,91 @@ def test_streamed_tool_calls_validate_and_assemble():
     content = "".join(c.choices[0].delta.content or "" for c in parsed)
     calls = [tc for c in parsed for tc in c.choices[0].delta.tool_calls or []]
     assert content == "Ok. "
-    assert len(calls) == 1 and json.loads(calls[0].function.arguments) == {"city": "Paris"}
+    assert {c.index for c in calls} == {0} and calls[0].function.name == "get_weather"
+    assert json.loads("".join(c.function.arguments for c in calls)) == {"city": "Paris"}
     assert parsed[-1].choices[0].finish_reason == "tool_calls"
+
+
+# --- incremental tool-call streams, assembled by the official SDK -------------------------
+
+
+def _sdk_assembled(fmt: ToolCallFormat, text: str, piece_chars: int):
+    """`text` streamed `piece_chars` at a time through the builder, into the openai SDK's
+    stream accumulator: (final message, argument-delta events seen before the last chunk)."""
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+
+    builder = _builder(fmt)
+    state = ChatCompletionStreamState()
+    pieces = [text[i : i + piece_chars] for i in range(0, len(text), piece_chars)]
+    early = 0
+    for i, piece in enumerate(pieces):
+        last = i == len(pieces) - 1
+        delta = ChoiceDelta(
+            index=0, text=piece, token_count=1, finish_reason="stop" if last else None
+        )
+        for chunk in builder.chunks_for(Progress([delta])):
+            events = list(state.handle_chunk(ChatCompletionChunk.model_validate(chunk)))
+            if not last:
+                early += sum(e.type == "tool_calls.function.arguments.delta" for e in events)
+    for chunk in builder.final_chunks(Finished(3, len(pieces))):
+        list(state.handle_chunk(ChatCompletionChunk.model_validate(chunk)))
+    return state.get_final_completion().choices[0], early
+
+
+LLAMA_TWO = '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {}}'
+MISTRAL_ONE = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+REQUIRED_TWO = (
+    '[{"name": "get_weather", "parameters": {"city": "Oslo"}}, '
+    '{"name": "get_time", "parameters": {"zone": "CET"}}]'
+)
+TRICKY = (
+    '<tool_call>{"name": "search", "arguments": {"q": "a \\"}\\" {b} [c]", "n": [1, {"k": 2}]}}'
+    "</tool_call>"
+)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text"),
+    [
+        (AUTO, f"Let me look.\n{HERMES_CALL}"),
+        (AUTO, HERMES_CALL + HERMES_CALL.replace("Paris", "Rome")),
+        (AUTO, TRICKY),
+        (AUTO, '<tool_call>{"arguments": {"city": "Oslo"}, "name": "get_weather"}</tool_call>'),
+        (AUTO, '<tool_call>{"name": "get_time"}</tool_call> Done.'),
+        (ToolCallFormat(mode="auto", parser="llama3_json"), LLAMA_TWO),
+        (ToolCallFormat(mode="auto", parser="mistral"), f"Sure {MISTRAL_ONE}"),
+        (ToolCallFormat(mode="required"), REQUIRED_TWO),
+        (ToolCallFormat(mode="auto", parallel=False), HERMES_CALL * 2),
+    ],
+)
+@pytest.mark.parametrize("piece_chars", [1, 4, 1000])
+def test_streamed_calls_assemble_as_the_whole_reply_parses(fmt, text, piece_chars):
+    choice, early = _sdk_assembled(fmt, text, piece_chars)
+    content, calls = parse(text, fmt)
+    streamed = choice.message.tool_calls or []
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in streamed] == [
+        (c.name, json.loads(c.arguments)) for c in calls
+    ]
+    assert all(c.id.startswith("call_") and c.type == "function" for c in streamed)
+    assert len({c.id for c in streamed}) == len(streamed)
+    # Content before a call streams as it comes (the whole reply trims it).
+    assert ((choice.message.content or "").strip() or None) == content
+    assert choice.finish_reason == "tool_calls"
+    if piece_chars == 1 and '"arguments": {"city": "Oslo"}, "name"' not in text:
+        assert early > 1, "arguments arrived in one piece at the end instead of streaming"
+
+
+def test_a_malformed_call_streams_as_content():
+    text = "<tool_call>{not json}</tool_call>"
+    choice, early = _sdk_assembled(AUTO, text, 2)
+    assert choice.message.content == text and not choice.message.tool_calls
+    assert choice.finish_reason == "stop" and early == 0
+
+
+def test_a_call_cut_short_keeps_what_was_streamed():
+    stream = ToolStream(AUTO)
+    _, calls = stream.feed('<tool_call>{"name": "get_weather", "arguments": {"city": "Pa')
+    _, more = stream.finish()
+    assert calls[0]["function"]["name"] == "get_weather"
+    arguments = "".join(c["function"]["arguments"] for c in calls + more)
+    assert arguments == '{"city": "Pa'
