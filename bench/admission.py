@@ -23,6 +23,7 @@ import time
 import httpx
 
 from bench.loadgen import save_results
+from bench.rawhttp import RawConnection
 from bench.serving import REPO
 
 sys.path.insert(0, str(REPO / "tests"))
@@ -37,26 +38,28 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def admitted(platform: Platform, clients: int, requests: int) -> dict:
+async def admitted(base_url: str, key: str, clients: int, requests: int) -> dict:
+    """`clients` keep-alive connections sending back to back until `requests` were sent."""
     body = {"model": "fast", "messages": MESSAGES, "max_tokens": 1}
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     pending = iter(range(requests))
-    limits = httpx.Limits(max_connections=clients + 4)
-    async with httpx.AsyncClient(
-        base_url=platform.base_url, headers=_auth(platform), timeout=60, limits=limits
-    ) as client:
 
-        async def worker() -> None:
+    async def worker() -> None:
+        connection = RawConnection(base_url, _auth(key))
+        request = connection.request_bytes("/v1/chat/completions", body)
+        try:
             for _ in pending:
                 sent = time.perf_counter()
-                response = await client.post("/v1/chat/completions", json=body)
+                status, _ = await connection.send(request)
                 latencies.append(time.perf_counter() - sent)
-                statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+                statuses[status] = statuses.get(status, 0) + 1
+        finally:
+            await connection.close()
 
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(clients)))
-        wall_s = time.perf_counter() - started
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(clients)))
+    wall_s = time.perf_counter() - started
     return {
         "clients": clients,
         "requests": requests,
@@ -67,21 +70,24 @@ async def admitted(platform: Platform, clients: int, requests: int) -> dict:
     }
 
 
-async def refused(platform: Platform, burst: int) -> dict:
+async def refused(base_url: str, key: str, burst: int) -> dict:
+    """`burst` clients at once, each on its own connection (opened before the burst)."""
     body = {"model": "full", "messages": MESSAGES, "max_tokens": 1}
-    async with httpx.AsyncClient(
-        base_url=platform.base_url,
-        headers=_auth(platform),
-        timeout=60,
-        limits=httpx.Limits(max_connections=burst + 4),
-    ) as client:
+    connections = [RawConnection(base_url, _auth(key)) for _ in range(burst)]
+    request = connections[0].request_bytes("/v1/chat/completions", body)
+    for connection in connections:  # connected, so the burst measures answers only
+        await connection.connect()
 
-        async def one() -> tuple[int, float]:
-            sent = time.perf_counter()
-            response = await client.post("/v1/chat/completions", json=body)
-            return response.status_code, time.perf_counter() - sent
+    async def one(connection: RawConnection) -> tuple[int, float]:
+        sent = time.perf_counter()
+        status, _ = await connection.send(request)
+        return status, time.perf_counter() - sent
 
-        results = await asyncio.gather(*(one() for _ in range(burst)))
+    try:
+        results = await asyncio.gather(*(one(c) for c in connections))
+    finally:
+        for connection in connections:
+            await connection.close()
     refusals = [s for code, s in results if code == 503]
     return {
         "burst": burst,
@@ -92,8 +98,8 @@ async def refused(platform: Platform, burst: int) -> dict:
     }
 
 
-def _auth(platform: Platform) -> dict[str, str]:
-    return {"Authorization": f"Bearer {platform.admin_key}"}
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
 
 
 def fill_queue(platform: Platform, depth: int) -> None:
@@ -102,7 +108,7 @@ def fill_queue(platform: Platform, depth: int) -> None:
 
     async def park() -> None:
         async with httpx.AsyncClient(
-            base_url=platform.base_url, headers=_auth(platform), timeout=600
+            base_url=platform.base_url, headers=_auth(platform.admin_key), timeout=600
         ) as client:
             await asyncio.gather(
                 *(client.post("/v1/chat/completions", json=body) for _ in range(depth))
@@ -140,11 +146,12 @@ def main() -> None:
                 admission_timeout_s=600,
             )
             wait_until(lambda: deployment(admin, "fast")["replicas"]["ready"] == 1, 60, "runner")
-        asyncio.run(admitted(platform, 4, 100))  # warm connections and the runner
+        url, key = platform.base_url, platform.admin_key
+        asyncio.run(admitted(url, key, 4, 100))  # warm the frontdoor and the runner
         for clients in args.clients:
-            results["admitted"].append(asyncio.run(admitted(platform, clients, args.requests)))
+            results["admitted"].append(asyncio.run(admitted(url, key, clients, args.requests)))
         fill_queue(platform, 8)
-        results["refused"] = asyncio.run(refused(platform, args.burst))
+        results["refused"] = asyncio.run(refused(url, key, args.burst))
     finally:
         platform.stop()
     for row in results["admitted"]:

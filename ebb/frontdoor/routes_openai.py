@@ -115,7 +115,7 @@ async def _serve_observed(
     request_id = observed.request_id
     body = _json_body(request)
     parsed = parse(body)
-    spec = await services.state.get_deployment(parsed.model)
+    spec, status = await services.state.deployment_for_admission(parsed.model)
     if spec is None:
         raise NotFound(
             f"The model {parsed.model!r} does not exist. GET /v1/models lists the deployed "
@@ -127,8 +127,8 @@ async def _serve_observed(
     require_generative(spec)
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     model = await services.catalog.info(spec, wait_s=window_s)
-    # Rendering and tokenizing a long prompt is CPU work: keep it off the event loop.
-    prepared: Prepared = await asyncio.to_thread(
+    prepared: Prepared = await _off_loop_if_long(
+        _body_bytes(request),
         prepare,
         parsed,
         model.tokenizer,
@@ -153,7 +153,9 @@ async def _serve_observed(
     reservation = await services.limiter.reserve(caller, work)
     streaming = False
     try:
-        running = await unless_disconnected(request, work, executor, executor.admit(work, spec))
+        running = await unless_disconnected(
+            request, work, executor, executor.admit(work, spec, status)
+        )
         reservation.ran = True
         observed.admitted(running.queued_s, work.enqueued_at_s)
         if prepared.stream:
@@ -267,6 +269,27 @@ async def _stream_events(
                 return
             error = JobError(f"The request failed while running: {event.message}", code=event.code)
             yield sse_line(error.to_body())
+
+
+# Bodies up to this size are rendered and tokenized on the event loop: a short prompt
+# takes well under a millisecond, less than the hop to a worker thread and back costs
+# (two context switches, the GIL handed over twice) on a busy machine.
+_INLINE_PREPARE_MAX_BYTES = 8 * 1024
+
+
+async def _off_loop_if_long(body_bytes: int, prepare: Callable, *args, **kwargs):
+    """`prepare(*args, **kwargs)`; in a worker thread when the body is long (rendering and
+    tokenizing a long prompt is CPU work that must not stall the event loop)."""
+    if body_bytes <= _INLINE_PREPARE_MAX_BYTES:
+        return prepare(*args, **kwargs)
+    return await asyncio.to_thread(prepare, *args, **kwargs)
+
+
+def _body_bytes(request: Request) -> int:
+    try:
+        return int(request.headers.get("content-length", ""))
+    except ValueError:  # chunked: treat as long
+        return _INLINE_PREPARE_MAX_BYTES + 1
 
 
 def _json_body(request: Request) -> object:

@@ -65,6 +65,18 @@ class PlatformState:
         raw = await self.redis.hget(keys.DEPLOYMENTS, name)
         return msgspec.json.decode(raw, type=DeploymentSpec) if raw else None
 
+    async def deployment_for_admission(
+        self, name: str
+    ) -> tuple[DeploymentSpec | None, dict[str, str]]:
+        """The deployment's spec and its status (`deployment_status`), in one round trip:
+        what admitting a request to it needs to read before queueing."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(keys.DEPLOYMENTS, name)
+        pipe.hgetall(keys.deployment_status(name))
+        raw, status = await pipe.execute()
+        spec = msgspec.json.decode(raw, type=DeploymentSpec) if raw else None
+        return spec, {k.decode(): v.decode() for k, v in reply_hash(status).items()}
+
     async def list_deployments(self) -> list[DeploymentSpec]:
         raw = await self.redis.hgetall(keys.DEPLOYMENTS)
         specs = [msgspec.json.decode(v, type=DeploymentSpec) for v in raw.values()]

@@ -24,7 +24,7 @@ from ebb.queue.records import (
     decode_runner,
     encode_runner,
 )
-from ebb.queue.replies import reply_hash, reply_text
+from ebb.queue.replies import reply_hash, reply_int, reply_text
 from ebb.queue.schema import (
     Claimed,
     ColdStartRecord,
@@ -42,6 +42,17 @@ from ebb.queue.scripts import RunnerScripts
 
 # The runner's log tail kept in Redis for `ebb status` and the console.
 _LOG_LINES_KEPT = 50
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a held request ends: its final state and terminal event, and its counts."""
+
+    work: WorkItem
+    state: str
+    event: RequestEvent
+    prompt_tokens: int
+    completion_tokens: int
 
 
 @dataclass(frozen=True)
@@ -158,37 +169,54 @@ class RunnerQueue:
         completion_tokens: int,
     ) -> bool:
         """End a held request once; usage is recorded in the same atomic step."""
-        usage = UsageRecord(
-            request_id=work.request_id,
-            deployment=work.deployment,
-            tenant=work.tenant,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            state=state,
-            runner_id=self.runner_id,
-            finished_at_s=time.time(),
-            key_id=work.key_id,
-            price_per_1m_input_tokens_micros=work.price_per_1m_input_tokens_micros,
-            price_per_1m_output_tokens_micros=work.price_per_1m_output_tokens_micros,
-        )
-        done = self._scripts.finish(
-            runner_id=self.runner_id,
-            request_id=work.request_id,
-            state=state,
-            event=encode(event),
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            # A job's attempt waits for the webhooks worker to collect its result.
-            result_ttl_s=keys.JOB_ATTEMPT_TTL_S if work.job_id else self._result_ttl_s,
-            usage=encode(usage) if self._record_usage else None,
-        )
-        if done and work.job_id:
+        return self.finish_many([Ending(work, state, event, prompt_tokens, completion_tokens)])[0]
+
+    def finish_many(self, endings: list[Ending]) -> list[bool]:
+        """`finish` each of `endings`, in one pipeline when there are several (an engine
+        step that completes many requests costs one round trip, not one each); whether
+        each was this runner's to finish, in order."""
+        if len(endings) == 1:
+            done = [self._finish(endings[0], pipe=None)]
+        else:
+            pipe = self._redis.pipeline(transaction=False)
+            for ending in endings:
+                self._finish(ending, pipe=pipe)
+            done = [bool(reply_int(reply)) for reply in pipe.execute()]
+        if any(ok and e.work.job_id for ok, e in zip(done, endings, strict=True)):
             # A hint only: the collector also looks at every claimed job periodically.
             pipe = self._redis.pipeline(transaction=False)
             pipe.rpush(keys.JOBS_SIGNAL, "1")
             pipe.ltrim(keys.JOBS_SIGNAL, -keys.SIGNAL_LIST_MAX, -1)
             pipe.execute()
         return done
+
+    def _finish(self, ending: Ending, pipe: redis.client.Pipeline | None) -> bool:
+        work = ending.work
+        usage = UsageRecord(
+            request_id=work.request_id,
+            deployment=work.deployment,
+            tenant=work.tenant,
+            prompt_tokens=ending.prompt_tokens,
+            completion_tokens=ending.completion_tokens,
+            state=ending.state,
+            runner_id=self.runner_id,
+            finished_at_s=time.time(),
+            key_id=work.key_id,
+            price_per_1m_input_tokens_micros=work.price_per_1m_input_tokens_micros,
+            price_per_1m_output_tokens_micros=work.price_per_1m_output_tokens_micros,
+        )
+        return self._scripts.finish(
+            runner_id=self.runner_id,
+            request_id=work.request_id,
+            state=ending.state,
+            event=encode(ending.event),
+            prompt_tokens=ending.prompt_tokens,
+            completion_tokens=ending.completion_tokens,
+            # A job's attempt waits for the webhooks worker to collect its result.
+            result_ttl_s=keys.JOB_ATTEMPT_TTL_S if work.job_id else self._result_ttl_s,
+            usage=encode(usage) if self._record_usage else None,
+            pipe=pipe,
+        )
 
     def heartbeat(self, held_request_ids: Iterable[str]) -> None:
         """Prove liveness and extend the leases of what this runner holds."""

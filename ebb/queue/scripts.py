@@ -200,31 +200,31 @@ class RunnerScripts:
         completion_tokens: int,
         result_ttl_s: int,
         usage: bytes | None,
+        pipe: redis.client.Pipeline | None = None,
     ) -> bool:
         """End a held request once, recording `usage` (when given) in the same step;
-        False when it was not this runner's to finish."""
-        return bool(
-            reply_int(
-                self._finish(
-                    keys=[
-                        keys.request(request_id),
-                        keys.events(request_id),
-                        keys.LEASES,
-                        keys.USAGE,
-                    ],
-                    args=[
-                        request_id,
-                        runner_id,
-                        state,
-                        event,
-                        prompt_tokens,
-                        completion_tokens,
-                        result_ttl_s,
-                        usage if usage is not None else "",
-                    ],
-                )
-            )
+        False when it was not this runner's to finish. With `pipe`, the call is only
+        queued on that pipeline (its reply comes with the pipeline's) and True returned."""
+        reply = self._finish(
+            client=pipe,
+            keys=[
+                keys.request(request_id),
+                keys.events(request_id),
+                keys.LEASES,
+                keys.USAGE,
+            ],
+            args=[
+                request_id,
+                runner_id,
+                state,
+                event,
+                prompt_tokens,
+                completion_tokens,
+                result_ttl_s,
+                usage if usage is not None else "",
+            ],
         )
+        return True if pipe is not None else bool(reply_int(reply))
 
     def heartbeat(self, *, runner_id: str, lease_ttl_ms: int, held: Iterable[str]) -> None:
         """Prove liveness and extend the leases of the `held` request ids."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ebb import tracing
 from ebb.queue.observations import GpuFigures, RunnerStats
-from ebb.queue.runner_side import RunnerQueue
+from ebb.queue.runner_side import Ending, RunnerQueue
 from ebb.queue.schema import (
     DeploymentSpec,
     Failed,
@@ -194,40 +194,54 @@ class ServingLoop:
         if progress and self.on_first_output is not None:
             first, self.on_first_output = self.on_first_output, None
             first(self.held[next(iter(progress))].work)
-        for out in finished:
-            held = self.held[out.request_id]
-            self._end(held, "finished", Finished(out.prompt_tokens, out.completion_tokens))
+        if finished:
+            self._end_all(
+                [
+                    (
+                        self.held[out.request_id],
+                        "finished",
+                        Finished(out.prompt_tokens, out.completion_tokens),
+                    )
+                    for out in finished
+                ]
+            )
 
     def _end(self, held: Held, state: str, event: Finished | Failed) -> None:
-        self.held.pop(held.work.request_id, None)
-        if held.work.traceparent:
-            tracing.record_serving(
-                held.work.traceparent,
-                enqueued_ns=int(held.work.enqueued_at_s * 1e9),
-                claimed_ns=held.claimed_ns,
-                first_output_ns=held.first_output_ns,
-                end_ns=time.time_ns(),
-                prompt_tokens=held.prompt_tokens,
-                completion_tokens=held.completion_tokens,
-            )
-        done = self._queue.finish(
-            held.work,
-            state=state,
-            event=event,
-            prompt_tokens=held.prompt_tokens,
-            completion_tokens=held.completion_tokens,
+        self._end_all([(held, state, event)])
+
+    def _end_all(self, endings: list[tuple[Held, str, Finished | Failed]]) -> None:
+        """End held requests: terminal event and usage, once each, in one round trip."""
+        for held, _, _ in endings:
+            self.held.pop(held.work.request_id, None)
+            if held.work.traceparent:
+                tracing.record_serving(
+                    held.work.traceparent,
+                    enqueued_ns=int(held.work.enqueued_at_s * 1e9),
+                    claimed_ns=held.claimed_ns,
+                    first_output_ns=held.first_output_ns,
+                    end_ns=time.time_ns(),
+                    prompt_tokens=held.prompt_tokens,
+                    completion_tokens=held.completion_tokens,
+                )
+        done = self._queue.finish_many(
+            [
+                Ending(h.work, state, event, h.prompt_tokens, h.completion_tokens)
+                for h, state, event in endings
+            ]
         )
-        if not done:
-            log.warning(
-                "runner: %s was no longer ours to finish (lease expired)",
-                held.work.request_id,
-                extra={"request_id": held.work.request_id},
-            )
+        for ok, (held, _, _) in zip(done, endings, strict=True):
+            if not ok:
+                log.warning(
+                    "runner: %s was no longer ours to finish (lease expired)",
+                    held.work.request_id,
+                    extra={"request_id": held.work.request_id},
+                )
 
     def fail_all(self, message: str) -> None:
         """The engine broke: every held request ends with an error, none hangs."""
-        for held in list(self.held.values()):
-            self._end(held, "failed", Failed(message=message, code="engine_error", retryable=True))
+        failed = Failed(message=message, code="engine_error", retryable=True)
+        if self.held:
+            self._end_all([(held, "failed", failed) for held in list(self.held.values())])
 
     def _maybe_report_stats(self) -> None:
         now = self._clock()
