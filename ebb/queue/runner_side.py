@@ -150,14 +150,37 @@ class RunnerQueue:
         )
         return ClaimResult([decode_work(work) for work in claimed], cancelled)
 
-    def publish(self, progress: dict[str, Progress]) -> None:
-        """One round trip for every request that produced output in an engine step."""
-        if not progress:
-            return
+    def publish(
+        self, progress: dict[str, Progress], endings: list[Ending] | None = None
+    ) -> list[bool]:
+        """Every request's output of one engine step, then the requests it completed
+        (`finish_many`), in one round trip; whether each ending was this runner's."""
+        endings = endings or []
+        if not progress and not endings:
+            return []
+        if not progress and len(endings) == 1:
+            done = [self._finish(endings[0], pipe=None)]
+            self._signal_jobs(done, endings)
+            return done
         pipe = self._redis.pipeline(transaction=False)
         for request_id, event in progress.items():
             pipe.xadd(keys.events(request_id), {"e": encode(event)})
-        pipe.execute()
+        for ending in endings:
+            self._finish(ending, pipe=pipe)
+        replies = pipe.execute(raise_on_error=False)
+        for reply in replies[: len(progress)]:
+            if isinstance(reply, Exception):
+                raise reply
+        done = []
+        for ending, reply in zip(endings, replies[len(progress) :], strict=True):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                done.append(self._finish(ending, pipe=None))  # loads it; it did not run
+            elif isinstance(reply, Exception):
+                raise reply
+            else:
+                done.append(bool(reply_int(reply)))
+        self._signal_jobs(done, endings)
+        return done
 
     def finish(
         self,
@@ -172,23 +195,18 @@ class RunnerQueue:
         return self.finish_many([Ending(work, state, event, prompt_tokens, completion_tokens)])[0]
 
     def finish_many(self, endings: list[Ending]) -> list[bool]:
-        """`finish` each of `endings`, in one pipeline when there are several (an engine
-        step that completes many requests costs one round trip, not one each); whether
-        each was this runner's to finish, in order."""
-        if len(endings) == 1:
-            done = [self._finish(endings[0], pipe=None)]
-        else:
-            pipe = self._redis.pipeline(transaction=False)
-            for ending in endings:
-                self._finish(ending, pipe=pipe)
-            done = [bool(reply_int(reply)) for reply in pipe.execute()]
+        """`finish` each of `endings`, in one round trip (an engine step that completes
+        many requests costs one, not one each); whether each was this runner's to
+        finish, in order."""
+        return self.publish({}, endings)
+
+    def _signal_jobs(self, done: list[bool], endings: list[Ending]) -> None:
         if any(ok and e.work.job_id for ok, e in zip(done, endings, strict=True)):
             # A hint only: the collector also looks at every claimed job periodically.
             pipe = self._redis.pipeline(transaction=False)
             pipe.rpush(keys.JOBS_SIGNAL, "1")
             pipe.ltrim(keys.JOBS_SIGNAL, -keys.SIGNAL_LIST_MAX, -1)
             pipe.execute()
-        return done
 
     def _finish(self, ending: Ending, pipe: redis.client.Pipeline | None) -> bool:
         work = ending.work

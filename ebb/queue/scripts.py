@@ -205,26 +205,28 @@ class RunnerScripts:
         """End a held request once, recording `usage` (when given) in the same step;
         False when it was not this runner's to finish. With `pipe`, the call is only
         queued on that pipeline (its reply comes with the pipeline's) and True returned."""
-        reply = self._finish(
-            client=pipe,
-            keys=[
-                keys.request(request_id),
-                keys.events(request_id),
-                keys.LEASES,
-                keys.USAGE,
-            ],
-            args=[
-                request_id,
-                runner_id,
-                state,
-                event,
-                prompt_tokens,
-                completion_tokens,
-                result_ttl_s,
-                usage if usage is not None else "",
-            ],
-        )
-        return True if pipe is not None else bool(reply_int(reply))
+        script_keys: list[Arg] = [
+            keys.request(request_id),
+            keys.events(request_id),
+            keys.LEASES,
+            keys.USAGE,
+        ]
+        args: list[Arg] = [
+            request_id,
+            runner_id,
+            state,
+            event,
+            prompt_tokens,
+            completion_tokens,
+            result_ttl_s,
+            usage if usage is not None else "",
+        ]
+        if pipe is not None:
+            # EVALSHA, not the Script: a pipeline holding Scripts first asks Redis whether
+            # they are loaded, one more round trip. The caller retries a NOSCRIPT reply.
+            pipe.evalsha(self._finish.sha, len(script_keys), *script_keys, *args)
+            return True
+        return bool(reply_int(self._finish(keys=script_keys, args=args)))
 
     def heartbeat(self, *, runner_id: str, lease_ttl_ms: int, held: Iterable[str]) -> None:
         """Prove liveness and extend the leases of the `held` request ids."""

@@ -190,27 +190,31 @@ class ServingLoop:
                 held.first_output_ns = held.first_output_ns or time.time_ns()
             if out.finished:
                 finished.append(out)
-        self._queue.publish(progress)
-        if progress and self.on_first_output is not None:
-            first, self.on_first_output = self.on_first_output, None
-            first(self.held[next(iter(progress))].work)
-        if finished:
-            self._end_all(
-                [
-                    (
-                        self.held[out.request_id],
-                        "finished",
-                        Finished(out.prompt_tokens, out.completion_tokens),
-                    )
-                    for out in finished
-                ]
+        endings = [
+            (
+                self.held[out.request_id],
+                "finished",
+                Finished(out.prompt_tokens, out.completion_tokens),
             )
+            for out in finished
+        ]
+        first_work = self.held[next(iter(progress))].work if progress else None
+        # The step's output and its completions, in one round trip.
+        self._end_all(endings, progress)
+        if first_work is not None and self.on_first_output is not None:
+            first, self.on_first_output = self.on_first_output, None
+            first(first_work)
 
     def _end(self, held: Held, state: str, event: Finished | Failed) -> None:
         self._end_all([(held, state, event)])
 
-    def _end_all(self, endings: list[tuple[Held, str, Finished | Failed]]) -> None:
-        """End held requests: terminal event and usage, once each, in one round trip."""
+    def _end_all(
+        self,
+        endings: list[tuple[Held, str, Finished | Failed]],
+        progress: dict[str, Progress] | None = None,
+    ) -> None:
+        """End held requests: terminal event and usage, once each, in one round trip
+        (after publishing `progress`, the output of the step that completed them)."""
         for held, _, _ in endings:
             self.held.pop(held.work.request_id, None)
             if held.work.traceparent:
@@ -223,11 +227,12 @@ class ServingLoop:
                     prompt_tokens=held.prompt_tokens,
                     completion_tokens=held.completion_tokens,
                 )
-        done = self._queue.finish_many(
+        done = self._queue.publish(
+            progress or {},
             [
                 Ending(h.work, state, event, h.prompt_tokens, h.completion_tokens)
                 for h, state, event in endings
-            ]
+            ],
         )
         for ok, (held, _, _) in zip(done, endings, strict=True):
             if not ok:
