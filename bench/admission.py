@@ -21,7 +21,9 @@ import threading
 import time
 
 import httpx
+import psutil
 
+from bench.footprint import role_of
 from bench.loadgen import save_results
 from bench.rawhttp import RawConnection
 from bench.serving import REPO
@@ -98,6 +100,33 @@ async def refused(base_url: str, key: str, burst: int) -> dict:
     }
 
 
+def cpu_s_by_role(platform: Platform) -> dict[str, float]:
+    """CPU seconds (user + system) each role's processes have used so far."""
+    root = psutil.Process(platform.proc.pid)
+    used: dict[str, float] = {}
+    for proc in root.children(recursive=True):
+        try:
+            role, times = role_of(proc), proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        used[role] = used.get(role, 0.0) + times.user + times.system
+    return used
+
+
+def cpu_ms_per_request(platform: Platform, run, requests: int) -> tuple[dict, dict]:
+    """`run()`'s result and the CPU milliseconds per request each role spent on it: a
+    figure the machine's other load does not move the way wall-clock rates move."""
+    before = cpu_s_by_role(platform)
+    result = run()
+    after = cpu_s_by_role(platform)
+    per_request = {
+        role: round((after[role] - before.get(role, 0.0)) * 1000 / requests, 3)
+        for role in after
+        if role in ("frontdoor", "runner", "redis", "coldstart", "stem")
+    }
+    return result, per_request
+
+
 def _auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
@@ -149,20 +178,29 @@ def main() -> None:
         url, key = platform.base_url, platform.admin_key
         asyncio.run(admitted(url, key, 4, 100))  # warm the frontdoor and the runner
         for clients in args.clients:
-            results["admitted"].append(asyncio.run(admitted(url, key, clients, args.requests)))
+            row, cpu = cpu_ms_per_request(
+                platform,
+                lambda c=clients: asyncio.run(admitted(url, key, c, args.requests)),
+                args.requests,
+            )
+            results["admitted"].append({**row, "cpu_ms_per_request": cpu})
         fill_queue(platform, 8)
-        results["refused"] = asyncio.run(refused(url, key, args.burst))
+        row, cpu = cpu_ms_per_request(
+            platform, lambda: asyncio.run(refused(url, key, args.burst)), args.burst
+        )
+        results["refused"] = {**row, "cpu_ms_per_request": cpu}
     finally:
         platform.stop()
     for row in results["admitted"]:
         print(
             f"admitted, {row['clients']:>3} clients: {row['requests_per_s']:>7} req/s, "
-            f"p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, statuses {row['statuses']}"
+            f"p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, statuses {row['statuses']}, "
+            f"CPU ms/request {row['cpu_ms_per_request']}"
         )
     r = results["refused"]
     print(
         f"refused, burst of {r['burst']}: {r['refused']} 503s (other {r['other']}), "
-        f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms"
+        f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, CPU ms/request {r['cpu_ms_per_request']}"
     )
     save_results("admission", results)
 

@@ -190,7 +190,7 @@ class ServingLoop:
                 held.first_output_ns = held.first_output_ns or time.time_ns()
             if out.finished:
                 finished.append(out)
-        endings = [
+        endings: list[tuple[Held, str, Finished | Failed]] = [
             (
                 self.held[out.request_id],
                 "finished",
