@@ -29,6 +29,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn
 from ebb.coldstart.launcher import WarmState, child_environment
 from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE, Settings
 from ebb.home import resolve_admin_key, write_run_info
+from ebb.process_memory import start_memory_reporter
 from ebb.queue.connection import async_client
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec, RunnerState
@@ -227,6 +228,15 @@ def run_up(settings: Settings, *, default_model: bool = True) -> int:
             supervisor.children.append(Child("billing", [sys.executable, "-m", "ebb", "billing"]))
         for child in supervisor.children:
             supervisor.start(child)
+        start_memory_reporter(
+            settings.redis_url or "",
+            "up",
+            others=lambda: (
+                [("redis", embedded.proc.pid)]
+                if embedded is not None and embedded.proc is not None
+                else []
+            ),
+        )
         started = ", ".join(c.name for c in supervisor.children)
         port = urlsplit(settings.redis_url or "").port
         redis_note = f"redis-server (port {port}), " if embedded is not None else ""

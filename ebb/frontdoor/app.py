@@ -34,6 +34,7 @@ from ebb.frontdoor import (
 from ebb.frontdoor.body import BodyGuard
 from ebb.frontdoor.errors_http import error_response, install_input_error_handlers
 from ebb.frontdoor.services import build_services
+from ebb.process_memory import start_memory_reporter
 from ebb.queue.connection import UNAVAILABLE_ERRORS
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI):
         services = build_services(settings)
         app.state.services = services
+        start_memory_reporter(settings.redis_url or "", "frontdoor")
         # Warm the tokenizers of existing deployments so first requests don't pay for it
         # (not when Redis is down: requests will wait for it, the warm-up need not).
         try:
