@@ -1,6 +1,7 @@
 """Admission at speed: what one frontdoor admits and refuses, through the fake engine.
 
     .venv/bin/python -m bench.admission [--clients 16 64 --requests 2000 --burst 200]
+                                        [--workers 2]
 
 Admitted: closed-loop clients send non-streamed chat requests (one output token) to a
 deployment with one ready fake runner (step 0 ms, 256 slots); requests/s end to end and
@@ -8,14 +9,22 @@ the latency each request saw (p50, p99). Refused: a burst of clients at once at 
 deployment whose queue is full (its runner is still loading), each answered 503 at once
 without waiting for the admission window; p50/p99 of those answers. The platform runs
 the test engines (EBB_TEST_ENGINES=1), on this machine's cores beside the load generator,
-so the numbers are for that whole machine.
+so the numbers are for that whole machine. Beside each rate, the CPU milliseconds each
+process (frontdoor, runner, redis, controller) spent per request: on a busy machine
+those move far less than wall-clock rates do.
+
+With `--workers N` the platform's frontdoor runs N processes (EBB_FRONTDOOR_WORKERS),
+and a second, single-process frontdoor on the same Redis is measured against it in the
+same run (admitted requests/s at the largest client count, alternated twice).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -30,7 +39,7 @@ from bench.serving import REPO
 
 sys.path.insert(0, str(REPO / "tests"))
 
-from support import Platform, deploy, deployment, temp_home, wait_until  # noqa: E402
+from support import Platform, deploy, deployment, free_port, temp_home, wait_until  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -151,19 +160,69 @@ def fill_queue(platform: Platform, depth: int) -> None:
         )
 
 
+def workers_vs_one(platform: Platform, workers: int, clients: int, requests: int) -> dict:
+    """Admitted requests/s through `platform` (EBB_FRONTDOOR_WORKERS=workers) and through
+    one more single-process frontdoor on the same Redis, alternated twice, same runner."""
+    port = free_port()
+    log = open(platform.home / "frontdoor-single.log", "wb")  # noqa: SIM115 - closed below
+    single = subprocess.Popen(
+        [sys.executable, "-m", "ebb", "frontdoor"],
+        env={
+            **platform.env(),
+            "EBB_PORT": str(port),
+            "EBB_FRONTDOOR_WORKERS": "1",
+            "EBB_REDIS_URL": json.loads((platform.home / "run.json").read_text())["redis_url"],
+        },
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
+    single_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _answers(single_url), 60, "the single-process frontdoor")
+        rates: dict[str, list[float]] = {"1": [], str(workers): []}
+        for _ in range(2):
+            for name, url in (("1", single_url), (str(workers), platform.base_url)):
+                row = asyncio.run(admitted(url, platform.admin_key, clients, requests))
+                rates[name].append(row["requests_per_s"])
+    finally:
+        single.terminate()
+        single.wait(timeout=60)
+        log.close()
+    best = {name: max(values) for name, values in rates.items()}
+    return {
+        "clients": clients,
+        "requests_per_s": rates,
+        "ratio": round(best[str(workers)] / best["1"], 2),
+    }
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthz", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--burst", type=int, default=200)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="EBB_FRONTDOOR_WORKERS; above 1, also compares against one process",
+    )
     args = parser.parse_args()
 
     platform = Platform(
         home=temp_home("ebb-bench-admission-"),
         redis_url=None,
-        env_extra={"EBB_TEST_ENGINES": "1"},
+        env_extra={"EBB_TEST_ENGINES": "1", "EBB_FRONTDOOR_WORKERS": str(args.workers)},
     ).start()
-    results: dict = {"admitted": [], "refused": None}
+    results: dict = {"workers": args.workers, "admitted": [], "refused": None}
     try:
         with platform.admin() as admin:
             deploy(admin, "fast", source="fake://m?step_ms=0", min_replicas=1, max_concurrency=256)
@@ -189,6 +248,10 @@ def main() -> None:
             platform, lambda: asyncio.run(refused(url, key, args.burst)), args.burst
         )
         results["refused"] = {**row, "cpu_ms_per_request": cpu}
+        if args.workers > 1:
+            results["workers_vs_one"] = workers_vs_one(
+                platform, args.workers, max(args.clients), args.requests
+            )
     finally:
         platform.stop()
     for row in results["admitted"]:
@@ -202,6 +265,11 @@ def main() -> None:
         f"refused, burst of {r['burst']}: {r['refused']} 503s (other {r['other']}), "
         f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, CPU ms/request {r['cpu_ms_per_request']}"
     )
+    if compared := results.get("workers_vs_one"):
+        print(
+            f"{args.workers} frontdoor processes vs 1, {compared['clients']} clients: "
+            f"{compared['requests_per_s']} req/s, best ratio {compared['ratio']}"
+        )
     save_results("admission", results)
 
 

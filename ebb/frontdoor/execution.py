@@ -85,14 +85,23 @@ class Executor:
         try:
             await self._queue.enqueue(work, admission_window_s=window_s, depth_limit=depth)
         except QueueFull as e:
-            raise await self._capacity_error(
-                spec,
-                f"The queue of {spec.name!r} is full ({depth} waiting); retry later.",
-                code="queue_full",
-            ) from e
+            raise await self._queue_full(spec, depth) from e
         reader = self._queue.events(work.request_id)
         await self._await_claim(work, spec, reader, window_s)
         return Running(work, reader, queued_s=time.monotonic() - started, spec=spec)
+
+    async def refuse_if_full(self, spec: DeploymentSpec, queued: int) -> None:
+        """CapacityError (503 queue_full) when `queued` requests already fill the queue."""
+        depth = spec.queue_depth_limit or self._settings.queue_depth_limit
+        if queued >= depth:
+            raise await self._queue_full(spec, depth)
+
+    async def _queue_full(self, spec: DeploymentSpec, depth: int) -> CapacityError:
+        return await self._capacity_error(
+            spec,
+            f"The queue of {spec.name!r} is full ({depth} waiting); retry later.",
+            code="queue_full",
+        )
 
     async def _await_claim(
         self, work: WorkItem, spec: DeploymentSpec, reader: EventReader, window_s: float

@@ -115,7 +115,7 @@ async def _serve_observed(
     request_id = observed.request_id
     body = _json_body(request)
     parsed = parse(body)
-    spec, status = await services.state.deployment_for_admission(parsed.model)
+    spec, status, depth = await services.state.deployment_for_admission(parsed.model)
     if spec is None:
         raise NotFound(
             f"The model {parsed.model!r} does not exist. GET /v1/models lists the deployed "
@@ -125,6 +125,9 @@ async def _serve_observed(
         )
     observed.deployment = spec.name
     require_generative(spec)
+    # A full queue refuses at once: no tokenizing, no enqueue attempt (enqueue.lua checks
+    # again, atomically, for requests that find room here).
+    await services.executor.refuse_if_full(spec, depth)
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     model = await services.catalog.info(spec, wait_s=window_s)
     prepared: Prepared = await _off_loop_if_long(

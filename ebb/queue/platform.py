@@ -67,15 +67,17 @@ class PlatformState:
 
     async def deployment_for_admission(
         self, name: str
-    ) -> tuple[DeploymentSpec | None, dict[str, str]]:
-        """The deployment's spec and its status (`deployment_status`), in one round trip:
-        what admitting a request to it needs to read before queueing."""
+    ) -> tuple[DeploymentSpec | None, dict[str, str], int]:
+        """The deployment's spec, its status (`deployment_status`) and how many requests
+        wait in its queue, in one round trip: what admitting a request to it reads before
+        queueing (a full queue is refused before any tokenizing)."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.hget(keys.DEPLOYMENTS, name)
         pipe.hgetall(keys.deployment_status(name))
-        raw, status = await pipe.execute()
+        pipe.zcard(keys.queue(name))
+        raw, status, depth = await pipe.execute()
         spec = msgspec.json.decode(raw, type=DeploymentSpec) if raw else None
-        return spec, {k.decode(): v.decode() for k, v in reply_hash(status).items()}
+        return spec, {k.decode(): v.decode() for k, v in reply_hash(status).items()}, depth
 
     async def list_deployments(self) -> list[DeploymentSpec]:
         raw = await self.redis.hgetall(keys.DEPLOYMENTS)
