@@ -64,6 +64,10 @@ def test_every_worker_serves_and_reports_its_memory(platform):
         assert row["pss_bytes"] is None or 0 < row["pss_bytes"] <= row["rss_bytes"], row
     [runner] = [r for r in rows if r["role"] == "runner"]
     assert runner["runner_id"].startswith("r")
+    shown = platform.cli("status")
+    assert shown.returncode == 0, shown.stderr
+    table = [line for line in shown.stdout.splitlines() if "frontdoor" in line and "│" in line]
+    assert len(table) >= WORKERS and "PSS MiB" in shown.stdout, shown.stdout
     for worker in workers:  # the frontdoor tokenizes without torch (nor transformers on it)
         maps = Path(f"/proc/{worker.pid}/maps").read_text()
         assert "libtorch" not in maps and "/transformers/" not in maps
