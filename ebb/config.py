@@ -77,6 +77,18 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = 1.0
     # Pre-warmed runner processes (libraries imported, no model) kept by the controller.
     prewarm: int = 1
+    # Pre-warmed stems per node pool on a cluster (replaces EBB_PREWARM when set), JSON:
+    # {"a100": {"stems": 2, "gpus": 1}, "cpu": 1}; a stem of a pool lands only on nodes
+    # labelled EBB_POOL_LABEL=<pool> (Kubernetes) or having the resource <pool> (Ray).
+    stem_pools: str = ""
+    pool_label: str = "ebb.io/pool"
+    # The node this process runs on, as placement names it (a pod's spec.nodeName through
+    # the downward API); unset: the host name.
+    node_name: str = ""
+    # `ebb prefetch` (one per node): how often it re-reads the deployments, and whether it
+    # also keeps the node's ebb.io/cached-sources annotation (in-cluster credentials).
+    prefetch_interval_s: float = 10.0
+    prefetch_annotate_node: bool = False
     # Fork runners from one process that imported the engine once (else each imports it).
     fork_server: bool = True
     # Upper bound on `n` (choices per request).
@@ -226,6 +238,14 @@ class Settings(BaseSettings):
     def _launcher_known(cls, value: str) -> str:
         if value not in ("local", "kubernetes", "ray"):
             raise ValueError("EBB_LAUNCHER must be local, kubernetes or ray")
+        return value
+
+    @field_validator("stem_pools")
+    @classmethod
+    def _stem_pools_parse(cls, value: str) -> str:
+        from ebb.coldstart.stem_pools import parse_stem_pools
+
+        parse_stem_pools(value, prewarm=0)  # raises ValueError saying what to change
         return value
 
     @field_validator("webhook_allowed_cidrs")

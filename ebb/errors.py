@@ -56,6 +56,13 @@ class PermissionDenied(EbbError):
     code = "permission_denied"
 
 
+class QuotaExceeded(PermissionDenied):
+    """A tenant's change would pass a quota the admin set. 403, not 429: waiting does not
+    help (and clients retry a 429 by themselves); deleting something or a raised quota does."""
+
+    code = "quota_exceeded"
+
+
 class NotFound(EbbError):
     status_code = 404
     error_type = "invalid_request_error"

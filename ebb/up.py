@@ -26,7 +26,9 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn
 
-from ebb.coldstart.launcher import WarmState, child_environment
+from ebb.coldstart.launcher import child_environment
+from ebb.coldstart.stem_pools import stems_wanted
+from ebb.coldstart.tiers import WarmState
 from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE, Settings
 from ebb.home import resolve_admin_key, write_run_info
 from ebb.process_memory import start_memory_reporter
@@ -163,7 +165,8 @@ async def _readiness(settings: Settings, default_model: bool, answering: bool) -
         await state.redis.aclose()
     stems = sum(r.state is RunnerState.PREWARMED and not r.deployment for r in runners)
     warm_done = not settings.fork_server or fork_server == WarmState.READY
-    return _Readiness(answering, stems >= settings.prewarm, warm_done, weights)
+    wanted = stems_wanted(settings.stem_pools, prewarm=settings.prewarm)
+    return _Readiness(answering, stems >= wanted, warm_done, weights)
 
 
 def _wait_ready(

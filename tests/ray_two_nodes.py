@@ -136,6 +136,9 @@ def main() -> int:
         real = "--real-engine" in sys.argv
         if real:  # the weights the test session converted once; no engine from a hub
             env["EBB_WEIGHTS_CACHE_DIR"] = str(TEST_WEIGHTS_DIR)
+            # A pre-warmed stem: an actor on the worker node (what runners ask for) that
+            # imported the engine and waits for an assignment; `ebb up` is ready once it does.
+            env["EBB_PREWARM"] = "1"
         platform = Platform(home=home / "ebb", redis_url=None, env_extra=env).start()
         print(f"ray cluster and ebb up in {time.monotonic() - t0:.1f}s")
         print(
@@ -157,6 +160,7 @@ def main() -> int:
 
 
 def check_the_real_engine_answers_from_the_worker(platform, admin, worker) -> None:
+    """The pre-warmed stem (a Ray actor on the worker) becomes the deployment's runner."""
     deploy(admin, "remote-real", DEFAULT_MODEL_SOURCE, idle_timeout_s=2)
     wait_for_weights(admin, "remote-real")
     t = time.monotonic()
@@ -167,6 +171,7 @@ def check_the_real_engine_answers_from_the_worker(platform, admin, worker) -> No
     assert "Paris" in (reply.choices[0].message.content or ""), reply
     [runner] = deployment(admin, "remote-real")["runners"]
     assert _sid(runner["pid"]) == worker.pid, "the runner runs on the worker node"
+    assert runner["tier"] == "prewarmed", "the stem actor waiting on the worker answered"
     wait_until(lambda: runner_of(admin, "remote-real", "exited"), 120, "the runner to drain")
 
 

@@ -8,6 +8,7 @@ import time
 import typer
 from rich.table import Table
 
+from ebb.billing.pricing import format_micros
 from ebb.cli.api import Api, JsonOpt, console, print_json
 
 REPLICA_STATES = ("prewarmed", "loading", "ready", "draining")
@@ -49,6 +50,73 @@ def _runners_table(runners: list[dict]) -> Table:
     return table
 
 
+# The spec's fields in the order shown; anything else the API adds (a field newer than
+# this list) is shown after them, so the whole configuration is always on screen.
+_CONFIG_ORDER = (
+    "source",
+    "owner",
+    "visibility",
+    "shared_with",
+    "min_replicas",
+    "max_replicas",
+    "idle_timeout_s",
+    "max_concurrency",
+    "queue_depth_limit",
+    "admission_timeout_s",
+    "max_model_len",
+    "price_per_1m_input_tokens_micros",
+    "price_per_1m_output_tokens_micros",
+    "price_per_gpu_second_micros",
+    "engine",
+    "serving",
+    "created_at_s",
+)
+# The view's runtime state, shown in tables of its own.
+_RUNTIME = {
+    "object",
+    "name",
+    "status",
+    "replicas",
+    "queue_depth",
+    "job_queue_depth",
+    "oldest_wait_s",
+    "weights_progress",
+    "error",
+    "error_log",
+    "cold_start_ms",
+    "runners",
+}
+
+
+def _config_value(key: str, value: object) -> str:
+    if value is None:
+        return "default"
+    if key == "created_at_s" and isinstance(value, int | float):
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+    if key.startswith("price_") and isinstance(value, int):
+        return format_micros(value)
+    if isinstance(value, dict):
+        parts = []
+        for k, v in value.items():
+            if k == "chat_template" and v:
+                v = f"<{len(v)} characters>"
+            parts.append(f"{k} {'default' if v is None or v == '' else v}")
+        return " · ".join(parts)
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "—"
+    return str(value)
+
+
+def _config_table(d: dict) -> Table:
+    """Every configuration field of the view (a tenant's view has fewer)."""
+    table = Table("setting", "value", title="configuration")
+    keys = [k for k in _CONFIG_ORDER if k in d]
+    keys += [k for k in d if k not in _RUNTIME and k not in keys]
+    for key in keys:
+        table.add_row(key, _config_value(key, d[key]))
+    return table
+
+
 def show_deployment(name: str, as_json: bool = JsonOpt) -> None:
     """One deployment: replicas, cold starts, runners with their last log lines, errors."""
     d = Api().call("GET", f"/v1/deployments/{name}")
@@ -56,16 +124,7 @@ def show_deployment(name: str, as_json: bool = JsonOpt) -> None:
         print_json(d)
         return
     console.print(f"[bold]{d['name']}[/]  {d['status']}")
-    console.print(
-        f"source {d.get('source', '—')} · replicas {d['min_replicas']}–{d['max_replicas']} · "
-        f"idle timeout {d['idle_timeout_s']:g} s · weights {d['weights']}"
-    )
-    engine = {k: v for k, v in (d.get("engine") or {}).items() if v is not None}
-    if engine or d.get("max_model_len"):
-        options = [f"{k} {v}" for k, v in engine.items()]
-        if d.get("max_model_len"):
-            options.insert(0, f"max_model_len {d['max_model_len']}")
-        console.print("engine " + " · ".join(options))
+    console.print(_config_table(d))
     console.print(_replicas_table(d))
     if d["cold_start_ms"]:
         console.print(_cold_start_table(d))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 from rich.table import Table
 
+from ebb.cli import deployment_options as opts
 from ebb.cli.api import EXIT_USAGE, Api, JsonOpt, console, err_console, print_json
 from ebb.cli.weights import print_cache, wait_for_weights
 
@@ -34,77 +37,142 @@ def _deployments_table(rows: list[dict]) -> Table:
 def deploy(
     name: str = typer.Argument(..., help="Deployment name, used as the API's model name."),
     source: str = typer.Option(..., "--source", help="Weights URI: gguf:PKG/FILE, a path, ..."),
-    min_replicas: int = typer.Option(0, "--min", help="Runners kept even when idle."),
-    max_replicas: int = typer.Option(1, "--max", help="Most runners at once."),
-    idle_timeout: float = typer.Option(
-        60.0, "--idle-timeout", help="Seconds idle before a runner drains."
-    ),
+    min_replicas: int | None = opts.MinOpt,
+    max_replicas: int | None = opts.MaxOpt,
+    idle_timeout: float | None = opts.IdleOpt,
     wait: bool = typer.Option(True, help="Wait until the weights are in the cache."),
-    dtype: str | None = typer.Option(None, help="auto, float16, bfloat16 or float32."),
-    quantization: str | None = typer.Option(None, help="A vLLM method: awq, gptq, fp8, ..."),
-    max_model_len: int | None = typer.Option(None, help="Context length (default: the model's)."),
-    max_num_seqs: int | None = typer.Option(None, help="Sequences the engine batches at once."),
-    tensor_parallel_size: int | None = typer.Option(
-        None, "--tensor-parallel-size", "--tp", help="GPUs of one host per runner."
-    ),
-    prefix_caching: bool | None = typer.Option(
-        None, "--prefix-caching/--no-prefix-caching", help="vLLM's automatic prefix caching."
-    ),
-    gpu_memory_gib: float | None = typer.Option(
-        None, help="The runner's GPU memory, instead of the estimate."
-    ),
-    enforce_eager: bool | None = typer.Option(
-        None, "--enforce-eager/--cuda-graphs", help="Eager mode, or CUDA graphs (GPUs)."
-    ),
+    max_concurrency: int | None = opts.ConcurrencyOpt,
+    queue_depth_limit: int | None = opts.QueueDepthOpt,
+    admission_timeout: float | None = opts.AdmissionOpt,
+    max_model_len: int | None = opts.MaxModelLenOpt,
+    dtype: str | None = opts.DtypeOpt,
+    quantization: str | None = opts.QuantizationOpt,
+    max_num_seqs: int | None = opts.MaxNumSeqsOpt,
+    tensor_parallel_size: int | None = opts.TpOpt,
+    prefix_caching: bool | None = opts.PrefixCachingOpt,
+    gpu_memory_gib: float | None = opts.GpuMemoryOpt,
+    enforce_eager: bool | None = opts.EagerOpt,
+    tool_parser: str | None = opts.ToolParserOpt,
+    chat_template: str | None = opts.ChatTemplateOpt,
+    chat_template_file: Path | None = opts.ChatTemplateFileOpt,
+    task: str | None = opts.TaskOpt,
+    batch_discount: int | None = opts.BatchDiscountOpt,
+    owner: str | None = opts.OwnerOpt,
+    input_price: str | None = opts.InputPriceOpt,
+    output_price: str | None = opts.OutputPriceOpt,
+    gpu_second_price: str | None = opts.GpuSecondPriceOpt,
+    visibility: str | None = opts.VisibilityOpt,
+    share_with: list[str] | None = opts.ShareWithOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Deploy a model; its weights are prefetched so the first cold start is a cache hit."""
-    engine = {
-        "dtype": dtype,
-        "quantization": quantization,
-        "max_num_seqs": max_num_seqs,
-        "tensor_parallel_size": tensor_parallel_size,
-        "enable_prefix_caching": prefix_caching,
-        "gpu_memory_gib": gpu_memory_gib,
-        "enforce_eager": enforce_eager,
-    }
+    """Deploy a model; its weights are prefetched so the first cold start is a cache hit.
+
+    Every field of POST /v1/deployments has an option (unset: the platform's default). A
+    tenant key deploys its own, within its quota; prices and sharing are the admin's.
+    """
     fields = {
         "name": name,
         "source": source,
         "min_replicas": min_replicas,
         "max_replicas": max_replicas,
         "idle_timeout_s": idle_timeout,
+        "max_concurrency": max_concurrency,
+        "queue_depth_limit": queue_depth_limit,
+        "admission_timeout_s": admission_timeout,
         "max_model_len": max_model_len,
-        "engine": {k: v for k, v in engine.items() if v is not None},
+        "owner": owner,
+        "visibility": visibility,
+        "shared_with": share_with,
+        **opts.price_fields(
+            input_price,
+            output_price,
+            gpu_second_price,
+            ("--input-price", "--output-price", "--gpu-second-price"),
+        ),
     }
-    api = Api()
-    body = api.call(
-        "POST", "/v1/deployments", json={k: v for k, v in fields.items() if v is not None}
+    body = opts.deployment_body(
+        fields,
+        engine=opts.engine_body(
+            dtype=dtype,
+            quantization=quantization,
+            max_num_seqs=max_num_seqs,
+            tensor_parallel_size=tensor_parallel_size,
+            enable_prefix_caching=prefix_caching,
+            gpu_memory_gib=gpu_memory_gib,
+            enforce_eager=enforce_eager,
+        ),
+        serving=opts.serving_body(
+            tool_parser=tool_parser,
+            chat_template=chat_template,
+            chat_template_file=chat_template_file,
+            task=task,
+            batch_discount=batch_discount,
+        ),
     )
+    api = Api()
+    answer = api.call("POST", "/v1/deployments", json=body)
     if wait:
-        body = wait_for_weights(api, name)
+        answer = wait_for_weights(api, name)
     if as_json:
-        print_json(body)
+        print_json(answer)
     else:
-        console.print(f"deployed [bold]{name}[/] ({body['status']}); call it as model={name!r}")
+        console.print(f"deployed [bold]{name}[/] ({answer['status']}); call it as model={name!r}")
 
 
 def scale(
     name: str,
-    min_replicas: int | None = typer.Option(None, "--min"),
-    max_replicas: int | None = typer.Option(None, "--max"),
-    idle_timeout: float | None = typer.Option(None, "--idle-timeout"),
+    min_replicas: int | None = opts.MinOpt,
+    max_replicas: int | None = opts.MaxOpt,
+    idle_timeout: float | None = opts.IdleOpt,
+    max_concurrency: int | None = opts.ConcurrencyOpt,
+    queue_depth_limit: int | None = opts.QueueDepthOpt,
+    admission_timeout: float | None = opts.AdmissionOpt,
+    max_model_len: int | None = opts.MaxModelLenOpt,
+    dtype: str | None = opts.DtypeOpt,
+    quantization: str | None = opts.QuantizationOpt,
+    max_num_seqs: int | None = opts.MaxNumSeqsOpt,
+    tensor_parallel_size: int | None = opts.TpOpt,
+    prefix_caching: bool | None = opts.PrefixCachingOpt,
+    gpu_memory_gib: float | None = opts.GpuMemoryOpt,
+    enforce_eager: bool | None = opts.EagerOpt,
+    tool_parser: str | None = opts.ToolParserOpt,
+    chat_template: str | None = opts.ChatTemplateOpt,
+    chat_template_file: Path | None = opts.ChatTemplateFileOpt,
+    task: str | None = opts.TaskOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Change a deployment's replica bounds or idle timeout."""
-    patch = {
+    """Change a deployment's scaling, queue and admission limits, engine or serving
+    options (prices and owner: 'ebb price'; sharing: 'ebb deployments share')."""
+    fields = {
         "min_replicas": min_replicas,
         "max_replicas": max_replicas,
         "idle_timeout_s": idle_timeout,
+        "max_concurrency": max_concurrency,
+        "queue_depth_limit": queue_depth_limit,
+        "admission_timeout_s": admission_timeout,
+        "max_model_len": max_model_len,
     }
-    changes = {k: v for k, v in patch.items() if v is not None}
+    changes = opts.deployment_body(
+        fields,
+        engine=opts.engine_body(
+            dtype=dtype,
+            quantization=quantization,
+            max_num_seqs=max_num_seqs,
+            tensor_parallel_size=tensor_parallel_size,
+            enable_prefix_caching=prefix_caching,
+            gpu_memory_gib=gpu_memory_gib,
+            enforce_eager=enforce_eager,
+        ),
+        serving=opts.serving_body(
+            tool_parser=tool_parser,
+            chat_template=chat_template,
+            chat_template_file=chat_template_file,
+            task=task,
+            batch_discount=None,
+        ),
+    )
     if not changes:
-        err_console.print("nothing to change: pass --min, --max or --idle-timeout")
+        err_console.print("nothing to change: pass --min, --max, --idle-timeout or another option")
         raise typer.Exit(EXIT_USAGE)
     body = Api().call("PATCH", f"/v1/deployments/{name}", json=changes)
     if as_json:
@@ -123,6 +191,34 @@ def deployments(ctx: typer.Context, as_json: bool = JsonOpt) -> None:
         print_json(body)
     else:
         console.print(_deployments_table(body["data"]))
+
+
+@deployments_app.command("share")
+def share_deployment(
+    name: str,
+    tenants: list[str] | None = typer.Option(
+        None, "--tenant", help="A tenant that may call it (repeat; replaces the list)."
+    ),
+    public: bool = typer.Option(False, "--public", help="Every tenant may call it."),
+    private: bool = typer.Option(False, "--private", help="Only its owner and --tenant."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Who besides its owner may see and call a deployment (the admin's)."""
+    if public and private:
+        raise typer.BadParameter("give --public or --private, not both")
+    patch: dict[str, object] = {}
+    if tenants is not None:
+        patch["shared_with"] = [t for t in tenants if t]  # --tenant '' clears the list
+    if public or private:
+        patch["visibility"] = "public" if public else "private"
+    if not patch:
+        raise typer.BadParameter("give --tenant, --public or --private")
+    body = Api().call("PATCH", f"/v1/deployments/{name}", json=patch)
+    if as_json:
+        print_json(body)
+        return
+    shared = ", ".join(body["shared_with"]) or "no other tenant"
+    console.print(f"{name}: {body['visibility']}; shared with {shared}")
 
 
 @deployments_app.command("rm", hidden=True)  # the old word for `delete`, kept for scripts

@@ -40,24 +40,47 @@ def _jobs_table(rows: list[dict]) -> Table:
     return table
 
 
+StatusOpt = typer.Option(None, help="Only jobs in this status (queued, running, succeeded, ...).")
+ModelOpt = typer.Option(None, help="Only jobs for this deployment.")
+TenantOpt = typer.Option(None, help="This tenant's jobs (the admin; default: the key's own).")
+LimitOpt = typer.Option(20, min=1, max=100, help="How many, newest first.")
+AfterOpt = typer.Option(None, help="Older than this job id (the previous page's last).")
+
+
 @jobs_app.callback()
 def jobs(
     ctx: typer.Context,
-    status: str | None = typer.Option(None, help="Only jobs in this status."),
-    limit: int = typer.Option(20, help="How many, newest first."),
+    status: str | None = StatusOpt,
+    model: str | None = ModelOpt,
+    tenant: str | None = TenantOpt,
+    limit: int = LimitOpt,
+    after: str | None = AfterOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """List your jobs, newest first."""
+    """List your jobs, newest first (the same as 'ebb jobs list')."""
     if ctx.invoked_subcommand is not None:
         return
-    params: dict[str, object] = {"limit": limit}
-    if status:
-        params["status"] = status
-    body = Api().call("GET", "/v1/jobs", params=params)
+    jobs_list(status, model, tenant, limit, after, as_json)
+
+
+@jobs_app.command("list")
+def jobs_list(
+    status: str | None = StatusOpt,
+    model: str | None = ModelOpt,
+    tenant: str | None = TenantOpt,
+    limit: int = LimitOpt,
+    after: str | None = AfterOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """List jobs, newest first, filtered by status, model or (admin) tenant."""
+    params = {"status": status, "model": model, "tenant": tenant, "limit": limit, "after": after}
+    body = Api().call("GET", "/v1/jobs", params={k: v for k, v in params.items() if v})
     if as_json:
         print_json(body)
-    else:
-        console.print(_jobs_table(body["data"]))
+        return
+    console.print(_jobs_table(body["data"]))
+    if body["has_more"]:
+        console.print(f"more: ebb jobs list --after {body['last_id']}")
 
 
 @jobs_app.command("show")
@@ -120,15 +143,17 @@ def secret(
     overlap: float | None = typer.Option(
         None, "--overlap", help="Seconds the old secret stays valid after --rotate."
     ),
+    tenant: str | None = typer.Option(None, help="This tenant's secret (the admin)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """The webhook signing secret (whsec_...) that verifies your deliveries."""
     api = Api()
+    params = {"tenant": tenant} if tenant else {}
     if rotate:
         body = {} if overlap is None else {"overlap_s": overlap}
-        answer = api.call("POST", "/v1/webhooks/secret/rotate", json=body)
+        answer = api.call("POST", "/v1/webhooks/secret/rotate", json=body, params=params)
     else:
-        answer = api.call("GET", "/v1/webhooks/secret")
+        answer = api.call("GET", "/v1/webhooks/secret", params=params)
     if as_json:
         print_json(answer)
         return

@@ -11,6 +11,7 @@ from ebb.cli.deployments import deploy, deployments_app, scale, status
 from ebb.cli.jobs import jobs_app
 from ebb.cli.keys import keys_app
 from ebb.cli.logs import logs
+from ebb.cli.tenants import tenants_app
 from ebb.cli.usage import price, usage_app
 from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
@@ -26,6 +27,7 @@ app.add_typer(deployments_app, name="deployments")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(batches_app, name="batches")
 app.add_typer(usage_app, name="usage")
+app.add_typer(tenants_app, name="tenants")
 for command in (deploy, scale, status, price, chat, logs):
     app.command()(command)
 deployments_app.command("show")(show_deployment)
@@ -150,6 +152,27 @@ def prepare(source: str = typer.Argument(...)) -> None:
     _logging()
     exit_when_orphaned()
     raise typer.Exit(run_preparation(source, Settings().weights_dir))
+
+
+@app.command(hidden=True)
+def prefetch() -> None:
+    """Keep this node's weight cache warm for the deployments and publish what it holds
+    (one per node: a DaemonSet on Kubernetes). Stops on SIGTERM."""
+    import signal
+    import threading
+
+    from ebb.coldstart.prefetch import Prefetcher, node_annotator, node_name
+    from ebb.queue.connection import sync_client
+
+    _logging("prefetch")
+    settings = Settings()
+    client = sync_client(settings.platform_redis_url("ebb prefetch"))
+    annotate = node_annotator(node_name(settings)) if settings.prefetch_annotate_node else None
+    prefetcher = Prefetcher(settings, client, annotate=annotate)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    prefetcher.run(stop)
 
 
 @app.command("fork-server", hidden=True)

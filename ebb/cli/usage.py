@@ -5,8 +5,9 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from ebb.billing.pricing import format_micros, parse_money
+from ebb.billing.pricing import format_micros
 from ebb.cli.api import Api, JsonOpt, console, err_console, print_json
+from ebb.cli.deployment_options import BatchDiscountOpt, price_fields
 
 # `ebb usage reconcile` found the aggregates disagreeing with the raw records.
 EXIT_DRIFT = 4
@@ -104,23 +105,21 @@ def price(
     ),
     gpu_second: str | None = typer.Option(None, "--gpu-second", help="Per GPU-second."),
     owner: str | None = typer.Option(None, help="The tenant billed for its GPU time."),
+    batch_discount: int | None = BatchDiscountOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Set a deployment's prices (decimal amounts, exact to a micro-unit) or owner."""
-    prices = {
-        "price_per_1m_input_tokens_micros": (input_price, "--input"),
-        "price_per_1m_output_tokens_micros": (output_price, "--output"),
-        "price_per_gpu_second_micros": (gpu_second, "--gpu-second"),
-    }
+    """Set a deployment's prices (decimal amounts, exact to a micro-unit), Batch API
+    discount or owner (the admin's)."""
     patch: dict[str, object] = {"owner": owner} if owner else {}
-    try:
-        for field, (text, option) in prices.items():
-            if text is not None:
-                patch[field] = parse_money(text, option)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from e
+    patch.update(
+        price_fields(input_price, output_price, gpu_second, ("--input", "--output", "--gpu-second"))
+    )
+    if batch_discount is not None:
+        patch["serving"] = {"batch_discount_pct": batch_discount}
     if not patch:
-        raise typer.BadParameter("give at least one of --input, --output, --gpu-second, --owner")
+        raise typer.BadParameter(
+            "give at least one of --input, --output, --gpu-second, --owner, --batch-discount"
+        )
     body = Api().call("PATCH", f"/v1/deployments/{name}", json=patch)
     if as_json:
         print_json(body)
@@ -128,6 +127,6 @@ def price(
     console.print(
         f"{name}: {format_micros(body['price_per_1m_input_tokens_micros'])} per 1M input tokens, "
         f"{format_micros(body['price_per_1m_output_tokens_micros'])} per 1M output tokens, "
-        f"{format_micros(body['price_per_gpu_second_micros'])} per GPU-second; GPU time billed "
-        f"to {body['owner']}"
+        f"{format_micros(body['price_per_gpu_second_micros'])} per GPU-second, batch "
+        f"{body['serving']['batch_discount_pct']} % off; GPU time billed to {body['owner']}"
     )

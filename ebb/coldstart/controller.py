@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -37,11 +38,13 @@ import msgspec
 from ebb.billing.gpu import meter_for
 from ebb.coldstart.clock import SYSTEM_CLOCK, Clock
 from ebb.coldstart.fork_client import Exit
-from ebb.coldstart.launcher import Launcher, NoWarmStarts, WarmStarts, WarmState
+from ebb.coldstart.launcher import Launcher, NoWarmStarts, PoolLauncher, WarmStarts
 from ebb.coldstart.leader import AlwaysLeader, Leadership
+from ebb.coldstart.placement import rank_stems
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
 from ebb.coldstart.state import ControllerState
-from ebb.coldstart.tiers import Tier, launch_tier
+from ebb.coldstart.stem_pools import DEFAULT_POOL, StemPool, parse_stem_pools, runner_gpus
+from ebb.coldstart.tiers import Tier, WarmState, launch_tier
 from ebb.config import Settings
 from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.metering import LAST_SIGN_OF_LIFE, EndField, GpuMeter
@@ -114,12 +117,25 @@ class Controller:
         self._leader = leader or AlwaysLeader()
         self._term = 0  # the leadership term whose runners were last adopted
         self._heartbeats_ms: dict[str, int] = {}  # runner id -> last heartbeat, as last read
+        self._records: list[RunnerRecord] = []  # live runners, as this reconcile read them
+        self._pools = {
+            p.name: p for p in parse_stem_pools(settings.stem_pools, prewarm=settings.prewarm)
+        }
+        if set(self._pools) - {DEFAULT_POOL} and not isinstance(launcher, PoolLauncher):
+            raise ValueError(
+                "EBB_STEM_POOLS names node pools, which only a cluster launcher has: set "
+                "EBB_LAUNCHER=kubernetes or ray, or use EBB_PREWARM on one host"
+            )
+        self._default_gpus = default_runner_gpus(settings)
 
     def stop(self) -> None:
         self._stopping.set()
 
     async def run(self) -> None:
-        log.info("coldstart: controller up (prewarm=%d)", self._settings.prewarm)
+        log.info(
+            "coldstart: controller up (stems per pool: %s)",
+            {p.name or "default": p.stems for p in self._pools.values()},
+        )
         next_reconcile = 0.0
         tick_s = min(self._settings.controller_poll_s, _REAP_INTERVAL_S)
         while not self._stopping.is_set():
@@ -201,6 +217,7 @@ class Controller:
         records = await self._state.runners()
         self._heartbeats_ms = {r.runner_id: r.heartbeat_ms for r in records}
         runners = await self._collect_exits(records)
+        self._records = runners
         await self._publish_fork_server_state()
         specs = await self._state.list_deployments()
         if self._gpus is not None:
@@ -336,7 +353,7 @@ class Controller:
             if not reservation.launch:
                 return False
             placement = reservation.placement
-        while (stem := await self._state.take_stem()) is not None:
+        while (stem := await self._take_stem(spec)) is not None:
             if self._alive(stem):
                 if self._gpus is not None:
                     await self._gpus.commit(stem, placement)
@@ -354,6 +371,20 @@ class Controller:
         await self._launch(deployment, tier, placement)
         return True
 
+    async def _take_stem(self, spec: DeploymentSpec) -> str | None:
+        """The best waiting stem for `spec` (`placement.rank_stems`: on a node holding its
+        weights, from a pool with its GPUs), out of the pool."""
+        waiting = [r for r in self._records if r.state is RunnerState.PREWARMED]
+        if not waiting:
+            return None
+        cached = await self._state.node_caches() if any(r.node for r in waiting) else {}
+        gpus = runner_gpus(spec, self._default_gpus)
+        ranked = rank_stems(waiting, self._pools, spec.source, gpus, cached)
+        stem = await self._state.take_stem(ranked)
+        if stem is not None:
+            self._records = [r for r in self._records if r.runner_id != stem]
+        return stem
+
     async def _refill_pool(self, runners: list[RunnerRecord]) -> None:
         # A new stem's imports compete for the same cores as a model that is loading to
         # serve a waiting request: refill only once no runner is starting for real work.
@@ -363,15 +394,23 @@ class Controller:
         # would import the engine a second time, on the same cores.
         if self._warm.warm_state() is WarmState.STARTING:
             return
-        stems = sum(
-            r.deployment == "" and r.state in (RunnerState.STARTING, RunnerState.PREWARMED)
-            for r in runners
-        )
-        for _ in range(self._settings.prewarm - stems):
-            await self._launch(None, Tier.PREWARMED)
+        for pool in self._pools.values():
+            stems = sum(
+                r.deployment == ""
+                and r.pool == pool.name
+                and r.state in (RunnerState.STARTING, RunnerState.PREWARMED)
+                for r in runners
+            )
+            for _ in range(pool.stems - stems):
+                await self._launch(None, Tier.PREWARMED, pool=pool)
 
     async def _launch(
-        self, deployment: str | None, tier: Tier, placement: GpuPlacement | None = None
+        self,
+        deployment: str | None,
+        tier: Tier,
+        placement: GpuPlacement | None = None,
+        *,
+        pool: StemPool | None = None,
     ) -> None:
         if not self._leader.leading():
             # The lease ran out during this pass: the next leader decides, from Redis.
@@ -386,8 +425,27 @@ class Controller:
                 deployment=deployment or "",
                 tier=tier,
                 launched_ms=self._now_ms(),
+                pool=pool.name if pool else "",
             )
         )
         if self._gpus is not None:
             await self._gpus.commit(runner_id, placement)
-        self._launcher.launch(runner_id, deployment, tier)
+        if (
+            pool is not None
+            and pool.name != DEFAULT_POOL
+            and isinstance(self._launcher, PoolLauncher)
+        ):
+            self._launcher.launch_stem(runner_id, pool)
+        else:
+            self._launcher.launch(runner_id, deployment, tier)
+
+
+def default_runner_gpus(settings: Settings) -> int:
+    """The GPUs a runner asks its node for when its deployment's engine does not say
+    (tensor parallel size): the cluster launcher's setting; none locally, where GPU
+    placement picks devices itself."""
+    if settings.launcher == "kubernetes":
+        return settings.k8s_gpus_per_runner
+    if settings.launcher == "ray":
+        return math.ceil(settings.ray_gpus_per_runner)
+    return 0

@@ -2,8 +2,9 @@
 
 Before the controller starts a runner for a deployment (a fresh or forked process, or a
 stem from the pool) it asks `reserve`: on a host with GPUs, placement (`placement.place`)
-picks the devices from the inventories and the placements of live runners, and the
-runner's `GpuPlacement` is written before the runner can read it (`commit`). When nothing
+picks the devices from the inventories and the placements of live runners (on a host
+whose prefetcher says it holds the weights first), and the runner's `GpuPlacement` is
+written before the runner can read it (`commit`). When nothing
 fits, the deployment's status says `unschedulable` with the numbers, and the frontdoor
 answers its requests with a 503 that says so; every reconcile checks again (`recheck`)
 and clears it once a device has room. On hosts without GPUs nothing changes: runners
@@ -89,12 +90,14 @@ class GpuPlacer:
             # Asked again every reconcile until the preparer has published them.
             log.debug("coldstart: %s waits for its weights before it can be placed", spec.name)
             return HOLD
+        caches = await self._state.node_caches()
         result = place(
             need,
             self._inventories,
             await self._held(),
             tensor_parallel_size=spec.engine.tensor_parallel_size,
             deployment=spec.name,
+            holding={node for node, sources in caches.items() if spec.source in sources},
         )
         if isinstance(result, Refused):
             await self._mark(spec.name, result.reason)

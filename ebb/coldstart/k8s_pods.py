@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ebb.coldstart.nodes import Placement
+from ebb.coldstart.placement import Placement
 from ebb.coldstart.tiers import Tier
 
 RUNNER_APP = "ebb-runner"
@@ -24,7 +24,10 @@ LABEL_APP = "app.kubernetes.io/name"
 LABEL_PLATFORM = "app.kubernetes.io/instance"
 LABEL_RUNNER = "ebb.io/runner-id"
 LABEL_TIER = "ebb.io/tier"
+LABEL_POOL = "ebb.io/pool"  # on a stem pod: the node pool it waits in
 ANNOTATION_DEPLOYMENT = "ebb.io/deployment"  # names are not all valid label values
+# Node annotation a node's prefetcher keeps (`ebb prefetch`): JSON list of cached sources.
+CACHED_SOURCES_ANNOTATION = "ebb.io/cached-sources"
 WEIGHTS_MOUNT = "/var/lib/ebb/weights"
 READY_FILE = "/tmp/ebb/ready"
 
@@ -55,6 +58,8 @@ class PodTemplate:
     memory: str = "4Gi"
     drain_grace_s: int = 60
     node_selector: dict[str, str] = field(default_factory=dict)
+    # The node label naming a node's pool: a stem of pool P runs only where it says P.
+    pool_label: str = "ebb.io/pool"
 
 
 def pod_name(runner_id: str) -> str:
@@ -73,9 +78,11 @@ def runner_pod(
     *,
     gpus: int,
     placement: Placement,
+    pool: str = "",
 ) -> dict[str, Any]:
     """The Pod for one runner; `placement.node`, when set, is preferred, not required
-    (the scheduler may still place it elsewhere rather than leave it pending)."""
+    (the scheduler may still place it elsewhere rather than leave it pending). A stem of
+    a node `pool` is required on that pool's nodes (`template.pool_label`)."""
     args = ["-m", "ebb", "runner", "--runner-id", runner_id, "--tier", str(tier)]
     if deployment is not None:
         args += ["--deployment", deployment]
@@ -99,6 +106,10 @@ def runner_pod(
                     {"name": "EBB_RUNNER_READY_FILE", "value": READY_FILE},
                     {"name": "EBB_WEIGHTS_CACHE_DIR", "value": WEIGHTS_MOUNT},
                     {"name": "EBB_RUNNER_LAUNCHED_MS", "value": str(int(time.time() * 1000))},
+                    {
+                        "name": "EBB_NODE_NAME",
+                        "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+                    },
                 ],
                 "envFrom": [{"secretRef": {"name": template.env_secret}}],
                 "resources": resources,
@@ -121,22 +132,28 @@ def runner_pod(
             {"name": "tmp", "emptyDir": {}},
         ],
     }
-    if template.node_selector:
-        spec["nodeSelector"] = dict(template.node_selector)
+    selector = dict(template.node_selector)
+    if pool:
+        selector[template.pool_label] = pool
+    if selector:
+        spec["nodeSelector"] = selector
     if placement.node:
         spec["affinity"] = _prefer_node(placement.node)
+    labels = {
+        LABEL_APP: RUNNER_APP,
+        LABEL_PLATFORM: template.platform,
+        LABEL_RUNNER: runner_id,
+        LABEL_TIER: str(tier),
+    }
+    if pool:
+        labels[LABEL_POOL] = pool
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": pod_name(runner_id),
             "namespace": template.namespace,
-            "labels": {
-                LABEL_APP: RUNNER_APP,
-                LABEL_PLATFORM: template.platform,
-                LABEL_RUNNER: runner_id,
-                LABEL_TIER: str(tier),
-            },
+            "labels": labels,
             "annotations": {ANNOTATION_DEPLOYMENT: deployment or ""},
         },
         "spec": spec,

@@ -1,6 +1,6 @@
 """Runners as Kubernetes Pods, through the official `kubernetes` client (`ebb[k8s]`).
 
-A `Launcher` and the placement contract (`nodes.py`): `launch_on` creates the runner's
+A `Launcher` and the placement contract (`placement.py`): `launch_on` creates the runner's
 Pod (`k8s_pods.runner_pod`), preferring the node placement chose; `poll` reports each
 runner's end exactly once — a container that exited, or a pod that will never start
 (an image that cannot be pulled, no node that fits it for `unschedulable_after_s`, an
@@ -30,6 +30,7 @@ from urllib3.exceptions import ReadTimeoutError
 
 from ebb.coldstart.fork_client import Exit
 from ebb.coldstart.k8s_pods import (
+    CACHED_SOURCES_ANNOTATION,
     LABEL_APP,
     LABEL_PLATFORM,
     PodTemplate,
@@ -40,15 +41,14 @@ from ebb.coldstart.k8s_pods import (
     runner_pod,
     unschedulable,
 )
-from ebb.coldstart.nodes import NodeCapacity, Placement
+from ebb.coldstart.placement import NodeCapacity, Placement
+from ebb.coldstart.stem_pools import StemPool
 from ebb.coldstart.tiers import Tier
 
 log = logging.getLogger(__name__)
 
 _LOG_TAIL_LINES = 20
 _DETAIL_MAX_CHARS = 2000
-# Node annotation a weight prefetcher keeps: JSON list of the sources the node caches.
-CACHED_SOURCES_ANNOTATION = "ebb.io/cached-sources"
 
 
 class KubernetesLauncher:
@@ -101,6 +101,9 @@ class KubernetesLauncher:
             gpus=self._gpus_for(deployment),
             placement=placement,
         )
+        self._create(runner_id, pod, f"{deployment or ''!r} ({tier})", placement.node or "any node")
+
+    def _create(self, runner_id: str, pod: dict[str, Any], what: str, where: str) -> None:
         with self._lock:
             self._mine.add(runner_id)
         try:
@@ -111,13 +114,21 @@ class KubernetesLauncher:
                 self._exits.append(Exit(runner_id, -1, f"the pod was refused: {_api_error(e)}"))
             return
         self._see(self._api.api_client.sanitize_for_serialization(created))
-        log.info(
-            "coldstart: pod %s for %r (%s) on %s",
-            pod_name(runner_id),
-            deployment or "",
-            tier,
-            placement.node or "any node",
+        log.info("coldstart: pod %s for %s on %s", pod_name(runner_id), what, where)
+
+    def launch_stem(self, runner_id: str, pool: StemPool) -> None:
+        """A stem pod on a node of `pool` (nodeSelector on the pool label), requesting the
+        pool's GPUs: a pod's devices are fixed at creation, so it holds them waiting."""
+        pod = runner_pod(
+            self._t,
+            runner_id,
+            None,
+            Tier.PREWARMED,
+            gpus=pool.gpus,
+            placement=Placement(),
+            pool=pool.name,
         )
+        self._create(runner_id, pod, f"stem of pool {pool.name!r}", "its pool's nodes")
 
     def poll(self) -> list[Exit]:
         if self._watcher is None:

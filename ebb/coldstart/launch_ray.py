@@ -2,7 +2,8 @@
 
 Each runner is an actor (`RunnerActor`) holding one `python -m ebb runner` process on the
 node Ray placed it on; the actor asks for the runner's GPUs (`num_gpus`) and custom
-resources (say `{"gpu_pool_a": 1}`), so Ray's scheduler, not ebb, picks the node. The
+resources (say `{"gpu_pool_a": 1}`), so Ray's scheduler, not ebb, picks the node. Stems
+of a node pool (`launch_stem`) are actors too, on nodes offering the pool's resource. The
 runner process follows its actor (EBB_RUNNER_FOLLOWS_PARENT): an actor that dies takes its
 runner with it. `poll` reports each runner's end exactly once: its exit code, or -1 with
 Ray's reason when the actor or its node died (the runner's leases then expire in Redis and
@@ -12,6 +13,7 @@ its requests end with runner_lost, as for any lost runner).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -24,12 +26,15 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ebb.coldstart.fork_client import Exit
-from ebb.coldstart.nodes import NodeCapacity, Placement
+from ebb.coldstart.placement import NodeCapacity, Placement
+from ebb.coldstart.stem_pools import StemPool
 from ebb.coldstart.tiers import Tier
 
 log = logging.getLogger(__name__)
 
 NAMESPACE = "ebb"
+# What one stem takes of its pool's custom resource: a node offering {"pool": 1} holds 100.
+POOL_RESOURCE_PER_STEM = 0.01
 
 
 class RunnerActor:
@@ -38,6 +43,11 @@ class RunnerActor:
 
     def __init__(self, argv: list[str], env: dict[str, str], log_path: str):
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        # The runner names its node as placement does: by Ray's node id. Ray set this
+        # actor's devices (CUDA_VISIBLE_DEVICES, from num_gpus): the runner inherits them.
+        env = dict(env, EBB_NODE_NAME=ray.get_runtime_context().get_node_id())
+        if "CUDA_VISIBLE_DEVICES" in os.environ:
+            env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
         with open(log_path, "ab") as log_file:
             self._proc = subprocess.Popen(
                 argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
@@ -85,12 +95,7 @@ class RayLauncher:
     def launch_on(
         self, runner_id: str, deployment: str | None, tier: Tier, placement: Placement
     ) -> None:
-        argv = [sys.executable, "-m", "ebb", "runner", "--runner-id", runner_id, "--tier", tier]
-        if deployment is not None:
-            argv += ["--deployment", deployment]
         options: dict[str, Any] = {
-            "name": runner_id,
-            "namespace": NAMESPACE,
             "num_gpus": self._gpus_for(deployment),
             "resources": self._resources_for(deployment),
         }
@@ -98,6 +103,21 @@ class RayLauncher:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
                 placement.node, soft=True
             )
+        self._start(runner_id, deployment, tier, options)
+
+    def launch_stem(self, runner_id: str, pool: StemPool) -> None:
+        """A stem actor on a node offering the custom resource named after its pool (a
+        sliver of it: a node holds as many stems as it has room for), with the pool's GPUs."""
+        options = {"num_gpus": pool.gpus, "resources": {pool.name: POOL_RESOURCE_PER_STEM}}
+        self._start(runner_id, None, Tier.PREWARMED, options)
+
+    def _start(
+        self, runner_id: str, deployment: str | None, tier: Tier, options: dict[str, Any]
+    ) -> None:
+        argv = [sys.executable, "-m", "ebb", "runner", "--runner-id", runner_id, "--tier", tier]
+        if deployment is not None:
+            argv += ["--deployment", deployment]
+        options.update(name=runner_id, namespace=NAMESPACE)
         log_path = str(self._logs_dir / f"runner-{runner_id}.log")
         actor = self._actor_class.options(**options).remote(argv, self._env, log_path)
         self._runs[runner_id] = _Run(actor, actor.wait.remote())

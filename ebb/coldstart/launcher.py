@@ -15,12 +15,12 @@ import signal
 import subprocess
 import sys
 import time
-from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from ebb.coldstart.fork_client import Exit, ForkServerClient
-from ebb.coldstart.tiers import Tier
+from ebb.coldstart.stem_pools import StemPool
+from ebb.coldstart.tiers import Tier, WarmState
 from ebb.config import Settings
 from ebb.runners.process import LAUNCHED_AT_ENV
 
@@ -49,13 +49,14 @@ class Launcher(Protocol):
         ...
 
 
-class WarmState(StrEnum):
-    """Where warm capacity (the fork server) stands; published for the frontdoor."""
+@runtime_checkable
+class PoolLauncher(Protocol):
+    """A `Launcher` of a cluster with node pools (Kubernetes, Ray)."""
 
-    OFF = "off"  # none configured: every launch starts a fresh process
-    STARTING = "starting"  # importing the engine: worth waiting for what is not urgent
-    READY = "ready"  # new runners start from a process that already imported the engine
-    DOWN = "down"  # died; restarted in time
+    def launch_stem(self, runner_id: str, pool: StemPool) -> None:
+        """Start a stem (no deployment, tier PREWARMED) on a node of `pool` only, holding
+        the pool's GPUs; reported by `poll` like any runner."""
+        ...
 
 
 class WarmStarts(Protocol):

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
+import time
+from collections.abc import Callable
+
+import redis
 
 from ebb.coldstart.launcher import (
     Launcher,
@@ -12,9 +17,11 @@ from ebb.coldstart.launcher import (
     child_environment,
 )
 from ebb.coldstart.placing import PreferringLauncher
+from ebb.coldstart.stem_pools import runner_gpus
 from ebb.config import Settings
 from ebb.queue.connection import sync_client
 from ebb.queue.deployment_lookup import read_deployment
+from ebb.queue.node_caches import read_node_caches
 
 
 def make_launcher(settings: Settings) -> tuple[Launcher, WarmStarts]:
@@ -42,21 +49,39 @@ def _kubernetes(settings: Settings) -> Launcher:
         env_secret=settings.k8s_env_secret,
         weights_host_path=settings.k8s_weights_host_path,
         gpu_resource=settings.k8s_gpu_resource,
+        pool_label=settings.pool_label,
     )
-    gpus = settings.k8s_gpus_per_runner
+    specs = sync_client(settings.platform_redis_url("ebb coldstart"))
+    per_runner = gpus_for_deployments(specs, settings.k8s_gpus_per_runner)
 
     def gpus_for(deployment: str | None) -> int:
-        # A stem requests no GPU: it imports the engine, then loads onto its node's GPUs.
-        return gpus if deployment else 0
+        return math.ceil(per_runner(deployment))  # a pod asks for whole devices
 
     pods = KubernetesLauncher(client.CoreV1Api(), template, gpus_for=gpus_for)
-    specs = sync_client(settings.platform_redis_url("ebb coldstart"))
 
     def source_of(deployment: str) -> str | None:
         spec = read_deployment(specs, deployment)
         return spec.source if spec else None
 
-    return PreferringLauncher(pods, source_of=source_of, gpus_for=gpus_for)
+    return PreferringLauncher(
+        pods,
+        source_of=source_of,
+        gpus_for=gpus_for,
+        cached=lambda: read_node_caches(specs, now_ms=int(time.time() * 1000)),
+    )
+
+
+def gpus_for_deployments(specs: redis.Redis, default: float) -> Callable[[str | None], float]:
+    """The GPUs one runner of a deployment asks its node for (`stem_pools.runner_gpus`:
+    its engine's tensor parallel size, else `default`), read from its spec in Redis at
+    each launch; a stem launched without a pool none (a pool's stems: their pool's)."""
+
+    def gpus_for(deployment: str | None) -> float:
+        if deployment is None:
+            return 0
+        return runner_gpus(read_deployment(specs, deployment), default)
+
+    return gpus_for
 
 
 def _ray(settings: Settings) -> Launcher:
@@ -74,11 +99,12 @@ def _ray(settings: Settings) -> Launcher:
         _node_ip_address=None if host == "auto" else host,
     )
     resources = {k: float(v) for k, v in json.loads(settings.ray_runner_resources).items()}
-    gpus = settings.ray_gpus_per_runner
+    specs = sync_client(settings.platform_redis_url("ebb coldstart"))
+    gpus_for = gpus_for_deployments(specs, settings.ray_gpus_per_runner)
     return RayLauncher(
         child_environment(settings),
         settings.logs_dir,
         # Stems, too, go where runners go: they load there once assigned.
         resources_for=lambda deployment: resources,
-        gpus_for=lambda deployment: gpus if deployment else 0,
+        gpus_for=gpus_for,
     )

@@ -1,29 +1,141 @@
-"""Where a runner's GPU memory comes from: a pure function of a need and an inventory.
+"""Where a runner goes: which node, then which devices on it. Pure functions; one rule
+runs through both: a place that already holds the runner's weights comes first (a cold
+start there skips the fetch, the slowest phase).
 
-A runner needs its weights, a KV-cache budget and a reserve for activations and CUDA
-graphs (`GpuNeed`, estimated by `gpu_need`). It is placed only on a device whose free
-memory exceeds that need by `MARGIN_SAME` (20 %), or by `MARGIN_OTHER` (40 %) when the
-device already serves a different model: a neighbour's KV cache growing must not push
-either into swapping. Free memory is the smaller of what NVML last reported and the
-device's total less what live runners reserved (a runner still loading has not taken its
-memory yet). A sleeping runner (vLLM sleep level 1: weights offloaded to host RAM, KV
-dropped) reserves only its CUDA context.
+Nodes (for launchers whose scheduler places pods or actors: Kubernetes, Ray). A node is
+one machine as a launcher sees it: its free GPUs, its warm capacity (a fork server that
+already imported the engine, pre-warmed stems waiting there) and the sources its
+node-local cache holds (its prefetcher's word). `rank_nodes`: holding the weights, then
+warm capacity, then free GPUs; `rank_stems`: the same among stems already waiting, then
+the pool sparing the fewest GPUs. `overall_warm_state` folds the nodes' warm capacity
+into the one `WarmState` the controller and the frontdoor see.
+
+Devices (for a host whose GPUs the controller places on itself: `place`). A runner needs
+its weights, a KV-cache budget and a reserve for activations and CUDA graphs (`GpuNeed`,
+estimated by `gpu_need`). It is placed only on a device whose free memory exceeds that
+need by `MARGIN_SAME` (20 %), or by `MARGIN_OTHER` (40 %) when the device already serves
+a different model: a neighbour's KV cache growing must not push either into swapping.
+Free memory is the smaller of what NVML last reported and the device's total less what
+live runners reserved (a runner still loading has not taken its memory yet). A sleeping
+runner (vLLM sleep level 1: weights offloaded to host RAM, KV dropped) reserves only its
+CUDA context.
 
 Several small runners pack onto one device (best fit: the device left with the least
-free memory that still fits, so large devices stay free for large models). A model
-larger than any one device is split with tensor parallelism over N devices of one host
-(N a power of two), or over the N the deployment asked for. When nothing fits, the
-answer says why with the numbers, e.g. "needs 14.2 GiB + 20 %, largest free 11.0 GiB on
-GPU 1".
+free memory that still fits, so large devices stay free for large models), on a host
+holding the weights first. A model larger than any one device is split with tensor
+parallelism over N devices of one host (N a power of two), or over the N the deployment
+asked for. When nothing fits, the answer says why with the numbers, e.g. "needs 14.2 GiB
++ 20 %, largest free 11.0 GiB on GPU 1".
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
+from ebb.coldstart.stem_pools import StemPool
+from ebb.coldstart.tiers import WarmState
 from ebb.queue.gpu_records import GpuDevice, GpuPlacement, HostInventory
+from ebb.queue.schema import RunnerRecord, RunnerState
+
+# --- nodes ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one runner goes: a node ("" lets the launcher's scheduler decide) and the
+    GPU indices on it (empty: no GPU, or whichever the node's scheduler assigns)."""
+
+    node: str = ""
+    devices: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    name: str
+    free_gpus: int = 0
+    warm: WarmState = WarmState.OFF  # the node's fork server, if it has one
+    stems: int = 0  # pre-warmed runners waiting on this node
+    cached_sources: frozenset[str] = field(default_factory=frozenset)
+    schedulable: bool = True  # cordoned or not ready: nothing new lands there
+
+
+def fits(node: NodeCapacity, gpus: int) -> bool:
+    return node.schedulable and node.free_gpus >= gpus
+
+
+def rank_nodes(nodes: Iterable[NodeCapacity], source: str, gpus: int) -> list[NodeCapacity]:
+    """The nodes that can take a runner of `source` needing `gpus` GPUs, best first:
+    holding the source's weights, then warm (a ready fork server, then stems), then the
+    most free GPUs; ties by name, so the order is the same on every controller."""
+    candidates = [n for n in nodes if fits(n, gpus)]
+    return sorted(
+        candidates,
+        key=lambda n: (
+            source not in n.cached_sources,
+            n.warm is not WarmState.READY,
+            -n.stems,
+            -n.free_gpus,
+            n.name,
+        ),
+    )
+
+
+def choose_placement(
+    nodes: Sequence[NodeCapacity], source: str, gpus: int, *, first_device: int = 0
+) -> Placement | None:
+    """The best node for the runner, or None when none fits (the launcher then leaves it
+    to its scheduler, which queues it until capacity frees up). `first_device` is where
+    the node's free GPUs start; exact device choice is the node-local placer's."""
+    ranked = rank_nodes(nodes, source, gpus)
+    if not ranked:
+        return None
+    return Placement(ranked[0].name, tuple(range(first_device, first_device + gpus)))
+
+
+def overall_warm_state(nodes: Iterable[NodeCapacity]) -> WarmState:
+    """READY if any schedulable node can fork a runner now; else STARTING if one is
+    importing the engine; else DOWN if some node's fork server died; else OFF."""
+    states = {n.warm for n in nodes if n.schedulable}
+    for state in (WarmState.READY, WarmState.STARTING, WarmState.DOWN):
+        if state in states:
+            return state
+    return WarmState.OFF
+
+
+def rank_stems(
+    stems: Iterable[RunnerRecord],
+    pools: Mapping[str, StemPool],
+    source: str,
+    gpus: float,
+    cached: Mapping[str, frozenset[str]],
+) -> list[str]:
+    """The waiting stems (PREWARMED, no deployment) that can become a runner of `source`
+    needing `gpus` GPUs, best first: on a node whose cache holds the source, then in the
+    pool with the fewest GPUs beyond the need, then the oldest; ties by id. A stem of a
+    pool no longer configured counts as holding no GPUs."""
+
+    def pool_of(stem: RunnerRecord) -> StemPool:
+        return pools.get(stem.pool) or StemPool(stem.pool, 0)
+
+    waiting = [
+        s
+        for s in stems
+        if s.state is RunnerState.PREWARMED and not s.deployment and pool_of(s).serves(gpus)
+    ]
+    waiting.sort(
+        key=lambda s: (
+            source not in cached.get(s.node, frozenset()),
+            pool_of(s).gpus - gpus,
+            s.launched_ms,
+            s.runner_id,
+        )
+    )
+    return [s.runner_id for s in waiting]
+
+
+# --- devices on a host ----------------------------------------------------------------
 
 GIB = 1024**3
 MARGIN_SAME = 1.2
@@ -105,16 +217,18 @@ def place(
     *,
     tensor_parallel_size: int | None = None,
     deployment: str = "",
+    holding: Collection[str] = (),
 ) -> PlacementResult:
     """Where a runner with `need` goes, given every host's devices and what live runners
     hold. `tensor_parallel_size` None lets placement split a model too large for any one
-    device; a number pins the split."""
+    device; a number pins the split. `holding`: the hosts whose cache holds the weights,
+    preferred over a tighter fit elsewhere."""
     slots = _slots(inventories, list(held))
     if not slots:
         return NoGpus()
     sizes = _sizes(need, slots, tensor_parallel_size)
     for size in sizes:
-        chosen = _choose(need, slots, size)
+        chosen = _choose(need, slots, size, holding)
         if chosen is not None:
             return Placed(_placement(need, chosen, deployment))
     return Refused(_refusal(need, slots, sizes[-1]))
@@ -156,8 +270,11 @@ def _sizes(need: GpuNeed, slots: list[_Slot], requested: int | None) -> list[int
     return [size for size in TP_SIZES if size <= most]
 
 
-def _choose(need: GpuNeed, slots: list[_Slot], size: int) -> list[_Slot] | None:
-    """The tightest-fitting `size` devices of one host, or None."""
+def _choose(
+    need: GpuNeed, slots: list[_Slot], size: int, holding: Collection[str] = ()
+) -> list[_Slot] | None:
+    """The tightest-fitting `size` devices of one host, on a host in `holding` if one
+    fits; or None."""
     per_device = need.per_device_bytes(size)
     best: list[_Slot] | None = None
     for host in sorted({s.host for s in slots}):
@@ -168,9 +285,13 @@ def _choose(need: GpuNeed, slots: list[_Slot], size: int) -> list[_Slot] | None:
         if len(fitting) < size:
             continue
         group = fitting[:size]
-        if best is None or _left(group) < _left(best):
+        if best is None or _rank(group, holding) < _rank(best, holding):
             best = group
     return best
+
+
+def _rank(group: list[_Slot], holding: Collection[str]) -> tuple[bool, int]:
+    return group[0].host not in holding, _left(group)
 
 
 def _left(group: list[_Slot]) -> int:

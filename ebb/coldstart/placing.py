@@ -1,5 +1,5 @@
 """Placement in front of a launcher that can place: each runner goes to the node
-`nodes.choose_placement` prefers (its weights already cached there, then warm capacity,
+`placement.choose_placement` prefers (its weights already cached there, then warm capacity,
 then free GPUs), as a preference its scheduler may still overrule.
 
 `PreferringLauncher` is a `Launcher` the controller uses like any other; stems (no
@@ -9,12 +9,14 @@ scheduler puts them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Protocol
 
 from ebb.coldstart.fork_client import Exit
-from ebb.coldstart.nodes import NodeCapacity, Placement, choose_placement
+from ebb.coldstart.placement import NodeCapacity, Placement, choose_placement
+from ebb.coldstart.stem_pools import StemPool
 from ebb.coldstart.tiers import Tier
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,8 @@ class PlacingLauncher(Protocol):
 
     def nodes(self) -> list[NodeCapacity]: ...
 
+    def launch_stem(self, runner_id: str, pool: StemPool) -> None: ...
+
     def poll(self) -> list[Exit]: ...
 
     def alive(self, runner_id: str) -> bool: ...
@@ -45,12 +49,15 @@ class PreferringLauncher:
         *,
         source_of: Callable[[str], str | None],
         gpus_for: Callable[[str | None], int],
+        cached: Callable[[], dict[str, frozenset[str]]] = dict,
     ):
         """`source_of(deployment)`: its model source (None if unknown); `gpus_for`: the
-        GPUs one of its runners needs."""
+        GPUs one of its runners needs; `cached()`: {node: sources} the nodes' prefetchers
+        published (in Redis), added to what the launcher knows of each node."""
         self._inner = inner
         self._source_of = source_of
         self._gpus_for = gpus_for
+        self._cached = cached
 
     def launch(self, runner_id: str, deployment: str | None, tier: Tier) -> None:
         self._inner.launch_on(runner_id, deployment, tier, self.placement_for(deployment))
@@ -60,12 +67,22 @@ class PreferringLauncher:
             return Placement()  # a stem: it loads whatever it is assigned, wherever it is
         try:
             source = self._source_of(deployment)
-            nodes = self._inner.nodes() if source else []
+            nodes = self._nodes() if source else []
         except Exception:  # placement is a preference: never a reason not to launch
             log.exception("coldstart: could not read the nodes; placing %s anywhere", deployment)
             return Placement()
         chosen = choose_placement(nodes, source or "", self._gpus_for(deployment))
         return chosen or Placement()
+
+    def _nodes(self) -> list[NodeCapacity]:
+        published = self._cached()
+        return [
+            dataclasses.replace(n, cached_sources=n.cached_sources | published.get(n.name, set()))
+            for n in self._inner.nodes()
+        ]
+
+    def launch_stem(self, runner_id: str, pool: StemPool) -> None:
+        self._inner.launch_stem(runner_id, pool)
 
     def poll(self) -> list[Exit]:
         return self._inner.poll()

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from ebb.coldstart.clock import ManualClock
 from ebb.coldstart.controller import Controller
 from ebb.coldstart.estimate import retry_after_for
-from ebb.coldstart.launcher import WarmState
 from ebb.coldstart.policy import PolicyConfig
 from ebb.coldstart.simulation_runners import RunnerModel, SimRunner, SimulatedLauncher
 from ebb.coldstart.simulation_state import InMemoryState, Queued
 from ebb.coldstart.simulation_trace import TraceRequest, load_azure_trace
+from ebb.coldstart.tiers import WarmState
 from ebb.config import Settings
 from ebb.queue.schema import DeploymentSpec
 

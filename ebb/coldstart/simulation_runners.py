@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 
 from ebb.coldstart.clock import ManualClock
 from ebb.coldstart.fork_client import Exit
-from ebb.coldstart.launcher import WarmState
 from ebb.coldstart.simulation_state import InMemoryState, Queued
 from ebb.coldstart.simulation_trace import TraceRequest
-from ebb.coldstart.tiers import Tier
+from ebb.coldstart.tiers import Tier, WarmState
 from ebb.queue.schema import RunnerState
 from ebb.runners.idle import IdleAction, idle_action
 

@@ -10,6 +10,7 @@ here and named: keep them in step.
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -43,6 +44,7 @@ class InMemoryState:
         self._stems: dict[str, None] = {}
         self._sleepers: dict[str, dict[str, None]] = {}
         self._wakes: dict[str, None] = {}
+        self.cached: dict[str, frozenset[str]] = {}  # node -> sources, as prefetchers say
 
     # --- ControllerState: deployments ----------------------------------------------------
 
@@ -87,15 +89,20 @@ class InMemoryState:
     async def runner_log(self, runner_id: str) -> list[str]:
         return list(self.logs.get(runner_id, []))
 
-    async def take_stem(self) -> str | None:
+    async def take_stem(self, candidates: Sequence[str] | None = None) -> str | None:
         # As PlatformState.take_stem: stems that left PREWARMED are dropped on the way.
-        while self._stems:
-            runner_id = next(iter(self._stems))
+        order = list(self._stems) if candidates is None else list(candidates)
+        for runner_id in order:
+            if runner_id not in self._stems:
+                continue
             del self._stems[runner_id]
             record = self.records.get(runner_id)
             if record is not None and record.state is RunnerState.PREWARMED:
                 return runner_id
         return None
+
+    async def node_caches(self) -> dict[str, frozenset[str]]:
+        return dict(self.cached)
 
     async def take_sleeper(self, deployment: str) -> str | None:
         sleepers = self._sleepers.get(deployment, {})

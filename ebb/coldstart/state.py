@@ -9,6 +9,7 @@ processes (runners, frontdoors).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from ebb.queue.platform import QueueSnapshot
@@ -50,8 +51,13 @@ class ControllerState(Protocol):
         """The last lines the runner logged (shown with a failing deployment)."""
         ...
 
-    async def take_stem(self) -> str | None:
-        """One pre-warmed runner out of the pool, never the same one twice."""
+    async def take_stem(self, candidates: Sequence[str] | None = None) -> str | None:
+        """One pre-warmed runner out of the pool, never the same one twice: any, or the
+        first of `candidates` (runner ids, best first) still waiting."""
+        ...
+
+    async def node_caches(self) -> dict[str, frozenset[str]]:
+        """{node: the sources its weight cache holds}, nodes whose prefetcher is alive."""
         ...
 
     async def take_sleeper(self, deployment: str) -> str | None:

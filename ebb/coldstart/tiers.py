@@ -58,3 +58,12 @@ CAPACITY_TIERS = frozenset({Tier.SLEEPING, Tier.PREWARMED, Tier.FORKED})
 def launch_tier(forks_ready: bool) -> Tier:
     """The tier of a runner the launcher starts now (no sleeper or stem was available)."""
     return Tier.FORKED if forks_ready else Tier.FRESH
+
+
+class WarmState(StrEnum):
+    """Where warm capacity (the fork server) stands; published for the frontdoor."""
+
+    OFF = "off"  # none configured: every launch starts a fresh process
+    STARTING = "starting"  # importing the engine: worth waiting for what is not urgent
+    READY = "ready"  # new runners start from a process that already imported the engine
+    DOWN = "down"  # died; restarted in time

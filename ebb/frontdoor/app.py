@@ -26,6 +26,7 @@ from ebb.frontdoor import (
     routes_limits,
     routes_logs,
     routes_openai,
+    routes_quotas,
     routes_status,
     routes_usage,
     routes_webhooks,
@@ -76,6 +77,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_deployments.router)
     app.include_router(routes_usage.router)
     app.include_router(routes_limits.router)
+    app.include_router(routes_quotas.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_jobs.router)
     app.include_router(routes_webhooks.router)

@@ -9,10 +9,11 @@ import time
 import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ebb.errors import NotFound
 from ebb.frontdoor.auth import AdminDep, authenticate, require_admin
+from ebb.frontdoor.caller import ADMIN_TENANT
 from ebb.frontdoor.routes_limits import TENANT_PATTERN, RateLimitsBody
 from ebb.frontdoor.services import ServicesDep
 from ebb.home import new_secret
@@ -32,6 +33,15 @@ SHOWN_SECRET_CHARS = 6
 class KeyCreate(RateLimitsBody):
     tenant: str = Field(min_length=1, max_length=64, pattern=TENANT_PATTERN)
     name: str = Field("", max_length=128)
+
+    @field_validator("tenant")
+    @classmethod
+    def _not_the_admins(cls, tenant: str) -> str:
+        # The admin key's own tenant owns the platform's deployments: a key of it would
+        # manage them all (see tenancy).
+        if tenant == ADMIN_TENANT:
+            raise ValueError(f"{ADMIN_TENANT!r} is the admin key's own tenant; pick another name")
+        return tenant
 
 
 def _key_view(record: ApiKeyRecord, limits: RateLimits | None = None) -> dict:

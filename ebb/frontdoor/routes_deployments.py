@@ -1,4 +1,5 @@
-"""Deployments: create, list, inspect, scale and delete (admin key)."""
+"""Deployments: create, list, inspect, scale and delete (the admin, or a tenant its own:
+see `ebb.frontdoor.tenancy`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 from ebb.engine_options import DTYPES, GpuCapacity, check_engine
 from ebb.engines import EngineRegistry
-from ebb.errors import Conflict, InvalidRequest, NotFound
-from ebb.frontdoor.auth import AdminDep, CallerDep
+from ebb.errors import Conflict, InvalidRequest
+from ebb.frontdoor import tenancy
+from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.frontdoor.services import ServicesDep
@@ -92,6 +94,13 @@ class DeploymentPatch(BaseModel):
     )
     price_per_gpu_second_micros: int | None = Field(
         None, ge=0, le=MAX_PRICE_MICROS, description="What the owner pays per GPU-second."
+    )
+    # Who besides its owner may see and call it (the admin's to set; see tenancy).
+    visibility: Literal["public", "private"] | None = Field(
+        None, description="public: every tenant; private: its owner and shared_with."
+    )
+    shared_with: list[Annotated[str, StringConstraints(pattern=TENANT_PATTERN)]] | None = Field(
+        None, max_length=256, description="Tenants that may call a private deployment."
     )
     serving: ServingBody | None = None
     engine: EngineBody | None = None
@@ -209,13 +218,15 @@ def _summary(counts: dict[str, int], status: dict[str, str]) -> str:
 
 @router.post("", status_code=201)
 async def create_deployment(
-    body: DeploymentCreate, caller: AdminDep, services: ServicesDep
+    body: DeploymentCreate, caller: CallerDep, services: ServicesDep
 ) -> dict:
+    tenancy.check_fields(caller, body.model_dump())
     _check_source(services.engines, body.source)
     spec = DeploymentSpec(**body.changes(EngineSpec(), ServingOptions()), created_at_s=time.time())
+    spec = tenancy.created_by(caller, spec)
     _check_bounds(spec)
     await _check_engine(services.state, spec)
-    if not await services.state.put_deployment(spec, create_only=True):
+    if not await tenancy.store(services, caller, spec, create_only=True):
         raise Conflict(
             f"A deployment named {spec.name!r} already exists. Change it with PATCH "
             f"/v1/deployments/{spec.name} ('ebb scale') or delete it first.",
@@ -257,30 +268,24 @@ _TENANT_FIELDS = (
 
 
 def visible_to(caller: Caller, view: dict) -> dict:
-    """`view` as `caller` may see it (the admin: all of it)."""
-    if caller.is_admin:
+    """`view` as `caller` may see it (the admin and the owner: all of it)."""
+    if tenancy.manages(caller, view):
         return view
     return {**{k: view[k] for k in _TENANT_FIELDS}, "runners": [], "error": None, "error_log": None}
 
 
 @router.get("")
 async def list_deployments(caller: CallerDep, services: ServicesDep) -> dict:
-    specs = await services.state.list_deployments()
+    specs = await tenancy.visible_deployments(services.state, caller)
     views = [visible_to(caller, await deployment_view(services.state, s)) for s in specs]
     return {"object": "list", "data": views}
-
-
-async def _get(state: PlatformState, name: str) -> DeploymentSpec:
-    spec = await state.get_deployment(name)
-    if spec is None:
-        raise NotFound(f"No deployment named {name!r}. 'ebb deployments' lists them.", param="name")
-    return spec
 
 
 @router.get("/{name}")
 async def get_deployment(name: str, caller: CallerDep, services: ServicesDep) -> dict:
     state = services.state
-    view = visible_to(caller, await deployment_view(state, await _get(state, name)))
+    spec = await tenancy.visible_deployment(state, caller, name, as_model=False)
+    view = visible_to(caller, await deployment_view(state, spec))
     # Only the single-deployment view carries log lines: lists stay cheap to poll.
     for runner in view["runners"]:
         runner["log_tail"] = (await state.runner_log(runner["id"]))[-RUNNER_LOG_TAIL_LINES:]
@@ -289,19 +294,20 @@ async def get_deployment(name: str, caller: CallerDep, services: ServicesDep) ->
 
 @router.patch("/{name}")
 async def patch_deployment(
-    name: str, body: DeploymentPatch, caller: AdminDep, services: ServicesDep
+    name: str, body: DeploymentPatch, caller: CallerDep, services: ServicesDep
 ) -> dict:
-    spec = await _get(services.state, name)
+    spec = await tenancy.managed_deployment(services.state, caller, name)
+    tenancy.check_fields(caller, body.model_dump())
     spec = msgspec.structs.replace(spec, **body.changes(spec.engine, spec.serving))
     _check_bounds(spec)
     await _check_engine(services.state, spec)
-    await services.state.put_deployment(spec)
+    await tenancy.store(services, caller, spec, create_only=False)
     await services.state.wake(spec.name)
     return await deployment_view(services.state, spec)
 
 
 @router.delete("/{name}")
-async def delete_deployment(name: str, caller: AdminDep, services: ServicesDep) -> dict:
-    await _get(services.state, name)
+async def delete_deployment(name: str, caller: CallerDep, services: ServicesDep) -> dict:
+    await tenancy.managed_deployment(services.state, caller, name)
     await services.state.delete_deployment(name)
     return {"object": "deployment.deleted", "name": name, "deleted": True}

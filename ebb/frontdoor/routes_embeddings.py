@@ -22,7 +22,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ebb.errors import InvalidRequest, JobError, NotFound
+from ebb.errors import InvalidRequest, JobError
+from ebb.frontdoor import tenancy
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
@@ -108,13 +109,7 @@ def tokenize_inputs(
 @router.post("/embeddings")
 async def embeddings(request: Request, caller: CallerDep, services: ServicesDep) -> JSONResponse:
     req = parse_embedding_request(decoded_json(request))  # decoded by BodyGuard
-    spec = await services.state.get_deployment(req.model)
-    if spec is None:
-        raise NotFound(
-            f"The model {req.model!r} does not exist. GET /v1/models lists the deployed models.",
-            param="model",
-            code="model_not_found",
-        )
+    spec = await tenancy.visible_deployment(services.state, caller, req.model)
     if spec.serving.task != "embed":
         raise InvalidRequest(
             f"The model {req.model!r} is a generative deployment; embeddings come from a "

@@ -19,10 +19,12 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from ebb.errors import Conflict, InvalidRequest, NotFound
+from ebb.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
+from ebb.frontdoor import tenancy
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
+from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.translate import (
     Prepared,
@@ -93,7 +95,7 @@ async def submit_job(
         raise InvalidRequest(
             f"ttl_s must be at most {settings.job_max_ttl_s}; got {ttl_s}.", param="ttl_s"
         )
-    spec = await _deployment(services, payload.model)
+    spec = await _deployment(services, caller, payload.model)
     prepared = await _prepare(services, spec, payload)
     if payload.webhook is not None:
         try:
@@ -146,7 +148,7 @@ async def create_job(
     `serving.batch_discount_pct`. With `idempotency`, submitting it again returns the job
     already queued under it. Raises InvalidRequest when the request cannot run.
     """
-    spec = await _deployment(services, payload.model)
+    spec = await _deployment(services, caller, payload.model)
     prepared = await _prepare(services, spec, payload)
     record = _new_record(caller, spec, payload, prepared, services.settings.job_max_attempts)
     if batch and spec.serving.batch_discount_pct:
@@ -177,24 +179,30 @@ async def list_jobs(
     status: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: str | None = None,
+    model: str | None = None,
+    tenant: Annotated[str | None, Query(pattern=TENANT_PATTERN)] = None,
 ) -> dict:
-    """The caller's jobs, newest first; `after` is the last id of the previous page."""
+    """The caller's jobs (the admin: `tenant`'s), newest first, optionally only those of
+    one `model` or `status`; `after` is the last id of the previous page."""
     if status is not None and status not in JobStatus.__members__.values():
         raise InvalidRequest(
             f"status must be one of {', '.join(JobStatus)}; got {status!r}.", param="status"
         )
+    if tenant is not None and tenant != caller.tenant and not caller.is_admin:
+        raise PermissionDenied("A tenant key lists its own jobs only; leave tenant out.")
+    whose = tenant or caller.tenant
     jobs = services.jobs
     found: list[dict] = []
     cursor = after
     while len(found) <= limit:
-        ids = await jobs.tenant_job_ids(caller.tenant, before=cursor, count=_LIST_SCAN_BATCH)
+        ids = await jobs.tenant_job_ids(whose, before=cursor, count=_LIST_SCAN_BATCH)
         if not ids:
             break
         cursor = ids[-1]
         records = await jobs.get_many(ids)
         gone = [i for i, r in zip(ids, records, strict=True) if r is None]
-        await jobs.forget_listed(caller.tenant, gone)
-        live = [r for r in records if r is not None]
+        await jobs.forget_listed(whose, gone)
+        live = [r for r in records if r is not None and model in (None, r.deployment)]
         states = await jobs.attempt_states([r.request_id for r in live])
         for record, state in zip(live, states, strict=True):
             current = current_status(record, state)
@@ -258,15 +266,8 @@ async def _view(services: Services, job_id: str) -> dict:
     )
 
 
-async def _deployment(services: Services, model: str) -> DeploymentSpec:
-    spec = await services.state.get_deployment(model)
-    if spec is None:
-        raise NotFound(
-            f"The model {model!r} does not exist. GET /v1/models lists the deployed models.",
-            param="model",
-            code="model_not_found",
-        )
-    return spec
+async def _deployment(services: Services, caller: Caller, model: str) -> DeploymentSpec:
+    return await tenancy.visible_deployment(services.state, caller, model)
 
 
 async def _prepare(services: Services, spec: DeploymentSpec, payload: JobCreate) -> Prepared:

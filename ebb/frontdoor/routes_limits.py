@@ -50,6 +50,9 @@ async def list_tenants(caller: AdminDep, services: ServicesDep) -> dict:
         kind, _, name = subject.partition(":")
         if kind == "tenant":
             active.setdefault(name, 0)
+    quotas = await services.quotas.all()
+    for name in quotas:
+        active.setdefault(name, 0)
     return {
         "object": "list",
         "data": [
@@ -58,6 +61,7 @@ async def list_tenants(caller: AdminDep, services: ServicesDep) -> dict:
                 "tenant": name,
                 "active_keys": count,
                 "limits": msgspec.structs.asdict(limits.get(tenant_subject(name)) or RateLimits()),
+                "quota": msgspec.structs.asdict(quotas[name]) if name in quotas else None,
             }
             for name, count in sorted(active.items())
         ],
@@ -73,11 +77,26 @@ async def set_tenant_limits(
     return _limits_view("tenant", tenant, body.limits())
 
 
+@router.get("/tenants/{tenant}/limits")
+async def get_tenant_limits(tenant: TenantName, caller: AdminDep, services: ServicesDep) -> dict:
+    return _limits_view("tenant", tenant, await services.ratelimits.limits(tenant_subject(tenant)))
+
+
+@router.get("/keys/{key_id}/limits")
+async def get_key_limits(key_id: str, caller: AdminDep, services: ServicesDep) -> dict:
+    await _known_key(services, key_id)
+    return _limits_view("key", key_id, await services.ratelimits.limits(key_subject(key_id)))
+
+
+async def _known_key(services: ServicesDep, key_id: str) -> None:
+    if not any(r.key_id == key_id for r in await services.state.list_api_keys()):
+        raise NotFound(f"No key with id {key_id!r}. 'ebb keys list' shows them.", param="key_id")
+
+
 @router.put("/keys/{key_id}/limits")
 async def set_key_limits(
     key_id: str, body: RateLimitsBody, caller: AdminDep, services: ServicesDep
 ) -> dict:
-    if not any(r.key_id == key_id for r in await services.state.list_api_keys()):
-        raise NotFound(f"No key with id {key_id!r}. 'ebb keys list' shows them.", param="key_id")
+    await _known_key(services, key_id)
     await services.ratelimits.set_limits(key_subject(key_id), body.limits())
     return _limits_view("key", key_id, body.limits())

@@ -1,4 +1,5 @@
-"""GET /v1/logs: the platform's and its runners' log lines, for `ebb logs` (admin key).
+"""GET /v1/logs: the platform's and its runners' log lines, for `ebb logs` (the admin key;
+a tenant key: the runners of its own deployments).
 
 The lines come from the log files under EBB_HOME/logs on the frontdoor's host (where
 `ebb up` and the local launcher write them). A response's `cursor` continues where it
@@ -13,8 +14,10 @@ from pathlib import Path
 
 from fastapi import APIRouter
 
-from ebb.errors import InvalidRequest, NotFound
-from ebb.frontdoor.auth import AdminDep
+from ebb.errors import InvalidRequest, NotFound, PermissionDenied
+from ebb.frontdoor import tenancy
+from ebb.frontdoor.auth import CallerDep
+from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.logtail import (
     PLATFORM_LOGS,
@@ -32,7 +35,7 @@ _RUNNER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 @router.get("/logs")
 async def logs(
-    caller: AdminDep,
+    caller: CallerDep,
     services: ServicesDep,
     deployment: str | None = None,
     runner: str | None = None,
@@ -42,6 +45,7 @@ async def logs(
 ) -> dict:
     """Lines of one runner (`runner`), of a deployment's runners (`deployment`), or of the
     platform's processes (neither)."""
+    await _check_access(services, caller, deployment, runner)
     logs_dir = services.settings.logs_dir
     files = await _files(services, logs_dir, deployment, runner)
     try:
@@ -58,6 +62,27 @@ async def logs(
         "data": [{"source": line.source, "line": line.text} for line in lines],
         "cursor": encode_cursor({**(offsets or {}), **new_offsets}),
     }
+
+
+async def _check_access(
+    services: Services, caller: Caller, deployment: str | None, runner: str | None
+) -> None:
+    """A tenant reads only the runners of a deployment it owns (404 for others' names)."""
+    if caller.is_admin:
+        return
+    if deployment is None:
+        raise PermissionDenied(
+            "A tenant key reads the logs of its own deployments only: pass deployment "
+            "('ebb logs DEPLOYMENT').",
+            param="deployment",
+        )
+    await tenancy.managed_deployment(services.state, caller, deployment)
+    if runner is not None:
+        runners = {
+            r.runner_id for r in await services.state.runners() if r.deployment == deployment
+        }
+        if runner not in runners:
+            raise NotFound(f"No runner {runner!r} of deployment {deployment!r}.", param="runner")
 
 
 async def _files(

@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ebb.errors import EbbError, InvalidRequest, JobError, NotFound
+from ebb.errors import EbbError, InvalidRequest, JobError
+from ebb.frontdoor import tenancy
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
@@ -44,19 +45,13 @@ router = APIRouter(prefix="/v1")
 
 @router.get("/models")
 async def list_models(caller: CallerDep, services: ServicesDep) -> dict:
-    specs = await services.state.list_deployments()
+    specs = await tenancy.visible_deployments(services.state, caller)
     return {"object": "list", "data": [await model_card(services.catalog, s) for s in specs]}
 
 
 @router.get("/models/{model_id}")
 async def retrieve_model(model_id: str, caller: CallerDep, services: ServicesDep) -> dict:
-    spec = await services.state.get_deployment(model_id)
-    if spec is None:
-        raise NotFound(
-            f"The model {model_id!r} does not exist. GET /v1/models lists the deployed models.",
-            param="model",
-            code="model_not_found",
-        )
+    spec = await tenancy.visible_deployment(services.state, caller, model_id)
     return await model_card(services.catalog, spec)
 
 
@@ -116,13 +111,7 @@ async def _serve_observed(
     body = _json_body(request)
     parsed = parse(body)
     spec, status, depth = await services.state.deployment_for_admission(parsed.model)
-    if spec is None:
-        raise NotFound(
-            f"The model {parsed.model!r} does not exist. GET /v1/models lists the deployed "
-            "models; deploy one with 'ebb deploy'.",
-            param="model",
-            code="model_not_found",
-        )
+    spec = tenancy.visible_or_404(caller, parsed.model, spec)
     observed.deployment = spec.name
     require_generative(spec)
     # A full queue refuses at once: no tokenizing, no enqueue attempt (enqueue.lua checks

@@ -7,6 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from ebb.coldstart.placement import ASLEEP_RESIDUAL_BYTES
+from ebb.coldstart.stem_pools import stems_wanted
 from ebb.frontdoor.auth import AdminDep
 from ebb.frontdoor.services import ServicesDep
 from ebb.queue.gpu_records import GpuPlacement, HostInventory
@@ -20,6 +21,7 @@ router = APIRouter(prefix="/v1")
 @router.get("/status")
 async def platform_status(caller: AdminDep, services: ServicesDep) -> dict:
     state = services.state
+    settings = services.settings
     runners = [r for r in await state.runners() if r.state.is_live]
     stems = [r for r in runners if not r.deployment]
     gpus = GpuState(state.redis)
@@ -29,7 +31,7 @@ async def platform_status(caller: AdminDep, services: ServicesDep) -> dict:
     return {
         "object": "platform.status",
         "pool": {
-            "target": services.settings.prewarm,
+            "target": stems_wanted(settings.stem_pools, prewarm=settings.prewarm),
             "prewarmed": sum(r.state is RunnerState.PREWARMED for r in stems),
             "starting": sum(r.state is RunnerState.STARTING for r in stems),
         },

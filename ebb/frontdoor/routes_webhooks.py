@@ -2,15 +2,21 @@
 
 Every delivery to the tenant's webhooks is signed with its current secret; after a
 rotation it is signed with the previous one too until the overlap ends, so receivers can
-switch secrets without rejecting a single delivery.
+switch secrets without rejecting a single delivery. The admin may name a tenant
+(`?tenant=`) to read or rotate that tenant's secret.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
+from ebb.errors import PermissionDenied
 from ebb.frontdoor.auth import CallerDep
+from ebb.frontdoor.caller import Caller
+from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.frontdoor.services import ServicesDep
 from ebb.queue.webhook_secrets import SecretSet
 from ebb.webhooks.signing import new_secret
@@ -40,18 +46,38 @@ def _secret_view(tenant: str, secrets: SecretSet) -> dict:
     }
 
 
+def _whose(caller: Caller, tenant: str | None) -> str:
+    """The caller's own tenant, or (the admin only) the one it names."""
+    if tenant is None or tenant == caller.tenant:
+        return caller.tenant
+    if not caller.is_admin:
+        raise PermissionDenied(
+            "A tenant key reads and rotates its own secret only; leave tenant out.",
+            param="tenant",
+        )
+    return tenant
+
+
+TenantQuery = Annotated[str | None, Query(pattern=TENANT_PATTERN)]
+
+
 @router.get("/secret")
-async def get_secret(caller: CallerDep, services: ServicesDep) -> dict:
-    secrets = await services.webhook_secrets.ensure(caller.tenant, new_secret())
-    return _secret_view(caller.tenant, secrets)
+async def get_secret(caller: CallerDep, services: ServicesDep, tenant: TenantQuery = None) -> dict:
+    whose = _whose(caller, tenant)
+    secrets = await services.webhook_secrets.ensure(whose, new_secret())
+    return _secret_view(whose, secrets)
 
 
 @router.post("/secret/rotate")
 async def rotate_secret(
-    caller: CallerDep, services: ServicesDep, body: Rotation | None = None
+    caller: CallerDep,
+    services: ServicesDep,
+    body: Rotation | None = None,
+    tenant: TenantQuery = None,
 ) -> dict:
+    whose = _whose(caller, tenant)
     overlap_s = services.settings.webhook_secret_overlap_s
     if body is not None and body.overlap_s is not None:
         overlap_s = body.overlap_s
-    secrets = await services.webhook_secrets.rotate(caller.tenant, new_secret(), overlap_s)
-    return _secret_view(caller.tenant, secrets)
+    secrets = await services.webhook_secrets.rotate(whose, new_secret(), overlap_s)
+    return _secret_view(whose, secrets)

@@ -27,6 +27,7 @@ from ebb.queue.delivery_store import DeliveryStore, delivery_record_ttl_s
 from ebb.queue.job_store import JobStore
 from ebb.queue.ledger import LedgerStore
 from ebb.queue.platform import PlatformState
+from ebb.queue.quotas import QuotaStore
 from ebb.queue.ratelimits import RateLimitStore
 from ebb.queue.requests import RequestQueue
 from ebb.queue.webhook_secrets import WebhookSecrets
@@ -45,6 +46,7 @@ class Services:
     metrics: Metrics
     limiter: RateLimiter
     ratelimits: RateLimitStore
+    quotas: QuotaStore
     ledger: LedgerStore
     jobs: JobStore
     deliveries: DeliveryStore
@@ -77,6 +79,7 @@ def build_services(settings: Settings) -> Services:
         ),
         limiter=RateLimiter(ratelimits),
         ratelimits=ratelimits,
+        quotas=QuotaStore(client),
         ledger=LedgerStore(client),
         jobs=JobStore(
             client, retention_s=settings.job_retention_s, result_ttl_s=settings.result_ttl_s

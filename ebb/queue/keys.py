@@ -29,6 +29,9 @@ GPU_PLACEMENTS = PREFIX + "placements"  # hash: runner id -> GpuPlacement (json)
 # its own key (process_memory) that expires unless renewed, so a dead process drops out.
 PROCESSES = PREFIX + "processes"
 PROCESS_MEMORY_TTL_S = 30
+# hash: node -> NodeCache (json): the sources its weight cache holds, from its prefetcher
+NODE_CACHES = PREFIX + "node_caches"
+TENANT_QUOTAS = PREFIX + "tenant_quotas"  # hash: tenant -> TenantQuota (json), set by the admin
 
 # Cold-start records kept for metrics scrapes; older ones have long been scraped.
 COLD_STARTS_MAX = 10_000

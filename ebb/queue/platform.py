@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -15,6 +16,7 @@ import redis.asyncio as aioredis
 
 from ebb.queue import keys
 from ebb.queue.connection import MAX_BLOCK_S
+from ebb.queue.node_caches import read_node_caches_async
 from ebb.queue.records import decode_runner, encode_runner, parse_cold_start
 from ebb.queue.replies import reply_entries, reply_hash, reply_text, reply_texts
 from ebb.queue.schema import (
@@ -200,15 +202,29 @@ class PlatformState:
     async def runner_log(self, runner_id: str) -> list[str]:
         return reply_texts(await self.redis.lrange(keys.runner_log(runner_id), 0, -1))
 
-    async def take_stem(self) -> str | None:
-        """Take one live pre-warmed runner out of the pool (SPOP: no stem is assigned
-        twice); stems that died since they joined are dropped on the way."""
-        while (popped := await self.redis.spop(keys.STEMS)) is not None:
-            runner_id = reply_text(popped)
-            state = await self.redis.hget(keys.runner(runner_id), "state")
-            if state == RunnerState.PREWARMED.value.encode():
+    async def take_stem(self, candidates: Sequence[str] | None = None) -> str | None:
+        """Take one live pre-warmed runner out of the pool, never the same one twice: any
+        (SPOP), or the first of `candidates` still in it (SREM, in their order); stems that
+        died since they joined are dropped on the way."""
+        if candidates is None:
+            while (popped := await self.redis.spop(keys.STEMS)) is not None:
+                if await self._still_prewarmed(reply_text(popped)):
+                    return reply_text(popped)
+            return None
+        for runner_id in candidates:
+            if await self.redis.srem(keys.STEMS, runner_id) and await self._still_prewarmed(
+                runner_id
+            ):
                 return runner_id
         return None
+
+    async def _still_prewarmed(self, runner_id: str) -> bool:
+        state = await self.redis.hget(keys.runner(runner_id), "state")
+        return state == RunnerState.PREWARMED.value.encode()
+
+    async def node_caches(self) -> dict[str, frozenset[str]]:
+        """{node: sources its weight cache holds}, as the nodes' prefetchers publish them."""
+        return await read_node_caches_async(self.redis, now_ms=now_ms())
 
     async def take_sleeper(self, deployment: str) -> str | None:
         """Take one of the deployment's sleeping runners to wake (SPOP: once each)."""

@@ -214,6 +214,11 @@ class DeploymentSpec(msgspec.Struct, kw_only=True):
     price_per_1m_input_tokens_micros: int = 0
     price_per_1m_output_tokens_micros: int = 0
     price_per_gpu_second_micros: int = 0
+    # Who may see and call it besides its owner and the admin: "public" every tenant (what
+    # admin-created deployments are, and every record written before this field existed),
+    # "private" only the tenants in `shared_with` (what tenant-created deployments are).
+    visibility: Literal["public", "private"] = "public"
+    shared_with: list[str] = []
     engine: EngineSpec = msgspec.field(default_factory=EngineSpec)
     serving: ServingOptions = msgspec.field(default_factory=ServingOptions)
 
@@ -255,6 +260,10 @@ class RunnerRecord(msgspec.Struct, kw_only=True):
     # When the controller last gave it a deployment (a stem taken from the pool, a sleeper
     # woken); 0 for a runner launched with its deployment.
     assigned_ms: int = 0
+    # The node it runs on, as the runner reports it (EBB_NODE_NAME, else its host name).
+    node: str = ""
+    # The stem pool it was launched into ("" the default pool, or launched for a deployment).
+    pool: str = ""
 
     @property
     def is_starting(self) -> bool:

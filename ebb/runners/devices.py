@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from ebb.queue.gpu_records import GpuDevice, GpuPlacement
@@ -64,20 +65,32 @@ def _device(nvml: Any, index: int) -> GpuDevice:
     )
 
 
-def visible_gpu_count(environ: dict[str, str] | None = None) -> int:
-    """GPUs this process may use, without initialising CUDA: NVML's count, narrowed by
-    CUDA_VISIBLE_DEVICES; 0 on a host without NVML."""
+def visible_indices(count: int, environ: Mapping[str, str] | None = None) -> list[int]:
+    """The NVML indices of the `count` GPUs this process may use: all of them unless
+    CUDA_VISIBLE_DEVICES narrows them; none when it hides them. Devices named by UUID
+    cannot be matched to indices without CUDA, so they stand for the first ones."""
     env = os.environ if environ is None else environ
     visible = env.get(VISIBLE_DEVICES_ENV)
-    if visible is not None and (visible.strip() in _HIDDEN or not visible.strip()):
-        return 0
+    if visible is None:
+        return list(range(count))
+    names = [n.strip() for n in visible.split(",") if n.strip()]
+    if not names or names[0] in _HIDDEN:
+        return []
+    if all(n.isdigit() for n in names):
+        return [int(n) for n in names if int(n) < count]
+    return list(range(min(count, len(names))))
+
+
+def visible_gpu_count(environ: Mapping[str, str] | None = None) -> int:
+    """GPUs this process may use, without initialising CUDA; 0 on a host without NVML."""
+    env = os.environ if environ is None else environ
+    if env.get(VISIBLE_DEVICES_ENV) is not None and not visible_indices(1, env):
+        return 0  # hidden: no need to ask NVML
     try:
         count = len(read_nvml_devices())
     except NvmlUnavailable:
         return 0
-    if visible is None:
-        return count
-    return min(count, len([d for d in visible.split(",") if d.strip()]))
+    return len(visible_indices(count, env))
 
 
 def cuda_initialized() -> bool:

@@ -3,18 +3,17 @@
 For /metrics only: `reader()` returns a callable the serving loop calls once a second;
 on a host without NVML (no driver, no `nvidia-ml-py`, a CPU machine) it returns one that
 reports no GPUs. NVML never initialises CUDA, so reading it is safe in any process. The
-GPUs read are those CUDA_VISIBLE_DEVICES names by index (all of them when it is unset or
-names devices by UUID).
+GPUs read are those CUDA_VISIBLE_DEVICES leaves visible (`devices.visible_indices`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
 from ebb.queue.observations import GpuFigures
+from ebb.runners import devices
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +28,7 @@ def reader(environ: dict[str, str] | None = None) -> Callable[[], list[GpuFigure
         count = pynvml.nvmlDeviceGetCount()
     except pynvml.NVMLError:
         return list
-    indices = _visible(os.environ if environ is None else environ, count)
+    indices = devices.visible_indices(count, environ)
     if not indices:
         return list
 
@@ -41,16 +40,6 @@ def reader(environ: dict[str, str] | None = None) -> Callable[[], list[GpuFigure
             return []
 
     return read
-
-
-def _visible(environ: dict[str, str] | os._Environ[str], count: int) -> list[int]:
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return list(range(count))
-    names = [v.strip() for v in visible.split(",") if v.strip()]
-    if not all(n.isdigit() for n in names):
-        return list(range(count)) if names and names[0] != "-1" else []
-    return [int(n) for n in names if int(n) < count]
 
 
 def _figures(nvml: Any, index: int) -> GpuFigures:

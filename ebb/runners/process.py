@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -114,7 +115,8 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    queue.set_fields(pid=os.getpid())
+    # Where it runs, for placement: a stem here serves best a model this node caches.
+    queue.set_fields(pid=os.getpid(), node=settings.node_name or socket.gethostname())
     heartbeat = Heartbeat(
         queue, settings.heartbeat_interval_s, stop, follow_parent=settings.runner_follows_parent
     )
@@ -315,7 +317,11 @@ def engine_options(
         source=spec.source,
         dtype=engine.dtype,
         quantization=engine.quantization,
-        tensor_parallel_size=placement.tensor_parallel_size if placement else 1,
+        # Placement's split on a host it placed; else (a pod or an actor given its GPUs
+        # by the cluster) the deployment's own.
+        tensor_parallel_size=(
+            placement.tensor_parallel_size if placement else engine.tensor_parallel_size or 1
+        ),
         enable_prefix_caching=engine.enable_prefix_caching,
         enforce_eager=engine.enforce_eager,
         gpu_memory_utilization=placement.gpu_memory_utilization if placement else None,

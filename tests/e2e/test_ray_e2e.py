@@ -1,6 +1,6 @@
 """The Ray two-node cluster on loopback (its own network namespace) with the real engine on
-the default model: a runner on the worker node answers through the frontdoor on the head,
-then drains to zero."""
+the default model: the pre-warmed stem, a Ray actor waiting on the worker node, becomes
+the runner, answers through the frontdoor on the head, then drains to zero."""
 
 from __future__ import annotations
 

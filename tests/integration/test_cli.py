@@ -92,7 +92,7 @@ def test_keys_and_a_tenant_key(platform):
     # EBB_API_KEY makes the CLI call as the tenant: reading works, admin actions are refused.
     usage = ok_json(ebb(platform, "usage", "--json", EBB_API_KEY=secret))
     assert usage["object"] == "usage"
-    refused = ebb(platform, "deployments", "delete", "anything", EBB_API_KEY=secret)
+    refused = ebb(platform, "keys", "list", EBB_API_KEY=secret)
     assert refused.returncode == 1 and "admin key" in refused.stderr
 
     revoked = ebb(platform, "keys", "revoke", key_id)

@@ -34,6 +34,7 @@ BODY_ROUTES = [
     ("PATCH", "/v1/deployments/hostile", {"max_replicas": 1}),
     ("POST", "/v1/keys", {"tenant": "fuzz", "name": "k"}),
     ("PUT", "/v1/tenants/fuzz/limits", {"requests_per_minute": 1000}),
+    ("PUT", "/v1/tenants/fuzz/quota", {"max_deployments": 1, "allowed_sources": ["fake://"]}),
     ("PUT", "/v1/keys/key_000000000000/limits", {"requests_per_minute": 1000}),
     ("POST", "/v1/webhooks/secret/rotate", {"overlap_s": 10}),
 ]

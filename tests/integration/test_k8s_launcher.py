@@ -14,7 +14,7 @@ from support import wait_until
 
 from ebb.coldstart.k8s_pods import PodTemplate, pod_name
 from ebb.coldstart.launch_k8s import CACHED_SOURCES_ANNOTATION, KubernetesLauncher
-from ebb.coldstart.nodes import Placement
+from ebb.coldstart.placement import Placement
 from ebb.coldstart.placing import PreferringLauncher
 from ebb.coldstart.tiers import Tier
 

@@ -1,7 +1,8 @@
 """infra/: every overlay renders offline (`kubectl kustomize`) and validates strictly
 against the oldest and newest Kubernetes versions ebb supports; and what the manifests
 promise holds: the controller's RBAC is exactly the launcher's verbs, only the frontdoor
-takes outside connections, a leader and a standby, Redis with AOF on a volume."""
+takes outside connections, a leader and a standby, Redis with AOF on a volume, a weight
+prefetcher on every node filling the cache runner pods mount."""
 
 from __future__ import annotations
 
@@ -111,3 +112,22 @@ def test_the_cuda_overlay_runs_gpu_runners_from_the_cuda_image():
         for c in d["spec"]["template"]["spec"]["containers"]
     }
     assert images == {"ebb:cuda"}
+
+
+def test_a_prefetcher_per_node_fills_the_cache_runner_pods_mount_and_only_annotates_nodes():
+    docs = render("cpu")
+    config = by_kind(docs, "ConfigMap")["ebb-config"]["data"]
+    daemon = by_kind(docs, "DaemonSet")["ebb-prefetcher"]["spec"]["template"]["spec"]
+    [container] = daemon["containers"]
+    assert container["command"] == ["python", "-m", "ebb", "prefetch"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["EBB_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["EBB_PREFETCH_ANNOTATE_NODE"]["value"] == "1"
+    [cache] = [v for v in daemon["volumes"] if "hostPath" in v]
+    assert cache["hostPath"]["path"] == config["EBB_K8S_WEIGHTS_HOST_PATH"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts[cache["name"]] == config["EBB_WEIGHTS_CACHE_DIR"]
+    [rule] = by_kind(docs, "ClusterRole")["ebb-annotate-nodes"]["rules"]
+    assert (rule["resources"], sorted(rule["verbs"])) == (["nodes"], ["get", "patch"])
+    binding = by_kind(docs, "ClusterRoleBinding")["ebb-prefetcher-annotate-nodes"]
+    assert binding["subjects"][0]["name"] == daemon["serviceAccountName"]

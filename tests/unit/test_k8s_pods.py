@@ -7,7 +7,7 @@ import kubernetes_validate
 import pytest
 
 from ebb.coldstart.k8s_pods import PodEnd, PodTemplate, pod_end, runner_pod, unschedulable
-from ebb.coldstart.nodes import Placement
+from ebb.coldstart.placement import Placement
 from ebb.coldstart.tiers import Tier
 
 # The oldest and newest Kubernetes versions the manifests and runner pods are checked for.
@@ -20,6 +20,9 @@ def test_runner_pods_validate_strictly(version):
     for pod in (
         runner_pod(TEMPLATE, "r-1", "m", Tier.FRESH, gpus=2, placement=Placement("n1", (0, 1))),
         runner_pod(TEMPLATE, "r-2", None, Tier.PREWARMED, gpus=0, placement=Placement()),
+        runner_pod(
+            TEMPLATE, "r-3", None, Tier.PREWARMED, gpus=1, placement=Placement(), pool="a100"
+        ),
     ):
         kubernetes_validate.validate(pod, version, strict=True)
 
@@ -66,3 +69,12 @@ def test_an_unschedulable_pod_says_why():
     assert pod_end(status("Pending", conditions=[cond])) is None, "the launcher's grace decides"
     scheduled = {**cond, "status": "True"}
     assert unschedulable(status("Pending", conditions=[scheduled])) is None
+
+
+def test_a_pool_stem_is_pinned_to_its_pools_nodes_beside_the_templates_selector():
+    pod = runner_pod(TEMPLATE, "r-3", None, Tier.PREWARMED, gpus=1, placement=Placement(), pool="a")
+    assert pod["spec"]["nodeSelector"] == {"pool": "gpu", "ebb.io/pool": "a"}
+    assert pod["metadata"]["labels"]["ebb.io/pool"] == "a"
+    plain = runner_pod(TEMPLATE, "r-4", "m", Tier.FRESH, gpus=1, placement=Placement())
+    assert plain["spec"]["nodeSelector"] == {"pool": "gpu"}
+    assert "ebb.io/pool" not in plain["metadata"]["labels"]

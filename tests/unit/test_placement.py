@@ -151,3 +151,12 @@ def test_need_splits_weights_but_not_the_reserve() -> None:
     n = GpuNeed(weights_bytes=8 * GIB, kv_cache_bytes=4 * GIB, reserve_bytes=GIB)
     assert n.total_bytes == 13 * GIB
     assert n.per_device_bytes(2) == 7 * GIB
+
+
+def test_a_host_holding_the_weights_wins_over_a_tighter_fit_elsewhere() -> None:
+    tight = host(device(0, 16), name="tight")
+    roomy = host(device(0, 80), name="roomy")
+    assert placed(place(need(10), [tight, roomy])).host == "tight"
+    assert placed(place(need(10), [tight, roomy], holding={"roomy"})).host == "roomy"
+    # Holding the weights never makes a device fit that does not.
+    assert placed(place(need(20), [tight, roomy], holding={"tight"})).host == "roomy"

@@ -4,7 +4,7 @@ weights; stems, unknown sources and unreadable nodes go anywhere, and still laun
 from __future__ import annotations
 
 from ebb.coldstart.fork_client import Exit
-from ebb.coldstart.nodes import NodeCapacity, Placement
+from ebb.coldstart.placement import NodeCapacity, Placement
 from ebb.coldstart.placing import PreferringLauncher
 from ebb.coldstart.tiers import Tier
 

@@ -3,14 +3,14 @@ nodes that cannot take the runner never."""
 
 from __future__ import annotations
 
-from ebb.coldstart.launcher import WarmState
-from ebb.coldstart.nodes import (
+from ebb.coldstart.placement import (
     NodeCapacity,
     Placement,
     choose_placement,
     overall_warm_state,
     rank_nodes,
 )
+from ebb.coldstart.tiers import WarmState
 
 SRC = "s3://models/llama"
 

@@ -1,0 +1,138 @@
+"""Who may see, call and change which deployment (tenant self-service).
+
+- The admin sees and changes everything.
+- A tenant sees and calls its own deployments (`owner`), public ones (every deployment
+  the admin creates, unless made private) and private ones whose `shared_with` names it.
+  Anything else does not exist for it: a 404, never a 403 that would confirm the name.
+- A tenant changes and deletes only its own, within the quota the admin set
+  (`ebb.frontdoor.quotas`). Prices, the owner, `visibility` and `shared_with` stay the
+  admin's: they decide who pays and who may call.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from ebb.errors import NotFound, PermissionDenied
+from ebb.frontdoor.caller import Caller
+from ebb.frontdoor.quotas import check_change, check_source, owned
+from ebb.frontdoor.services import Services
+from ebb.queue.platform import PlatformState
+from ebb.queue.quotas import TenantQuota
+from ebb.queue.schema import DeploymentSpec
+
+# Fields of a deployment body only the admin may set.
+ADMIN_ONLY_FIELDS = (
+    "price_per_1m_input_tokens_micros",
+    "price_per_1m_output_tokens_micros",
+    "price_per_gpu_second_micros",
+    "visibility",
+    "shared_with",
+)
+
+
+def can_see(caller: Caller, spec: DeploymentSpec) -> bool:
+    return (
+        caller.is_admin
+        or spec.owner == caller.tenant
+        or spec.visibility == "public"
+        or caller.tenant in spec.shared_with
+    )
+
+
+def manages(caller: Caller, view: dict) -> bool:
+    """May change it, and sees all of it (a deployment's view or spec as builtins)."""
+    return caller.is_admin or view.get("owner") == caller.tenant
+
+
+def _not_found(name: str, *, as_model: bool) -> NotFound:
+    if as_model:
+        return NotFound(
+            f"The model {name!r} does not exist. GET /v1/models lists the deployed models; "
+            "deploy one with 'ebb deploy'.",
+            param="model",
+            code="model_not_found",
+        )
+    return NotFound(f"No deployment named {name!r}. 'ebb deployments' lists them.", param="name")
+
+
+async def visible_deployment(
+    state: PlatformState, caller: Caller, name: str, *, as_model: bool = True
+) -> DeploymentSpec:
+    """The deployment `caller` may call by `name`, or a 404 (the model's, by default)."""
+    return visible_or_404(caller, name, await state.get_deployment(name), as_model=as_model)
+
+
+def visible_or_404(
+    caller: Caller, name: str, spec: DeploymentSpec | None, *, as_model: bool = True
+) -> DeploymentSpec:
+    """`spec` (the deployment named `name`, as read) if `caller` may call it, else a 404."""
+    if spec is None or not can_see(caller, spec):
+        raise _not_found(name, as_model=as_model)
+    return spec
+
+
+async def visible_deployments(state: PlatformState, caller: Caller) -> list[DeploymentSpec]:
+    return [s for s in await state.list_deployments() if can_see(caller, s)]
+
+
+async def managed_deployment(state: PlatformState, caller: Caller, name: str) -> DeploymentSpec:
+    """The deployment `caller` may change: 404 when it may not see it, 403 when it only
+    calls it (shared or public)."""
+    spec = await visible_deployment(state, caller, name, as_model=False)
+    if not manages(caller, {"owner": spec.owner}):
+        raise PermissionDenied(
+            f"Deployment {name!r} belongs to another tenant; only its owner or the admin may "
+            "change or delete it."
+        )
+    return spec
+
+
+def check_fields(caller: Caller, given: dict) -> None:
+    """Refuse, for a tenant, body fields that are the admin's (`given`: the fields sent)."""
+    if caller.is_admin:
+        return
+    for field in ADMIN_ONLY_FIELDS:
+        if given.get(field) is not None:
+            raise PermissionDenied(
+                f"{field} is set by the admin ('ebb price', 'ebb deployments share'); "
+                "leave it out.",
+                param=field,
+            )
+    owner = given.get("owner")
+    if owner is not None and owner != caller.tenant:
+        raise PermissionDenied(
+            f"A tenant's deployments are owned (and their GPU time billed) by itself: owner "
+            f"must be {caller.tenant!r} or left out; the admin may hand one to another tenant.",
+            param="owner",
+        )
+
+
+def created_by(caller: Caller, spec: DeploymentSpec) -> DeploymentSpec:
+    """A new deployment as its creator makes it: a tenant's is its own, and private."""
+    if caller.is_admin:
+        return spec
+    return msgspec.structs.replace(spec, owner=caller.tenant, visibility="private", shared_with=[])
+
+
+async def store(
+    services: Services,
+    caller: Caller,
+    spec: DeploymentSpec,
+    *,
+    create_only: bool,
+) -> bool:
+    """Write `spec` (False: `create_only` and the name is taken). A tenant's write is
+    checked against its quota atomically with it; the admin's is not limited."""
+    if caller.is_admin:
+        return await services.state.put_deployment(spec, create_only=create_only)
+    tenant = caller.tenant
+
+    def check(quota: TenantQuota | None, specs: dict[str, DeploymentSpec]) -> None:
+        before = owned(tenant, specs)
+        check_change(tenant, quota, before, {**before, spec.name: spec})
+        previous = specs.get(spec.name)
+        if previous is None or previous.source != spec.source:
+            check_source(tenant, quota, spec.source)
+
+    return await services.quotas.put_deployment(tenant, spec, check, create_only=create_only)

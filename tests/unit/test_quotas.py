@@ -1,0 +1,88 @@
+"""Tenant quotas and visibility as pure policy (ebb.frontdoor.quotas, ebb.frontdoor.tenancy)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ebb.errors import PermissionDenied, QuotaExceeded
+from ebb.frontdoor.caller import Caller
+from ebb.frontdoor.quotas import check_change, check_source, gpus_of, use_of
+from ebb.frontdoor.tenancy import can_see, check_fields, created_by, manages
+from ebb.queue.quotas import TenantQuota
+from ebb.queue.schema import DeploymentSpec, EngineSpec
+
+ACME = Caller(tenant="acme", key_id="key_a", is_admin=False)
+BETA = Caller(tenant="beta", key_id="key_b", is_admin=False)
+ADMIN = Caller(tenant="admin", key_id="admin", is_admin=True)
+QUOTA = TenantQuota(max_deployments=2, max_replicas=4, max_gpus=4, allowed_sources=["hf://acme/"])
+
+
+def spec(name: str, max_replicas: int = 1, tp: int | None = None, **fields) -> DeploymentSpec:
+    engine = EngineSpec(tensor_parallel_size=tp)
+    return DeploymentSpec(
+        name=name, source="hf://acme/m", max_replicas=max_replicas, engine=engine, **fields
+    )
+
+
+def test_use_sums_replicas_and_gpus_by_tensor_parallel_size():
+    specs = [spec("a", 2), spec("b", 3, tp=2)]
+    assert gpus_of(specs[1]) == 6
+    assert use_of(specs) == use_of(specs[::-1])
+    assert (use_of(specs).deployments, use_of(specs).replicas, use_of(specs).gpus) == (2, 5, 8)
+
+
+def test_a_change_is_refused_only_when_it_raises_a_use_past_its_limit():
+    before = {"a": spec("a", 2), "b": spec("b", 2)}
+    check_change("acme", QUOTA, before, before)  # at the limit, unchanged: fine
+    with pytest.raises(QuotaExceeded) as third:
+        check_change("acme", QUOTA, before, {**before, "c": spec("c")})
+    assert third.value.param == "max_deployments" and "owns 2" in third.value.message
+    with pytest.raises(QuotaExceeded) as more:
+        check_change("acme", QUOTA, before, {**before, "a": spec("a", 3)})
+    assert more.value.param == "max_replicas" and "up to 5 replicas" in more.value.message
+    with pytest.raises(QuotaExceeded) as gpus:
+        check_change("acme", QUOTA, before, {**before, "a": spec("a", 1, tp=4)})
+    assert gpus.value.param == "max_gpus" and "up to 6 GPUs" in gpus.value.message
+
+    # Over a quota lowered afterwards: lowering the use is allowed, raising it is not.
+    lowered = TenantQuota(max_deployments=1, max_replicas=1, max_gpus=1)
+    check_change("acme", lowered, before, {**before, "a": spec("a", 1)})
+    with pytest.raises(QuotaExceeded):
+        check_change("acme", lowered, before, {**before, "a": spec("a", 3)})
+
+
+def test_no_quota_means_nothing_and_says_how_to_grant_one():
+    with pytest.raises(QuotaExceeded) as refused:
+        check_change("acme", None, {}, {"a": spec("a")})
+    assert "ebb tenants quota acme --max-deployments" in refused.value.message
+    assert refused.value.status_code == 403 and refused.value.code == "quota_exceeded"
+
+
+def test_sources_must_start_with_an_allowed_prefix():
+    check_source("acme", QUOTA, "hf://acme/model@main")
+    check_source("acme", TenantQuota(allowed_sources=["*"]), "s3://anything")
+    with pytest.raises(QuotaExceeded, match="only sources starting with 'hf://acme/'"):
+        check_source("acme", QUOTA, "hf://other/model")
+    with pytest.raises(QuotaExceeded, match="may not deploy from any source yet"):
+        check_source("acme", None, "hf://acme/model")
+
+
+def test_who_sees_and_who_manages():
+    public = spec("pub")  # the admin's: public, owned by the admin
+    private = spec("priv", owner="acme", visibility="private", shared_with=["beta"])
+    hidden = spec("hid", owner="acme", visibility="private")
+    assert all(can_see(c, public) for c in (ACME, BETA, ADMIN))
+    assert can_see(BETA, private) and not can_see(BETA, hidden) and can_see(ACME, hidden)
+    assert manages(ACME, {"owner": "acme"}) and not manages(BETA, {"owner": "acme"})
+    assert manages(ADMIN, {"owner": "acme"}) and not manages(ACME, {"owner": "admin"})
+
+
+def test_a_tenant_creates_its_own_private_deployment_and_no_admin_fields():
+    made = created_by(ACME, spec("new", visibility="public", shared_with=["x"]))
+    assert (made.owner, made.visibility, made.shared_with) == ("acme", "private", [])
+    assert created_by(ADMIN, spec("new")).visibility == "public"
+    check_fields(ACME, {"owner": "acme", "max_replicas": 2})
+    check_fields(ADMIN, {"owner": "beta", "price_per_gpu_second_micros": 5})
+    for given in ({"owner": "beta"}, {"price_per_gpu_second_micros": 5}, {"shared_with": []}):
+        with pytest.raises(PermissionDenied):
+            check_fields(ACME, given)
