@@ -69,7 +69,10 @@ def frontdoor() -> None:
     if settings.frontdoor_workers > 1:
         # uvicorn's supervisor binds the port once and starts the workers on that socket
         # (restarting any that dies); each worker builds its app with `frontdoor_worker_app`.
+        from ebb.process_memory import start_memory_reporter
+
         _logging()
+        start_memory_reporter(settings.redis_url or "", "frontdoor-supervisor")
         uvicorn.run(
             "ebb.cli.main:frontdoor_worker_app",
             factory=True,
