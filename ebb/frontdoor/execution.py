@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -222,12 +222,13 @@ class RetryAfterCache:
     trips beyond its enqueue attempt, and concurrent refusals share one computation. The
     estimate moves with runner states and cold-start averages, over seconds."""
 
-    def __init__(self, state: PlatformState):
+    def __init__(self, state: PlatformState, clock: Callable[[], float] = time.monotonic):
         self._state = state
+        self._clock = clock
         self._estimates: dict[str, tuple[float, asyncio.Task[int]]] = {}
 
     async def of(self, deployment: str) -> int:
-        now = time.monotonic()
+        now = self._clock()
         known = self._estimates.get(deployment)
         if known is not None:
             at, task = known
