@@ -14,6 +14,8 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ebb.secrets import SecretBox
+
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
@@ -45,7 +47,8 @@ def parse_bytes(text: str, name: str) -> int:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="EBB_", extra="ignore")
+    # Inputs stay out of validation errors: one of them may be a key (EBB_SECRETS_KEY).
+    model_config = SettingsConfigDict(env_prefix="EBB_", extra="ignore", hide_input_in_errors=True)
 
     home: Path = Path(".ebb")
     redis_url: str | None = None
@@ -64,6 +67,9 @@ class Settings(BaseSettings):
     # admissions, more processes admit more; each holds its own memory (`ebb status`).
     frontdoor_workers: int = Field(default=1, ge=1, le=64)
     admin_key: str | None = None
+    # Encrypts deployment versions' environments (secrets such as HF_TOKEN) at rest: a
+    # Fernet key (`ebb.secrets.new_key()`). Unset: versions cannot carry an environment.
+    secrets_key: str | None = Field(default=None, repr=False)
 
     # Admission: how long a synchronous request may wait for a runner to claim it.
     admission_timeout_s: float = 10.0
@@ -204,6 +210,13 @@ class Settings(BaseSettings):
     # OpenTelemetry traces go to this OTLP/HTTP endpoint (e.g. http://127.0.0.1:4318);
     # unset: no tracing at all.
     otlp_endpoint: str | None = None
+
+    @field_validator("secrets_key")
+    @classmethod
+    def _secrets_key_is_fernet(cls, v: str | None) -> str | None:
+        if v:
+            SecretBox(v)  # raises ValueError that says how to make one
+        return v
 
     @field_validator("log_format")
     @classmethod

@@ -16,6 +16,8 @@ class EbbError(Exception):
 
     # Set by the frontdoor once a request id exists, so a refusal can be traced.
     request_id: str | None = None
+    # The deployment version admission picked, when one was (sent as x-ebb-version).
+    version: int = 0
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)

@@ -24,6 +24,7 @@ import redis
 from ebb.config import Settings
 from ebb.queue.metering import POOL_DEPLOYMENT, GpuMeter, GpuMeterScript
 from ebb.queue.schema import DeploymentSpec
+from ebb.queue.versions import public_name
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,8 @@ def meter_for(runner_id: str, spec: DeploymentSpec | None, gpus: int) -> GpuMete
         )
     return GpuMeter(
         runner_id=runner_id,
-        deployment=spec.name,
+        # A version's runner is billed under the deployment's public name.
+        deployment=public_name(spec.name),
         tenant=spec.owner,
         gpu_count=gpus,
         price_per_gpu_second_micros=spec.price_per_gpu_second_micros,
@@ -78,11 +80,13 @@ class RunnerMeter(threading.Thread):
         self._read_spec = read_spec
         self._gpus = gpu_count() if gpus is None else gpus
         self._meter = meter_for(runner_id, None, self._gpus)
+        self._unit = ""  # the serving unit (deployment version) whose spec it re-reads
         self._done = threading.Event()
 
     def begin(self, spec: DeploymentSpec | None) -> None:
         """From launch on, bill to `spec`'s owner (None: the pre-warmed pool)."""
         self._meter = meter_for(self._runner_id, spec, self._gpus)
+        self._unit = spec.name if spec else ""
         self._script.switch(self._runner_id, self._meter, end="heartbeat_ms")
         self.start()
 
@@ -92,6 +96,7 @@ class RunnerMeter(threading.Thread):
         if gpus is not None:
             self._gpus = gpus
         self._meter = meter_for(self._runner_id, spec, self._gpus)
+        self._unit = spec.name
         self._script.switch(self._runner_id, self._meter, end="heartbeat_ms")
 
     def run(self) -> None:
@@ -114,9 +119,9 @@ class RunnerMeter(threading.Thread):
             log.exception("runner: %s could not close its GPU metering", self._runner_id)
 
     def _refresh(self) -> None:
-        if self._meter.deployment == POOL_DEPLOYMENT:
+        if self._meter.deployment == POOL_DEPLOYMENT or not self._unit:
             return
-        spec = self._read_spec(self._meter.deployment)
+        spec = self._read_spec(self._unit)
         if spec is not None:
             self._meter = meter_for(self._runner_id, spec, self._gpus)
 

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from ebb.cli import deployment_options as opts
 from ebb.cli.api import EXIT_USAGE, Api, JsonOpt, console, err_console, print_json
+from ebb.cli.rollouts import parse_env, wait_for_version
 from ebb.cli.weights import print_cache, wait_for_weights
 
 deployments_app = typer.Typer(
@@ -63,9 +64,17 @@ def deploy(
     gpu_second_price: str | None = opts.GpuSecondPriceOpt,
     visibility: str | None = opts.VisibilityOpt,
     share_with: list[str] | None = opts.ShareWithOpt,
+    env: list[str] | None = typer.Option(
+        None, "--env", help="NAME=VALUE in the version's environment (stored encrypted)."
+    ),
+    env_file: Path | None = typer.Option(None, help="NAME=VALUE lines for the environment."),
+    create_only: bool = typer.Option(
+        False, "--create-only", help="Refuse if the name exists instead of a new version."
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Deploy a model; its weights are prefetched so the first cold start is a cache hit.
+    """Deploy a model, or a new version of an existing one (no traffic until `ebb
+    rollout`); its weights are prefetched so the first cold start is a cache hit.
 
     Every field of POST /v1/deployments has an option (unset: the platform's default). A
     tenant key deploys its own, within its quota; prices and sharing are the admin's.
@@ -109,8 +118,25 @@ def deploy(
             batch_discount=batch_discount,
         ),
     )
+    if (env_vars := parse_env(env, env_file)) is not None:
+        body["env"] = env_vars
     api = Api()
-    answer = api.call("POST", "/v1/deployments", json=body)
+    answer = api.call(
+        "POST",
+        "/v1/deployments",
+        json=body,
+        headers={"If-None-Match": "*"} if create_only else {},
+    )
+    if version := answer.get("deployed_version"):
+        history = wait_for_version(api, name, version) if wait else answer
+        if as_json:
+            print_json(history)
+        else:
+            console.print(
+                f"deployed version {version} of [bold]{name}[/] (no traffic yet); move "
+                f"traffic to it with 'ebb rollout {name}' (or --canary PCT)"
+            )
+        return
     if wait:
         answer = wait_for_weights(api, name)
     if as_json:

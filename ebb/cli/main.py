@@ -11,6 +11,7 @@ from ebb.cli.deployments import deploy, deployments_app, scale, status
 from ebb.cli.jobs import jobs_app
 from ebb.cli.keys import keys_app
 from ebb.cli.logs import logs
+from ebb.cli.rollouts import history, rollback, rollout
 from ebb.cli.tenants import tenants_app
 from ebb.cli.usage import price, usage_app
 from ebb.coldstart.tiers import Tier
@@ -28,9 +29,10 @@ app.add_typer(jobs_app, name="jobs")
 app.add_typer(batches_app, name="batches")
 app.add_typer(usage_app, name="usage")
 app.add_typer(tenants_app, name="tenants")
-for command in (deploy, scale, status, price, chat, logs):
+for command in (deploy, scale, status, price, chat, logs, rollout, rollback):
     app.command()(command)
 deployments_app.command("show")(show_deployment)
+deployments_app.command("history")(history)
 deployments_app.command("delete")(delete_deployment)
 
 

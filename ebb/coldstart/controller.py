@@ -219,7 +219,7 @@ class Controller:
         runners = await self._collect_exits(records)
         self._records = runners
         await self._publish_fork_server_state()
-        specs = await self._state.list_deployments()
+        specs = await self._state.serving_units()
         if self._gpus is not None:
             await self._gpus.refresh()
             await self._gpus.recheck(specs)
@@ -272,7 +272,7 @@ class Controller:
         exit, which makes this a no-op."""
         if not self._settings.metering or self._gpu_meter is None:
             return
-        spec = await self._state.get_deployment(r.deployment) if r.deployment else None
+        spec = await self._state.serving_unit(r.deployment) if r.deployment else None
         gpus = await self._gpus.gpu_count(r.runner_id) if self._gpus is not None else 1
         await self._gpu_meter.close(
             r.runner_id, meter_for(r.runner_id, spec, gpus=gpus), end=LAST_SIGN_OF_LIFE

@@ -14,6 +14,7 @@ from ebb.coldstart.gpu_placer import GpuPlacer
 from ebb.coldstart.launchers import make_launcher
 from ebb.coldstart.leader import LeaderElection
 from ebb.coldstart.preparer import Preparer
+from ebb.coldstart.rollouts import RolloutDriver
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.process_guard import exit_when_orphaned
@@ -50,6 +51,7 @@ async def _main(settings: Settings) -> None:
         leader=election,
     )
     preparer = Preparer(settings, state, EngineRegistry.from_settings(settings))
+    rollouts = RolloutDriver(state)
     stopping = asyncio.Event()
 
     def stop() -> None:
@@ -61,7 +63,11 @@ async def _main(settings: Settings) -> None:
         loop.add_signal_handler(sig, stop)
     holding = asyncio.create_task(election.run())
     try:
-        await asyncio.gather(controller.run(), preparer.run(stopping, leading=election.leading))
+        await asyncio.gather(
+            controller.run(),
+            preparer.run(stopping, leading=election.leading),
+            rollouts.run(stopping, leading=election.leading),
+        )
     finally:
         # The lease is held (and renewed) until the controller stopped acting.
         election.stop()

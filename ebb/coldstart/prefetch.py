@@ -32,7 +32,7 @@ from ebb.coldstart.k8s_pods import CACHED_SOURCES_ANNOTATION
 from ebb.coldstart.launcher import child_environment
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
-from ebb.queue.deployment_lookup import read_deployments
+from ebb.queue.deployment_lookup import read_serving_units
 from ebb.queue.node_caches import publish_node_cache
 from ebb.weights_cache import cached_manifest
 
@@ -93,7 +93,8 @@ class Prefetcher:
 
     def _sources(self) -> list[str]:
         wanted = set()
-        for spec in read_deployments(self._client):
+        # Every version's source: a new version's weights are on the node before it serves.
+        for spec in read_serving_units(self._client):
             try:
                 if self._engines.entry_for(spec.source).prepares_weights:
                     wanted.add(spec.source)

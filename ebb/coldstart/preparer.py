@@ -35,7 +35,10 @@ from ebb.engines import EngineRegistry
 from ebb.queue import observations
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec
+from ebb.queue.version_store import VersionStore
+from ebb.queue.versions import split_unit
 from ebb.queue.weights_status import WeightsState, WeightsStatus, progress_fields
+from ebb.secrets import SecretBox
 from ebb.weights_cache.preparation import (
     PrepareDone,
     PrepareFailed,
@@ -64,6 +67,10 @@ class _Preparation:
     task: asyncio.Task[PrepareDone | PrepareFailed] | None = None
     # It fetched or converted the weights (not only found them cached): for metrics.
     fetched: bool = False
+    # The version that asked first: its environment (HF_TOKEN, S3 credentials) is the
+    # process's, opened just before it starts.
+    asked_by: str = ""
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -117,7 +124,8 @@ class Preparer:
                 preparation.task.cancel()
 
     async def reconcile(self) -> None:
-        specs = [s for s in await self._state.list_deployments() if self._prepares(s)]
+        # Per serving unit: a new version's weights are ready before traffic moves to it.
+        specs = [s for s in await self._state.serving_units() if self._prepares(s)]
         statuses = await self._state.deployment_statuses([s.name for s in specs])
         for spec in specs:
             await self._consider(spec, WeightsStatus.of(statuses[spec.name]))
@@ -150,7 +158,7 @@ class Preparer:
         self._start(source, spec.name, show_preparing=weights.state is not WeightsState.FAILED)
 
     def _start(self, source: str, first: str, *, show_preparing: bool) -> None:
-        preparation = _Preparation(source, {first})
+        preparation = _Preparation(source, {first}, asked_by=first)
         preparation.task = asyncio.create_task(self._prepare(preparation, show_preparing))
         self._running[source] = preparation
 
@@ -162,6 +170,7 @@ class Preparer:
             if show_preparing:  # a retry after a failure keeps showing that failure
                 for name in sorted(preparation.followers):
                     await self._write(name, WeightsStatus(WeightsState.PREPARING))
+            preparation.env = await self._version_env(preparation.asked_by)
             outcome = await self._run_process(preparation)
         except asyncio.CancelledError:
             raise
@@ -206,6 +215,12 @@ class Preparer:
         for name in sorted(preparation.followers):
             await self._write(name, status)
 
+    async def _version_env(self, unit: str) -> dict[str, str]:
+        """The environment of `unit`'s version, opened (ValueError without the key)."""
+        name, number = split_unit(unit)
+        record = await VersionStore(self._state.redis).version(name, number)
+        return SecretBox(self._settings.secrets_key).open(record.env_sealed if record else "")
+
     async def _run_process(self, preparation: _Preparation) -> PrepareDone | PrepareFailed:
         log_path = self._settings.logs_dir / f"prepare-{_short_hash(preparation.source)}.log"
         with log_path.open("ab") as log_file:
@@ -217,7 +232,7 @@ class Preparer:
                 preparation.source,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log_file,
-                env=child_environment(self._settings),
+                env={**child_environment(self._settings), **preparation.env},
             )
         log.info("coldstart: preparing %s (pid %d)", preparation.source, proc.pid)
         assert proc.stdout is not None

@@ -54,6 +54,12 @@ class InMemoryState:
     async def get_deployment(self, name: str) -> DeploymentSpec | None:
         return self.deployments.get(name)
 
+    async def serving_units(self) -> list[DeploymentSpec]:
+        return await self.list_deployments()  # one version each
+
+    async def serving_unit(self, unit: str) -> DeploymentSpec | None:
+        return self.deployments.get(unit)
+
     async def set_deployment_status(self, name: str, **fields: object) -> None:
         self.status.setdefault(name, {}).update({k: str(v) for k, v in fields.items()})
 

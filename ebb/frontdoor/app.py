@@ -29,6 +29,7 @@ from ebb.frontdoor import (
     routes_quotas,
     routes_status,
     routes_usage,
+    routes_versions,
     routes_webhooks,
     routes_weights,
 )
@@ -75,6 +76,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_files.router)
     app.include_router(routes_batches.router)
     app.include_router(routes_deployments.router)
+    app.include_router(routes_versions.router)
     app.include_router(routes_usage.router)
     app.include_router(routes_limits.router)
     app.include_router(routes_quotas.router)

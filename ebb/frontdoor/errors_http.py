@@ -36,6 +36,8 @@ _HTTP_CODES = {
 
 def error_response(error: EbbError) -> JSONResponse:
     headers = {"X-Request-Id": error.request_id} if error.request_id else {}
+    if error.version:
+        headers["x-ebb-version"] = str(error.version)
     if isinstance(error, CapacityError | RateLimited):
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
     return JSONResponse(error.to_body(), status_code=error.status_code, headers=headers)

@@ -184,7 +184,8 @@ async def _platform_families(state: PlatformState) -> list:
     for r in await state.runners():
         if r.state.is_live:
             counts[(r.deployment, r.state.value)] = counts.get((r.deployment, r.state.value), 0) + 1
-    for spec in await state.list_deployments():
+    # Per serving unit: a version after the first is labelled "NAME@vN".
+    for spec in await state.serving_units():
         for s in RunnerState:
             if s.is_live:
                 counts.setdefault((spec.name, s.value), 0)

@@ -59,6 +59,7 @@ class RequestObservation:
         self.tenant = caller.tenant
         self.endpoint = endpoint
         self.deployment = ""  # set once the model is known to exist
+        self.version = 0  # the deployment's version admission picked (0: none yet)
         self._started = time.monotonic()
         self._queued_s: float | None = None
         self._first_token_at: float | None = None
@@ -128,6 +129,7 @@ class RequestObservation:
             self._span.set_attributes(
                 {
                     "ebb.deployment": self.deployment,
+                    "ebb.version": self.version,
                     "ebb.tenant": self.tenant,
                     "http.response.status_code": status,
                     "ebb.outcome": outcome,
@@ -144,6 +146,7 @@ class RequestObservation:
             "request_id": self.request_id,
             "tenant": self.tenant,
             "deployment": self.deployment,
+            "version": self.version,
             "endpoint": self.endpoint,
             "status": status,
             "outcome": outcome,

@@ -7,7 +7,7 @@ import time
 from typing import Annotated, Literal
 
 import msgspec
-from fastapi import APIRouter
+from fastapi import APIRouter, Header
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from ebb.engine_options import DTYPES, GpuCapacity, check_engine
@@ -16,11 +16,20 @@ from ebb.errors import Conflict, InvalidRequest
 from ebb.frontdoor import tenancy
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
+from ebb.frontdoor.deploy_versions import (
+    deploy_version,
+    keep_first_env,
+    refuse_version_fields,
+    seal_env,
+    version_summary,
+)
+from ebb.frontdoor.quotas import check_source
 from ebb.frontdoor.routes_limits import TENANT_PATTERN
-from ebb.frontdoor.services import ServicesDep
+from ebb.frontdoor.services import Services, ServicesDep
 from ebb.queue.gpus import GpuState
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec, EngineSpec, RunnerState, ServingOptions
+from ebb.queue.versions import public_name, split_unit
 from ebb.queue.weights_status import WeightsState, WeightsStatus
 
 router = APIRouter(prefix="/v1/deployments")
@@ -107,7 +116,7 @@ class DeploymentPatch(BaseModel):
 
     def changes(self, engine: EngineSpec, serving: ServingOptions) -> dict:
         """The fields given, `engine` and `serving` merged over the current options."""
-        fields = self.model_dump(exclude_none=True, exclude={"engine", "serving"})
+        fields = self.model_dump(exclude_none=True, exclude={"engine", "serving", "env"})
         if self.engine is not None:
             given = self.engine.model_dump(exclude_none=True)
             fields["engine"] = msgspec.structs.replace(engine, **given)
@@ -123,6 +132,11 @@ class DeploymentCreate(DeploymentPatch):
     )
     # Served back in listings: bounded like a URL.
     source: str = Field(min_length=1, max_length=MAX_SOURCE_CHARS)
+    env: dict[str, str] | None = Field(
+        None,
+        description="The version's environment (secrets such as HF_TOKEN), stored encrypted; "
+        "only the names are ever shown. Absent on a new version: the latest version's.",
+    )
 
     @model_validator(mode="after")
     def _defaults(self) -> DeploymentCreate:
@@ -150,7 +164,8 @@ async def _check_engine(state: PlatformState, spec: DeploymentSpec) -> None:
 
 
 async def deployment_view(state: PlatformState, spec: DeploymentSpec) -> dict:
-    runners = [r for r in await state.runners() if r.deployment == spec.name]
+    # Every version's runners (a version's serving unit is "NAME@vN").
+    runners = [r for r in await state.runners() if public_name(r.deployment) == spec.name]
     counts = {s.value: 0 for s in RunnerState if s.is_live}
     for r in runners:
         if r.state.is_live:
@@ -160,6 +175,7 @@ async def deployment_view(state: PlatformState, spec: DeploymentSpec) -> dict:
     return {
         "object": "deployment",
         **msgspec.to_builtins(spec),
+        **await version_summary(state, spec),
         "status": _summary(counts, status),
         "replicas": counts,
         "queue_depth": queue.depth,
@@ -176,6 +192,7 @@ async def deployment_view(state: PlatformState, spec: DeploymentSpec) -> dict:
         "runners": [
             {
                 "id": r.runner_id,
+                "version": split_unit(r.deployment)[1],
                 "state": r.state.value,
                 "tier": r.tier,
                 "pid": r.pid,
@@ -218,20 +235,34 @@ def _summary(counts: dict[str, int], status: dict[str, str]) -> str:
 
 @router.post("", status_code=201)
 async def create_deployment(
-    body: DeploymentCreate, caller: CallerDep, services: ServicesDep
+    body: DeploymentCreate,
+    caller: CallerDep,
+    services: ServicesDep,
+    if_none_match: Annotated[str | None, Header()] = None,
 ) -> dict:
     tenancy.check_fields(caller, body.model_dump())
     _check_source(services.engines, body.source)
+    create_only = if_none_match == "*"  # the client wants a new deployment or a 409
+    existing = await services.state.get_deployment(body.name)
+    if (
+        existing is not None
+        and not create_only
+        and tenancy.manages(caller, {"owner": existing.owner})
+    ):
+        return await _deploy_version(services, caller, existing, body)
     spec = DeploymentSpec(**body.changes(EngineSpec(), ServingOptions()), created_at_s=time.time())
     spec = tenancy.created_by(caller, spec)
     _check_bounds(spec)
     await _check_engine(services.state, spec)
+    seal_env(services, body.env)  # refused before anything is stored
     if not await tenancy.store(services, caller, spec, create_only=True):
         raise Conflict(
             f"A deployment named {spec.name!r} already exists. Change it with PATCH "
-            f"/v1/deployments/{spec.name} ('ebb scale') or delete it first.",
+            f"/v1/deployments/{spec.name} ('ebb scale'), deploy a new version of it "
+            "(without If-None-Match), or delete it first.",
             param="name",
         )
+    await keep_first_env(services, spec, body.env)
     if services.engines.entry_for(spec.source).prepares_weights:
         # The controller's preparer prefetches them, so the first cold start finds the
         # weights in the cache; until it reports, they are asked for.
@@ -240,6 +271,26 @@ async def create_deployment(
         )
     await services.state.wake(spec.name)
     return await deployment_view(services.state, spec)
+
+
+async def _deploy_version(
+    services: Services, caller: Caller, existing: DeploymentSpec, body: DeploymentCreate
+) -> dict:
+    """An existing name its caller manages: the body is its next version
+    (`ebb.frontdoor.deploy_versions`); a tenant's source stays within its quota."""
+    if not caller.is_admin:
+        check_source(caller.tenant, await services.quotas.get(caller.tenant), body.source)
+
+    async def check(spec: DeploymentSpec) -> None:
+        _check_bounds(spec)
+        await _check_engine(services.state, spec)
+
+    def changes(latest: DeploymentSpec) -> dict:
+        return body.changes(latest.engine, latest.serving)
+
+    record = await deploy_version(services, existing, changes, body.env, check)
+    view = await deployment_view(services.state, existing)
+    return {**view, "deployed_version": record.version}
 
 
 # What a tenant key sees of a deployment it may call: its name, status and model facts.
@@ -298,6 +349,7 @@ async def patch_deployment(
 ) -> dict:
     spec = await tenancy.managed_deployment(services.state, caller, name)
     tenancy.check_fields(caller, body.model_dump())
+    await refuse_version_fields(services.state, name, body.model_fields_set)
     spec = msgspec.structs.replace(spec, **body.changes(spec.engine, spec.serving))
     _check_bounds(spec)
     await _check_engine(services.state, spec)

@@ -23,13 +23,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ebb.errors import InvalidRequest, JobError
-from ebb.frontdoor import tenancy
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.openai_schema import _to_invalid
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.tokenizer import PromptTokenizer
+from ebb.frontdoor.version_routing import routed, version_headers
 from ebb.queue.schema import DeploymentSpec, Failed, Finished, Progress, SamplingSpec, WorkItem
 
 router = APIRouter(prefix="/v1")
@@ -109,7 +109,7 @@ def tokenize_inputs(
 @router.post("/embeddings")
 async def embeddings(request: Request, caller: CallerDep, services: ServicesDep) -> JSONResponse:
     req = parse_embedding_request(decoded_json(request))  # decoded by BodyGuard
-    spec = await tenancy.visible_deployment(services.state, caller, req.model)
+    spec = await routed(services.state, caller, req.model, request.headers)
     if spec.serving.task != "embed":
         raise InvalidRequest(
             f"The model {req.model!r} is a generative deployment; embeddings come from a "
@@ -135,7 +135,7 @@ async def embeddings(request: Request, caller: CallerDep, services: ServicesDep)
         "model": req.model,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
-    return JSONResponse(body)
+    return JSONResponse(body, headers=version_headers(spec))
 
 
 async def _embed_one(

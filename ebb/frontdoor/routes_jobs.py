@@ -20,7 +20,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from ebb.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
-from ebb.frontdoor import tenancy
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
@@ -32,10 +31,12 @@ from ebb.frontdoor.translate import (
     prepare_completion,
     require_generative,
 )
+from ebb.frontdoor.version_routing import routed
 from ebb.openai_responses import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
 from ebb.queue.job_schema import JobEvent, JobRecord, JobStatus, attempt_request_id
 from ebb.queue.job_store import IdempotencyConflict, JobStore
 from ebb.queue.schema import DeploymentSpec, WorkItem
+from ebb.queue.versions import public_name
 from ebb.webhooks.job_limits import give_back_unused
 from ebb.webhooks.signing import new_secret
 from ebb.webhooks.ssrf import UnsafeUrl, resolve_target
@@ -267,7 +268,8 @@ async def _view(services: Services, job_id: str) -> dict:
 
 
 async def _deployment(services: Services, caller: Caller, model: str) -> DeploymentSpec:
-    return await tenancy.visible_deployment(services.state, caller, model)
+    # The job's attempts run on one version, picked by the traffic split.
+    return await routed(services.state, caller, model)
 
 
 async def _prepare(services: Services, spec: DeploymentSpec, payload: JobCreate) -> Prepared:
@@ -332,7 +334,7 @@ def _new_record(
     return JobRecord(
         job_id=job_id,
         tenant=caller.tenant,
-        deployment=spec.name,
+        deployment=public_name(spec.name),
         endpoint=CHAT_ENDPOINT if payload.endpoint == CHAT_ENDPOINT else COMPLETIONS_ENDPOINT,
         work=work,
         request_id=work.request_id,

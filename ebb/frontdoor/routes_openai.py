@@ -29,6 +29,7 @@ from ebb.frontdoor.translate import (
     prepare_completion,
     require_generative,
 )
+from ebb.frontdoor.version_routing import routed, version_headers, version_of
 from ebb.openai_responses import (
     SSE_DONE,
     EndpointKind,
@@ -89,6 +90,7 @@ async def _serve(
         response = await _serve_observed(request, services, caller, parse, prepare, observed)
     except EbbError as e:
         e.request_id = request_id
+        e.version = observed.version
         observed.end_with_error(e)
         raise
     except Exception:
@@ -110,9 +112,10 @@ async def _serve_observed(
     request_id = observed.request_id
     body = _json_body(request)
     parsed = parse(body)
-    spec, status, depth = await services.state.deployment_for_admission(parsed.model)
-    spec = tenancy.visible_or_404(caller, parsed.model, spec)
-    observed.deployment = spec.name
+    spec = await routed(services.state, caller, parsed.model, request.headers)
+    observed.deployment = parsed.model
+    observed.version = version_of(spec)
+    status, depth = await services.state.admission_status(spec.name)
     require_generative(spec)
     # A full queue refuses at once: no tokenizing, no enqueue attempt (enqueue.lua checks
     # again, atomically, for requests that find room here).
@@ -155,7 +158,11 @@ async def _serve_observed(
             return StreamingResponse(
                 _stream(services, running, builder, reservation, observed),
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
+                headers={
+                    "Cache-Control": "no-cache",
+                    "X-Request-Id": request_id,
+                    **version_headers(spec),
+                },
             )
         result = await unless_disconnected(
             request,
@@ -169,7 +176,7 @@ async def _serve_observed(
                 observed,
             ),
         )
-        return JSONResponse(result, headers={"X-Request-Id": request_id})
+        return JSONResponse(result, headers={"X-Request-Id": request_id, **version_headers(spec)})
     except ClientGone:
         # Nobody is listening; 499 is what proxies log for a client that closed first.
         return Response(status_code=499)

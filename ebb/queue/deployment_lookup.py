@@ -9,11 +9,12 @@ import redis
 from ebb.queue import keys
 from ebb.queue.replies import reply_bytes
 from ebb.queue.schema import DeploymentSpec
+from ebb.queue.version_store import read_unit_spec, read_units
 
 
 def read_deployment(client: redis.Redis, name: str) -> DeploymentSpec | None:
-    raw = client.hget(keys.DEPLOYMENTS, name)
-    return None if raw is None else msgspec.json.decode(reply_bytes(raw), type=DeploymentSpec)
+    """The spec of a deployment, or of one version's serving unit (`NAME@vN`)."""
+    return read_unit_spec(client, name)
 
 
 def read_deployments(client: redis.Redis) -> list[DeploymentSpec]:
@@ -21,3 +22,8 @@ def read_deployments(client: redis.Redis) -> list[DeploymentSpec]:
     raw = client.hgetall(keys.DEPLOYMENTS)
     specs = [msgspec.json.decode(reply_bytes(v), type=DeploymentSpec) for v in raw.values()]
     return sorted(specs, key=lambda s: s.name)
+
+
+def read_serving_units(client: redis.Redis) -> list[DeploymentSpec]:
+    """Every deployment version that has traffic or may hold work, as its serving unit."""
+    return read_units(client, read_deployments(client))

@@ -242,3 +242,16 @@ def tenant_batches(tenant: str) -> str:
 def process_memory(process_id: str) -> str:
     """string: one platform process's last ProcessMemory report (json), expiring."""
     return f"{PREFIX}procmem:{process_id}"
+
+
+# --- deployment versions and traffic splits -----------------------------------------------
+
+
+def deployment_versions(deployment: str) -> str:
+    """Hash: version number -> VersionRecord (json) of a deployment's immutable versions."""
+    return f"{PREFIX}dversions:{deployment}"
+
+
+def traffic(deployment: str) -> str:
+    """String: the deployment's TrafficSplit (json): weights per version and its rollout."""
+    return f"{PREFIX}traffic:{deployment}"

@@ -30,6 +30,7 @@ from ebb.queue.schema import (
     encode,
 )
 from ebb.queue.scripts import QueueScripts
+from ebb.queue.version_store import VersionStore
 
 _LOST = encode(
     Failed(
@@ -67,19 +68,15 @@ class PlatformState:
         raw = await self.redis.hget(keys.DEPLOYMENTS, name)
         return msgspec.json.decode(raw, type=DeploymentSpec) if raw else None
 
-    async def deployment_for_admission(
-        self, name: str
-    ) -> tuple[DeploymentSpec | None, dict[str, str], int]:
-        """The deployment's spec, its status (`deployment_status`) and how many requests
-        wait in its queue, in one round trip: what admitting a request to it reads before
-        queueing (a full queue is refused before any tokenizing)."""
+    async def admission_status(self, name: str) -> tuple[dict[str, str], int]:
+        """The serving unit's status (`deployment_status`) and how many requests wait in
+        its queue, in one round trip: what admitting a request reads before queueing (a
+        full queue is refused before any tokenizing)."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hget(keys.DEPLOYMENTS, name)
         pipe.hgetall(keys.deployment_status(name))
         pipe.zcard(keys.queue(name))
-        raw, status, depth = await pipe.execute()
-        spec = msgspec.json.decode(raw, type=DeploymentSpec) if raw else None
-        return spec, {k.decode(): v.decode() for k, v in reply_hash(status).items()}, depth
+        status, depth = await pipe.execute()
+        return {k.decode(): v.decode() for k, v in reply_hash(status).items()}, depth
 
     async def list_deployments(self) -> list[DeploymentSpec]:
         raw = await self.redis.hgetall(keys.DEPLOYMENTS)
@@ -87,11 +84,23 @@ class PlatformState:
         return sorted(specs, key=lambda s: s.name)
 
     async def delete_deployment(self, name: str) -> bool:
+        store = VersionStore(self.redis)
+        numbers = set((await store.split(name)).weights) | set(await store.versions(name))
         pipe = self.redis.pipeline()
         pipe.hdel(keys.DEPLOYMENTS, name)
         pipe.delete(keys.deployment_status(name), keys.coldstart(name))
         removed, _ = await pipe.execute()
+        await store.forget(name, sorted(numbers))
         return bool(removed)
+
+    async def serving_units(self) -> list[DeploymentSpec]:
+        """What the controller scales: each version of each deployment that has traffic
+        or may hold work, as its own unit (`ebb.queue.versions`)."""
+        return await VersionStore(self.redis).units(await self.list_deployments())
+
+    async def serving_unit(self, unit: str) -> DeploymentSpec | None:
+        """The spec of one serving unit (a deployment's version), None once deleted."""
+        return await VersionStore(self.redis).unit_spec(unit)
 
     async def set_deployment_status(self, name: str, **fields: object) -> None:
         await self.redis.hset(
@@ -307,6 +316,19 @@ class PlatformState:
         start = f"{int(since_s * 1000)}-0" if since_s else "-"
         entries = reply_entries(await self.redis.xrange(keys.USAGE, min=start, max="+"))
         return [msgspec.json.decode(fields[b"r"], type=UsageRecord) for _, fields in entries]
+
+    async def usage_after(
+        self, after_id: bytes, *, count: int = 10_000
+    ) -> tuple[bytes, list[UsageRecord]]:
+        """Up to `count` usage records newer than stream id `after_id` (b"0-0": from the
+        start; b"<ms>-0": from that time on), and the id to resume from."""
+        entries = reply_entries(
+            await self.redis.xrange(keys.USAGE, min=b"(" + after_id, max="+", count=count)
+        )
+        if not entries:
+            return after_id, []
+        records = [msgspec.json.decode(f[b"r"], type=UsageRecord) for _, f in entries]
+        return entries[-1][0].encode(), records
 
     async def memory(self) -> dict[str, int]:
         """Redis's memory as INFO reports it: used, peak and the configured limit (0: none)."""

@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import msgspec
 import redis
 
 from ebb.queue import keys
@@ -39,6 +38,8 @@ from ebb.queue.schema import (
     encode,
 )
 from ebb.queue.scripts import RunnerScripts
+from ebb.queue.version_store import read_unit_env, read_unit_spec
+from ebb.queue.versions import split_unit
 
 # The runner's log tail kept in Redis for `ebb status` and the console.
 _LOG_LINES_KEPT = 50
@@ -53,6 +54,7 @@ class Ending:
     event: RequestEvent
     prompt_tokens: int
     completion_tokens: int
+    ttft_ms: float | None = None  # from its enqueueing to its first output, when it had one
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,12 @@ class RunnerQueue:
         return bool(self._redis.srem(keys.STEMS, self.runner_id))
 
     def deployment(self, name: str) -> DeploymentSpec | None:
-        raw = self._redis.hget(keys.DEPLOYMENTS, name)
-        return msgspec.json.decode(raw, type=DeploymentSpec) if raw else None
+        """The spec of the unit this runner serves (a deployment's version)."""
+        return read_unit_spec(self._redis, name)
+
+    def sealed_env(self, name: str) -> str:
+        """The unit's version's environment, encrypted as stored ("" when none)."""
+        return read_unit_env(self._redis, name)
 
     def append_log(self, line: str) -> None:
         pipe = self._redis.pipeline()
@@ -190,9 +196,12 @@ class RunnerQueue:
         event: RequestEvent,
         prompt_tokens: int,
         completion_tokens: int,
+        ttft_ms: float | None = None,
     ) -> bool:
         """End a held request once; usage is recorded in the same atomic step."""
-        return self.finish_many([Ending(work, state, event, prompt_tokens, completion_tokens)])[0]
+        return self.finish_many(
+            [Ending(work, state, event, prompt_tokens, completion_tokens, ttft_ms)]
+        )[0]
 
     def finish_many(self, endings: list[Ending]) -> list[bool]:
         """`finish` each of `endings`, in one round trip (an engine step that completes
@@ -210,9 +219,13 @@ class RunnerQueue:
 
     def _finish(self, ending: Ending, pipe: redis.client.Pipeline | None) -> bool:
         work = ending.work
+        deployment, version = split_unit(work.deployment)
         usage = UsageRecord(
             request_id=work.request_id,
-            deployment=work.deployment,
+            # Billed under the public name, so `ebb usage` sums a deployment's versions.
+            deployment=deployment,
+            version=version,
+            ttft_ms=ending.ttft_ms,
             tenant=work.tenant,
             prompt_tokens=ending.prompt_tokens,
             completion_tokens=ending.completion_tokens,

@@ -295,6 +295,11 @@ class UsageRecord(msgspec.Struct, kw_only=True):
     key_id: str = ""
     price_per_1m_input_tokens_micros: int = 0
     price_per_1m_output_tokens_micros: int = 0
+    # The deployment's version that served it (1 for deployments made before versions).
+    version: int = 1
+    # From enqueue to the first output, as the runner saw it; None: no output (failed
+    # before any, an embedding). Rollouts compare versions by it.
+    ttft_ms: float | None = None
 
 
 class ColdStartRecord(msgspec.Struct, kw_only=True):

@@ -35,6 +35,7 @@ from ebb.runners.devices import use_placement
 from ebb.runners.engine import EngineAdapter, EngineOptions
 from ebb.runners.lifecycle import Lifecycle
 from ebb.runners.serve import Outcome, ServingLoop
+from ebb.secrets import SecretBox
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +174,12 @@ def _run(
     spec = queue.deployment(deployment)
     if spec is None:
         raise RuntimeError(f"deployment {deployment!r} does not exist")
+    # The version's environment (secrets such as HF_TOKEN) before weights or the engine
+    # read theirs; only names are logged.
+    env = SecretBox(settings.secrets_key).open(queue.sealed_env(deployment))
+    os.environ.update(env)
+    if env:
+        log.info("runner: %s set env %s", queue.runner_id, sorted(env))
     placement = queue.placement()
     if placement is not None:
         use_placement(placement)  # before the engine touches CUDA

@@ -230,7 +230,7 @@ class ServingLoop:
         done = self._queue.publish(
             progress or {},
             [
-                Ending(h.work, state, event, h.prompt_tokens, h.completion_tokens)
+                Ending(h.work, state, event, h.prompt_tokens, h.completion_tokens, _ttft_ms(h))
                 for h, state, event in endings
             ],
         )
@@ -305,3 +305,10 @@ class ServingLoop:
         log.info(
             "runner: %s draining (%s), %d in flight", self._queue.runner_id, why, len(self.held)
         )
+
+
+def _ttft_ms(held: Held) -> float | None:
+    """From the request's enqueue (the frontdoor's clock) to its first output."""
+    if not held.first_output_ns or not held.work.enqueued_at_s:
+        return None
+    return max(0.0, held.first_output_ns / 1e6 - held.work.enqueued_at_s * 1000)

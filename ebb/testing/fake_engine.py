@@ -101,6 +101,7 @@ class FakeEngine:
         self._prefix_hit_tokens = 0
         self.aborted: list[str] = []
         self.sleeping = False
+        self._added = 0  # requests seen, for error_pct
 
     @classmethod
     def load(cls, options: EngineOptions) -> FakeEngine:
@@ -117,6 +118,10 @@ class FakeEngine:
     ) -> None:
         if sampling.max_tokens < 1:
             raise EngineRequestError("max_tokens must be at least 1")
+        self._added += 1
+        pct = self.model.error_pct
+        if pct and self._added * pct // 100 > (self._added - 1) * pct // 100:
+            raise EngineRequestError(f"fake engine {self.model.name} refused it (error_pct={pct})")
         if sampling.embed != self.pooling:
             raise EngineRequestError("this fake engine does not serve that kind of request")
         if sampling.embed:

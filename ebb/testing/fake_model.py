@@ -1,6 +1,6 @@
-"""The fake test model's source,
-`fake://NAME?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0&prefill_ms=0&prefill_ms_per_1k_tokens=0&gpu_gib=0`,
-and its registry entry. Light on purpose: the frontdoor process reads it (through the
+"""The fake test model's source, `fake://NAME?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0&
+prefill_ms=0&prefill_ms_per_1k_tokens=0&gpu_gib=0&error_pct=0`, and its registry entry.
+Light on purpose: the frontdoor process reads it (through the
 registry) to admit requests, so it imports nothing of `ebb.runners`; the engine itself is
 `ebb.testing.fake_engine`.
 
@@ -21,7 +21,7 @@ FAKE_REPLY = "The capital of France is Paris. "
 FAKE_JSON_REPLY = '{"answer": "Paris"}'
 _FORM = (
     "fake://<name>?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0&prefill_ms=0"
-    "&prefill_ms_per_1k_tokens=0&gpu_gib=0"
+    "&prefill_ms_per_1k_tokens=0&gpu_gib=0&error_pct=0"
 )
 
 
@@ -38,6 +38,7 @@ class FakeModel:
     # runner that served a prompt's prefix recently prefills it faster, as vLLM's does.
     prefill_ms_per_1k_tokens: float = 0.0
     gpu_gib: float = 0.0  # the GPU memory a runner of it needs (placement's estimate)
+    error_pct: int = 0  # this share of requests (spread evenly) fails as the engine refuses it
 
     @classmethod
     def parse(cls, source: str) -> FakeModel:
@@ -56,6 +57,7 @@ class FakeModel:
             prefill_ms=float(query.get("prefill_ms", 0.0)),
             prefill_ms_per_1k_tokens=float(query.get("prefill_ms_per_1k_tokens", 0.0)),
             gpu_gib=float(query.get("gpu_gib", 0.0)),
+            error_pct=int(query.get("error_pct", 0)),
         )
 
 

@@ -8,7 +8,7 @@ import json
 import subprocess
 
 import pytest
-from support import Platform, free_port, temp_home
+from support import Platform, free_port, temp_home, wait_until
 
 from ebb.testing.fake_model import FAKE_REPLY
 
@@ -113,7 +113,7 @@ def test_refusals_exit_1_with_the_platforms_reason(platform):
     assert bad_name.returncode == 1 and "name" in bad_name.stderr
 
     assert ebb(platform, "deploy", "cli-c", "--source", "fake://m", "--json").returncode == 0
-    twice = ebb(platform, "deploy", "cli-c", "--source", "fake://m")
+    twice = ebb(platform, "deploy", "cli-c", "--source", "fake://m", "--create-only")
     assert twice.returncode == 1 and "already exists" in twice.stderr
 
     unknown_model = ebb(platform, "chat", "no-such-model", QUESTION)
@@ -134,3 +134,32 @@ def test_unreachable_platform_exits_3(platform):
     result = ebb(platform, "deployments", "--json", EBB_PORT=str(free_port()))
     assert result.returncode == 3
     assert "cannot reach ebb" in result.stderr and result.stdout == ""
+
+
+def test_versions_rollout_history_rollback(platform):
+    ok_json(ebb(platform, "deploy", "cli-v", "--source", "fake://m", "--json"))
+    second = ebb(platform, "deploy", "cli-v", "--source", "fake://m?step_ms=1")
+    assert second.returncode == 0, second.stderr
+    assert "deployed version 2 of cli-v" in second.stdout
+
+    canary = ok_json(ebb(platform, "rollout", "cli-v", "--canary", "10", "--json"))
+    assert canary["rollout"]["steps"] == [10, 50, 100]
+    early = ebb(platform, "rollout", "cli-v")  # one rollout at a time
+    assert early.returncode == 1 and "being rolled out" in early.stderr
+
+    def warm() -> bool:
+        return ok_json(ebb(platform, "deployments", "history", "cli-v", "--json"))["traffic"] == {
+            "1": 90,
+            "2": 10,
+        }
+
+    wait_until(warm, 60, "the canary to take its first share")
+    promoted = ok_json(ebb(platform, "rollout", "cli-v", "--promote", "--json"))
+    assert promoted["traffic"] == {"1": 50, "2": 50}
+    table = ebb(platform, "deployments", "history", "cli-v")
+    assert table.returncode == 0 and "fake://m?step_ms=1" in table.stdout
+    assert "50 %" in table.stdout and "rollout v1 → v2" in table.stdout
+
+    back = ok_json(ebb(platform, "rollback", "cli-v", "--json"))
+    assert back["traffic"] == {"1": 100, "2": 0}
+    assert back["rollout"]["state"] == "rolled_back"

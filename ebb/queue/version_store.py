@@ -1,0 +1,158 @@
+"""Versions and traffic splits in Redis, and the specs of the serving units they make.
+
+A deployment with nothing stored here is version 1 at 100 %: how every deployment made
+before versions existed keeps working unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgspec
+import redis
+import redis.asyncio as aioredis
+from redis.exceptions import WatchError
+
+from ebb.queue import keys
+from ebb.queue.replies import reply_bytes, reply_hash
+from ebb.queue.schema import DeploymentSpec
+from ebb.queue.versions import TrafficSplit, VersionRecord, compose, split_unit, unit_name
+
+_split_decoder = msgspec.json.Decoder(TrafficSplit)
+_version_decoder = msgspec.json.Decoder(VersionRecord)
+_spec_decoder = msgspec.json.Decoder(DeploymentSpec)
+
+
+def _split(raw: object) -> TrafficSplit:
+    return _split_decoder.decode(reply_bytes(raw)) if raw else TrafficSplit()
+
+
+def _versions(raw: Mapping[bytes | str, bytes | str] | None) -> dict[int, VersionRecord]:
+    return {int(k): _version_decoder.decode(v) for k, v in reply_hash(raw).items()}
+
+
+class VersionStore:
+    def __init__(self, client: aioredis.Redis):
+        self.redis = client
+
+    async def split(self, deployment: str) -> TrafficSplit:
+        return _split(await self.redis.get(keys.traffic(deployment)))
+
+    async def versions(self, deployment: str) -> dict[int, VersionRecord]:
+        return _versions(await self.redis.hgetall(keys.deployment_versions(deployment)))
+
+    async def version(self, deployment: str, number: int) -> VersionRecord | None:
+        raw = await self.redis.hget(keys.deployment_versions(deployment), str(number))
+        return _version_decoder.decode(raw) if raw else None
+
+    async def keep_first(self, record: VersionRecord, deployment: str) -> None:
+        """Store version 1 as it is now, unless it was stored already (HSETNX)."""
+        data = msgspec.json.encode(record)
+        await self.redis.hsetnx(keys.deployment_versions(deployment), "1", data)
+
+    async def add(self, deployment: str, make: Callable[[int], VersionRecord]) -> VersionRecord:
+        """A new version numbered after the highest one; HSETNX, so two deploys at once
+        get two numbers."""
+        key = keys.deployment_versions(deployment)
+        while True:
+            numbers = [int(k) for k in await self.redis.hkeys(key)]
+            record = make(max([1, *numbers]) + 1)
+            if await self.redis.hsetnx(key, str(record.version), msgspec.json.encode(record)):
+                return record
+
+    async def update_split(
+        self, deployment: str, change: Callable[[TrafficSplit], TrafficSplit]
+    ) -> TrafficSplit:
+        """Apply `change` to the current split atomically (WATCH/MULTI, retried on a race
+        with another frontdoor or the controller). `change` may raise to refuse."""
+        key = keys.traffic(deployment)
+        async with self.redis.pipeline() as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    new = change(_split(await pipe.get(key)))
+                    pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+                    pipe.set(key, msgspec.json.encode(new))
+                    await pipe.execute()
+                    return new
+                except WatchError:
+                    continue
+
+    async def unit_spec(self, unit: str) -> DeploymentSpec | None:
+        """The spec a unit runs with; None once its deployment is deleted."""
+        name, number = split_unit(unit)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(keys.DEPLOYMENTS, name)
+        pipe.hget(keys.deployment_versions(name), str(number))
+        pipe.get(keys.traffic(name))
+        raw_spec, raw_version, raw_split = await pipe.execute()
+        return _unit(raw_spec, raw_version, raw_split, number)
+
+    async def units(self, specs: list[DeploymentSpec]) -> list[DeploymentSpec]:
+        """The serving units of `specs`: every version that has traffic or may still hold
+        work (listed in its split), in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        _ask_units(pipe, specs)
+        return _units(specs, await pipe.execute())
+
+    async def forget(self, deployment: str, numbers: list[int]) -> None:
+        """Drop a deleted deployment's versions, split and the units' own state."""
+        units = [unit_name(deployment, n) for n in numbers if n != 1]
+        doomed = [keys.deployment_versions(deployment), keys.traffic(deployment)]
+        for unit in units:
+            doomed += [keys.deployment_status(unit), keys.coldstart(unit)]
+        await self.redis.delete(*doomed)
+
+
+def _ask_units(pipe: Any, specs: list[DeploymentSpec]) -> None:
+    """Queue the reads `_units` needs on `pipe` (an async or a blocking pipeline)."""
+    for spec in specs:
+        pipe.get(keys.traffic(spec.name))
+        pipe.hgetall(keys.deployment_versions(spec.name))
+
+
+def _units(specs: list[DeploymentSpec], replies: list[Any]) -> list[DeploymentSpec]:
+    units: list[DeploymentSpec] = []
+    for i, spec in enumerate(specs):
+        split, versions = _split(replies[2 * i]), _versions(replies[2 * i + 1])
+        for number in sorted(split.weights):
+            if number == 1 or number in versions:
+                units.append(compose(spec, versions.get(number), split, number))
+    return units
+
+
+def read_units(client: redis.Redis, specs: list[DeploymentSpec]) -> list[DeploymentSpec]:
+    """`VersionStore.units` on a blocking client (a node's weight prefetcher)."""
+    pipe = client.pipeline(transaction=False)
+    _ask_units(pipe, specs)
+    return _units(specs, pipe.execute())
+
+
+def _unit(
+    raw_spec: object, raw_version: object, raw_split: object, number: int
+) -> DeploymentSpec | None:
+    if not raw_spec:
+        return None
+    version = _version_decoder.decode(reply_bytes(raw_version)) if raw_version else None
+    if version is None and number != 1:
+        return None
+    return compose(_spec_decoder.decode(reply_bytes(raw_spec)), version, _split(raw_split), number)
+
+
+def read_unit_spec(client: redis.Redis, unit: str) -> DeploymentSpec | None:
+    """`VersionStore.unit_spec` on a blocking client (a runner, a launcher)."""
+    name, number = split_unit(unit)
+    pipe = client.pipeline(transaction=False)
+    pipe.hget(keys.DEPLOYMENTS, name)
+    pipe.hget(keys.deployment_versions(name), str(number))
+    pipe.get(keys.traffic(name))
+    raw_spec, raw_version, raw_split = pipe.execute()
+    return _unit(raw_spec, raw_version, raw_split, number)
+
+
+def read_unit_env(client: redis.Redis, unit: str) -> str:
+    """The sealed environment of a unit's version ("" when it has none)."""
+    name, number = split_unit(unit)
+    raw = client.hget(keys.deployment_versions(name), str(number))
+    return _version_decoder.decode(reply_bytes(raw)).env_sealed if raw else ""
