@@ -1,6 +1,7 @@
 """Admission at speed: what one frontdoor admits and refuses, through the fake engine.
 
     .venv/bin/python -m bench.admission [--clients 16 64 --requests 2000 --burst 200]
+                                        [--workers 2]
 
 Admitted: closed-loop clients send non-streamed chat requests (one output token) to a
 deployment with one ready fake runner (step 0 ms, 256 slots); requests/s end to end and
@@ -8,26 +9,37 @@ the latency each request saw (p50, p99). Refused: a burst of clients at once at 
 deployment whose queue is full (its runner is still loading), each answered 503 at once
 without waiting for the admission window; p50/p99 of those answers. The platform runs
 the test engines (EBB_TEST_ENGINES=1), on this machine's cores beside the load generator,
-so the numbers are for that whole machine.
+so the numbers are for that whole machine. Beside each rate, the CPU milliseconds each
+process (frontdoor, runner, redis, controller) spent per request: on a busy machine
+those move far less than wall-clock rates do.
+
+With `--workers N` the platform's frontdoor runs N processes (EBB_FRONTDOOR_WORKERS),
+and a second, single-process frontdoor on the same Redis is measured against it in the
+same run (admitted requests/s at the largest client count, alternated twice).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
+import subprocess
 import sys
 import threading
 import time
 
 import httpx
+import psutil
 
+from bench.footprint import role_of
 from bench.loadgen import save_results
+from bench.rawhttp import RawConnection
 from bench.serving import REPO
 
 sys.path.insert(0, str(REPO / "tests"))
 
-from support import Platform, deploy, deployment, temp_home, wait_until  # noqa: E402
+from support import Platform, deploy, deployment, free_port, temp_home, wait_until  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -37,26 +49,28 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def admitted(platform: Platform, clients: int, requests: int) -> dict:
+async def admitted(base_url: str, key: str, clients: int, requests: int) -> dict:
+    """`clients` keep-alive connections sending back to back until `requests` were sent."""
     body = {"model": "fast", "messages": MESSAGES, "max_tokens": 1}
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     pending = iter(range(requests))
-    limits = httpx.Limits(max_connections=clients + 4)
-    async with httpx.AsyncClient(
-        base_url=platform.base_url, headers=_auth(platform), timeout=60, limits=limits
-    ) as client:
 
-        async def worker() -> None:
+    async def worker() -> None:
+        connection = RawConnection(base_url, _auth(key))
+        request = connection.request_bytes("/v1/chat/completions", body)
+        try:
             for _ in pending:
                 sent = time.perf_counter()
-                response = await client.post("/v1/chat/completions", json=body)
+                status, _ = await connection.send(request)
                 latencies.append(time.perf_counter() - sent)
-                statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+                statuses[status] = statuses.get(status, 0) + 1
+        finally:
+            await connection.close()
 
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(clients)))
-        wall_s = time.perf_counter() - started
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(clients)))
+    wall_s = time.perf_counter() - started
     return {
         "clients": clients,
         "requests": requests,
@@ -67,21 +81,24 @@ async def admitted(platform: Platform, clients: int, requests: int) -> dict:
     }
 
 
-async def refused(platform: Platform, burst: int) -> dict:
+async def refused(base_url: str, key: str, burst: int) -> dict:
+    """`burst` clients at once, each on its own connection (opened before the burst)."""
     body = {"model": "full", "messages": MESSAGES, "max_tokens": 1}
-    async with httpx.AsyncClient(
-        base_url=platform.base_url,
-        headers=_auth(platform),
-        timeout=60,
-        limits=httpx.Limits(max_connections=burst + 4),
-    ) as client:
+    connections = [RawConnection(base_url, _auth(key)) for _ in range(burst)]
+    request = connections[0].request_bytes("/v1/chat/completions", body)
+    for connection in connections:  # connected, so the burst measures answers only
+        await connection.connect()
 
-        async def one() -> tuple[int, float]:
-            sent = time.perf_counter()
-            response = await client.post("/v1/chat/completions", json=body)
-            return response.status_code, time.perf_counter() - sent
+    async def one(connection: RawConnection) -> tuple[int, float]:
+        sent = time.perf_counter()
+        status, _ = await connection.send(request)
+        return status, time.perf_counter() - sent
 
-        results = await asyncio.gather(*(one() for _ in range(burst)))
+    try:
+        results = await asyncio.gather(*(one(c) for c in connections))
+    finally:
+        for connection in connections:
+            await connection.close()
     refusals = [s for code, s in results if code == 503]
     return {
         "burst": burst,
@@ -92,8 +109,35 @@ async def refused(platform: Platform, burst: int) -> dict:
     }
 
 
-def _auth(platform: Platform) -> dict[str, str]:
-    return {"Authorization": f"Bearer {platform.admin_key}"}
+def cpu_s_by_role(platform: Platform) -> dict[str, float]:
+    """CPU seconds (user + system) each role's processes have used so far."""
+    root = psutil.Process(platform.proc.pid)
+    used: dict[str, float] = {}
+    for proc in root.children(recursive=True):
+        try:
+            role, times = role_of(proc), proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        used[role] = used.get(role, 0.0) + times.user + times.system
+    return used
+
+
+def cpu_ms_per_request(platform: Platform, run, requests: int) -> tuple[dict, dict]:
+    """`run()`'s result and the CPU milliseconds per request each role spent on it: a
+    figure the machine's other load does not move the way wall-clock rates move."""
+    before = cpu_s_by_role(platform)
+    result = run()
+    after = cpu_s_by_role(platform)
+    per_request = {
+        role: round((after[role] - before.get(role, 0.0)) * 1000 / requests, 3)
+        for role in after
+        if role in ("frontdoor", "runner", "redis", "coldstart", "stem")
+    }
+    return result, per_request
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
 
 
 def fill_queue(platform: Platform, depth: int) -> None:
@@ -102,7 +146,7 @@ def fill_queue(platform: Platform, depth: int) -> None:
 
     async def park() -> None:
         async with httpx.AsyncClient(
-            base_url=platform.base_url, headers=_auth(platform), timeout=600
+            base_url=platform.base_url, headers=_auth(platform.admin_key), timeout=600
         ) as client:
             await asyncio.gather(
                 *(client.post("/v1/chat/completions", json=body) for _ in range(depth))
@@ -116,19 +160,69 @@ def fill_queue(platform: Platform, depth: int) -> None:
         )
 
 
+def workers_vs_one(platform: Platform, workers: int, clients: int, requests: int) -> dict:
+    """Admitted requests/s through `platform` (EBB_FRONTDOOR_WORKERS=workers) and through
+    one more single-process frontdoor on the same Redis, alternated twice, same runner."""
+    port = free_port()
+    log = open(platform.home / "frontdoor-single.log", "wb")  # noqa: SIM115 - closed below
+    single = subprocess.Popen(
+        [sys.executable, "-m", "ebb", "frontdoor"],
+        env={
+            **platform.env(),
+            "EBB_PORT": str(port),
+            "EBB_FRONTDOOR_WORKERS": "1",
+            "EBB_REDIS_URL": json.loads((platform.home / "run.json").read_text())["redis_url"],
+        },
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
+    single_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _answers(single_url), 60, "the single-process frontdoor")
+        rates: dict[str, list[float]] = {"1": [], str(workers): []}
+        for _ in range(2):
+            for name, url in (("1", single_url), (str(workers), platform.base_url)):
+                row = asyncio.run(admitted(url, platform.admin_key, clients, requests))
+                rates[name].append(row["requests_per_s"])
+    finally:
+        single.terminate()
+        single.wait(timeout=60)
+        log.close()
+    best = {name: max(values) for name, values in rates.items()}
+    return {
+        "clients": clients,
+        "requests_per_s": rates,
+        "ratio": round(best[str(workers)] / best["1"], 2),
+    }
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthz", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--burst", type=int, default=200)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="EBB_FRONTDOOR_WORKERS; above 1, also compares against one process",
+    )
     args = parser.parse_args()
 
     platform = Platform(
         home=temp_home("ebb-bench-admission-"),
         redis_url=None,
-        env_extra={"EBB_TEST_ENGINES": "1"},
+        env_extra={"EBB_TEST_ENGINES": "1", "EBB_FRONTDOOR_WORKERS": str(args.workers)},
     ).start()
-    results: dict = {"admitted": [], "refused": None}
+    results: dict = {"workers": args.workers, "admitted": [], "refused": None}
     try:
         with platform.admin() as admin:
             deploy(admin, "fast", source="fake://m?step_ms=0", min_replicas=1, max_concurrency=256)
@@ -140,23 +234,42 @@ def main() -> None:
                 admission_timeout_s=600,
             )
             wait_until(lambda: deployment(admin, "fast")["replicas"]["ready"] == 1, 60, "runner")
-        asyncio.run(admitted(platform, 4, 100))  # warm connections and the runner
+        url, key = platform.base_url, platform.admin_key
+        asyncio.run(admitted(url, key, 4, 100))  # warm the frontdoor and the runner
         for clients in args.clients:
-            results["admitted"].append(asyncio.run(admitted(platform, clients, args.requests)))
+            row, cpu = cpu_ms_per_request(
+                platform,
+                lambda c=clients: asyncio.run(admitted(url, key, c, args.requests)),
+                args.requests,
+            )
+            results["admitted"].append({**row, "cpu_ms_per_request": cpu})
         fill_queue(platform, 8)
-        results["refused"] = asyncio.run(refused(platform, args.burst))
+        row, cpu = cpu_ms_per_request(
+            platform, lambda: asyncio.run(refused(url, key, args.burst)), args.burst
+        )
+        results["refused"] = {**row, "cpu_ms_per_request": cpu}
+        if args.workers > 1:
+            results["workers_vs_one"] = workers_vs_one(
+                platform, args.workers, max(args.clients), args.requests
+            )
     finally:
         platform.stop()
     for row in results["admitted"]:
         print(
             f"admitted, {row['clients']:>3} clients: {row['requests_per_s']:>7} req/s, "
-            f"p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, statuses {row['statuses']}"
+            f"p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, statuses {row['statuses']}, "
+            f"CPU ms/request {row['cpu_ms_per_request']}"
         )
     r = results["refused"]
     print(
         f"refused, burst of {r['burst']}: {r['refused']} 503s (other {r['other']}), "
-        f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms"
+        f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, CPU ms/request {r['cpu_ms_per_request']}"
     )
+    if compared := results.get("workers_vs_one"):
+        print(
+            f"{args.workers} frontdoor processes vs 1, {compared['clients']} clients: "
+            f"{compared['requests_per_s']} req/s, best ratio {compared['ratio']}"
+        )
     save_results("admission", results)
 
 

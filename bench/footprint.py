@@ -39,6 +39,11 @@ def role_of(proc: psutil.Process) -> str:
     cmdline = proc.cmdline()
     if cmdline and cmdline[0].endswith("redis-server"):
         return "redis"
+    if any("multiprocessing" in arg for arg in cmdline):
+        # EBB_FRONTDOOR_WORKERS: uvicorn's workers (and its resource tracker) under it.
+        parent = proc.parent()
+        if parent is not None and "frontdoor" in parent.cmdline():
+            return "frontdoor" if any("spawn_main" in a for a in cmdline) else "frontdoor-tracker"
     if "-m" in cmdline and "ebb" in cmdline:
         args = cmdline[cmdline.index("ebb") + 1 :]
         role = args[0] if args else "?"

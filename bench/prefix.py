@@ -1,14 +1,16 @@
 """Prefix-aware claiming on the real engine: median time to first token of requests that
 share long prompt prefixes, served by two runners, with prefix-aware claiming and without.
 
-    .venv/bin/python -m bench.prefix [--sessions 12 --turns 4 --concurrency 2]
+    .venv/bin/python -m bench.prefix [--sessions 12 --turns 4 --concurrency 2] [--fake]
 
 Each session has its own ~1,000-token system prompt; its turns arrive interleaved with
 the other sessions' in a fixed shuffled order. Plain claiming spreads a session's turns
 over both runners, so each runner prefills each system prompt once; prefix-aware
 claiming keeps a session on the runner that holds its prefix in vLLM's prefix cache.
 Both contenders run the same workload, one platform each (EBB_PREFIX_AFFINITY_MS 500
-and 0), in the same run.
+and 0), in the same run. With `--fake`, the fake engine stands in for vLLM: it models a
+prefix cache (a prefill costs `prefill_ms_per_1k_tokens` for the prompt tokens its
+recent prompts do not cover), so the same comparison runs in seconds without weights.
 """
 
 from __future__ import annotations
@@ -77,26 +79,33 @@ async def run(platform: Platform, order: list[tuple[int, int]], concurrency: int
     return ttfts
 
 
-def start(affinity_ms: int) -> Platform:
+# The fake engine's prefix cache: a prefill costs this per 1,000 prompt tokens it does not
+# hold, none for cached ones. Its tokens are bytes (a session's system prompt is ~5,000),
+# so an uncached one takes ~300 ms, about what the default model's does on these cores.
+FAKE_SOURCE = "fake://m?ctx=16384&step_ms=5&prefill_ms_per_1k_tokens=60"
+
+
+def start(affinity_ms: int, fake: bool) -> Platform:
+    engine_env = (
+        {"EBB_TEST_ENGINES": "1"}
+        if fake
+        else {"EBB_WEIGHTS_CACHE_DIR": str(TEST_WEIGHTS_DIR), "EBB_KV_CACHE_GIB": KV_CACHE_GIB}
+    )
     platform = Platform(
         home=temp_home("ebb-bench-prefix-"),
         redis_url=None,
-        env_extra={
-            "EBB_WEIGHTS_CACHE_DIR": str(TEST_WEIGHTS_DIR),
-            "EBB_KV_CACHE_GIB": KV_CACHE_GIB,
-            "EBB_PREFIX_AFFINITY_MS": str(affinity_ms),
-        },
+        env_extra={**engine_env, "EBB_PREFIX_AFFINITY_MS": str(affinity_ms)},
     ).start(timeout_s=600)
     with platform.admin() as admin:
         admin.post(
             "/v1/deployments",
             json={
                 "name": "smol",
-                "source": DEFAULT_MODEL_SOURCE,
+                "source": FAKE_SOURCE if fake else DEFAULT_MODEL_SOURCE,
                 "min_replicas": 2,
                 "max_replicas": 2,
                 "idle_timeout_s": 3600,
-                "max_model_len": 2048,
+                "max_model_len": 16384 if fake else 2048,
             },
         ).raise_for_status()
         wait_until(
@@ -113,11 +122,16 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=12)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument(
+        "--fake",
+        action="store_true",
+        help=f"the fake engine's prefix cache ({FAKE_SOURCE}) instead of vLLM's",
+    )
     args = parser.parse_args()
     order = workload(args.sessions, args.turns)
     medians = {}
     for name, affinity_ms in (("prefix-aware", 500), ("plain", 0)):
-        platform = start(affinity_ms)
+        platform = start(affinity_ms, args.fake)
         try:
             ttfts = asyncio.run(run(platform, order, args.concurrency))
         finally:

@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     redis_retry_after_s: int = 2
     host: str = "127.0.0.1"
     port: int = 8000
+    # Frontdoor processes serving that one port (they share its listening socket). The
+    # frontdoor keeps no state of its own, so where one process's core is the limit on
+    # admissions, more processes admit more; each holds its own memory (`ebb status`).
+    frontdoor_workers: int = Field(default=1, ge=1, le=64)
     admin_key: str | None = None
     # Encrypts deployment versions' environments (secrets such as HF_TOKEN) at rest: a
     # Fernet key (`ebb.secrets.new_key()`). Unset: versions cannot carry an environment.

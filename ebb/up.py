@@ -31,6 +31,7 @@ from ebb.coldstart.stem_pools import stems_wanted
 from ebb.coldstart.tiers import WarmState
 from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE, Settings
 from ebb.home import resolve_admin_key, write_run_info
+from ebb.process_memory import start_memory_reporter
 from ebb.queue.connection import async_client
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec, RunnerState
@@ -230,6 +231,15 @@ def run_up(settings: Settings, *, default_model: bool = True) -> int:
             supervisor.children.append(Child("billing", [sys.executable, "-m", "ebb", "billing"]))
         for child in supervisor.children:
             supervisor.start(child)
+        start_memory_reporter(
+            settings.redis_url or "",
+            "up",
+            others=lambda: (
+                [("redis", embedded.proc.pid)]
+                if embedded is not None and embedded.proc is not None
+                else []
+            ),
+        )
         started = ", ".join(c.name for c in supervisor.children)
         port = urlsplit(settings.redis_url or "").port
         redis_note = f"redis-server (port {port}), " if embedded is not None else ""

@@ -15,6 +15,7 @@ from ebb.billing.consumer import LedgerConsumer
 from ebb.billing.export import exporter_from
 from ebb.config import Settings
 from ebb.process_guard import exit_when_orphaned
+from ebb.process_memory import start_memory_reporter
 from ebb.queue.connection import async_client
 from ebb.queue.ledger import LedgerStore
 
@@ -26,6 +27,7 @@ def run_billing(settings: Settings) -> None:
 
 async def _main(settings: Settings) -> None:
     client = async_client(settings.platform_redis_url("ebb billing"))
+    start_memory_reporter(settings.platform_redis_url("ebb billing"), "billing")
     consumer = LedgerConsumer(
         LedgerStore(client),
         exporter_from(settings),

@@ -286,6 +286,27 @@ def print_gpus(hosts: list[dict]) -> None:
         console.print(table)
 
 
+def print_processes(processes: list[dict]) -> None:
+    """Each platform process's memory; PSS shares pages between processes (a fork server
+    and its runners) out among them, so the PSS column adds up where RSS overcounts."""
+    if not processes:
+        return
+    table = Table("process", "host", "pid", "runner", "RSS MiB", "PSS MiB")
+    for p in processes:
+        pss = p["pss_bytes"]
+        table.add_row(
+            p["role"],
+            p["host"],
+            str(p["pid"]),
+            p["runner_id"] or "",
+            f"{p['rss_bytes'] / 2**20:.1f}",
+            "" if pss is None else f"{pss / 2**20:.1f}",
+        )
+    known = [p["pss_bytes"] for p in processes if p["pss_bytes"] is not None]
+    console.print(table)
+    console.print(f"processes: {len(processes)}, PSS {sum(known) / 2**20:.1f} MiB in all")
+
+
 def status(as_json: bool = JsonOpt) -> None:
     """The platform at a glance: deployments, runners, cold starts, the weight cache."""
     api = Api()
@@ -307,6 +328,7 @@ def status(as_json: bool = JsonOpt) -> None:
                 f"(peak {memory['used_memory_peak_bytes'] / 2**20:.1f} MiB)"
             )
         print_gpus(platform.get("gpus", []))
+        print_processes(platform.get("processes", []))
     console.print(_deployments_table(body["data"]))
     runners = Table("deployment", "runner", "state", "tier", "pid", "error")
     for d in body["data"]:

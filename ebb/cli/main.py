@@ -66,12 +66,30 @@ def frontdoor() -> None:
     """Run the HTTP frontdoor (started by `ebb up`)."""
     import uvicorn
 
-    from ebb.frontdoor.app import create_app
     from ebb.process_guard import exit_when_orphaned
 
-    _logging("frontdoor")
     settings = Settings()
     exit_when_orphaned()
+    if settings.frontdoor_workers > 1:
+        # uvicorn's supervisor binds the port once and starts the workers on that socket
+        # (restarting any that dies); each worker builds its app with `frontdoor_worker_app`.
+        from ebb.process_memory import start_memory_reporter
+
+        _logging()
+        start_memory_reporter(settings.redis_url or "", "frontdoor-supervisor")
+        uvicorn.run(
+            "ebb.cli.main:frontdoor_worker_app",
+            factory=True,
+            workers=settings.frontdoor_workers,
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            timeout_graceful_shutdown=30,
+        )
+        return
+    from ebb.frontdoor.app import create_app
+
+    _logging("frontdoor")
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -79,6 +97,16 @@ def frontdoor() -> None:
         log_level="warning",
         timeout_graceful_shutdown=30,
     )
+
+
+def frontdoor_worker_app():  # -> FastAPI; untyped so that this module imports no FastAPI
+    """One of EBB_FRONTDOOR_WORKERS frontdoor processes: its logging, and its app."""
+    from ebb.frontdoor.app import create_app
+    from ebb.process_guard import exit_when_orphaned
+
+    _logging("frontdoor")
+    exit_when_orphaned()  # its supervisor gone (killed), it goes too
+    return create_app(Settings())
 
 
 @app.command(hidden=True)

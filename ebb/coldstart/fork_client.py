@@ -130,6 +130,11 @@ class ForkServerClient:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
+    def server_pid(self) -> int | None:
+        """The fork server's own process id while it runs."""
+        proc = getattr(self, "_proc", None)
+        return proc.pid if proc is not None and proc.poll() is None else None
+
     def pid(self, runner_id: str) -> int | None:
         """The runner's process id, once the server has reported the fork."""
         self._pump()

@@ -153,6 +153,11 @@ class LocalProcessLauncher:
             return proc.poll() is None
         return self._forks is not None and self._forks.alive(runner_id)
 
+    def local_processes(self) -> list[tuple[str, int]]:
+        """(role, pid) of the helper processes it runs on this host: the fork server."""
+        pid = self._forks.server_pid() if self._forks is not None else None
+        return [("fork-server", pid)] if pid is not None else []
+
     def kill(self, runner_id: str) -> None:
         proc = self._procs.get(runner_id)
         if proc is not None and proc.poll() is None:

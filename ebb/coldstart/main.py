@@ -18,6 +18,7 @@ from ebb.coldstart.rollouts import RolloutDriver
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.process_guard import exit_when_orphaned
+from ebb.process_memory import start_memory_reporter
 from ebb.queue.connection import async_client
 from ebb.queue.gpus import GpuState
 from ebb.queue.leader_lease import LeaderLease
@@ -34,6 +35,11 @@ async def _main(settings: Settings) -> None:
     client = async_client(settings.platform_redis_url("ebb coldstart"))
     state = PlatformState(client, result_ttl_s=settings.result_ttl_s)
     launcher, warm = make_launcher(settings)
+    start_memory_reporter(
+        settings.platform_redis_url("ebb coldstart"),
+        "coldstart",
+        others=getattr(launcher, "local_processes", list),
+    )
     election = LeaderElection(LeaderLease(client), lease_s=settings.controller_lease_s)
     controller = Controller(
         settings,

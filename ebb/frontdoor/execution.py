@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -45,6 +45,10 @@ _EVENT_SILENCE_S = 15.0
 MAX_RERUNS = 2
 _OUTAGE_BACKOFF_FIRST_S = 0.1
 _OUTAGE_BACKOFF_MAX_S = 2.0
+# How long one Retry-After estimate serves a deployment's refusals, and how many
+# deployments' estimates are kept.
+_RETRY_AFTER_FRESH_S = 1.0
+_RETRY_AFTER_KEPT = 1024
 
 
 class ClientGone(Exception):
@@ -67,24 +71,37 @@ class Executor:
         self._settings = settings
         self._queue = queue
         self._state = state
+        self._retry_after = RetryAfterCache(state)
 
-    async def admit(self, work: WorkItem, spec: DeploymentSpec) -> Running:
-        """Queue `work` and wait for a runner to claim it; raises CapacityError (503)."""
+    async def admit(
+        self, work: WorkItem, spec: DeploymentSpec, status: dict[str, str] | None = None
+    ) -> Running:
+        """Queue `work` and wait for a runner to claim it; raises CapacityError (503).
+        `status`: the deployment's status as just read with its spec (read here if not)."""
         window_s = spec.admission_timeout_s or self._settings.admission_timeout_s
         depth = spec.queue_depth_limit or self._settings.queue_depth_limit
-        await self._refuse_if_failing(spec)
+        await self._refuse_if_failing(spec, status)
         started = time.monotonic()
         try:
             await self._queue.enqueue(work, admission_window_s=window_s, depth_limit=depth)
         except QueueFull as e:
-            raise await self._capacity_error(
-                spec,
-                f"The queue of {spec.name!r} is full ({depth} waiting); retry later.",
-                code="queue_full",
-            ) from e
+            raise await self._queue_full(spec, depth) from e
         reader = self._queue.events(work.request_id)
         await self._await_claim(work, spec, reader, window_s)
         return Running(work, reader, queued_s=time.monotonic() - started, spec=spec)
+
+    async def refuse_if_full(self, spec: DeploymentSpec, queued: int) -> None:
+        """CapacityError (503 queue_full) when `queued` requests already fill the queue."""
+        depth = spec.queue_depth_limit or self._settings.queue_depth_limit
+        if queued >= depth:
+            raise await self._queue_full(spec, depth)
+
+    async def _queue_full(self, spec: DeploymentSpec, depth: int) -> CapacityError:
+        return await self._capacity_error(
+            spec,
+            f"The queue of {spec.name!r} is full ({depth} waiting); retry later.",
+            code="queue_full",
+        )
 
     async def _await_claim(
         self, work: WorkItem, spec: DeploymentSpec, reader: EventReader, window_s: float
@@ -171,8 +188,11 @@ class Executor:
         outcome = await self._queue.cancel(work)
         log.info("frontdoor: %s cancelled by client (%s)", work.request_id, outcome)
 
-    async def _refuse_if_failing(self, spec: DeploymentSpec) -> None:
-        status = await self._state.deployment_status(spec.name)
+    async def _refuse_if_failing(
+        self, spec: DeploymentSpec, status: dict[str, str] | None = None
+    ) -> None:
+        if status is None:
+            status = await self._state.deployment_status(spec.name)
         if status.get("error"):
             raise await self._capacity_error(
                 spec,
@@ -192,14 +212,43 @@ class Executor:
             )
 
     async def _capacity_error(self, spec: DeploymentSpec, message: str, code: str) -> CapacityError:
-        retry = retry_after_for(
-            spec.name,
+        retry = await self._retry_after.of(spec.name)
+        return CapacityError(message, retry_after_s=retry, code=code)
+
+
+class RetryAfterCache:
+    """Each deployment's Retry-After for refusals, computed at most once per
+    `_RETRY_AFTER_FRESH_S`: a burst of refusals (a full queue) then costs no Redis round
+    trips beyond its enqueue attempt, and concurrent refusals share one computation. The
+    estimate moves with runner states and cold-start averages, over seconds."""
+
+    def __init__(self, state: PlatformState, clock: Callable[[], float] = time.monotonic):
+        self._state = state
+        self._clock = clock
+        self._estimates: dict[str, tuple[float, asyncio.Task[int]]] = {}
+
+    async def of(self, deployment: str) -> int:
+        now = self._clock()
+        known = self._estimates.get(deployment)
+        if known is not None:
+            at, task = known
+            fresh = now - at < _RETRY_AFTER_FRESH_S
+            if fresh and not (task.done() and task.exception() is not None):
+                return await asyncio.shield(task)
+        if len(self._estimates) > _RETRY_AFTER_KEPT:
+            self._estimates.clear()  # deployments come and go; the next refusal recomputes
+        task = asyncio.ensure_future(self._estimate(deployment))
+        self._estimates[deployment] = (now, task)
+        return await asyncio.shield(task)
+
+    async def _estimate(self, deployment: str) -> int:
+        return retry_after_for(
+            deployment,
             await self._state.runners(),
-            await self._state.cold_start_ms(spec.name),
+            await self._state.cold_start_ms(deployment),
             fork_server_ready=await self._state.fork_server_state() == "ready",
             now_ms=time.time() * 1000,
         )
-        return CapacityError(message, retry_after_s=retry, code=code)
 
 
 async def unless_disconnected(

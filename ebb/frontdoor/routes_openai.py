@@ -115,11 +115,15 @@ async def _serve_observed(
     spec = await routed(services.state, caller, parsed.model, request.headers)
     observed.deployment = parsed.model
     observed.version = version_of(spec)
+    status, depth = await services.state.admission_status(spec.name)
     require_generative(spec)
+    # A full queue refuses at once: no tokenizing, no enqueue attempt (enqueue.lua checks
+    # again, atomically, for requests that find room here).
+    await services.executor.refuse_if_full(spec, depth)
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     model = await services.catalog.info(spec, wait_s=window_s)
-    # Rendering and tokenizing a long prompt is CPU work: keep it off the event loop.
-    prepared: Prepared = await asyncio.to_thread(
+    prepared: Prepared = await _off_loop_if_long(
+        _body_bytes(request),
         prepare,
         parsed,
         model.tokenizer,
@@ -144,7 +148,9 @@ async def _serve_observed(
     reservation = await services.limiter.reserve(caller, work)
     streaming = False
     try:
-        running = await unless_disconnected(request, work, executor, executor.admit(work, spec))
+        running = await unless_disconnected(
+            request, work, executor, executor.admit(work, spec, status)
+        )
         reservation.ran = True
         observed.admitted(running.queued_s, work.enqueued_at_s)
         if prepared.stream:
@@ -262,6 +268,27 @@ async def _stream_events(
                 return
             error = JobError(f"The request failed while running: {event.message}", code=event.code)
             yield sse_line(error.to_body())
+
+
+# Bodies up to this size are rendered and tokenized on the event loop: a short prompt
+# takes well under a millisecond, less than the hop to a worker thread and back costs
+# (two context switches, the GIL handed over twice) on a busy machine.
+_INLINE_PREPARE_MAX_BYTES = 8 * 1024
+
+
+async def _off_loop_if_long(body_bytes: int, prepare: Callable, *args, **kwargs):
+    """`prepare(*args, **kwargs)`; in a worker thread when the body is long (rendering and
+    tokenizing a long prompt is CPU work that must not stall the event loop)."""
+    if body_bytes <= _INLINE_PREPARE_MAX_BYTES:
+        return prepare(*args, **kwargs)
+    return await asyncio.to_thread(prepare, *args, **kwargs)
+
+
+def _body_bytes(request: Request) -> int:
+    try:
+        return int(request.headers.get("content-length", ""))
+    except ValueError:  # chunked: treat as long
+        return _INLINE_PREPARE_MAX_BYTES + 1
 
 
 def _json_body(request: Request) -> object:

@@ -1,5 +1,6 @@
-"""GET /v1/status: the platform at a glance — the pre-warmed pool, every live runner and
-the GPUs of every host (with what each runner reserved on them)."""
+"""GET /v1/status: the platform at a glance — the pre-warmed pool, every live runner,
+the GPUs of every host (with what each runner reserved on them) and the memory (RSS,
+PSS) of every platform process."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from ebb.frontdoor.auth import AdminDep
 from ebb.frontdoor.services import ServicesDep
 from ebb.queue.gpu_records import GpuPlacement, HostInventory
 from ebb.queue.gpus import GpuState
-from ebb.queue.schema import RunnerState
+from ebb.queue.process_memory import ProcessMemory, read_process_memory
+from ebb.queue.schema import RunnerRecord, RunnerState
 
 router = APIRouter(prefix="/v1")
 
@@ -50,7 +52,26 @@ async def platform_status(caller: AdminDep, services: ServicesDep) -> dict:
             for r in runners
         ],
         "gpus": [_host_view(i, placements, asleep) for i in await gpus.inventories()],
+        # Every platform process's memory, as each last reported it (every few seconds).
+        "processes": _process_view(await read_process_memory(state.redis), runners),
     }
+
+
+def _process_view(records: list[ProcessMemory], runners: list[RunnerRecord]) -> list[dict]:
+    """One row per process; a runner without a deployment yet is a pre-warmed stem."""
+    stems = {r.runner_id for r in runners if not r.deployment}
+    return [
+        {
+            "role": "stem" if p.runner_id in stems else p.role,
+            "host": p.host,
+            "pid": p.pid,
+            "runner_id": p.runner_id or None,
+            "rss_bytes": p.rss_bytes,
+            "pss_bytes": p.pss_bytes,
+            "reported_ms": p.reported_ms,
+        }
+        for p in records
+    ]
 
 
 def _host_view(

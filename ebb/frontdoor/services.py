@@ -102,8 +102,10 @@ def build_services(settings: Settings) -> Services:
     )
 
 
-def get_services(request: Request) -> Services:
-    """The services `create_app`'s startup stored on the application."""
+async def get_services(request: Request) -> Services:
+    """The services `create_app`'s startup stored on the application. A coroutine
+    although it awaits nothing: FastAPI runs a plain-function dependency in its thread
+    pool, a hop to another thread and back on every request."""
     services: Services = request.app.state.services
     return services
 

@@ -60,7 +60,13 @@ async def visible_deployment(
     state: PlatformState, caller: Caller, name: str, *, as_model: bool = True
 ) -> DeploymentSpec:
     """The deployment `caller` may call by `name`, or a 404 (the model's, by default)."""
-    spec = await state.get_deployment(name)
+    return visible_or_404(caller, name, await state.get_deployment(name), as_model=as_model)
+
+
+def visible_or_404(
+    caller: Caller, name: str, spec: DeploymentSpec | None, *, as_model: bool = True
+) -> DeploymentSpec:
+    """`spec` (the deployment named `name`, as read) if `caller` may call it, else a 404."""
     if spec is None or not can_see(caller, spec):
         raise _not_found(name, as_model=as_model)
     return spec

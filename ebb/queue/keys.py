@@ -25,6 +25,10 @@ CONTROLLER_TERM = PREFIX + "controller:term"  # counter: one more per leadership
 METRIC_COUNTERS = PREFIX + "metrics:counters"
 GPU_INVENTORY = PREFIX + "gpus"  # hash: host -> HostInventory (json), refreshed by the controller
 GPU_PLACEMENTS = PREFIX + "placements"  # hash: runner id -> GpuPlacement (json) it holds
+# zset: process id ("host:pid") -> when it last reported its memory (ms); each report is
+# its own key (process_memory) that expires unless renewed, so a dead process drops out.
+PROCESSES = PREFIX + "processes"
+PROCESS_MEMORY_TTL_S = 30
 # hash: node -> NodeCache (json): the sources its weight cache holds, from its prefetcher
 NODE_CACHES = PREFIX + "node_caches"
 TENANT_QUOTAS = PREFIX + "tenant_quotas"  # hash: tenant -> TenantQuota (json), set by the admin
@@ -233,6 +237,11 @@ def batch(batch_id: str) -> str:
 def tenant_batches(tenant: str) -> str:
     """Sorted set of a tenant's batch ids, all scored 0: ids sort by creation time (lex)."""
     return f"{PREFIX}batches:tenant:{tenant}"
+
+
+def process_memory(process_id: str) -> str:
+    """string: one platform process's last ProcessMemory report (json), expiring."""
+    return f"{PREFIX}procmem:{process_id}"
 
 
 # --- deployment versions and traffic splits -----------------------------------------------

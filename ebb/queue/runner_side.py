@@ -23,7 +23,7 @@ from ebb.queue.records import (
     decode_runner,
     encode_runner,
 )
-from ebb.queue.replies import reply_hash, reply_text
+from ebb.queue.replies import reply_hash, reply_int, reply_text
 from ebb.queue.schema import (
     Claimed,
     ColdStartRecord,
@@ -43,6 +43,18 @@ from ebb.queue.versions import split_unit
 
 # The runner's log tail kept in Redis for `ebb status` and the console.
 _LOG_LINES_KEPT = 50
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a held request ends: its final state and terminal event, and its counts."""
+
+    work: WorkItem
+    state: str
+    event: RequestEvent
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_ms: float | None = None  # from its enqueueing to its first output, when it had one
 
 
 @dataclass(frozen=True)
@@ -144,14 +156,37 @@ class RunnerQueue:
         )
         return ClaimResult([decode_work(work) for work in claimed], cancelled)
 
-    def publish(self, progress: dict[str, Progress]) -> None:
-        """One round trip for every request that produced output in an engine step."""
-        if not progress:
-            return
+    def publish(
+        self, progress: dict[str, Progress], endings: list[Ending] | None = None
+    ) -> list[bool]:
+        """Every request's output of one engine step, then the requests it completed
+        (`finish_many`), in one round trip; whether each ending was this runner's."""
+        endings = endings or []
+        if not progress and not endings:
+            return []
+        if not progress and len(endings) == 1:
+            done = [self._finish(endings[0], pipe=None)]
+            self._signal_jobs(done, endings)
+            return done
         pipe = self._redis.pipeline(transaction=False)
         for request_id, event in progress.items():
             pipe.xadd(keys.events(request_id), {"e": encode(event)})
-        pipe.execute()
+        for ending in endings:
+            self._finish(ending, pipe=pipe)
+        replies = pipe.execute(raise_on_error=False)
+        for reply in replies[: len(progress)]:
+            if isinstance(reply, Exception):
+                raise reply
+        done = []
+        for ending, reply in zip(endings, replies[len(progress) :], strict=True):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                done.append(self._finish(ending, pipe=None))  # loads it; it did not run
+            elif isinstance(reply, Exception):
+                raise reply
+            else:
+                done.append(bool(reply_int(reply)))
+        self._signal_jobs(done, endings)
+        return done
 
     def finish(
         self,
@@ -164,41 +199,55 @@ class RunnerQueue:
         ttft_ms: float | None = None,
     ) -> bool:
         """End a held request once; usage is recorded in the same atomic step."""
+        return self.finish_many(
+            [Ending(work, state, event, prompt_tokens, completion_tokens, ttft_ms)]
+        )[0]
+
+    def finish_many(self, endings: list[Ending]) -> list[bool]:
+        """`finish` each of `endings`, in one round trip (an engine step that completes
+        many requests costs one, not one each); whether each was this runner's to
+        finish, in order."""
+        return self.publish({}, endings)
+
+    def _signal_jobs(self, done: list[bool], endings: list[Ending]) -> None:
+        if any(ok and e.work.job_id for ok, e in zip(done, endings, strict=True)):
+            # A hint only: the collector also looks at every claimed job periodically.
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.rpush(keys.JOBS_SIGNAL, "1")
+            pipe.ltrim(keys.JOBS_SIGNAL, -keys.SIGNAL_LIST_MAX, -1)
+            pipe.execute()
+
+    def _finish(self, ending: Ending, pipe: redis.client.Pipeline | None) -> bool:
+        work = ending.work
         deployment, version = split_unit(work.deployment)
         usage = UsageRecord(
             request_id=work.request_id,
             # Billed under the public name, so `ebb usage` sums a deployment's versions.
             deployment=deployment,
             version=version,
-            ttft_ms=ttft_ms,
+            ttft_ms=ending.ttft_ms,
             tenant=work.tenant,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            state=state,
+            prompt_tokens=ending.prompt_tokens,
+            completion_tokens=ending.completion_tokens,
+            state=ending.state,
             runner_id=self.runner_id,
             finished_at_s=time.time(),
             key_id=work.key_id,
             price_per_1m_input_tokens_micros=work.price_per_1m_input_tokens_micros,
             price_per_1m_output_tokens_micros=work.price_per_1m_output_tokens_micros,
         )
-        done = self._scripts.finish(
+        return self._scripts.finish(
             runner_id=self.runner_id,
             request_id=work.request_id,
-            state=state,
-            event=encode(event),
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
+            state=ending.state,
+            event=encode(ending.event),
+            prompt_tokens=ending.prompt_tokens,
+            completion_tokens=ending.completion_tokens,
             # A job's attempt waits for the webhooks worker to collect its result.
             result_ttl_s=keys.JOB_ATTEMPT_TTL_S if work.job_id else self._result_ttl_s,
             usage=encode(usage) if self._record_usage else None,
+            pipe=pipe,
         )
-        if done and work.job_id:
-            # A hint only: the collector also looks at every claimed job periodically.
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.rpush(keys.JOBS_SIGNAL, "1")
-            pipe.ltrim(keys.JOBS_SIGNAL, -keys.SIGNAL_LIST_MAX, -1)
-            pipe.execute()
-        return done
 
     def heartbeat(self, held_request_ids: Iterable[str]) -> None:
         """Prove liveness and extend the leases of what this runner holds."""

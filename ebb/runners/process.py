@@ -24,6 +24,7 @@ from ebb.billing.gpu import NoMeter, RunnerMeter, runner_meter
 from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
+from ebb.process_memory import start_memory_reporter
 from ebb.queue.connection import UNAVAILABLE_ERRORS, sync_client
 from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.gpus import SLEEPER_EXIT
@@ -122,6 +123,7 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
         queue, settings.heartbeat_interval_s, stop, follow_parent=settings.runner_follows_parent
     )
     heartbeat.start()
+    start_memory_reporter(settings.platform_redis_url("a runner"), "runner", runner_id=runner_id)
     lifecycle = Lifecycle(
         queue,
         on_change=_ready_file(settings.runner_ready_file) if settings.runner_ready_file else None,

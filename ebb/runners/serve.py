@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ebb import tracing
 from ebb.queue.observations import GpuFigures, RunnerStats
-from ebb.queue.runner_side import RunnerQueue
+from ebb.queue.runner_side import Ending, RunnerQueue
 from ebb.queue.schema import (
     DeploymentSpec,
     Failed,
@@ -216,47 +216,65 @@ class ServingLoop:
                 held.first_output_ns = held.first_output_ns or time.time_ns()
             if out.finished:
                 finished.append(out)
-        self._queue.publish(progress)
-        if progress and self.on_first_output is not None:
+        endings: list[tuple[Held, str, Finished | Failed]] = [
+            (
+                self.held[out.request_id],
+                "finished",
+                Finished(out.prompt_tokens, out.completion_tokens),
+            )
+            for out in finished
+        ]
+        first_work = self.held[next(iter(progress))].work if progress else None
+        # The step's output and its completions, in one round trip.
+        self._end_all(endings, progress)
+        if first_work is not None and self.on_first_output is not None:
             first, self.on_first_output = self.on_first_output, None
-            first(self.held[next(iter(progress))].work)
-        for out in finished:
-            held = self.held[out.request_id]
-            self._end(held, "finished", Finished(out.prompt_tokens, out.completion_tokens))
+            first(first_work)
 
     def _end(self, held: Held, state: str, event: Finished | Failed) -> None:
-        self.held.pop(held.work.request_id, None)
-        if not held.work.job_id:
-            self._sync_seen_at = self._clock()
-        if held.work.traceparent:
-            tracing.record_serving(
-                held.work.traceparent,
-                enqueued_ns=int(held.work.enqueued_at_s * 1e9),
-                claimed_ns=held.claimed_ns,
-                first_output_ns=held.first_output_ns,
-                end_ns=time.time_ns(),
-                prompt_tokens=held.prompt_tokens,
-                completion_tokens=held.completion_tokens,
-            )
-        done = self._queue.finish(
-            held.work,
-            state=state,
-            event=event,
-            prompt_tokens=held.prompt_tokens,
-            completion_tokens=held.completion_tokens,
-            ttft_ms=_ttft_ms(held),
+        self._end_all([(held, state, event)])
+
+    def _end_all(
+        self,
+        endings: list[tuple[Held, str, Finished | Failed]],
+        progress: dict[str, Progress] | None = None,
+    ) -> None:
+        """End held requests: terminal event and usage, once each, in one round trip
+        (after publishing `progress`, the output of the step that completed them)."""
+        for held, _, _ in endings:
+            self.held.pop(held.work.request_id, None)
+            if not held.work.job_id:
+                self._sync_seen_at = self._clock()
+            if held.work.traceparent:
+                tracing.record_serving(
+                    held.work.traceparent,
+                    enqueued_ns=int(held.work.enqueued_at_s * 1e9),
+                    claimed_ns=held.claimed_ns,
+                    first_output_ns=held.first_output_ns,
+                    end_ns=time.time_ns(),
+                    prompt_tokens=held.prompt_tokens,
+                    completion_tokens=held.completion_tokens,
+                )
+        done = self._queue.publish(
+            progress or {},
+            [
+                Ending(h.work, state, event, h.prompt_tokens, h.completion_tokens, _ttft_ms(h))
+                for h, state, event in endings
+            ],
         )
-        if not done:
-            log.warning(
-                "runner: %s was no longer ours to finish (lease expired)",
-                held.work.request_id,
-                extra={"request_id": held.work.request_id},
-            )
+        for ok, (held, _, _) in zip(done, endings, strict=True):
+            if not ok:
+                log.warning(
+                    "runner: %s was no longer ours to finish (lease expired)",
+                    held.work.request_id,
+                    extra={"request_id": held.work.request_id},
+                )
 
     def fail_all(self, message: str) -> None:
         """The engine broke: every held request ends with an error, none hangs."""
-        for held in list(self.held.values()):
-            self._end(held, "failed", Failed(message=message, code="engine_error", retryable=True))
+        failed = Failed(message=message, code="engine_error", retryable=True)
+        if self.held:
+            self._end_all([(held, "failed", failed) for held in list(self.held.values())])
 
     def _maybe_report_stats(self) -> None:
         now = self._clock()

@@ -32,6 +32,7 @@ class _Request:
     prompt_tokens: int
     sampling: SamplingSpec
     choices: list[_Choice] = field(default_factory=list)
+    uncached_tokens: int = 0  # prompt tokens its prefill must compute (not in the cache)
 
     @property
     def completion_tokens(self) -> int:
@@ -69,9 +70,23 @@ def fake_embedding(prompt_token_ids: list[int], dimensions: int | None) -> list[
     return [x / norm for x in raw]
 
 
-# Fake figures: a KV cache of this many tokens, and the prompts remembered as "cached".
+# Fake figures: a KV cache of this many tokens, and the prompts remembered as "cached"
+# (the prefix cache: the most recent ones, as an LRU of whole prompts).
 _FAKE_KV_CACHE_TOKENS = 16384
 _FAKE_PREFIXES_KEPT = 64
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """Tokens `a` and `b` start with alike. A binary search over slice comparisons (C
+    speed), so thousand-token prompts against the whole cache cost microseconds."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 class FakeEngine:
@@ -116,23 +131,23 @@ class FakeEngine:
             self._embeddings[request_id] = (len(prompt_token_ids), vector)
             return
         reply = _reply(prompt_token_ids, sampling)
-        self._count_prefix_hits(list(prompt_token_ids))
-        request = _Request(prompt_tokens=len(prompt_token_ids), sampling=sampling)
+        cached = self._count_prefix_hits(list(prompt_token_ids))
+        request = _Request(
+            prompt_tokens=len(prompt_token_ids),
+            sampling=sampling,
+            uncached_tokens=len(prompt_token_ids) - cached,
+        )
         request.choices = [_Choice(i, reply) for i in range(sampling.n)]
         self._requests[request_id] = request
 
-    def _count_prefix_hits(self, prompt: list[int]) -> None:
-        longest = 0
-        for seen in self._recent_prompts:
-            common = 0
-            for a, b in zip(seen, prompt, strict=False):
-                if a != b:
-                    break
-                common += 1
-            longest = max(longest, common)
+    def _count_prefix_hits(self, prompt: list[int]) -> int:
+        """The tokens of `prompt` found in the prefix cache (counted as vLLM's figures
+        count them); the prompt is then the cache's most recent entry."""
+        longest = max((common_prefix_len(seen, prompt) for seen in self._recent_prompts), default=0)
         self._prefix_queried_tokens += len(prompt)
         self._prefix_hit_tokens += longest
         self._recent_prompts = [*self._recent_prompts[-(_FAKE_PREFIXES_KEPT - 1) :], prompt]
+        return longest
 
     def stats(self) -> EngineStats:
         held = sum(r.prompt_tokens + r.completion_tokens for r in self._requests.values())
@@ -156,8 +171,7 @@ class FakeEngine:
             raise RuntimeError("step() on a sleeping engine")
         if self.model.step_ms:
             time.sleep(self.model.step_ms / 1000)  # simulates one forward pass
-        if self.model.prefill_ms and any(r.completion_tokens == 0 for r in self._requests.values()):
-            time.sleep(self.model.prefill_ms / 1000)  # simulates a long prompt's prefill
+        self._prefill()
         outputs = [self._embedded(rid, *done) for rid, done in self._embeddings.items()]
         self._embeddings.clear()
         for request_id, request in list(self._requests.items()):
@@ -175,6 +189,17 @@ class FakeEngine:
             if finished:
                 del self._requests[request_id]
         return outputs
+
+    def _prefill(self) -> None:
+        """Simulates the prefill of the requests that have no output yet: a flat
+        `prefill_ms`, plus `prefill_ms_per_1k_tokens` for what the prefix cache lacked."""
+        new = [r for r in self._requests.values() if r.completion_tokens == 0]
+        if not new:
+            return
+        per_token_ms = self.model.prefill_ms_per_1k_tokens / 1000
+        pause_ms = self.model.prefill_ms + per_token_ms * sum(r.uncached_tokens for r in new)
+        if pause_ms:
+            time.sleep(pause_ms / 1000)
 
     @staticmethod
     def _embedded(request_id: str, prompt_tokens: int, vector: list[float]) -> StepOutput:

@@ -1,7 +1,6 @@
-"""The fake test model's source,
-`fake://NAME?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0&prefill_ms=0&gpu_gib=0&error_pct=0`,
-and its
-registry entry. Light on purpose: the frontdoor process reads it (through the
+"""The fake test model's source, `fake://NAME?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0&
+prefill_ms=0&prefill_ms_per_1k_tokens=0&gpu_gib=0&error_pct=0`, and its registry entry.
+Light on purpose: the frontdoor process reads it (through the
 registry) to admit requests, so it imports nothing of `ebb.runners`; the engine itself is
 `ebb.testing.fake_engine`.
 
@@ -21,7 +20,8 @@ FAKE_SCHEME = "fake"
 FAKE_REPLY = "The capital of France is Paris. "
 FAKE_JSON_REPLY = '{"answer": "Paris"}'
 _FORM = (
-    "fake://<name>?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0&prefill_ms=0&gpu_gib=0&error_pct=0"
+    "fake://<name>?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0&prefill_ms=0"
+    "&prefill_ms_per_1k_tokens=0&gpu_gib=0&error_pct=0"
 )
 
 
@@ -34,6 +34,9 @@ class FakeModel:
     fail: bool = False  # the engine raises while loading
     sleep: bool = False  # the engine supports sleep mode, as vLLM does on a GPU
     prefill_ms: float = 0.0  # a step holding a request with no output yet takes this long
+    # ...plus this per 1,000 prompt tokens the engine's prefix cache did not hold: a
+    # runner that served a prompt's prefix recently prefills it faster, as vLLM's does.
+    prefill_ms_per_1k_tokens: float = 0.0
     gpu_gib: float = 0.0  # the GPU memory a runner of it needs (placement's estimate)
     error_pct: int = 0  # this share of requests (spread evenly) fails as the engine refuses it
 
@@ -52,6 +55,7 @@ class FakeModel:
             fail=query.get("fail", "0") == "1",
             sleep=query.get("sleep", "0") == "1",
             prefill_ms=float(query.get("prefill_ms", 0.0)),
+            prefill_ms_per_1k_tokens=float(query.get("prefill_ms_per_1k_tokens", 0.0)),
             gpu_gib=float(query.get("gpu_gib", 0.0)),
             error_pct=int(query.get("error_pct", 0)),
         )

@@ -15,6 +15,7 @@ import httpx
 
 from ebb.config import Settings
 from ebb.process_guard import exit_when_orphaned
+from ebb.process_memory import start_memory_reporter
 from ebb.queue.connection import async_client
 from ebb.queue.delivery_store import DeliveryStore, delivery_record_ttl_s
 from ebb.queue.job_store import JobStore
@@ -33,6 +34,7 @@ def run_worker(settings: Settings) -> None:
 
 async def _main(settings: Settings) -> None:
     client = async_client(settings.platform_redis_url("ebb webhooks"))
+    start_memory_reporter(settings.platform_redis_url("ebb webhooks"), "webhooks")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

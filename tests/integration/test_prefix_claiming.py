@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import redis
+from metrics_support import scrape
 from support import Platform, deploy, deployment, temp_home, wait_until
 
 from ebb.queue import keys
@@ -165,7 +166,14 @@ def platform():
 def test_through_the_platform_a_shared_prompt_stays_on_one_runner(platform, admin):
     """Two ready runners of one deployment: every request that starts with the same long
     system prompt is served by the runner that served it first."""
-    deploy(admin, "pfx", source="fake://m?step_ms=5", min_replicas=2, max_replicas=2)
+    # The fake engine's prefix cache: a runner prefills what it served recently for free.
+    deploy(
+        admin,
+        "pfx",
+        source="fake://m?step_ms=5&prefill_ms_per_1k_tokens=5",
+        min_replicas=2,
+        max_replicas=2,
+    )
     wait_until(lambda: deployment(admin, "pfx")["replicas"]["ready"] == 2, 60, "two ready runners")
     client = platform.openai()
     system = {"role": "system", "content": "You are a terse assistant. " * 12}  # > 256 B
@@ -179,3 +187,11 @@ def test_through_the_platform_a_shared_prompt_stays_on_one_runner(platform, admi
         )
         served_by.append(r.hget(keys.request(reply.id), "runner").decode())
     assert len(set(served_by)) == 1, served_by
+    # ...so every request after the first found the system prompt in that runner's cache
+    # (what makes its first token come sooner there; bench.prefix --fake measures it).
+    prompt_bytes = len(system["content"])
+
+    def hits() -> float:
+        return scrape(admin).value("ebb_prefix_cache_hit_tokens_total", deployment="pfx")
+
+    wait_until(lambda: hits() >= 5 * prompt_bytes, 10, "the runner's prefix-cache figures")

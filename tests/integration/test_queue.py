@@ -15,14 +15,16 @@ from ebb.queue import keys
 from ebb.queue.connection import async_client, sync_client
 from ebb.queue.platform import PlatformState
 from ebb.queue.requests import QueueFull, RequestQueue
-from ebb.queue.runner_side import RunnerQueue
+from ebb.queue.runner_side import Ending, RunnerQueue
 from ebb.queue.schema import (
     Claimed,
     Failed,
     Finished,
+    Progress,
     SamplingSpec,
     UsageRecord,
     WorkItem,
+    decode_event,
 )
 
 pytestmark = pytest.mark.integration
@@ -254,3 +256,28 @@ def _state(url: str, item: WorkItem) -> str:
 def _redis_now_ms(r: redis.Redis) -> int:
     seconds, micros = r.time()
     return seconds * 1000 + micros // 1000
+
+
+async def test_one_round_trip_publishes_a_step_and_finishes_what_it_completed(redis_url):
+    """Output and endings of one engine step go in one pipeline, after Redis forgot its
+    scripts too (a restart): each request ends once, billed once, with its events in order."""
+    client = async_client(redis_url)
+    queue = RequestQueue(client, request_ttl_s=60)
+    items = [work(f"step-{i}") for i in range(3)]
+    for item in items:
+        await queue.enqueue(item, admission_window_s=10, depth_limit=10)
+    rq, other = runner_queue(redis_url, "r1"), runner_queue(redis_url, "r2")
+    assert len(rq.claim(DEP, 3).claimed) == 3
+    redis.Redis.from_url(redis_url).script_flush()  # NOSCRIPT for the pipelined finishes
+    progress = {i.request_id: Progress(choices=[], seq=1) for i in items}
+    endings = [Ending(i, "finished", Finished(3, 1), 3, 1) for i in items]
+    assert rq.publish(progress, endings) == [True, True, True]
+    assert other.finish_many(endings[:2]) == [False, False], "not r2's to finish"
+    r = redis.Redis.from_url(redis_url)
+    assert len(r.xrange(keys.USAGE)) == 3
+    for item in items:
+        kinds = [
+            type(decode_event(f[b"e"])).__name__ for _, f in r.xrange(keys.events(item.request_id))
+        ]
+        assert kinds == ["Claimed", "Progress", "Finished"]
+    await client.aclose()

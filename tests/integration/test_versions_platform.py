@@ -89,6 +89,8 @@ def test_immediate_rollout_under_load_fails_nothing_and_the_old_version_drains(p
         wait_until(_served_by(load, "2", 40), 60, "version 2 to take the traffic")
         switched = time.monotonic()
         wait_until(_served_by(load, "2", 40, switched), 60, "more of version 2")
+        # Admission is fast enough that those 40 can all end within the second below.
+        wait_until(lambda: load.since(switched + 1.0), 60, "requests a second after the switch")
     assert load.failures() == []
     late = [o.version for o in load.since(switched + 1.0)]
     assert late and set(late) == {"2"}

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from ebb.coldstart.estimate import DEFAULT_COLD_START_S, StartingRunner, retry_after_s
 from ebb.errors import CapacityError, InvalidRequest, NotFound, RateLimited
+from ebb.frontdoor.execution import RetryAfterCache
 
 
 def test_retry_soon_when_a_runner_is_ready():
@@ -91,3 +94,33 @@ def test_with_the_pool_empty_a_forked_start_is_expected_before_a_fresh_one():
         )
         == 10
     )
+
+
+class _CountingState:
+    """The reads a Retry-After estimate makes, counted."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    async def runners(self) -> list:
+        self.reads += 1
+        await asyncio.sleep(0)  # concurrent refusals arrive while it reads
+        return []
+
+    async def cold_start_ms(self, deployment: str) -> dict:
+        return {"fresh": {"total": 12600.0}}
+
+    async def fork_server_state(self) -> str:
+        return "off"
+
+
+async def test_a_burst_of_refusals_shares_one_retry_after_estimate():
+    state = _CountingState()
+    now = [100.0]
+    cache = RetryAfterCache(state, clock=lambda: now[0])  # type: ignore[arg-type]  # duck-typed
+    estimates = await asyncio.gather(*(cache.of("d") for _ in range(50)))
+    assert set(estimates) == {13} and state.reads == 1
+    assert await cache.of("other") == 13 and state.reads == 2  # per deployment
+    now[0] += 5  # past the estimate's freshness
+    await cache.of("d")
+    assert state.reads == 3

@@ -1,4 +1,5 @@
 -- Admit a request into its deployment's queue, or refuse it when the queue is full.
+-- The controller is woken when this request is the only one queued.
 -- KEYS: 1 queue, 2 request hash, 3 queue signal list, 4 controller wake list
 -- ARGV: 1 request id, 2 work (json), 3 deployment, 4 admission window ms (0: none),
 --       5 queue depth limit, 6 request ttl s, 7 signal list max, 8 prompt prefix key
@@ -6,7 +7,8 @@
 -- Returns {1, deadline_ms} when queued, {0, 'full'} or {0, 'duplicate'} when refused.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[5]) then
+local depth = redis.call('ZCARD', KEYS[1])
+if depth >= tonumber(ARGV[5]) then
   return {0, 'full'}
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
@@ -22,6 +24,11 @@ redis.call('ZADD', KEYS[1], now, ARGV[1])
 local max = tonumber(ARGV[7])
 redis.call('RPUSH', KEYS[3], '1')
 redis.call('LTRIM', KEYS[3], -max, -1)
-redis.call('RPUSH', KEYS[4], ARGV[3])
-redis.call('LTRIM', KEYS[4], -max, -1)
+-- The controller is woken when the queue stops being empty (a deployment at zero gets a
+-- runner at once); while it stays non-empty, the controller's own poll sees it. Waking it
+-- for every request made it reconcile back to back under load.
+if depth == 0 then
+  redis.call('RPUSH', KEYS[4], ARGV[3])
+  redis.call('LTRIM', KEYS[4], -max, -1)
+end
 return {1, deadline}
