@@ -2,12 +2,15 @@
 neither, same machine, same run.
 
     .venv/bin/python -m bench.observability [--rounds 6] [--requests 200] [--concurrency 32]
-        [--sample-ratio 1.0]
+        [--sample-ratio 1.0] [--scrape-interval 15] [--real]
 
-Two platforms on the fake engine (the overhead is the frontdoor's and the runner's; a fast
-fake engine makes it as visible as it can be), driven with streamed chat requests:
+Two platforms, driven with streamed chat requests: on the fake engine by default (the
+overhead is the frontdoor's and the runner's; a fast fake engine makes it as visible as
+it can be), or with --real on the real engine serving the default model (serving
+throughput as a user sees it):
   on    EBB_OTLP_ENDPOINT set (every request's spans exported, OTLP/HTTP, to a local
-        sink that accepts them) and /metrics scraped every second while measuring;
+        sink that accepts them) and /metrics scraped every --scrape-interval seconds
+        while measuring (15: infra/observability's Prometheus; 1 stresses the scrape);
   off   no tracing, nobody scraping.
 Request metrics themselves (counters and histograms, the access-log line, the runner's
 once-a-second engine figures) are recorded in both: they cannot be switched off, so this
@@ -33,9 +36,13 @@ from bench.metering import platform_cpu_s
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from support import Platform, temp_home, wait_until  # noqa: E402
+from support import TEST_WEIGHTS_DIR, Platform, temp_home, wait_until  # noqa: E402
 
-SOURCE = "fake://bench?ctx=4096&step_ms=1"
+from bench.serving import KV_CACHE_GIB, MAX_MODEL_LEN  # noqa: E402
+from ebb.config import DEFAULT_MODEL_SOURCE  # noqa: E402
+from ebb.weights_cache import ensure  # noqa: E402
+
+FAKE_SOURCE = "fake://bench?ctx=4096&step_ms=1"
 
 
 class OtlpSink:
@@ -66,10 +73,12 @@ class OtlpSink:
 
 
 class Scraper:
-    """Fetches /metrics every second, as Prometheus would, while running."""
+    """Fetches /metrics every `interval_s`, as Prometheus would, while running (and once
+    at the start, so even a short measurement pays for one scrape)."""
 
-    def __init__(self, base_url: str, token: str) -> None:
+    def __init__(self, base_url: str, token: str, interval_s: float) -> None:
         self._url = base_url + "/metrics"
+        self._interval_s = interval_s
         self._headers = {"Authorization": f"Bearer {token}"}
         self._stop = threading.Event()
         self.scrapes = 0
@@ -78,36 +87,44 @@ class Scraper:
 
     def _run(self) -> None:
         with httpx.Client(timeout=10) as client:
-            while not self._stop.wait(1.0):
+            while True:
                 client.get(self._url, headers=self._headers).raise_for_status()
                 self.scrapes += 1
+                if self._stop.wait(self._interval_s):
+                    return
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
 
 
-def start(env: dict[str, str]) -> Platform:
+def start(env: dict[str, str], *, real: bool) -> Platform:
+    engine_env = (
+        {"EBB_WEIGHTS_CACHE_DIR": str(TEST_WEIGHTS_DIR), "EBB_KV_CACHE_GIB": KV_CACHE_GIB}
+        if real
+        else {"EBB_TEST_ENGINES": "1"}
+    )
     platform = Platform(
         home=temp_home("ebb-bench-observe-"),
         redis_url=None,
-        env_extra={"EBB_TEST_ENGINES": "1", "OTEL_BSP_SCHEDULE_DELAY": "500", **env},
+        env_extra={**engine_env, "OTEL_BSP_SCHEDULE_DELAY": "500", **env},
     ).start()
+    deployment = {"name": "bench", "min_replicas": 1, "idle_timeout_s": 3600}
+    if real:
+        deployment |= {
+            "source": DEFAULT_MODEL_SOURCE,
+            "max_concurrency": 32,
+            "max_model_len": MAX_MODEL_LEN,
+        }
+    else:
+        deployment |= {"source": FAKE_SOURCE, "max_concurrency": 64}
     with platform.admin() as admin:
-        admin.post(
-            "/v1/deployments",
-            json={
-                "name": "bench",
-                "source": SOURCE,
-                "min_replicas": 1,
-                "max_concurrency": 64,
-                "idle_timeout_s": 3600,
-            },
-        ).raise_for_status()
+        admin.post("/v1/deployments", json=deployment).raise_for_status()
         wait_until(
             lambda: admin.get("/v1/deployments/bench").json()["status"] == "ready",
-            120,
+            600 if real else 120,
             "the bench runner to be ready",
+            poll_s=0.5,
         )
     return platform
 
@@ -116,7 +133,9 @@ def measure(
     platform: Platform, args: argparse.Namespace, requests: int, scrape: bool
 ) -> tuple[LevelResult, dict[str, float]]:
     """The level's result and the platform's CPU ms per request, by process."""
-    scraper = Scraper(platform.base_url, platform.admin_key) if scrape else None
+    scraper = (
+        Scraper(platform.base_url, platform.admin_key, args.scrape_interval) if scrape else None
+    )
     before = platform_cpu_s(platform)
     try:
         result = asyncio.run(
@@ -146,11 +165,19 @@ def main() -> None:
     parser.add_argument(
         "--sample-ratio", type=float, default=1.0, help="EBB_OTLP_SAMPLE_RATIO of the on platform"
     )
+    parser.add_argument(
+        "--scrape-interval", type=float, default=15.0, help="seconds between /metrics scrapes"
+    )
+    parser.add_argument(
+        "--real", action="store_true", help="the real engine on the default model, not fake"
+    )
     args = parser.parse_args()
+    if args.real:
+        ensure(DEFAULT_MODEL_SOURCE, TEST_WEIGHTS_DIR)  # converted once, before either starts
 
     sink = OtlpSink()
     traced = {"EBB_OTLP_ENDPOINT": sink.url, "EBB_OTLP_SAMPLE_RATIO": str(args.sample_ratio)}
-    platforms = {"on": start(traced), "off": start({})}
+    platforms = {"on": start(traced, real=args.real), "off": start({}, real=args.real)}
     results: dict[str, list[LevelResult]] = {"on": [], "off": []}
     cpu: dict[str, list[dict[str, float]]] = {"on": [], "off": []}
     try:
