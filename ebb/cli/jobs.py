@@ -92,9 +92,14 @@ def show(job_id: str, as_json: bool = JsonOpt) -> None:
 @jobs_app.command("submit")
 def submit(
     model: str = typer.Argument(..., help="The deployment to run it on."),
-    prompt: str = typer.Option(..., "--prompt", help="The user message (or the prompt)."),
+    prompt: str = typer.Option(
+        ..., "--prompt", help="The user message (or the prompt, or the text to embed)."
+    ),
     completions: bool = typer.Option(
         False, "--completions", help="A plain completion instead of a chat."
+    ),
+    embeddings: bool = typer.Option(
+        False, "--embeddings", help="The prompt's embedding (an embedding deployment)."
     ),
     max_tokens: int | None = typer.Option(None, "--max-tokens"),
     webhook: str | None = typer.Option(None, "--webhook", help="URL to notify."),
@@ -104,16 +109,17 @@ def submit(
     as_json: bool = JsonOpt,
 ) -> None:
     """Submit a job; its id is printed at once (or its result with --wait)."""
-    body: dict[str, object] = (
-        {"prompt": prompt} if completions else {"messages": [{"role": "user", "content": prompt}]}
-    )
-    if max_tokens is not None:
+    if completions and embeddings:
+        raise typer.BadParameter("choose one of --completions and --embeddings")
+    endpoint = "chat.completions"
+    body: dict[str, object] = {"messages": [{"role": "user", "content": prompt}]}
+    if completions:
+        endpoint, body = "completions", {"prompt": prompt}
+    elif embeddings:
+        endpoint, body = "embeddings", {"input": prompt}
+    if max_tokens is not None and not embeddings:
         body["max_tokens"] = max_tokens
-    payload: dict[str, object] = {
-        "model": model,
-        "endpoint": "completions" if completions else "chat.completions",
-        "body": body,
-    }
+    payload: dict[str, object] = {"model": model, "endpoint": endpoint, "body": body}
     if webhook:
         payload["webhook"] = {"url": webhook}
     if ttl:
@@ -169,6 +175,11 @@ def _print_job(job: dict, as_json: bool) -> None:
     console.print(_jobs_table([job]))
     if job["error"]:
         console.print(f"[red]{job['error']['code']}:[/] {job['error']['message']}")
-    for choice in (job["result"] or {}).get("choices", []):
+    result = job["result"] or {}
+    for choice in result.get("choices", []):
         text = choice["message"]["content"] if "message" in choice else choice["text"]
         console.print(text)
+    for item in result.get("data", []):  # embeddings: their size, not a wall of floats
+        vector = item["embedding"]
+        size = f"{len(vector)} dimensions" if isinstance(vector, list) else "base64"
+        console.print(f"embedding {item['index']}: {size}")

@@ -260,3 +260,24 @@ def test_jobs_list_filters_like_keys_list(platform: Platform):
     assert rotated["tenant"] == "jobs-t" and rotated["secret"] != before
     after = ok_json(platform.cli("jobs", "secret", "--json", EBB_API_KEY=key))
     assert after["secret"] == rotated["secret"] and after["previous_secret_expires_at"]
+
+
+def test_an_embeddings_job_from_the_cli(platform: Platform):
+    ok_json(
+        platform.cli(
+            "deploy", "cli-embed", "--source", "fake://e?ctx=64", "--task", "embed", "--json"
+        )
+    )
+    job = ok_json(
+        platform.cli(
+            "jobs", "submit", "cli-embed", "--prompt", "Paris", "--embeddings", "--wait", "--json"
+        )
+    )
+    assert job["status"] == "succeeded" and job["endpoint"] == "embeddings"
+    (item,) = job["result"]["data"]
+    assert item["object"] == "embedding" and len(item["embedding"]) > 0
+    shown = platform.cli("jobs", "show", job["id"])
+    assert shown.returncode == 0 and f"{len(item['embedding'])} dimensions" in shown.stdout
+    both = platform.cli("jobs", "submit", "cli-embed", "--prompt", "x", "--embeddings",
+                        "--completions")  # fmt: skip
+    assert both.returncode == 2 and "one of --completions and --embeddings" in both.stderr
