@@ -108,6 +108,7 @@ class MotoS3:
         self.url = f"http://{host}:{port}"
         self.access_key = "testing"
         self.secret_key = "testing"
+        self._auth_required = False
 
     def client(self, endpoint_url: str | None = None, **creds):
         import boto3
@@ -124,9 +125,12 @@ class MotoS3:
         """From now on only a real IAM key of this server is accepted (moto accepts any
         key otherwise): create a user allowed s3:*, switch authentication on."""
         iam = self._iam()
-        iam.create_user(UserName="ebb")
+        # moto's IAM users, like its authentication switch, are process-wide: a name of
+        # this server's own, so a later module's server does not meet an earlier user.
+        user = f"ebb-{self.url.rsplit(':', 1)[1]}"
+        iam.create_user(UserName=user)
         iam.put_user_policy(
-            UserName="ebb",
+            UserName=user,
             PolicyName="s3",
             PolicyDocument=json.dumps(
                 {
@@ -135,12 +139,14 @@ class MotoS3:
                 }
             ),
         )
-        key = iam.create_access_key(UserName="ebb")["AccessKey"]
+        key = iam.create_access_key(UserName=user)["AccessKey"]
         self.access_key, self.secret_key = key["AccessKeyId"], key["SecretAccessKey"]
         httpx.post(f"{self.url}/moto-api/reset-auth", content=b"0").raise_for_status()
+        self._auth_required = True
 
     def allow_anyone(self) -> None:
         httpx.post(f"{self.url}/moto-api/reset-auth", content=b"inf").raise_for_status()
+        self._auth_required = False
 
     def env(self, endpoint_url: str | None = None) -> dict[str, str]:
         """What a process needs to reach this server through boto3's standard variables."""
@@ -163,6 +169,10 @@ class MotoS3:
         )
 
     def stop(self) -> None:
+        # moto keeps "authentication on" in process-wide state, not per server: left on,
+        # it would refuse every later module's fresh server.
+        if self._auth_required:
+            self.allow_anyone()
         self.server.stop()
 
 

@@ -30,10 +30,12 @@ def stack(tmp_path_factory):
         "EBB_WEIGHTS_FETCH_ATTEMPTS": "1",
         "EBB_SECRETS_KEY": new_key(),
     }
-    platform = Platform(home=home, redis_url=None, env_extra=env).start()
-    yield platform, s3
-    assert platform.stop() == 0
-    s3.stop()
+    try:
+        platform = Platform(home=home, redis_url=None, env_extra=env).start()
+        yield platform, s3
+        assert platform.stop() == 0
+    finally:
+        s3.stop()
 
 
 def _weights(admin, name: str) -> dict[int, str]:
