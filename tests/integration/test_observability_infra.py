@@ -105,6 +105,17 @@ class Prometheus:
         )
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
 
+    def is_ready(self) -> bool:
+        # The query API answers 503 until the TSDB has opened; /-/ready says when it has.
+        assert self.proc.poll() is None, (self.dir / "prometheus.log").read_text()
+        try:
+            return self.http.get("/-/ready").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_ready(self) -> None:
+        wait_until(self.is_ready, 60, "Prometheus ready")
+
     def query(self, expr: str) -> list[dict]:
         response = self.http.get("/api/v1/query", params={"query": expr})
         assert response.status_code == 200, (expr, response.text)
@@ -130,6 +141,7 @@ class Prometheus:
 @pytest.fixture(scope="module")
 def prometheus(platform):
     p = Prometheus(platform.port)
+    p.wait_ready()
     yield p
     p.stop()
 
