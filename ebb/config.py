@@ -166,9 +166,10 @@ class Settings(BaseSettings):
     job_retention_s: int = 7 * 86400
     job_max_attempts: int = 3
     # Batch slots jobs (and Batch API lines) may hold on a runner while it serves a
-    # synchronous request; unset: three quarters of max_concurrency whatever runs. 0: jobs
-    # yield fully (no new job beside a synchronous request), for CPUs, where jobs in the
-    # batch slow synchronous requests down.
+    # synchronous request (with none around they may fill every slot, and give one back
+    # when a synchronous request finds none). Unset: 0 on a runner without GPUs (no new
+    # job beside a synchronous request: on CPUs jobs in the batch slow it down), three
+    # quarters of max_concurrency on one with GPUs.
     job_slots_beside_sync: int | None = Field(default=None, ge=0)
     # The Batch API: the largest input file accepted, and its discount is per deployment.
     batch_file_max_bytes: int = 64 * 1024 * 1024

@@ -61,6 +61,8 @@ class Ending:
 class ClaimResult:
     claimed: list[WorkItem]
     cancelled: list[str]
+    # Synchronous requests still queued after this claim (left for want of room).
+    sync_waiting: int = 0
 
 
 class RunnerQueue:
@@ -145,7 +147,7 @@ class RunnerQueue:
     def claim(self, deployment: str, max_count: int, max_jobs: int = 0) -> ClaimResult:
         """Claim up to `max_count` requests; async job attempts fill at most `max_jobs` of
         those slots, and only when no synchronous request is waiting."""
-        claimed, cancelled = self._scripts.claim(
+        claimed, cancelled, sync_waiting = self._scripts.claim(
             runner_id=self.runner_id,
             deployment=deployment,
             max_count=max_count,
@@ -154,7 +156,15 @@ class RunnerQueue:
             claimed_event=self._claimed_event,
             prefix_affinity_ms=self._prefix_affinity_ms,
         )
-        return ClaimResult([decode_work(work) for work in claimed], cancelled)
+        return ClaimResult([decode_work(work) for work in claimed], cancelled, sync_waiting)
+
+    def yield_job(self, deployment: str, request_id: str) -> bool:
+        """Give back a job attempt this runner holds, for a synchronous request to have its
+        slot: queued again as if never claimed, nothing billed; False when it was no
+        longer this runner's (or a cancel of it waits)."""
+        return self._scripts.job_yield(
+            runner_id=self.runner_id, deployment=deployment, request_id=request_id
+        )
 
     def publish(
         self, progress: dict[str, Progress], endings: list[Ending] | None = None

@@ -173,6 +173,7 @@ class RunnerScripts:
         self._try_drain = register(client, "try_drain")
         self._try_sleep = register(client, "try_sleep")
         self._fold_ema = register(client, "fold_ema")
+        self._job_yield = register(client, "job_yield")
 
     def claim(
         self,
@@ -184,12 +185,13 @@ class RunnerScripts:
         lease_ttl_ms: int,
         claimed_event: bytes,
         prefix_affinity_ms: int = 0,
-    ) -> tuple[list[bytes], list[str]]:
+    ) -> tuple[list[bytes], list[str], int]:
         """Claim up to `max_count` requests (at most `max_jobs` job attempts): the encoded
-        work of each claimed one, and the ids this runner was asked to abort. With
-        `prefix_affinity_ms`, a request another runner holds the prompt prefix of waits
-        for it that long at most (see claim.lua)."""
-        claimed, cancelled = reply_list(
+        work of each claimed one, the ids this runner was asked to abort, and how many
+        synchronous requests are still queued. With `prefix_affinity_ms`, a request
+        another runner holds the prompt prefix of waits for it that long at most (see
+        claim.lua)."""
+        claimed, cancelled, still_queued = reply_list(
             self._claim(
                 keys=[
                     keys.queue(deployment),
@@ -220,7 +222,26 @@ class RunnerScripts:
             )
         )
         ids_and_work = reply_list(claimed)
-        return [reply_bytes(work) for work in ids_and_work[1::2]], reply_texts(cancelled)
+        works = [reply_bytes(work) for work in ids_and_work[1::2]]
+        return works, reply_texts(cancelled), reply_int(still_queued)
+
+    def job_yield(self, *, runner_id: str, deployment: str, request_id: str) -> bool:
+        """Give a held job attempt back to the job queue (see job_yield.lua)."""
+        return bool(
+            reply_int(
+                self._job_yield(
+                    keys=[
+                        keys.request(request_id),
+                        keys.events(request_id),
+                        keys.LEASES,
+                        keys.job_queue(deployment),
+                        keys.queue_signal(deployment),
+                        keys.JOBS_WAITING,
+                    ],
+                    args=[request_id, runner_id, keys.SIGNAL_LIST_MAX],
+                )
+            )
+        )
 
     def finish(
         self,

@@ -31,11 +31,11 @@ from ebb.queue.gpus import SLEEPER_EXIT
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
 from ebb.runners import gpu_figures
-from ebb.runners.devices import use_placement
+from ebb.runners.devices import use_placement, visible_gpu_count
 from ebb.runners.embedding_inputs import EmbeddingInputs
 from ebb.runners.engine import EngineAdapter, EngineOptions
 from ebb.runners.lifecycle import Lifecycle
-from ebb.runners.serve import Outcome, ServingLoop
+from ebb.runners.serve import Outcome, ServingLoop, jobs_beside_sync
 from ebb.secrets import SecretBox
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ def _run(
     clock.lap("engine")
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
     loop.read_gpus = gpu_figures.reader()
-    loop.jobs_beside_sync = settings.job_slots_beside_sync
+    loop.jobs_beside_sync = jobs_beside_sync(settings.job_slots_beside_sync, visible_gpu_count())
     loop.on_first_output = _become_ready(lifecycle, queue, deployment, tier, clock)
     heartbeat.held_ids = loop.held_ids
     try:

@@ -2,7 +2,8 @@
 
 One thread runs it, numbered steps per iteration:
   1. claim up to the free batch slots (blocking briefly on the queue signal when idle;
-     async jobs only into slots no synchronous request wants, see `job_slots`) and
+     async jobs only into slots no synchronous request wants, see `_job_limit`; a job
+     gives its slot back when a synchronous request finds none, see `_make_room`) and
      collect cancellations meant for this runner;
   2. add claimed requests to the engine, abort cancelled ones;
   3. run one engine step and publish every request's new output in one round trip;
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 from ebb import tracing
 from ebb.queue.observations import GpuFigures, RunnerStats
-from ebb.queue.runner_side import Ending, RunnerQueue
+from ebb.queue.runner_side import ClaimResult, Ending, RunnerQueue
 from ebb.queue.schema import (
     DeploymentSpec,
     Failed,
@@ -55,12 +56,23 @@ _SYNC_QUIET_S = 1.0
 
 
 def job_slots(max_concurrency: int) -> int:
-    """Batch slots async jobs may hold at once on one runner.
+    """Batch slots async jobs may hold at once on one runner beside synchronous traffic.
 
     A quarter of the slots (rounded up) stays free for synchronous requests, which must be
     claimed within their admission window, while a job can wait hours; a runner with a
-    single slot still runs jobs (claims prefer synchronous requests anyway)."""
+    single slot still runs jobs (claims prefer synchronous requests anyway). While no
+    synchronous request is around, jobs may fill every slot (see `ServingLoop._job_limit`)."""
     return max(1, max_concurrency - math.ceil(max_concurrency / 4))
+
+
+def jobs_beside_sync(configured: int | None, gpus: int) -> int | None:
+    """Job slots beside synchronous traffic (EBB_JOB_SLOTS_BESIDE_SYNC; None: `job_slots`).
+    Unset, a runner without GPUs takes no new job beside a synchronous request: on a CPU
+    every sequence in the batch slows every step, so a batch beside it would raise its
+    time to first token by tens of percent; a GPU's decode step barely notices them."""
+    if configured is not None:
+        return configured
+    return None if gpus else 0
 
 
 class Outcome(enum.Enum):
@@ -145,32 +157,74 @@ class ServingLoop:
 
     def _claim_and_cancel(self, *, wait: bool = True) -> int:
         """Returns how many requests it claimed."""
-        free = 0 if self._draining else self._spec.max_concurrency - len(self.held)
+        free = 0 if self._draining else self._max_slots - len(self.held)
         if free > 0 and not self.held and wait:
             self._queue.wait_for_work(self._spec.name, _IDLE_WAIT_S)
         held_jobs = sum(1 for h in self.held.values() if h.work.job_id)
         max_jobs = min(free, self._job_limit() - held_jobs)
         result = self._queue.claim(self._spec.name, max(free, 0), max(max_jobs, 0))
+        claimed = self._take(result)
+        if result.sync_waiting and not self._draining and len(self.held) >= self._max_slots:
+            room = self._make_room(result.sync_waiting)
+            if room:
+                claimed += self._take(self._queue.claim(self._spec.name, room, 0))
+        return claimed
+
+    def _take(self, result: ClaimResult) -> int:
         for work in result.claimed:
             self._admit(work)
         for request_id in result.cancelled:
             self._abort(request_id)
         return len(result.claimed)
 
+    @property
+    def _max_slots(self) -> int:
+        return self._spec.max_concurrency
+
     def _job_limit(self) -> int:
-        """Job slots now. Beside a synchronous request, optionally fewer: on CPUs every
-        sequence in the batch slows every step, so jobs running beside a synchronous
-        request raise its latency; with `jobs_beside_sync` = 0 the runner claims no new
-        job while one runs or ran in the last second (jobs in flight finish), trading batch
-        progress under steady traffic for synchronous latency."""
-        limit = job_slots(self._spec.max_concurrency)
-        if self.jobs_beside_sync is None:
-            return limit
+        """Job slots now. While no synchronous request runs here or ran in the last
+        second, jobs may fill every slot: a synchronous request that then finds none takes
+        one back (`_make_room`), so a batch uses the whole runner when nothing else wants
+        it. Beside synchronous traffic, `job_slots` leave a quarter free for it; with
+        `jobs_beside_sync` set, at most that many: on CPUs every sequence in the batch
+        slows every step, so jobs running beside a synchronous request raise its latency,
+        and at 0 the runner claims no new job while one runs or ran in the last second
+        (jobs in flight finish), trading batch progress under steady traffic for
+        synchronous latency."""
         serving_sync = any(not h.work.job_id for h in self.held.values())
         # Also just after one: a client's next request is usually a few ms away, and jobs
         # claimed in that gap would run beside it all the same.
         recent = self._clock() - self._sync_seen_at < _SYNC_QUIET_S
-        return min(limit, self.jobs_beside_sync) if serving_sync or recent else limit
+        if not (serving_sync or recent):
+            return self._max_slots
+        limit = job_slots(self._max_slots)
+        return limit if self.jobs_beside_sync is None else min(limit, self.jobs_beside_sync)
+
+    def _make_room(self, waiting: int) -> int:
+        """Give up to `waiting` job attempts back to the job queue so that synchronous
+        requests waiting for a slot get theirs now, not when a job ends (a job may run for
+        minutes, the admission window is seconds). The youngest go first (the least work
+        lost: a job given back starts over, billed only for the run that finishes it).
+        Returns the slots freed. Each runner full of jobs does this for the waiting count
+        it sees, so with several such runners a request may free more than one slot."""
+        jobs = [h for h in self.held.values() if h.work.job_id]
+        jobs.sort(key=lambda h: (h.completion_tokens, -h.claimed_ns))
+        freed = 0
+        for held in jobs[:waiting]:
+            request_id = held.work.request_id
+            if not self._queue.yield_job(self._spec.name, request_id):
+                continue  # no longer ours, or being cancelled: that path ends it
+            del self.held[request_id]
+            self._engine.abort([request_id])
+            freed += 1
+            log.info(
+                "runner: gave job attempt %s back after %d tokens: a synchronous request "
+                "needed its slot",
+                request_id,
+                held.completion_tokens,
+                extra={"request_id": request_id},
+            )
+        return freed
 
     def _admit(self, work: WorkItem) -> None:
         log.debug("runner: claimed %s", work.request_id)

@@ -119,6 +119,59 @@ async def test_jobs_take_only_the_slots_synchronous_requests_leave(redis_url, st
     await client.aclose()
 
 
+async def test_a_claim_says_how_many_synchronous_requests_it_left_queued(redis_url):
+    client = async_client(redis_url)
+    sync = RequestQueue(client, request_ttl_s=60)
+    for i in range(3):
+        await sync.enqueue(work(i), admission_window_s=60, depth_limit=10)
+    rq = runner_queue(redis_url, "r1")
+    assert rq.claim(DEP, 0).sync_waiting == 3, "a full runner learns that 3 wait"
+    assert rq.claim(DEP, 2).sync_waiting == 1
+    assert rq.claim(DEP, 2).sync_waiting == 0
+    await client.aclose()
+
+
+async def test_a_job_given_back_is_queued_again_in_its_place_unbilled(redis_url, stores):
+    jobs, state = stores
+    for i in range(2):
+        await submit(jobs, job(f"job_{i}"), ttl_s=1)
+    rq = runner_queue(redis_url, "r1")
+    [first] = rq.claim(DEP, 1, max_jobs=1).claimed
+    rq.publish(
+        {first.request_id: Progress(choices=[ChoiceDelta(index=0, text="Par", token_count=2)])}
+    )
+    assert not runner_queue(redis_url, "r2").yield_job(DEP, first.request_id), "not r2's"
+    assert rq.yield_job(DEP, first.request_id)
+    assert not rq.yield_job(DEP, first.request_id), "given back once"
+    r = redis.Redis.from_url(redis_url)
+    assert r.zrange(keys.LEASES, 0, -1) == [], "no lease left to reap"
+    assert r.exists(keys.events(first.request_id)) == 0, "its partial output is dropped"
+    assert await state.usage_records() == [], "nothing billed for the run given back"
+    # Its TTL (1 s) counted until it started, so it no longer expires; the job that
+    # never started does.
+    await asyncio.sleep(1.1)
+    collector = JobCollector(jobs, settings(redis_url))
+    await collector.pass_once()
+    assert (await jobs.get("job_1")).status is JobStatus.EXPIRED
+    assert (await jobs.get("job_0")).status is not JobStatus.EXPIRED
+    run_to_end(rq, first.request_id)
+    await collector.pass_once()
+    record = await jobs.get("job_0")
+    assert record.status is JobStatus.SUCCEEDED
+    assert record.result["choices"][0]["text"] == "Paris", "the output of the run that ended"
+    assert [u.request_id for u in await state.usage_records()] == ["job_0.1"]
+
+
+async def test_a_job_being_cancelled_is_not_given_back(redis_url, stores):
+    jobs, _ = stores
+    await submit(jobs, job("job_c"))
+    rq = runner_queue(redis_url, "r1")
+    [claimed] = rq.claim(DEP, 1, max_jobs=1).claimed
+    assert await jobs.cancel("job_c") == "aborting"
+    assert not rq.yield_job(DEP, claimed.request_id), "the cancel wins: the runner aborts it"
+    assert rq.claim(DEP, 1).cancelled == [claimed.request_id]
+
+
 async def test_a_lost_attempt_is_retried_then_the_job_fails(redis_url, stores):
     jobs, state = stores
     await submit(jobs, job("job_lost", max_attempts=2))

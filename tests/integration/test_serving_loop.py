@@ -231,26 +231,35 @@ async def test_a_claim_prefers_synchronous_requests_over_jobs(redis_url):
         assert ran == {*sync, "job_0.1", "job_1.1", "job_2.1"}
 
 
-async def test_jobs_leave_a_quarter_of_the_slots_to_synchronous_requests(redis_url):
+async def test_jobs_fill_every_slot_until_a_synchronous_request_takes_one_back(redis_url):
     async with serving_harness(redis_url, source=SLOW, max_concurrency=4) as h:
-        assert job_slots(4) == 3
         for i in range(5):
             await h.submit_job(f"job_{i}", max_tokens=150)
         serving = h.start()
         await asyncio.to_thread(
             wait_until,
-            lambda: any(len(b) == 3 for b in h.engine.batches),
+            lambda: any(len(b) == 4 for b in h.engine.batches),
             10,
-            "three jobs to run",
+            "four jobs to run: nothing else wants the runner",
         )
         sync = await h.submit(4)
         assert await asyncio.wait_for(serving, 30) is Outcome.IDLE
-        assert max(len(b) for b in h.engine.batches if sync.request_id not in b) == 3
         with_sync = [b for b in h.engine.batches if sync.request_id in b]
-        assert len(with_sync[0]) == 4, "the request ran beside three jobs, without waiting"
+        # The youngest job gave its slot back at once; the request did not wait for a job
+        # to end (each runs 150 steps).
+        [given_back] = h.engine.aborted
+        assert given_back.startswith("job_") and given_back not in with_sync[0]
+        assert len(with_sync[0]) == 4, "the request ran beside three jobs"
+        assert job_slots(4) == 3
+        assert max(len(b - {sync.request_id}) for b in with_sync) <= 3
         assert (await h.events(sync.request_id))[-1] == Finished(3, 4)
+        # The job given back ran again from the start, once more, and is billed once.
+        assert (await h.events(given_back))[-1] == Finished(3, 150)
+        assert text_of(await h.events(given_back)) == text_of(await h.events("job_0.1"))
         states = await h.jobs.attempt_states([f"job_{i}.1" for i in range(5)])
         assert states == ["finished"] * 5
+        billed = [u.request_id for u in await h.usage()]
+        assert sorted(billed) == sorted([sync.request_id] + [f"job_{i}.1" for i in range(5)])
 
 
 async def test_jobs_can_yield_fully_beside_synchronous_requests(redis_url):
@@ -261,9 +270,9 @@ async def test_jobs_can_yield_fully_beside_synchronous_requests(redis_url):
         serving = h.start()
         await asyncio.to_thread(
             wait_until,
-            lambda: any(len(b) == 3 for b in h.engine.batches),
+            lambda: any(len(b) == 4 for b in h.engine.batches),
             10,
-            "three jobs to run",
+            "four jobs to run",
         )
         sync = await h.submit(60)
         assert await asyncio.wait_for(serving, 60) is Outcome.IDLE

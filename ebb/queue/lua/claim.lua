@@ -20,7 +20,8 @@
 --       8 signal list max, 9 prefix affinity wait ms (0: off), 10 extra requests looked at,
 --       11 runner key prefix, 12 prefix owners ttl s, 13 prefix owners max,
 --       14 runner signal list prefix
--- Returns {{id, work, id, work, ...}, {cancelled ids...}}
+-- Returns {{id, work, id, work, ...}, {cancelled ids...}, synchronous requests still queued}
+-- (the last tells a runner full of jobs to yield one of them, see job_yield.lua).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cancels = redis.call('SMEMBERS', KEYS[3])
@@ -115,4 +116,4 @@ redis.call('HSET', KEYS[4], 'free_slots', want - got, 'polled_ms', now)
 if got > 0 then
   redis.call('HSET', KEYS[4], 'last_claim_ms', now)
 end
-return {claimed, cancels}
+return {claimed, cancels, redis.call('ZCARD', KEYS[1])}
