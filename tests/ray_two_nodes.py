@@ -132,6 +132,9 @@ def main() -> int:
             "EBB_RAY_ADDRESS": f"127.0.0.1:{port}",
             "EBB_RAY_RUNNER_RESOURCES": json.dumps({"ebb_worker": 1}),
             "EBB_ADMISSION_TIMEOUT_S": "120",
+            # The node-loss check runs a job beside a streaming request on one runner; on
+            # a runner without GPUs jobs otherwise wait for synchronous traffic to end.
+            "EBB_JOB_SLOTS_BESIDE_SYNC": "1",
         }
         real = "--real-engine" in sys.argv
         if real:  # the weights the test session converted once; no engine from a hub
