@@ -30,7 +30,7 @@ from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.openai_schema import _to_invalid
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.tokenizer import PromptTokenizer
-from ebb.frontdoor.version_routing import routed, version_headers
+from ebb.frontdoor.version_routing import Routed, routed, version_headers
 from ebb.openai_responses import embedding_response, embedding_vectors
 from ebb.queue.schema import DeploymentSpec, Failed, Finished, Progress, SamplingSpec, WorkItem
 
@@ -134,12 +134,15 @@ def job_work(req: EmbeddingRequest, inputs: list[list[int]]) -> tuple[list[int],
 @router.post("/embeddings")
 async def embeddings(request: Request, caller: CallerDep, services: ServicesDep) -> JSONResponse:
     req = parse_embedding_request(decoded_json(request))  # decoded by BodyGuard
-    spec = await routed(services.state, caller, req.model, request.headers)
+    route = await routed(services.state, caller, req.model, request.headers)
+    spec = route.spec
     require_embedding(spec, req.model)
+    # As for chat: a full queue refuses before the tokenizer is waited for or run.
+    await services.executor.refuse_if_full(spec, route.depth)
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     model = await services.catalog.info(spec, wait_s=window_s)
     inputs = await asyncio.to_thread(tokenize_inputs, req, model.tokenizer, model.max_model_len)
-    vectors, prompt_tokens = await _embed(services, caller, spec, req, inputs)
+    vectors, prompt_tokens = await _embed(services, caller, route, req, inputs)
     body = embedding_response(
         vectors, model=req.model, prompt_tokens=prompt_tokens, encoding_format=req.encoding_format
     )
@@ -149,11 +152,12 @@ async def embeddings(request: Request, caller: CallerDep, services: ServicesDep)
 async def _embed(
     services: Services,
     caller: Caller,
-    spec: DeploymentSpec,
+    route: Routed,
     req: EmbeddingRequest,
     inputs: list[list[int]],
 ) -> tuple[list[list[float]], int]:
     """The request's inputs through admission and a runner: their vectors, prompt tokens."""
+    spec = route.spec
     prompt, sampling = job_work(req, inputs)
     work = WorkItem(
         request_id=f"embd-{uuid.uuid4().hex}",
@@ -168,7 +172,7 @@ async def _embed(
     executor = services.executor
     reservation = await services.limiter.reserve(caller, work)
     try:
-        running = await executor.admit(work, spec)
+        running = await executor.admit(work, spec, route.status)
         reservation.ran = True
         services.metrics.observe_admitted(spec.name, running.queued_s)
         progress: list[Progress] = []

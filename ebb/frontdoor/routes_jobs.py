@@ -313,7 +313,7 @@ async def _view(services: Services, job_id: str) -> dict:
 
 async def _deployment(services: Services, caller: Caller, model: str) -> DeploymentSpec:
     # The job's attempts run on one version, picked by the traffic split.
-    return await routed(services.state, caller, model)
+    return (await routed(services.state, caller, model)).spec
 
 
 @dataclass(frozen=True)

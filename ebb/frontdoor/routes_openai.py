@@ -112,14 +112,14 @@ async def _serve_observed(
     request_id = observed.request_id
     body = _json_body(request)
     parsed = parse(body)
-    spec = await routed(services.state, caller, parsed.model, request.headers)
+    route = await routed(services.state, caller, parsed.model, request.headers)
+    spec = route.spec
     observed.deployment = parsed.model
     observed.version = version_of(spec)
-    status, depth = await services.state.admission_status(spec.name)
     require_generative(spec)
     # A full queue refuses at once: no tokenizing, no enqueue attempt (enqueue.lua checks
     # again, atomically, for requests that find room here).
-    await services.executor.refuse_if_full(spec, depth)
+    await services.executor.refuse_if_full(spec, route.depth)
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     model = await services.catalog.info(spec, wait_s=window_s)
     prepared: Prepared = await _off_loop_if_long(
@@ -149,7 +149,7 @@ async def _serve_observed(
     streaming = False
     try:
         running = await unless_disconnected(
-            request, work, executor, executor.admit(work, spec, status)
+            request, work, executor, executor.admit(work, spec, route.status)
         )
         reservation.ran = True
         observed.admitted(running.queued_s, work.enqueued_at_s)

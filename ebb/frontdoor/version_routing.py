@@ -9,29 +9,27 @@ ramps up, or at random without one. The answer names the version in `x-ebb-versi
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from ebb.errors import NotFound
 from ebb.frontdoor import tenancy
 from ebb.frontdoor.caller import Caller
+from ebb.queue.admission_reads import AdmissionReads
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec
-from ebb.queue.version_store import VersionStore
-from ebb.queue.versions import pick_version, route_point, split_unit, unit_name
+from ebb.queue.versions import pick_version, route_point, split_unit
 
 ROUTE_KEY_HEADER = "x-ebb-route-key"
 VERSION_HEADER = "x-ebb-version"
 
 
-async def route(
-    state: PlatformState, deployment: str, headers: Mapping[str, str] | None = None
-) -> DeploymentSpec | None:
-    """The spec of the serving unit that takes a request for `deployment` (its name is
-    the unit's: `version_of` tells the version); None when there is no such deployment."""
-    store = VersionStore(state.redis)
-    split = await store.split(deployment)
-    key = headers.get(ROUTE_KEY_HEADER) if headers is not None else None
-    version = pick_version(split.weights, route_point(key))
-    return await store.unit_spec(unit_name(deployment, version))
+@dataclass(frozen=True)
+class Routed:
+    """The serving unit a request goes to: its spec (its name is the unit's: `version_of`
+    tells the version), and its status and queue depth as admission reads them."""
+
+    spec: DeploymentSpec
+    status: dict[str, str]
+    depth: int
 
 
 async def routed(
@@ -39,14 +37,20 @@ async def routed(
     caller: Caller,
     deployment: str,
     headers: Mapping[str, str] | None = None,
-) -> DeploymentSpec:
-    """`route` for a deployment `caller` may call; the model's 404 otherwise."""
-    await tenancy.visible_deployment(state, caller, deployment)
-    spec = await route(state, deployment, headers)
-    if spec is None:  # deleted a moment ago
-        await tenancy.visible_deployment(state, caller, deployment)  # raises its 404
-        raise NotFound(f"The model {deployment!r} does not exist.", param="model")
-    return spec
+) -> Routed:
+    """The unit that takes a request for `deployment`, which `caller` may call; the
+    model's 404 otherwise, also for a deployment deleted while being read. One Redis
+    round trip when the split picks version 1, two when it picks another."""
+    reads = AdmissionReads(state.redis)
+    read = await reads.deployment(deployment)
+    spec = tenancy.visible_or_404(caller, deployment, read.spec)
+    key = headers.get(ROUTE_KEY_HEADER) if headers is not None else None
+    version = pick_version(read.split.weights, route_point(key))
+    if version != 1:
+        read = await reads.unit(deployment, version)
+        # Deleted since the first read (or its version is): the same 404 as a missing one.
+        spec = tenancy.visible_or_404(caller, deployment, read.spec)
+    return Routed(spec=spec, status=read.status, depth=read.depth)
 
 
 def version_of(spec: DeploymentSpec) -> int:

@@ -68,16 +68,6 @@ class PlatformState:
         raw = await self.redis.hget(keys.DEPLOYMENTS, name)
         return msgspec.json.decode(raw, type=DeploymentSpec) if raw else None
 
-    async def admission_status(self, name: str) -> tuple[dict[str, str], int]:
-        """The serving unit's status (`deployment_status`) and how many requests wait in
-        its queue, in one round trip: what admitting a request reads before queueing (a
-        full queue is refused before any tokenizing)."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(keys.deployment_status(name))
-        pipe.zcard(keys.queue(name))
-        status, depth = await pipe.execute()
-        return {k.decode(): v.decode() for k, v in reply_hash(status).items()}, depth
-
     async def list_deployments(self) -> list[DeploymentSpec]:
         raw = await self.redis.hgetall(keys.DEPLOYMENTS)
         specs = [msgspec.json.decode(v, type=DeploymentSpec) for v in raw.values()]

@@ -24,7 +24,8 @@ _version_decoder = msgspec.json.Decoder(VersionRecord)
 _spec_decoder = msgspec.json.Decoder(DeploymentSpec)
 
 
-def _split(raw: object) -> TrafficSplit:
+def decode_split(raw: object) -> TrafficSplit:
+    """A deployment's split as read (`keys.traffic`); nothing stored: version 1 at 100 %."""
     return _split_decoder.decode(reply_bytes(raw)) if raw else TrafficSplit()
 
 
@@ -37,7 +38,7 @@ class VersionStore:
         self.redis = client
 
     async def split(self, deployment: str) -> TrafficSplit:
-        return _split(await self.redis.get(keys.traffic(deployment)))
+        return decode_split(await self.redis.get(keys.traffic(deployment)))
 
     async def versions(self, deployment: str) -> dict[int, VersionRecord]:
         return _versions(await self.redis.hgetall(keys.deployment_versions(deployment)))
@@ -71,7 +72,7 @@ class VersionStore:
             while True:
                 try:
                     await pipe.watch(key)
-                    new = change(_split(await pipe.get(key)))
+                    new = change(decode_split(await pipe.get(key)))
                     pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
                     pipe.set(key, msgspec.json.encode(new))
                     await pipe.execute()
@@ -87,7 +88,7 @@ class VersionStore:
         pipe.hget(keys.deployment_versions(name), str(number))
         pipe.get(keys.traffic(name))
         raw_spec, raw_version, raw_split = await pipe.execute()
-        return _unit(raw_spec, raw_version, raw_split, number)
+        return decode_unit(raw_spec, raw_version, raw_split, number)
 
     async def units(self, specs: list[DeploymentSpec]) -> list[DeploymentSpec]:
         """The serving units of `specs`: every version that has traffic or may still hold
@@ -115,7 +116,7 @@ def _ask_units(pipe: Any, specs: list[DeploymentSpec]) -> None:
 def _units(specs: list[DeploymentSpec], replies: list[Any]) -> list[DeploymentSpec]:
     units: list[DeploymentSpec] = []
     for i, spec in enumerate(specs):
-        split, versions = _split(replies[2 * i]), _versions(replies[2 * i + 1])
+        split, versions = decode_split(replies[2 * i]), _versions(replies[2 * i + 1])
         for number in sorted(split.weights):
             if number == 1 or number in versions:
                 units.append(compose(spec, versions.get(number), split, number))
@@ -129,15 +130,19 @@ def read_units(client: redis.Redis, specs: list[DeploymentSpec]) -> list[Deploym
     return _units(specs, pipe.execute())
 
 
-def _unit(
+def decode_unit(
     raw_spec: object, raw_version: object, raw_split: object, number: int
 ) -> DeploymentSpec | None:
+    """A unit's spec from its deployment's record, its version's and the split, as read;
+    None when the deployment is gone, or the version (other than 1) is."""
     if not raw_spec:
         return None
     version = _version_decoder.decode(reply_bytes(raw_version)) if raw_version else None
     if version is None and number != 1:
         return None
-    return compose(_spec_decoder.decode(reply_bytes(raw_spec)), version, _split(raw_split), number)
+    return compose(
+        _spec_decoder.decode(reply_bytes(raw_spec)), version, decode_split(raw_split), number
+    )
 
 
 def read_unit_spec(client: redis.Redis, unit: str) -> DeploymentSpec | None:
@@ -148,7 +153,7 @@ def read_unit_spec(client: redis.Redis, unit: str) -> DeploymentSpec | None:
     pipe.hget(keys.deployment_versions(name), str(number))
     pipe.get(keys.traffic(name))
     raw_spec, raw_version, raw_split = pipe.execute()
-    return _unit(raw_spec, raw_version, raw_split, number)
+    return decode_unit(raw_spec, raw_version, raw_split, number)
 
 
 def read_unit_env(client: redis.Redis, unit: str) -> str:
