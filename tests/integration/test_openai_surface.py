@@ -4,10 +4,11 @@ vLLM's sampling extras, model facts, tool calling."""
 from __future__ import annotations
 
 import json
+import threading
 
 import openai
 import pytest
-from support import Platform, deploy, temp_home, wait_until
+from support import Platform, deploy, deployment, temp_home, wait_until
 
 from ebb.queue import keys
 from ebb.testing.fake_model import FAKE_REPLY
@@ -344,6 +345,26 @@ def test_chat_to_an_embedding_deployment_is_refused(client, embedder):
     assert info.value.body["param"] == "model" and "embeddings" in info.value.body["message"]
     card = client.models.retrieve(embedder).model_dump()
     assert card["capabilities"]["embeddings"] and not card["capabilities"]["completions"]
+
+
+def test_a_full_embeddings_queue_refuses_at_once(platform, admin):
+    source = "fake://m?ctx=64&load_s=3"
+    deploy(admin, "embed-tiny", source=source, serving={"task": "embed"}, queue_depth_limit=1)
+    first: dict = {}
+
+    def call():
+        first["reply"] = platform.openai().embeddings.create(model="embed-tiny", input="Paris")
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    wait_until(lambda: deployment(admin, "embed-tiny")["queue_depth"] == 1, 10, "the first")
+    with pytest.raises(openai.APIStatusError) as refused:
+        platform.openai().embeddings.create(model="embed-tiny", input="Rome")
+    assert refused.value.status_code == 503
+    assert refused.value.body["code"] == "queue_full"
+    assert "retry-after" in refused.value.response.headers
+    thread.join(timeout=60)
+    assert len(first["reply"].data) == 1
 
 
 def _usage(admin, deployment: str) -> dict:
