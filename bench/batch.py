@@ -143,6 +143,9 @@ def probe(platform: Platform, args: argparse.Namespace) -> dict:
     return {
         "median_ttft_ms": round(statistics.median(ttfts), 1),
         "p90_ttft_ms": round(statistics.quantiles(ttfts, n=10)[-1], 1),
+        # In the order they finished: whether slow ones are the first (a batch's slots
+        # changing hands) or spread over the probe.
+        "ttft_ms_in_order": [round(t) for t in ttfts],
         "errors": errors,
         "wall_s": round(wall_s, 2),
     }

@@ -2,8 +2,9 @@
 
 One thread runs it, numbered steps per iteration:
   1. claim up to the free batch slots (blocking briefly on the queue signal when idle;
-     async jobs only into slots no synchronous request wants, see `_job_limit`; a job
-     gives its slot back when a synchronous request finds none, see `_make_room`) and
+     async jobs only into slots no synchronous request wants, see `_job_limit`, a few per
+     step, see `job_claims_per_step`; a job gives its slot back when a synchronous request
+     finds none, see `_make_room`) and
      collect cancellations meant for this runner;
   2. add claimed requests to the engine, abort cancelled ones;
   3. run one engine step and publish every request's new output in one round trip;
@@ -63,6 +64,17 @@ def job_slots(max_concurrency: int) -> int:
     single slot still runs jobs (claims prefer synchronous requests anyway). While no
     synchronous request is around, jobs may fill every slot (see `ServingLoop._job_limit`)."""
     return max(1, max_concurrency - math.ceil(max_concurrency / 4))
+
+
+def job_claims_per_step(max_concurrency: int) -> int:
+    """New job attempts a runner claims per iteration: an eighth of its slots (rounded up).
+
+    Every request claimed is prefilled in the next engine step, and a synchronous request
+    that arrives meanwhile waits for that step: a runner that took 32 jobs at once (a
+    batch's first wave, or a wave of jobs that ended together) spent 2.8 s prefilling them
+    on a CPU, where 4 take a tenth of that. Claimed a few per step, a batch still fills
+    every slot within a few steps, and its prefills interleave with decoding."""
+    return max(1, math.ceil(max_concurrency / 8))
 
 
 def jobs_beside_sync(configured: int | None, gpus: int) -> int | None:
@@ -161,7 +173,7 @@ class ServingLoop:
         if free > 0 and not self.held and wait:
             self._queue.wait_for_work(self._spec.name, _IDLE_WAIT_S)
         held_jobs = sum(1 for h in self.held.values() if h.work.job_id)
-        max_jobs = min(free, self._job_limit() - held_jobs)
+        max_jobs = min(free, self._job_limit() - held_jobs, job_claims_per_step(self._max_slots))
         result = self._queue.claim(self._spec.name, max(free, 0), max(max_jobs, 0))
         claimed = self._take(result)
         if result.sync_waiting and not self._draining and len(self.held) >= self._max_slots:

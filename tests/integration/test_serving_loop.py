@@ -13,7 +13,7 @@ from ebb.config import Settings
 from ebb.queue import keys
 from ebb.queue.job_schema import JobStatus
 from ebb.queue.schema import Claimed, Failed, Finished, Progress, RunnerState
-from ebb.runners.serve import Outcome, job_slots
+from ebb.runners.serve import Outcome, job_claims_per_step, job_slots
 from ebb.webhooks.collector import JobCollector
 
 pytestmark = pytest.mark.integration
@@ -226,9 +226,26 @@ async def test_a_claim_prefers_synchronous_requests_over_jobs(redis_url):
         sync = [(await h.submit(4)).request_id for _ in range(2)]
         assert await h.serve() is Outcome.IDLE
         first = h.engine.batches[0]
-        assert set(sync) <= first and len(first) == 4
+        # Both synchronous requests first; jobs one per step on a runner of 4 slots.
+        assert set(sync) <= first and len(first) == 2 + job_claims_per_step(4) == 3
         ran = set().union(*h.engine.batches)
         assert ran == {*sync, "job_0.1", "job_1.1", "job_2.1"}
+
+
+async def test_jobs_are_claimed_a_few_per_step_so_no_step_prefills_a_whole_batch(redis_url):
+    # A synchronous request that arrives waits for the step in progress: one that prefills
+    # sixteen jobs at once would hold it as long as sixteen prefills.
+    async with serving_harness(redis_url, source=SLOW, max_concurrency=16) as h:
+        for i in range(16):
+            await h.submit_job(f"job_{i}", max_tokens=40)
+        assert await h.serve() is Outcome.IDLE
+        per_step = job_claims_per_step(16)
+        assert per_step == 2
+        batches = h.engine.batches
+        before = [frozenset(), *batches[:-1]]
+        added = [len(now - was) for was, now in zip(before, batches, strict=True)]
+        assert max(added) == per_step, added
+        assert max(len(b) for b in batches) == 16, "the batch still filled every slot"
 
 
 async def test_jobs_fill_every_slot_until_a_synchronous_request_takes_one_back(redis_url):
