@@ -67,6 +67,7 @@ def create_app(settings: Settings) -> FastAPI:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+        await services.state.short_redis.aclose()
         await services.redis.aclose()
 
     # /openapi.json and /docs are served by routes_apidocs, behind EBB_API_DOCS.

@@ -22,7 +22,7 @@ from ebb.frontdoor.metrics import Metrics
 from ebb.frontdoor.ratelimit import RateLimiter
 from ebb.home import resolve_admin_key
 from ebb.queue.batch_store import BatchStore
-from ebb.queue.connection import async_client
+from ebb.queue.connection import async_client, short_command_client
 from ebb.queue.delivery_store import DeliveryStore, delivery_record_ttl_s
 from ebb.queue.job_store import JobStore
 from ebb.queue.ledger import LedgerStore
@@ -56,8 +56,11 @@ class Services:
 
 
 def build_services(settings: Settings) -> Services:
-    client = async_client(settings.platform_redis_url("the frontdoor"))
-    state = PlatformState(client, result_ttl_s=settings.result_ttl_s)
+    url = settings.platform_redis_url("the frontdoor")
+    client = async_client(url)
+    state = PlatformState(
+        client, result_ttl_s=settings.result_ttl_s, short_client=short_command_client(url)
+    )
     # A request record must outlive its admission window and generation.
     queue = RequestQueue(client, request_ttl_s=max(settings.result_ttl_s, 3600))
     ratelimits = RateLimitStore(client)

@@ -41,7 +41,7 @@ async def routed(
     """The unit that takes a request for `deployment`, which `caller` may call; the
     model's 404 otherwise, also for a deployment deleted while being read. One Redis
     round trip when the split picks version 1, two when it picks another."""
-    reads = AdmissionReads(state.redis)
+    reads = AdmissionReads(state.short_redis)
     read = await reads.deployment(deployment)
     spec = tenancy.visible_or_404(caller, deployment, read.spec)
     key = headers.get(ROUTE_KEY_HEADER) if headers is not None else None

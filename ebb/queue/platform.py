@@ -50,8 +50,17 @@ class QueueSnapshot:
 
 
 class PlatformState:
-    def __init__(self, client: aioredis.Redis, *, result_ttl_s: int = 600):
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        result_ttl_s: int = 600,
+        short_client: aioredis.Redis | None = None,
+    ):
         self.redis = client
+        # For the reads admission makes before queueing (`connection.short_command_client`
+        # where a process has one): they never block, so a small pool serves any burst.
+        self.short_redis = short_client or client
         self._scripts = QueueScripts(client)
         self._result_ttl_s = result_ttl_s
 

@@ -3,6 +3,7 @@ costs, and that a deployment gone at any point of them is the model's 404."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -14,7 +15,12 @@ from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.version_routing import ROUTE_KEY_HEADER, routed, version_of
 from ebb.queue import keys
 from ebb.queue.admission_reads import AdmissionReads
-from ebb.queue.connection import async_client
+from ebb.queue.connection import (
+    SHORT_CLIENT_NAME,
+    SHORT_POOL_MAX,
+    async_client,
+    short_command_client,
+)
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec
 from ebb.queue.version_store import VersionStore
@@ -151,3 +157,20 @@ async def test_version_1_reads_compose_the_stored_version(counted, setup):
     assert round_trips() == 1
     assert read.spec is not None and read.spec.source == "fake://m?ctx=32"
     assert read.split.weights == {1: 100}
+
+
+async def test_a_burst_of_admission_reads_shares_a_bounded_pool(redis_url, setup):
+    # Each read holds a connection only for its round trip: a burst waits a moment for one
+    # of a few instead of opening a connection per request (each a connect and handshake).
+    await setup.put_deployment(DeploymentSpec(name="busy", source="fake://m"))
+    client = short_command_client(redis_url)
+    try:
+        reads = AdmissionReads(client)
+        burst = await asyncio.gather(*(reads.deployment("busy") for _ in range(200)))
+        assert all(read.spec is not None and read.spec.name == "busy" for read in burst)
+        names = [c["name"] for c in await setup.redis.client_list()]
+        assert 0 < names.count(SHORT_CLIENT_NAME) <= SHORT_POOL_MAX < len(burst)
+    finally:
+        await client.aclose()
+    names = [c["name"] for c in await setup.redis.client_list()]
+    assert SHORT_CLIENT_NAME not in names, "closing the client closes its connections"
