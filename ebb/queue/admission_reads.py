@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from ebb.queue import keys
 from ebb.queue.replies import reply_hash, reply_int
 from ebb.queue.schema import DeploymentSpec
-from ebb.queue.version_store import decode_split, decode_unit
+from ebb.queue.version_store import ask_unit, decode_split, decode_unit
 from ebb.queue.versions import TrafficSplit, unit_name
 
 
@@ -53,9 +53,7 @@ class AdmissionReads:
         the spec is composed from one moment's records)."""
         unit = unit_name(deployment, version)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hget(keys.DEPLOYMENTS, deployment)
-        pipe.hget(keys.deployment_versions(deployment), str(version))
-        pipe.get(keys.traffic(deployment))
+        ask_unit(pipe, deployment, version)
         pipe.hgetall(keys.deployment_status(unit))
         pipe.zcard(keys.queue(unit))
         raw_spec, raw_version, raw_split, raw_status, raw_depth = await pipe.execute()

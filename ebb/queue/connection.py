@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
@@ -37,19 +39,22 @@ SHORT_POOL_MAX = 32
 SHORT_CLIENT_NAME = "ebb-short"
 
 
+def _async_options() -> dict[str, Any]:
+    """What every asyncio pool's connections share."""
+    return {
+        "decode_responses": False,
+        "health_check_interval": 30,
+        "socket_timeout": SOCKET_TIMEOUT_S,
+        # Pooled connections die with a Redis restart; reconnect and retry for a few
+        # seconds (as the blocking client does by default) instead of failing the call.
+        "retry": AsyncRetry(ExponentialWithJitterBackoff(base=0.25, cap=2.0), RETRIES),
+    }
+
+
 def async_client(url: str) -> aioredis.Redis:
     # Blocking reads (XREAD BLOCK per in-flight request) each hold a pooled connection,
     # so the pool must not be the limit on concurrency.
-    return aioredis.Redis.from_url(
-        url,
-        decode_responses=False,
-        health_check_interval=30,
-        max_connections=ASYNC_POOL_MAX,
-        socket_timeout=SOCKET_TIMEOUT_S,
-        # Pooled connections die with a Redis restart; reconnect and retry for a few
-        # seconds (as the blocking client does by default) instead of failing the call.
-        retry=AsyncRetry(ExponentialWithJitterBackoff(base=0.25, cap=2.0), RETRIES),
-    )
+    return aioredis.Redis.from_url(url, max_connections=ASYNC_POOL_MAX, **_async_options())
 
 
 def short_command_client(url: str) -> aioredis.Redis:
@@ -61,10 +66,7 @@ def short_command_client(url: str) -> aioredis.Redis:
         max_connections=SHORT_POOL_MAX,
         client_name=SHORT_CLIENT_NAME,
         timeout=SOCKET_TIMEOUT_S,
-        decode_responses=False,
-        health_check_interval=30,
-        socket_timeout=SOCKET_TIMEOUT_S,
-        retry=AsyncRetry(ExponentialWithJitterBackoff(base=0.25, cap=2.0), RETRIES),
+        **_async_options(),
     )
     return aioredis.Redis.from_pool(pool)  # closing the client closes its pool
 

@@ -84,9 +84,7 @@ class VersionStore:
         """The spec a unit runs with; None once its deployment is deleted."""
         name, number = split_unit(unit)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hget(keys.DEPLOYMENTS, name)
-        pipe.hget(keys.deployment_versions(name), str(number))
-        pipe.get(keys.traffic(name))
+        ask_unit(pipe, name, number)
         raw_spec, raw_version, raw_split = await pipe.execute()
         return decode_unit(raw_spec, raw_version, raw_split, number)
 
@@ -130,6 +128,14 @@ def read_units(client: redis.Redis, specs: list[DeploymentSpec]) -> list[Deploym
     return _units(specs, pipe.execute())
 
 
+def ask_unit(pipe: Any, deployment: str, number: int) -> None:
+    """Queue on `pipe` the three reads `decode_unit` takes, in its order: the deployment's
+    record, version `number`'s record and the traffic split."""
+    pipe.hget(keys.DEPLOYMENTS, deployment)
+    pipe.hget(keys.deployment_versions(deployment), str(number))
+    pipe.get(keys.traffic(deployment))
+
+
 def decode_unit(
     raw_spec: object, raw_version: object, raw_split: object, number: int
 ) -> DeploymentSpec | None:
@@ -149,9 +155,7 @@ def read_unit_spec(client: redis.Redis, unit: str) -> DeploymentSpec | None:
     """`VersionStore.unit_spec` on a blocking client (a runner, a launcher)."""
     name, number = split_unit(unit)
     pipe = client.pipeline(transaction=False)
-    pipe.hget(keys.DEPLOYMENTS, name)
-    pipe.hget(keys.deployment_versions(name), str(number))
-    pipe.get(keys.traffic(name))
+    ask_unit(pipe, name, number)
     raw_spec, raw_version, raw_split = pipe.execute()
     return decode_unit(raw_spec, raw_version, raw_split, number)
 
