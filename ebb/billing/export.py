@@ -14,9 +14,6 @@ import hashlib
 import logging
 import time
 
-import boto3
-from botocore.exceptions import ClientError
-
 from ebb.config import Settings
 
 log = logging.getLogger(__name__)
@@ -30,6 +27,10 @@ class S3HourExporter:
     def __init__(self, bucket: str, prefix: str = "usage", *, endpoint_url: str | None = None):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
+        # Imported here: boto3 costs the billing process and the frontdoor ~10 MB of RSS,
+        # and most platforms export no ledger.
+        import boto3
+
         self._s3 = boto3.client("s3", endpoint_url=endpoint_url)
 
     def object_key(self, hour_ms: int) -> str:
@@ -40,6 +41,8 @@ class S3HourExporter:
         body = b"".join(line + b"\n" for line in lines)
         digest = hashlib.sha256(body).hexdigest()
         key = self.object_key(hour_ms)
+        from botocore.exceptions import ClientError
+
         try:
             self._s3.put_object(
                 Bucket=self.bucket,

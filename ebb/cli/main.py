@@ -16,6 +16,7 @@ from ebb.cli.tenants import tenants_app
 from ebb.cli.usage import price, usage_app
 from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
+from ebb.services import SERVICES, configure_logging
 
 app = typer.Typer(
     name="ebb",
@@ -34,18 +35,9 @@ for command in (deploy, scale, status, price, chat, logs, rollout, rollback):
 deployments_app.command("show")(show_deployment)
 deployments_app.command("history")(history)
 deployments_app.command("delete")(delete_deployment)
-
-
-def _logging(service: str = "") -> None:
-    """This process's logging, and its tracing when EBB_OTLP_ENDPOINT is set."""
-    from ebb import logs, tracing
-
-    settings = Settings()
-    logs.configure(settings.log_format)
-    if service:
-        tracing.setup(
-            settings.otlp_endpoint, f"ebb-{service}", sample_ratio=settings.otlp_sample_ratio
-        )
+# The platform's own processes (`python -m ebb ROLE` runs them without this module).
+for service in SERVICES.values():
+    app.command(hidden=True)(service)
 
 
 @app.command()
@@ -62,81 +54,6 @@ def up(
 
 
 @app.command(hidden=True)
-def frontdoor() -> None:
-    """Run the HTTP frontdoor (started by `ebb up`)."""
-    import uvicorn
-
-    from ebb.process_guard import exit_when_orphaned
-
-    settings = Settings()
-    exit_when_orphaned()
-    if settings.frontdoor_workers > 1:
-        # uvicorn's supervisor binds the port once and starts the workers on that socket
-        # (restarting any that dies); each worker builds its app with `frontdoor_worker_app`.
-        from ebb.process_memory import start_memory_reporter
-
-        _logging()
-        start_memory_reporter(settings.redis_url or "", "frontdoor-supervisor")
-        uvicorn.run(
-            "ebb.cli.main:frontdoor_worker_app",
-            factory=True,
-            workers=settings.frontdoor_workers,
-            host=settings.host,
-            port=settings.port,
-            log_level="warning",
-            timeout_graceful_shutdown=30,
-        )
-        return
-    from ebb.frontdoor.app import create_app
-
-    _logging("frontdoor")
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        timeout_graceful_shutdown=30,
-    )
-
-
-def frontdoor_worker_app():  # -> FastAPI; untyped so that this module imports no FastAPI
-    """One of EBB_FRONTDOOR_WORKERS frontdoor processes: its logging, and its app."""
-    from ebb.frontdoor.app import create_app
-    from ebb.process_guard import exit_when_orphaned
-
-    _logging("frontdoor")
-    exit_when_orphaned()  # its supervisor gone (killed), it goes too
-    return create_app(Settings())
-
-
-@app.command(hidden=True)
-def coldstart() -> None:
-    """Run the coldstart controller (started by `ebb up`)."""
-    from ebb.coldstart.main import run_controller
-
-    _logging()
-    run_controller(Settings())
-
-
-@app.command(hidden=True)
-def billing() -> None:
-    """Run the ledger consumer (started by `ebb up`)."""
-    from ebb.billing.main import run_billing
-
-    _logging()
-    run_billing(Settings())
-
-
-@app.command(hidden=True)
-def webhooks() -> None:
-    """Run the job collector and webhook delivery worker (started by `ebb up`)."""
-    from ebb.webhooks.main import run_worker
-
-    _logging("webhooks")
-    run_worker(Settings())
-
-
-@app.command(hidden=True)
 def runner(
     runner_id: str = typer.Option(...),
     tier: Tier = typer.Option(Tier.FRESH),
@@ -145,7 +62,7 @@ def runner(
     """Run one runner (started by the controller)."""
     from ebb.runners.process import run_runner
 
-    _logging("runner")
+    configure_logging("runner")
     raise typer.Exit(run_runner(Settings(), runner_id, deployment, tier))
 
 
@@ -156,30 +73,9 @@ def prepare(source: str = typer.Argument(...)) -> None:
     from ebb.process_guard import exit_when_orphaned
     from ebb.weights_cache.preparation import run_preparation
 
-    _logging()
+    configure_logging()
     exit_when_orphaned()
     raise typer.Exit(run_preparation(source, Settings().weights_dir))
-
-
-@app.command(hidden=True)
-def prefetch() -> None:
-    """Keep this node's weight cache warm for the deployments and publish what it holds
-    (one per node: a DaemonSet on Kubernetes). Stops on SIGTERM."""
-    import signal
-    import threading
-
-    from ebb.coldstart.prefetch import Prefetcher, node_annotator, node_name
-    from ebb.queue.connection import sync_client
-
-    _logging("prefetch")
-    settings = Settings()
-    client = sync_client(settings.platform_redis_url("ebb prefetch"))
-    annotate = node_annotator(node_name(settings)) if settings.prefetch_annotate_node else None
-    prefetcher = Prefetcher(settings, client, annotate=annotate)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    prefetcher.run(stop)
 
 
 @app.command("fork-server", hidden=True)
@@ -187,7 +83,7 @@ def fork_server() -> None:
     """Import the engine once and fork runners on request (started by the controller)."""
     from ebb.runners.fork_server import serve_forks
 
-    _logging("runner")
+    configure_logging("runner")
     raise typer.Exit(serve_forks(Settings()))
 
 
