@@ -24,11 +24,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ebb.errors import InvalidRequest, JobError
-from ebb.frontdoor.auth import CallerDep
+from ebb.frontdoor.auth import calling
 from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.openai_schema import _to_invalid
-from ebb.frontdoor.services import Services, ServicesDep
+from ebb.frontdoor.services import Services
 from ebb.frontdoor.tokenizer import PromptTokenizer
 from ebb.frontdoor.version_routing import Routed, routed, version_headers
 from ebb.openai_responses import embedding_response, embedding_vectors
@@ -132,7 +132,8 @@ def job_work(req: EmbeddingRequest, inputs: list[list[int]]) -> tuple[list[int],
 
 
 @router.post("/embeddings")
-async def embeddings(request: Request, caller: CallerDep, services: ServicesDep) -> JSONResponse:
+async def embeddings(request: Request) -> JSONResponse:
+    services, caller = await calling(request)
     req = parse_embedding_request(decoded_json(request))  # decoded by BodyGuard
     route = await routed(services.state, caller, req.model, request.headers)
     spec = route.spec

@@ -13,9 +13,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ebb.errors import EbbError, InvalidRequest, JobError
 from ebb.frontdoor import tenancy
-from ebb.frontdoor.auth import CallerDep
+from ebb.frontdoor.auth import CallerDep, calling
 from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
+from ebb.frontdoor.errors_http import error_response
 from ebb.frontdoor.execution import ClientGone, Running, unless_disconnected
 from ebb.frontdoor.model_cards import model_card
 from ebb.frontdoor.observe import RequestObservation
@@ -57,14 +58,16 @@ async def retrieve_model(model_id: str, caller: CallerDep, services: ServicesDep
 
 
 @router.post("/chat/completions")
-async def chat_completions(request: Request, caller: CallerDep, services: ServicesDep) -> Response:
+async def chat_completions(request: Request) -> Response:
+    services, caller = await calling(request)
     return await _serve(
         request, services, caller, EndpointKind.CHAT, parse_chat_request, prepare_chat
     )
 
 
 @router.post("/completions")
-async def completions(request: Request, caller: CallerDep, services: ServicesDep) -> Response:
+async def completions(request: Request) -> Response:
+    services, caller = await calling(request)
     return await _serve(
         request,
         services,
@@ -92,7 +95,9 @@ async def _serve(
         e.request_id = request_id
         e.version = observed.version
         observed.end_with_error(e)
-        raise
+        # Answered here rather than raised to the app's handler (the same response): a
+        # refusal is the answer a burst gets, and each layer an exception unwinds costs.
+        return error_response(e)
     except Exception:
         observed.end(500, "internal_error")
         raise

@@ -105,12 +105,17 @@ def build_services(settings: Settings) -> Services:
     )
 
 
-async def get_services(request: Request) -> Services:
-    """The services `create_app`'s startup stored on the application. A coroutine
-    although it awaits nothing: FastAPI runs a plain-function dependency in its thread
-    pool, a hop to another thread and back on every request."""
+def services_of(request: Request) -> Services:
+    """The services `create_app`'s startup stored on the application."""
     services: Services = request.app.state.services
     return services
+
+
+async def get_services(request: Request) -> Services:
+    """`services_of` as a dependency. A coroutine although it awaits nothing: FastAPI runs
+    a plain-function dependency in its thread pool, a hop to another thread and back on
+    every request."""
+    return services_of(request)
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from ebb.frontdoor import tenancy
 from ebb.frontdoor.caller import Caller
-from ebb.queue.admission_reads import AdmissionReads
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec
 from ebb.queue.versions import pick_version, route_point, split_unit
@@ -41,7 +40,7 @@ async def routed(
     """The unit that takes a request for `deployment`, which `caller` may call; the
     model's 404 otherwise, also for a deployment deleted while being read. One Redis
     round trip when the split picks version 1, two when it picks another."""
-    reads = AdmissionReads(state.short_redis)
+    reads = state.admission_reads
     read = await reads.deployment(deployment)
     spec = tenancy.visible_or_404(caller, deployment, read.spec)
     key = headers.get(ROUTE_KEY_HEADER) if headers is not None else None

@@ -8,10 +8,16 @@ tokenizing). Read one after another those are four round trips on every request;
 they are one pipeline for version 1, which is every deployment without versions and the
 one a split without a rollout sends everything to, and a second only when the split
 picks another version (that version's unit is known only once the split is read).
+
+Requests for one unit that arrive together share its read: a burst of a hundred requests
+at one deployment is one round trip, decoded once, not a hundred. The read is sent only
+after every request sharing it has arrived, so none of them acts on state older than its
+own arrival (a deployment created just before a request is never a 404 for it).
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +48,9 @@ class UnitRead:
 class AdmissionReads:
     def __init__(self, client: aioredis.Redis):
         self.redis = client
+        # Reads created but not yet sent, by (deployment, version): a request for the same
+        # unit joins one of these, never a read already on its way to Redis.
+        self._gathering: dict[tuple[str, int], asyncio.Task[UnitRead]] = {}
 
     async def deployment(self, name: str) -> UnitRead:
         """The deployment `name` with its version 1's unit: what routing starts from, and
@@ -50,7 +59,21 @@ class AdmissionReads:
 
     async def unit(self, deployment: str, version: int) -> UnitRead:
         """One version's unit of `deployment` (the split is read again with it, so that
-        the spec is composed from one moment's records)."""
+        the spec is composed from one moment's records), read once for every request that
+        asks for it before the read is sent."""
+        key = (deployment, version)
+        read = self._gathering.get(key)
+        if read is None:
+            # A task's first step runs on the loop's next turn: requests arriving until
+            # then join it, and it stops gathering them before it sends anything.
+            read = asyncio.create_task(self._read_unit(key))
+            self._gathering[key] = read
+        # Shielded: one caller cancelled (its client gone) cancels no one else's read.
+        return await asyncio.shield(read)
+
+    async def _read_unit(self, key: tuple[str, int]) -> UnitRead:
+        del self._gathering[key]
+        deployment, version = key
         unit = unit_name(deployment, version)
         pipe = self.redis.pipeline(transaction=False)
         ask_unit(pipe, deployment, version)

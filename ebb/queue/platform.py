@@ -15,6 +15,7 @@ import msgspec
 import redis.asyncio as aioredis
 
 from ebb.queue import keys
+from ebb.queue.admission_reads import AdmissionReads
 from ebb.queue.connection import MAX_BLOCK_S
 from ebb.queue.node_caches import read_node_caches_async
 from ebb.queue.records import decode_runner, encode_runner, parse_cold_start
@@ -61,6 +62,8 @@ class PlatformState:
         # For the reads admission makes before queueing (`connection.short_command_client`
         # where a process has one): they never block, so a small pool serves any burst.
         self.short_redis = short_client or client
+        # One per process, so that concurrent requests for one unit share its reads.
+        self.admission_reads = AdmissionReads(self.short_redis)
         self._scripts = QueueScripts(client)
         self._result_ttl_s = result_ttl_s
 

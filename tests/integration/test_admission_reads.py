@@ -7,7 +7,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from ebb.errors import NotFound
@@ -39,6 +41,8 @@ class CountingConnection(aioredis.Connection):
 
     sends = 0
     before_send: Callable[[int], Awaitable[None]] | None = None
+    # Runs (blocking the loop) when a reply is about to be read: its command was sent.
+    on_reply: Callable[[], None] | None = None
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         hook = CountingConnection.before_send
@@ -46,6 +50,12 @@ class CountingConnection(aioredis.Connection):
             await hook(CountingConnection.sends)
         CountingConnection.sends += 1
         await super().send_packed_command(command, check_health)
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        hook, CountingConnection.on_reply = CountingConnection.on_reply, None
+        if hook is not None:
+            hook()
+        return await super().read_response(*args, **kwargs)
 
 
 @pytest.fixture
@@ -55,7 +65,7 @@ async def counted(redis_url):
     await client.ping()  # connects (and says hello) before anything is counted
     CountingConnection.sends, CountingConnection.before_send = 0, None
     yield PlatformState(client)
-    CountingConnection.before_send = None
+    CountingConnection.before_send = CountingConnection.on_reply = None
     await client.aclose()
 
 
@@ -159,6 +169,35 @@ async def test_version_1_reads_compose_the_stored_version(counted, setup):
     assert read.split.weights == {1: 100}
 
 
+async def test_requests_for_one_deployment_arriving_together_share_one_round_trip(counted, setup):
+    await deploy(setup, "chat")
+    await setup.redis.zadd(keys.queue("chat"), {"r1": 1})
+
+    burst = await asyncio.gather(*(routed(counted, ADMIN, "chat") for _ in range(100)))
+
+    assert round_trips() == 1
+    assert all(route.spec.name == "chat" and route.depth == 1 for route in burst)
+
+
+async def test_a_request_arriving_after_the_read_was_sent_reads_again(counted, redis_url):
+    # The first request's read is on its way when the deployment is created and a second
+    # request arrives: the second must not share the first's (older) answer.
+    second: list[asyncio.Task] = []
+
+    def create_then_request() -> None:
+        with redis.Redis.from_url(redis_url) as blocking:
+            spec = DeploymentSpec(name="fresh", source="fake://m")
+            blocking.hset(keys.DEPLOYMENTS, "fresh", msgspec.json.encode(spec))
+        # Runs on the loop's next turn, before the first read's reply is taken.
+        second.append(asyncio.create_task(routed(counted, ADMIN, "fresh")))
+
+    CountingConnection.on_reply = create_then_request
+    with pytest.raises(NotFound):
+        await routed(counted, ADMIN, "fresh")
+    route = await second[0]
+    assert route.spec.name == "fresh"
+
+
 async def test_a_burst_of_admission_reads_shares_a_bounded_pool(redis_url, setup):
     # Each read holds a connection only for its round trip: a burst waits a moment for one
     # of a few instead of opening a connection per request (each a connect and handshake).
@@ -166,8 +205,11 @@ async def test_a_burst_of_admission_reads_shares_a_bounded_pool(redis_url, setup
     client = short_command_client(redis_url)
     try:
         reads = AdmissionReads(client)
-        burst = await asyncio.gather(*(reads.deployment("busy") for _ in range(200)))
-        assert all(read.spec is not None and read.spec.name == "busy" for read in burst)
+        # 200 deployments: reads of one deployment would share a round trip (below).
+        names = ["busy", *(f"other-{i}" for i in range(199))]
+        burst = await asyncio.gather(*(reads.deployment(name) for name in names))
+        assert burst[0].spec is not None and burst[0].spec.name == "busy"
+        assert all(read.spec is None for read in burst[1:])
         names = [c["name"] for c in await setup.redis.client_list()]
         assert 0 < names.count(SHORT_CLIENT_NAME) <= SHORT_POOL_MAX < len(burst)
     finally:
