@@ -78,6 +78,7 @@ def create_app(settings: Settings) -> FastAPI:
     # /openapi.json and /docs are served by routes_apidocs, behind EBB_API_DOCS.
     app = FastAPI(title="ebb", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(routes_openai.router)
+    app.include_router(routes_openai.inference)
     app.include_router(routes_embeddings.router)
     app.include_router(routes_files.router)
     app.include_router(routes_batches.router)

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import INVALID_SPAN, SpanKind
 
 from ebb import logs, tracing
 from ebb.errors import EbbError
@@ -71,12 +71,18 @@ class RequestObservation:
         logs.request_id.set(request_id)
         self._traced = tracing.active()
         self._started_ns = time.time_ns()
-        self._span = tracing.tracer.start_span(
-            "ebb.request",
-            context=tracing.context_from(headers) if self._traced else None,
-            kind=SpanKind.SERVER,
-            start_time=self._started_ns,
-            attributes={"ebb.request_id": request_id, "ebb.endpoint": endpoint},
+        # Untraced, no span at all: the API's no-op tracer still looks its provider up
+        # (an environment read) on every span it starts.
+        self._span = (
+            tracing.tracer.start_span(
+                "ebb.request",
+                context=tracing.context_from(headers),
+                kind=SpanKind.SERVER,
+                start_time=self._started_ns,
+                attributes={"ebb.request_id": request_id, "ebb.endpoint": endpoint},
+            )
+            if self._traced
+            else INVALID_SPAN
         )
 
     def traceparent(self) -> str:

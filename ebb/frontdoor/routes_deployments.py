@@ -270,6 +270,7 @@ async def create_deployment(
             spec.name, **WeightsStatus(WeightsState.PREPARING).fields()
         )
     await services.state.wake(spec.name)
+    services.catalog.warm(spec)  # its tokenizer, once the weights are ready
     return await deployment_view(services.state, spec)
 
 

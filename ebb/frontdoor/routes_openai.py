@@ -18,6 +18,7 @@ from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.errors_http import error_response
 from ebb.frontdoor.execution import ClientGone, Running, unless_disconnected
+from ebb.frontdoor.hot_routes import RequestOnlyRoute
 from ebb.frontdoor.model_cards import model_card
 from ebb.frontdoor.observe import RequestObservation
 from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
@@ -43,6 +44,8 @@ from ebb.queue.schema import Failed, Finished, Progress, WorkItem
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1")
+# The inference endpoints, handed the request without FastAPI's dependency solver.
+inference = APIRouter(prefix="/v1", route_class=RequestOnlyRoute)
 
 
 @router.get("/models")
@@ -57,7 +60,7 @@ async def retrieve_model(model_id: str, caller: CallerDep, services: ServicesDep
     return await model_card(services.catalog, spec)
 
 
-@router.post("/chat/completions")
+@inference.post("/chat/completions")
 async def chat_completions(request: Request) -> Response:
     services, caller = await calling(request)
     return await _serve(
@@ -65,7 +68,7 @@ async def chat_completions(request: Request) -> Response:
     )
 
 
-@router.post("/completions")
+@inference.post("/completions")
 async def completions(request: Request) -> Response:
     services, caller = await calling(request)
     return await _serve(

@@ -28,6 +28,7 @@ import importlib.metadata
 import importlib.util
 import inspect
 import logging
+import mmap
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -330,29 +331,138 @@ def _renderer_module() -> Any:
     return hf_renderer
 
 
-def _one_copy_pool() -> None:
+def _renderer_base_module() -> Any:
+    import vllm.renderers.base as renderer_base
+
+    return renderer_base
+
+
+# Where the tokenizer's EOS id is kept, read before the pool wraps the tokenizer.
+_EOS_ID_ATTRIBUTE = "_ebb_eos_token_id"
+
+
+def _copies_on_demand() -> None:
     hf_renderer = _renderer_module()
     make_pool = hf_renderer.maybe_make_thread_pool
 
-    def one_copy_pool(tokenizer: Any, copies: int = 1) -> Any:
-        return make_pool(tokenizer, 1)
+    def copies_on_demand(tokenizer: Any, copies: int = 1) -> Any:
+        with contextlib.suppress(AttributeError, TypeError):  # no such id, or no __dict__
+            # Read now: once the pool wraps the tokenizer, reading it borrows a copy.
+            vars(tokenizer)[_EOS_ID_ATTRIBUTE] = tokenizer.eos_token_id
+        return make_pool(tokenizer, 0)
 
-    hf_renderer.maybe_make_thread_pool = one_copy_pool
+    hf_renderer.maybe_make_thread_pool = copies_on_demand
+
+
+def _copies_on_demand_check() -> str | None:
+    return callable_with(
+        _renderer_module(), "maybe_make_thread_pool", ("tokenizer", "copies")
+    ) or callable_with(_renderer_base_module().BaseRenderer, "get_eos_token_id", ("self",))
+
+
+def _eos_token_id_kept() -> None:
+    renderer = _renderer_base_module().BaseRenderer
+    look_up = renderer.get_eos_token_id
+
+    def get_eos_token_id(self: Any) -> int | None:
+        kept = getattr(self.tokenizer, "__dict__", {})
+        if _EOS_ID_ATTRIBUTE in kept:
+            eos: int | None = kept[_EOS_ID_ATTRIBUTE]
+            return eos
+        return look_up(self)  # type: ignore[no-any-return]
+
+    renderer.get_eos_token_id = get_eos_token_id
+
+
+def _install_copies_on_demand() -> None:
+    _copies_on_demand()
+    _eos_token_id_kept()
 
 
 # The renderer makes its tokenizer thread-safe by routing calls through a pool of deep
-# copies, renderer_num_workers + 1 of them (at least two), ~0.2 s each for a 49k-token
-# vocabulary. ebb's runner renders from one thread, and the pool deep-copies another on
-# demand if two threads ever borrow at once, so one copy up front is enough. Optional: a
-# speed-up; vLLM's own pool size is correct, only slower to build.
-ONE_RENDERER_TOKENIZER_COPY = Patch(
-    name="one-renderer-tokenizer-copy",
+# copies, renderer_num_workers + 1 of them (at least two), ~0.15 s each for a 49k-token
+# vocabulary, made at engine init. In ebb's runner every request borrowed from the pool
+# once, for the EOS token id that each add_request asks the tokenizer for again; that id
+# is now read once, before the pool wraps the tokenizer. Of the rest of what ebb asks of
+# the engine (token ids in, text out), only logprobs borrow, to decode each alternative.
+# So the pool starts empty: a borrower that finds it empty gets a deep copy of its own,
+# made then (the first logprobs request on a runner: ~0.15 s, once), and returns it to
+# the pool; each borrower still has a copy to itself, as vLLM intends. Optional: a
+# speed-up (engine init, and a pool round trip per request); vLLM's own pool is correct,
+# only slower to build.
+RENDERER_TOKENIZER_COPIES_ON_DEMAND = Patch(
+    name="renderer-tokenizer-copies-on-demand",
     required=False,
-    check=lambda: callable_with(
-        _renderer_module(), "maybe_make_thread_pool", ("tokenizer", "copies")
-    ),
-    install=_one_copy_pool,
-    without="the renderer builds two tokenizer copies at engine init (~0.2 s)",
+    check=_copies_on_demand_check,
+    install=_install_copies_on_demand,
+    without="the renderer deep-copies its tokenizer at engine init (~0.15 s per copy)",
+)
+
+
+def _worker_utils_module() -> Any:
+    import vllm.v1.worker.utils as worker_utils
+
+    return worker_utils
+
+
+# What a cache of fresh pages is worth making lazily: below this, torch.zeros is as fast.
+_ON_DEMAND_MIN_BYTES = 64 << 20
+
+
+class _TorchZerosOnDemand:
+    """torch, except that a large one-dimensional CPU `torch.zeros` is anonymous memory.
+
+    The kernel hands out anonymous pages zero-filled on their first touch, so the tensor
+    holds zeros, as torch.zeros would, without writing them all first."""
+
+    def __init__(self, torch: Any):
+        self._torch = torch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._torch, name)
+
+    def zeros(self, *size: Any, dtype: Any = None, device: Any = None, **kwargs: Any) -> Any:
+        torch = self._torch
+        if kwargs or len(size) != 1 or not isinstance(size[0], int):
+            return torch.zeros(*size, dtype=dtype, device=device, **kwargs)
+        dtype = dtype or torch.get_default_dtype()
+        nbytes = size[0] * dtype.itemsize
+        if torch.device(device or "cpu").type != "cpu" or nbytes < _ON_DEMAND_MIN_BYTES:
+            return torch.zeros(*size, dtype=dtype, device=device)
+        # The tensor keeps the mapping alive; the mapping goes when the tensor does.
+        return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype)
+
+
+def _kv_cache_check() -> str | None:
+    worker_utils = _worker_utils_module()
+    problem = callable_with(
+        worker_utils,
+        "allocate_kv_cache",
+        ("kv_cache_config", "device", "layout", "kernel_block_sizes"),
+    )
+    if problem is None and "zeros" not in worker_utils.allocate_kv_cache.__code__.co_names:
+        problem = "allocate_kv_cache no longer makes its buffer with torch.zeros"
+    return problem
+
+
+def _kv_cache_on_demand() -> None:
+    worker_utils = _worker_utils_module()
+    worker_utils.torch = _TorchZerosOnDemand(worker_utils.torch)
+
+
+# On CPU, vLLM makes the KV cache one zero-filled buffer at engine init: writing 1 GiB of
+# zeros into fresh pages took ~0.37 s of a ~1.5 s pre-warmed load here, and the runner's
+# memory holds the whole cache from then on. Its module's torch.zeros becomes one for
+# which the kernel provides the zeros, page by page as blocks are first written: the same
+# contents, faulted in by the steps that use them. The other tensors that module makes
+# are small or on a GPU, and stay torch's. Optional: a speed-up (and a runner's memory
+# growing with its cache's use); without it, the cache is zeroed up front.
+KV_CACHE_PAGES_ON_DEMAND = Patch(
+    name="kv-cache-pages-on-demand",
+    required=False,
+    check=_kv_cache_check,
+    install=_kv_cache_on_demand,
+    without="engine init writes the whole CPU KV cache's zeros up front (~0.35 s per GiB)",
 )
 
 
@@ -364,8 +474,9 @@ def apply_preload(*, cuda: bool) -> None:
     if not cuda:
         # Triton runs natively on GPUs: the stand-ins are a CPU platform matter.
         apply(KERNEL_OVERRIDES_ONCE)
+        apply(KV_CACHE_PAGES_ON_DEMAND)
     apply(LOGGING_CONFIGURED_EARLY)
-    apply(ONE_RENDERER_TOKENIZER_COPY)
+    apply(RENDERER_TOKENIZER_COPIES_ON_DEMAND)
 
 
 # --- per load ---------------------------------------------------------------------------

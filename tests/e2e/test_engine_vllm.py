@@ -239,10 +239,15 @@ def test_every_vllm_patch_applied_to_the_installed_vllm(engine):
         "in-process-engine-core",
         "no-usage-stats",
         "logging-configured-early",
-        "one-renderer-tokenizer-copy",
+        "renderer-tokenizer-copies-on-demand",
     }
     if not current_platform.is_cuda_alike():
-        expected |= {"kernel-overrides-once", "cpu-kv-cache-space", "in-process-model-inspection"}
+        expected |= {
+            "kernel-overrides-once",
+            "kv-cache-pages-on-demand",
+            "cpu-kv-cache-space",
+            "in-process-model-inspection",
+        }
     # omp-threads is left out: it applies only if torch was not imported before the engine,
     # and this test session may have imported it first.
     applied = vllm_compat.applied()

@@ -21,6 +21,7 @@ from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.errors import CapacityError, WeightsError
 from ebb.frontdoor.catalog import ModelCatalog
+from ebb.frontdoor.tokenizer import HfPromptTokenizer
 from ebb.queue.connection import async_client
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec
@@ -156,6 +157,42 @@ async def test_the_catalog_waits_for_the_preparer_and_asks_again_for_gone_files(
         await _settled(preparer)
         assert (await again).max_model_len == 256
         assert (await _weights(state, "m")).path == ready.path
+    finally:
+        await state.redis.aclose()
+
+
+async def test_a_warm_up_reads_the_tokenizer_once_the_weights_are_ready(
+    settings, tmp_path, monkeypatch
+):
+    # What a deploy starts in the frontdoor, so that the first request finds the tokenizer
+    # read (~0.1 s) instead of reading it before its cold start can begin.
+    checkpoint = write_servable_dir(tmp_path / "ckpt")
+    reads: list[str] = []
+    read = HfPromptTokenizer.from_dir
+
+    def counted(path):
+        reads.append(str(path))
+        return read(path)
+
+    monkeypatch.setattr(HfPromptTokenizer, "from_dir", counted)
+    state = PlatformState(async_client(settings.redis_url))
+    preparer = Preparer(settings, state, EngineRegistry.from_settings(settings))
+    catalog = ModelCatalog(state, EngineRegistry.from_settings(settings))
+    try:
+        spec = await _deploy(state, "m", str(checkpoint))
+        catalog.warm(spec)  # nothing prepared yet: the warm-up waits for it
+        await asyncio.sleep(0)
+        assert reads == []
+        await _settled(preparer)
+        ready_path = (await _weights(state, "m")).path
+
+        async def read_once() -> bool:
+            return reads == [ready_path]
+
+        await _until(read_once, 10, "the warm-up to read the tokenizer")
+        info = await catalog.info(spec, wait_s=0)  # no wait, and no second read
+        assert len(info.tokenizer.encode("the capital of france")) == 4
+        assert reads == [ready_path]
     finally:
         await state.redis.aclose()
 

@@ -9,6 +9,7 @@ registration cannot be undone, so that test leaves the process as a runner's pre
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import sys
 from types import SimpleNamespace
@@ -32,7 +33,9 @@ def vllm():
     import vllm
     import vllm.logger
     import vllm.platforms
+    import vllm.renderers.base
     import vllm.renderers.hf
+    import vllm.v1.worker.utils
     from vllm.model_executor.models import registry
 
     return SimpleNamespace(
@@ -40,6 +43,8 @@ def vllm():
         logger=vllm.logger,
         platforms=vllm.platforms,
         renderer=vllm.renderers.hf,
+        renderer_base=vllm.renderers.base,
+        worker_utils=vllm.v1.worker.utils,
         registry=registry,
     )
 
@@ -52,6 +57,8 @@ def isolated(vllm, monkeypatch):
     for host, attribute in (
         (vllm.registry, "_run_in_subprocess"),
         (vllm.renderer, "maybe_make_thread_pool"),
+        (vllm.renderer_base.BaseRenderer, "get_eos_token_id"),
+        (vllm.worker_utils, "torch"),
     ):
         monkeypatch.setattr(host, attribute, getattr(host, attribute))
     for variable in ENV_VARIABLES:
@@ -193,28 +200,70 @@ def test_model_inspection_moved_only_warns(isolated, monkeypatch, caplog):
 # --- preload ----------------------------------------------------------------------------
 
 
-def test_renderer_builds_one_tokenizer_copy(isolated, monkeypatch):
-    assert vllm_compat.ONE_RENDERER_TOKENIZER_COPY.check() is None  # the real target fits
+def test_renderer_pool_starts_empty_with_the_eos_id_read_first(isolated, monkeypatch):
+    patch = vllm_compat.RENDERER_TOKENIZER_COPIES_ON_DEMAND
+    assert patch.check() is None  # the real targets fit
     copies_asked = []
+    pooled = []
+
+    class Tokenizer:
+        eos_token_id = 2
 
     def make_pool(tokenizer, copies=1):
         copies_asked.append(copies)
+        pooled.append(tokenizer)
+        # From here on, as in vLLM's pool, reading the id would borrow a copy.
+        type(tokenizer).eos_token_id = property(lambda self: pytest.fail("borrowed"))
         return tokenizer
 
     monkeypatch.setattr(isolated.renderer, "maybe_make_thread_pool", make_pool)
-    assert vllm_compat.apply(vllm_compat.ONE_RENDERER_TOKENIZER_COPY)
+    assert vllm_compat.apply(patch)
     wrapped = isolated.renderer.maybe_make_thread_pool
-    assert wrapped("tokenizer", 3) == "tokenizer"
-    assert copies_asked == [1]
-    assert vllm_compat.apply(vllm_compat.ONE_RENDERER_TOKENIZER_COPY)
+    tokenizer = wrapped(Tokenizer(), 3)
+    assert copies_asked == [0] and pooled == [tokenizer]
+    renderer = SimpleNamespace(tokenizer=tokenizer)
+    assert isolated.renderer_base.BaseRenderer.get_eos_token_id(renderer) == 2
+    # A tokenizer that did not pass through the pool is asked, as vLLM asks it.
+    other = SimpleNamespace(tokenizer=SimpleNamespace(eos_token_id=7))
+    assert isolated.renderer_base.BaseRenderer.get_eos_token_id(other) == 7
+    assert vllm_compat.apply(patch)
     assert isolated.renderer.maybe_make_thread_pool is wrapped
 
 
 def test_renderer_pool_with_another_signature_only_warns(isolated, monkeypatch, caplog):
     monkeypatch.setattr(isolated.renderer, "maybe_make_thread_pool", lambda tokenizer: None)
     assert_warns_once(
-        caplog, vllm_compat.ONE_RENDERER_TOKENIZER_COPY, "takes (tokenizer), expected"
+        caplog, vllm_compat.RENDERER_TOKENIZER_COPIES_ON_DEMAND, "takes (tokenizer), expected"
     )
+
+
+def test_kv_cache_buffer_is_pages_on_demand(isolated):
+    import torch
+
+    patch = vllm_compat.KV_CACHE_PAGES_ON_DEMAND
+    assert patch.check() is None  # the real target fits
+    assert vllm_compat.apply(patch)
+    module_torch = isolated.worker_utils.torch
+    assert module_torch is not torch and module_torch.int8 is torch.int8
+    size = 3 * (64 << 20) // 2 + 1  # a cache of odd size, over the threshold in bfloat16
+    buffer = module_torch.zeros(size, dtype=torch.bfloat16, device=torch.device("cpu"))
+    assert buffer.shape == (size,) and buffer.dtype == torch.bfloat16
+    assert buffer.untyped_storage().data_ptr() % mmap.PAGESIZE == 0  # a mapping of its own
+    assert not buffer.any()  # zeros, as torch.zeros gives
+    buffer[-1] = 1.5  # writable, and its own memory
+    assert buffer[-1].item() == 1.5 and module_torch.zeros(size, dtype=torch.bfloat16).sum() == 0
+    small = module_torch.zeros(4, 4)  # anything else is torch's own
+    assert small.shape == (4, 4) and small.dtype == torch.get_default_dtype()
+    assert vllm_compat.apply(patch)
+    assert isolated.worker_utils.torch is module_torch
+
+
+def test_kv_cache_allocated_otherwise_only_warns(isolated, monkeypatch, caplog):
+    def allocate_kv_cache(kv_cache_config, device, layout, kernel_block_sizes=None):
+        return {}
+
+    monkeypatch.setattr(isolated.worker_utils, "allocate_kv_cache", allocate_kv_cache)
+    assert_warns_once(caplog, vllm_compat.KV_CACHE_PAGES_ON_DEMAND, "no longer makes its buffer")
 
 
 def test_logging_is_configured_up_front(isolated):
