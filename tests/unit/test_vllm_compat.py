@@ -310,7 +310,12 @@ def test_kernel_overrides_are_installed_once(vllm):
 def test_kernel_overrides_that_do_not_fit_fail_the_preload(
     isolated, monkeypatch, platform, problem
 ):
-    # What the preload imports, imported here while the real platform is current.
+    # What the preload imports, imported here while the real platform is current: a
+    # module imported under the stand-in would keep it as its `current_platform`.
+    import vllm.engine.arg_utils
+    import vllm.inputs
+    import vllm.sampling_params
+    import vllm.v1.engine.llm_engine
     import vllm.v1.worker.cpu_worker  # noqa: F401
 
     from ebb.runners import engine_vllm
@@ -326,3 +331,22 @@ def test_kernel_overrides_that_do_not_fit_fail_the_preload(
     assert problem in reason
     assert "kernel-overrides-once" not in vllm_compat.applied()
     assert engine_vllm._preloaded is False
+
+
+def test_an_engine_loads_on_every_core_and_serves_on_the_cores_it_had():
+    import torch
+
+    from ebb.runners.engine_vllm import _every_core_while_loading
+
+    serving = torch.get_num_threads()
+    torch._C.set_num_threads(1)
+    try:
+        with pytest.raises(RuntimeError), _every_core_while_loading(cuda=False):
+            assert torch.get_num_threads() == (os.cpu_count() or 1)
+            raise RuntimeError("the load failed")
+        assert torch.get_num_threads() == 1
+        with _every_core_while_loading(cuda=True):
+            # On a GPU the host threads are not the load's bottleneck: left alone.
+            assert torch.get_num_threads() == 1
+    finally:
+        torch._C.set_num_threads(serving)
