@@ -2,13 +2,17 @@
 share long prompt prefixes, served by two runners, with prefix-aware claiming and without.
 
     .venv/bin/python -m bench.prefix [--sessions 12 --turns 4 --concurrency 2] [--fake]
+                                     [--affinity-ms 500]
 
 Each session has its own ~1,000-token system prompt; its turns arrive interleaved with
 the other sessions' in a fixed shuffled order. Plain claiming spreads a session's turns
 over both runners, so each runner prefills each system prompt once; prefix-aware
 claiming keeps a session on the runner that holds its prefix in vLLM's prefix cache.
-Both contenders run the same workload, one platform each (EBB_PREFIX_AFFINITY_MS 500
-and 0), in the same run. With `--fake`, the fake engine stands in for vLLM: it models a
+Both contenders run the same workload, one platform each (EBB_PREFIX_AFFINITY_MS
+`--affinity-ms`, the platform's default unless given, and 0), in the same run. Beside the
+TTFTs, the share of prompt tokens the runners found in their prefix caches (what affinity
+changes, whatever a prefill costs on this machine). With `--fake`, the fake engine stands
+in for vLLM: it models a
 prefix cache (a prefill costs `prefill_ms_per_1k_tokens` for the prompt tokens its
 recent prompts do not cover), so the same comparison runs in seconds without weights.
 """
@@ -30,7 +34,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from support import TEST_WEIGHTS_DIR, Platform, temp_home, wait_until  # noqa: E402
 
-from ebb.config import DEFAULT_MODEL_SOURCE  # noqa: E402
+from ebb.config import DEFAULT_MODEL_SOURCE, Settings  # noqa: E402
 
 SENTENCES = [
     "The archive keeps every letter the lighthouse keepers wrote since the first lamp.",
@@ -52,6 +56,37 @@ def workload(sessions: int, turns: int) -> list[tuple[int, int]]:
     order = [(s, t) for s in range(sessions) for t in range(turns)]
     random.Random(7).shuffle(order)
     return order
+
+
+def prefix_cache_tokens(platform: Platform) -> tuple[float, float]:
+    """(prompt tokens looked up, of those found cached), summed over the runners' last
+    reported stats (`/metrics`)."""
+    text = httpx.get(
+        platform.base_url + "/metrics",
+        headers={"Authorization": f"Bearer {platform.admin_key}"},
+        timeout=10,
+    ).text
+    totals = {"ebb_prefix_cache_queried_tokens": 0.0, "ebb_prefix_cache_hit_tokens": 0.0}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0]
+        for family in totals:
+            if name in (family, family + "_total"):
+                totals[family] += float(line.rsplit(" ", 1)[1])
+    return totals["ebb_prefix_cache_queried_tokens"], totals["ebb_prefix_cache_hit_tokens"]
+
+
+def settled_hit_ratio(platform: Platform) -> float:
+    """The runners' prefix cache hit ratio once their stats (reported about every second)
+    have stopped moving, i.e. cover every request of the run."""
+    seen: list[tuple[float, float]] = []
+
+    def steady() -> bool:
+        seen.append(prefix_cache_tokens(platform))
+        return len(seen) >= 2 and seen[-1] == seen[-2] and seen[-1][0] > 0
+
+    wait_until(steady, 60, "the runners' prefix cache stats", poll_s=1.5)
+    queried, hits = seen[-1]
+    return hits / queried
 
 
 async def run(platform: Platform, order: list[tuple[int, int]], concurrency: int) -> list[float]:
@@ -123,24 +158,49 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument(
+        "--affinity-ms",
+        type=int,
+        default=Settings.model_fields["prefix_affinity_ms"].default,
+        help="EBB_PREFIX_AFFINITY_MS of the prefix-aware platform",
+    )
+    parser.add_argument(
         "--fake",
         action="store_true",
         help=f"the fake engine's prefix cache ({FAKE_SOURCE}) instead of vLLM's",
     )
     args = parser.parse_args()
     order = workload(args.sessions, args.turns)
-    medians = {}
-    for name, affinity_ms in (("prefix-aware", 500), ("plain", 0)):
+    medians: dict[str, float] = {}
+    means: dict[str, float] = {}
+    hit_ratios: dict[str, float] = {}
+    for name, affinity_ms in (("prefix-aware", args.affinity_ms), ("plain", 0)):
         platform = start(affinity_ms, args.fake)
         try:
             ttfts = asyncio.run(run(platform, order, args.concurrency))
+            hit_ratios[name] = settled_hit_ratio(platform)
         finally:
             platform.stop()
         medians[name] = statistics.median(ttfts) * 1000
-        print(f"{name:>12}: median TTFT {medians[name]:.0f} ms over {len(ttfts)} requests")
+        means[name] = statistics.mean(ttfts) * 1000
+        print(
+            f"{name:>12}: TTFT median {medians[name]:.0f} ms, mean {means[name]:.0f} ms over "
+            f"{len(ttfts)} requests; prompt tokens found in prefix caches "
+            f"{hit_ratios[name]:.0%}"
+        )
     ratio = medians["prefix-aware"] / medians["plain"]
-    print(f"prefix-aware / plain median TTFT: {ratio:.2f}")
-    save_results("prefix", {"args": vars(args), "median_ttft_ms": medians, "ratio": ratio})
+    mean_ratio = means["prefix-aware"] / means["plain"]
+    print(f"prefix-aware / plain TTFT: median {ratio:.2f}, mean {mean_ratio:.2f}")
+    save_results(
+        "prefix",
+        {
+            "args": vars(args),
+            "median_ttft_ms": medians,
+            "mean_ttft_ms": means,
+            "prefix_cache_hit_ratio": hit_ratios,
+            "ratio": ratio,
+            "mean_ratio": mean_ratio,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -80,6 +80,10 @@ class Settings(BaseSettings):
     # Prefix-aware claiming: how long a request may wait for the runner that served its
     # prompt prefix last (its KV cache likely holds it) before any runner takes it.
     prefix_affinity_ms: int = Field(default=500, ge=0, le=10_000)
+    # ... and, past that, while that runner is still inside the engine step it was in when
+    # the request came (it claims only between steps; a prefill step on CPU can take
+    # seconds), up to this in all. Below prefix_affinity_ms it changes nothing.
+    prefix_step_wait_ms: int = Field(default=5_000, ge=0, le=10_000)
     heartbeat_interval_s: float = 1.0
     # Pre-warmed runner processes (libraries imported, no model) kept by the controller.
     prewarm: int = 1

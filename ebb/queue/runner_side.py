@@ -75,15 +75,19 @@ class RunnerQueue:
         result_ttl_s: int,
         record_usage: bool = True,
         prefix_affinity_ms: int = 0,
+        prefix_step_wait_ms: int = 0,
     ):
         """`prefix_affinity_ms`: how long a request whose prompt prefix another runner
-        served last may be left for that runner (0: claim strictly oldest first)."""
+        served last may be left for that runner (0: claim strictly oldest first);
+        `prefix_step_wait_ms`: how long in all while that runner has not claimed since the
+        request came (it is inside an engine step)."""
         self._redis = client
         self._record_usage = record_usage
         self._scripts = RunnerScripts(client)
         self.runner_id = runner_id
         self._lease_ttl_ms = int(lease_ttl_s * 1000)
         self._prefix_affinity_ms = prefix_affinity_ms
+        self._prefix_step_wait_ms = prefix_step_wait_ms
         self._result_ttl_s = result_ttl_s
         self._claimed_event = encode(Claimed(runner_id=runner_id))
 
@@ -155,6 +159,7 @@ class RunnerQueue:
             lease_ttl_ms=self._lease_ttl_ms,
             claimed_event=self._claimed_event,
             prefix_affinity_ms=self._prefix_affinity_ms,
+            prefix_step_wait_ms=self._prefix_step_wait_ms,
         )
         return ClaimResult([decode_work(work) for work in claimed], cancelled, sync_waiting)
 

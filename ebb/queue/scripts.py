@@ -185,12 +185,14 @@ class RunnerScripts:
         lease_ttl_ms: int,
         claimed_event: bytes,
         prefix_affinity_ms: int = 0,
+        prefix_step_wait_ms: int = 0,
     ) -> tuple[list[bytes], list[str], int]:
         """Claim up to `max_count` requests (at most `max_jobs` job attempts): the encoded
         work of each claimed one, the ids this runner was asked to abort, and how many
         synchronous requests are still queued. With `prefix_affinity_ms`, a request
-        another runner holds the prompt prefix of waits for it that long at most (see
-        claim.lua)."""
+        another runner holds the prompt prefix of waits for it that long, or while that
+        runner is inside the engine step it was in when the request came, up to
+        `prefix_step_wait_ms` (see claim.lua)."""
         claimed, cancelled, still_queued = reply_list(
             self._claim(
                 keys=[
@@ -218,6 +220,7 @@ class RunnerScripts:
                     keys.PREFIX_OWNERS_TTL_S,
                     keys.PREFIX_OWNERS_MAX,
                     keys.RUNNER_SIGNAL_PREFIX,
+                    prefix_step_wait_ms,
                 ],
             )
         )

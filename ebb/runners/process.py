@@ -113,6 +113,7 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
         result_ttl_s=settings.result_ttl_s,
         record_usage=settings.metering,
         prefix_affinity_ms=settings.prefix_affinity_ms,
+        prefix_step_wait_ms=settings.prefix_step_wait_ms,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -1,7 +1,8 @@
 """Prefix-aware claiming against a real redis-server: a request whose prompt prefix another
 ready runner served last is left for that runner (and that runner is woken), never past
-the affinity wait; a full, draining or silent owner, a short prompt, or affinity off
-mean plain oldest-first claiming."""
+the affinity wait, or past the step wait while that runner has not claimed since the
+request came; a full, draining or silent owner, a short prompt, or affinity off mean
+plain oldest-first claiming."""
 
 from __future__ import annotations
 
@@ -33,13 +34,14 @@ def work(name: str, prompt: list[int]) -> WorkItem:
     )
 
 
-def runner(url: str, runner_id: str, affinity_ms: int) -> RunnerQueue:
+def runner(url: str, runner_id: str, affinity_ms: int, step_wait_ms: int = 0) -> RunnerQueue:
     rq = RunnerQueue(
         sync_client(url),
         runner_id,
         lease_ttl_s=5.0,
         result_ttl_s=60,
         prefix_affinity_ms=affinity_ms,
+        prefix_step_wait_ms=step_wait_ms,
     )
     rq.register(
         RunnerRecord(
@@ -55,6 +57,14 @@ def runner(url: str, runner_id: str, affinity_ms: int) -> RunnerQueue:
 def _redis_now_ms(url: str) -> int:
     seconds, micros = redis.Redis.from_url(url).time()
     return seconds * 1000 + micros // 1000
+
+
+def _waited_ms(url: str, request_id: str) -> tuple[int, str]:
+    """How long `request_id` waited between its enqueue and its claim, and by whom."""
+    fields = redis.Redis.from_url(url).hmget(
+        keys.request(request_id), "enqueued_ms", "claimed_ms", "runner"
+    )
+    return int(fields[1]) - int(fields[0]), fields[2].decode()
 
 
 def claimed_ids(rq: RunnerQueue, count: int = 4) -> list[str]:
@@ -100,11 +110,40 @@ async def test_no_request_waits_past_the_affinity_wait(redis_url, queue):
 
     # a never claims again (busy elsewhere, say): b gets it once the wait has passed.
     wait_until(lambda: claimed_ids(b) == ["req-late"], 10, "b to take the waiting request")
-    fields = redis.Redis.from_url(redis_url).hmget(
-        keys.request("req-late"), "enqueued_ms", "claimed_ms", "runner"
+    waited_ms, by = _waited_ms(redis_url, "req-late")
+    assert by == "rb" and waited_ms >= affinity_ms
+
+
+async def test_past_the_affinity_wait_an_owner_inside_a_step_is_still_waited_for(redis_url, queue):
+    affinity_ms = 100
+    a = runner(redis_url, "ra", affinity_ms, step_wait_ms=10_000)
+    b = runner(redis_url, "rb", affinity_ms, step_wait_ms=10_000)
+    await enqueue(queue, work("first", SYSTEM + [1]))
+    assert claimed_ids(a) == ["req-first"]  # a's last claim: then a long prefill step
+    await enqueue(queue, work("same", SYSTEM + [2]))
+    enqueued_ms = int(redis.Redis.from_url(redis_url).hget(keys.request("req-same"), "enqueued_ms"))
+    wait_until(
+        lambda: _redis_now_ms(redis_url) - enqueued_ms > affinity_ms, 10, "the affinity wait"
     )
-    enqueued_ms, claimed_ms, by = int(fields[0]), int(fields[1]), fields[2].decode()
-    assert by == "rb" and claimed_ms - enqueued_ms >= affinity_ms
+
+    assert claimed_ids(b) == []  # a has not claimed since the request came
+    assert claimed_ids(a) == ["req-same"]  # its step over, a claims it
+    waited_ms, by = _waited_ms(redis_url, "req-same")
+    assert by == "ra" and waited_ms > affinity_ms
+
+
+async def test_no_request_waits_for_an_owner_inside_a_step_past_the_step_wait(redis_url, queue):
+    affinity_ms, step_wait_ms = 100, 400
+    a = runner(redis_url, "ra", affinity_ms, step_wait_ms=step_wait_ms)
+    b = runner(redis_url, "rb", affinity_ms, step_wait_ms=step_wait_ms)
+    await enqueue(queue, work("first", SYSTEM + [1]))
+    assert claimed_ids(a) == ["req-first"]
+    await enqueue(queue, work("late", SYSTEM + [2]))
+
+    # a stays inside its step (it never claims again): b gets it once the step wait passed.
+    wait_until(lambda: claimed_ids(b) == ["req-late"], 10, "b to take the waiting request")
+    waited_ms, by = _waited_ms(redis_url, "req-late")
+    assert by == "rb" and waited_ms >= step_wait_ms
 
 
 @pytest.mark.parametrize("owner_is", ["full", "draining", "silent"])

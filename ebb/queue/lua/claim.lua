@@ -9,8 +9,11 @@
 -- Prefix-aware: a synchronous request whose prompt prefix (its 'prefix' field) another
 -- runner claimed last, while that runner is ready, alive and had room at its last
 -- claim, is left for it (and that runner woken) until the request has waited ARGV[9] ms
--- (its prefix is likely in that runner's KV cache); after that any runner takes it. At most ARGV[10] queued requests beyond the number to
--- claim are looked at (passed over or no longer queued) in one claim.
+-- (its prefix is likely in that runner's KV cache); after that any runner takes it,
+-- unless that runner has not claimed since the request came: it claims only between
+-- engine steps, and a step (a long prefill on CPU) may outlast ARGV[9], so the request
+-- waits for that step to end, up to ARGV[15] ms in all. At most ARGV[10] queued requests
+-- beyond the number to claim are looked at (passed over or no longer queued) in one claim.
 -- Each claimed prefix is recorded as this runner's (KEYS[5], capped, expiring).
 -- KEYS: 1 queue, 2 leases zset, 3 this runner's cancel set, 4 runner hash,
 --       5 prefix owners hash, 6 job queue, 7 job watch set, 8 collector signal list
@@ -19,7 +22,7 @@
 --       5 events key prefix, 6 encoded Claimed event, 7 max job attempts to claim (0: none),
 --       8 signal list max, 9 prefix affinity wait ms (0: off), 10 extra requests looked at,
 --       11 runner key prefix, 12 prefix owners ttl s, 13 prefix owners max,
---       14 runner signal list prefix
+--       14 runner signal list prefix, 15 prefix wait for an owner inside a step ms
 -- Returns {{id, work, id, work, ...}, {cancelled ids...}, synchronous requests still queued}
 -- (the last tells a runner full of jobs to yield one of them, see job_yield.lua).
 local t = redis.call('TIME')
@@ -30,23 +33,30 @@ local claimed = {}
 local got = 0
 
 local affinity_ms = tonumber(ARGV[9] or '0')
+local step_wait_ms = math.max(affinity_ms, tonumber(ARGV[15] or '0'))
 local lease_ms = tonumber(ARGV[3])
 
 -- True when the request should wait for the runner that last claimed its prefix.
 local function left_for_owner(prefix, enqueued_ms)
   if affinity_ms <= 0 or not prefix or prefix == '' then return false end
-  if now - tonumber(enqueued_ms or now) >= affinity_ms then return false end
+  local enqueued = tonumber(enqueued_ms or now)
+  local waited = now - enqueued
+  if waited >= step_wait_ms then return false end
   local owner = redis.call('HGET', KEYS[5], prefix)
   if not owner then return false end
   local runner = string.match(owner, '^[^|]+')
   if runner == ARGV[1] then return false end
   local state = redis.call(
     'HMGET', ARGV[11] .. runner, 'state', 'heartbeat_ms', 'free_slots', 'polled_ms')
+  local polled = tonumber(state[4] or '0')
   -- Alive: it heartbeated or claimed within a lease (its first heartbeat may be a second
   -- away; an idle runner claims at least every half second).
-  local seen = math.max(tonumber(state[2] or '0'), tonumber(state[4] or '0'))
+  local seen = math.max(tonumber(state[2] or '0'), polled)
   if state[1] ~= 'ready' or now - seen > lease_ms then return false end
   if tonumber(state[3] or '0') <= 0 then return false end
+  -- Past the affinity wait, only for an owner still inside the step it was in when the
+  -- request came: one that claimed since then had its chance.
+  if waited >= affinity_ms and polled > enqueued then return false end
   -- Wake the owner if it is blocked waiting for work: the queue's own wake token may
   -- have gone to this runner instead.
   local signal = ARGV[14] .. runner
