@@ -53,8 +53,9 @@ def _every_core_while_loading(cuda: bool) -> Iterator[None]:
     to what it had (`vllm_compat.OMP_THREADS`: one core left free while serving). The
     load's weight copies and oneDNN weight packing are parallel ops: on 2 cores, 0.93 s ->
     0.75 s to a built engine, the time a waiting request waits, while the serving-time
-    contention that count guards against has not begun."""
-    if cuda:
+    contention that count guards against has not begun. An operator's own OMP_NUM_THREADS
+    (several runners sharing a host's cores, say) holds while loading too."""
+    if cuda or not vllm_compat.thread_count_is_ours():
         yield
         return
     import torch

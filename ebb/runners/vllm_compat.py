@@ -78,6 +78,8 @@ class Patch:
 
 _applied: dict[str, str] = {}
 _warned: set[str] = set()
+# The environment variables this process set to ebb's defaults (not an operator's values).
+_defaulted: set[str] = set()
 
 
 @functools.cache
@@ -184,12 +186,19 @@ def _vllm_reads(*variables: str) -> str | None:
 
 
 def _set_defaults(values: Mapping[str, str]) -> Callable[[], None]:
-    # Defaults only (setdefault): an operator's own value wins.
+    # Defaults only: an operator's own value wins.
     def install() -> None:
         for key, value in values.items():
-            os.environ.setdefault(key, value)
+            if key not in os.environ:
+                os.environ[key] = value
+                _defaulted.add(key)
 
     return install
+
+
+def thread_count_is_ours() -> bool:
+    """Whether torch's thread count is `OMP_THREADS`' default, not an operator's choice."""
+    return "OMP_NUM_THREADS" in _defaulted
 
 
 def _env_default(name: str, values: Mapping[str, str], without: str) -> Patch:

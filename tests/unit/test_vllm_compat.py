@@ -54,6 +54,7 @@ def isolated(vllm, monkeypatch):
     """A fresh patch record; the patched attributes and variables are restored after."""
     monkeypatch.setattr(vllm_compat, "_applied", {})
     monkeypatch.setattr(vllm_compat, "_warned", set())
+    monkeypatch.setattr(vllm_compat, "_defaulted", set())
     for host, attribute in (
         (vllm.registry, "_run_in_subprocess"),
         (vllm.renderer, "maybe_make_thread_pool"),
@@ -333,7 +334,7 @@ def test_kernel_overrides_that_do_not_fit_fail_the_preload(
     assert engine_vllm._preloaded is False
 
 
-def test_an_engine_loads_on_every_core_and_serves_on_the_cores_it_had():
+def test_an_engine_loads_on_every_core_and_serves_on_the_cores_it_had(isolated):
     import torch
 
     from ebb.runners.engine_vllm import _every_core_while_loading
@@ -341,12 +342,31 @@ def test_an_engine_loads_on_every_core_and_serves_on_the_cores_it_had():
     serving = torch.get_num_threads()
     torch._C.set_num_threads(1)
     try:
+        vllm_compat.OMP_THREADS.install()  # no OMP_NUM_THREADS set: ebb's default
+        assert vllm_compat.thread_count_is_ours()
         with pytest.raises(RuntimeError), _every_core_while_loading(cuda=False):
             assert torch.get_num_threads() == (os.cpu_count() or 1)
             raise RuntimeError("the load failed")
         assert torch.get_num_threads() == 1
         with _every_core_while_loading(cuda=True):
             # On a GPU the host threads are not the load's bottleneck: left alone.
+            assert torch.get_num_threads() == 1
+    finally:
+        torch._C.set_num_threads(serving)
+
+
+def test_an_operators_thread_count_holds_while_loading(isolated, monkeypatch):
+    import torch
+
+    from ebb.runners.engine_vllm import _every_core_while_loading
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    vllm_compat.OMP_THREADS.install()
+    assert not vllm_compat.thread_count_is_ours()
+    serving = torch.get_num_threads()
+    torch._C.set_num_threads(1)
+    try:
+        with _every_core_while_loading(cuda=False):
             assert torch.get_num_threads() == 1
     finally:
         torch._C.set_num_threads(serving)
