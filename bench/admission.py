@@ -113,16 +113,16 @@ async def refused(base_url: str, key: str, burst: int) -> dict:
 
 def medians(bursts: list[dict]) -> dict:
     """Several bursts' answers: all of them counted, their p50/p99 the bursts' medians."""
+
+    def median_of(key: str) -> float:
+        return round(statistics.median(b[key] for b in bursts if b[key] is not None), 1)
+
     return {
         "burst": bursts[0]["burst"],
         "refused": sum(b["refused"] for b in bursts),
         "other": sum(b["other"] for b in bursts),
-        "p50_ms": round(
-            statistics.median(b["p50_ms"] for b in bursts if b["p50_ms"] is not None), 1
-        ),
-        "p99_ms": round(
-            statistics.median(b["p99_ms"] for b in bursts if b["p99_ms"] is not None), 1
-        ),
+        "p50_ms": median_of("p50_ms"),
+        "p99_ms": median_of("p99_ms"),
         "bursts": bursts,
     }
 

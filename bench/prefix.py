@@ -12,9 +12,9 @@ Both contenders run the same workload, one platform each (EBB_PREFIX_AFFINITY_MS
 `--affinity-ms`, the platform's default unless given, and 0), in the same run. Beside the
 TTFTs, the share of prompt tokens the runners found in their prefix caches (what affinity
 changes, whatever a prefill costs on this machine). With `--fake`, the fake engine stands
-in for vLLM: it models a
-prefix cache (a prefill costs `prefill_ms_per_1k_tokens` for the prompt tokens its
-recent prompts do not cover), so the same comparison runs in seconds without weights.
+in for vLLM: it models a prefix cache (a prefill costs `prefill_ms_per_1k_tokens` for the
+prompt tokens its recent prompts do not cover), so the same comparison runs in seconds
+without weights.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from bench.serving import KV_CACHE_GIB, REPO
 
 sys.path.insert(0, str(REPO / "tests"))
 
+from metrics_support import scrape  # noqa: E402
 from support import TEST_WEIGHTS_DIR, Platform, temp_home, wait_until  # noqa: E402
 
 from ebb.config import DEFAULT_MODEL_SOURCE, Settings  # noqa: E402
@@ -61,18 +62,12 @@ def workload(sessions: int, turns: int) -> list[tuple[int, int]]:
 def prefix_cache_tokens(platform: Platform) -> tuple[float, float]:
     """(prompt tokens looked up, of those found cached), summed over the runners' last
     reported stats (`/metrics`)."""
-    text = httpx.get(
-        platform.base_url + "/metrics",
-        headers={"Authorization": f"Bearer {platform.admin_key}"},
-        timeout=10,
-    ).text
-    totals = {"ebb_prefix_cache_queried_tokens": 0.0, "ebb_prefix_cache_hit_tokens": 0.0}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0]
-        for family in totals:
-            if name in (family, family + "_total"):
-                totals[family] += float(line.rsplit(" ", 1)[1])
-    return totals["ebb_prefix_cache_queried_tokens"], totals["ebb_prefix_cache_hit_tokens"]
+    with platform.admin() as admin:
+        metrics = scrape(admin)
+    return (
+        metrics.value("ebb_prefix_cache_queried_tokens_total"),
+        metrics.value("ebb_prefix_cache_hit_tokens_total"),
+    )
 
 
 def settled_hit_ratio(platform: Platform) -> float:
