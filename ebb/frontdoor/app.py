@@ -36,6 +36,7 @@ from ebb.frontdoor import (
 )
 from ebb.frontdoor.body import BodyGuard
 from ebb.frontdoor.errors_http import error_response, install_input_error_handlers
+from ebb.frontdoor.hot_routes import ShortcutFastAPI
 from ebb.frontdoor.services import build_services
 from ebb.process_memory import start_memory_reporter
 from ebb.queue.connection import UNAVAILABLE_ERRORS
@@ -76,7 +77,9 @@ def create_app(settings: Settings) -> FastAPI:
         await services.redis.aclose()
 
     # /openapi.json and /docs are served by routes_apidocs, behind EBB_API_DOCS.
-    app = FastAPI(title="ebb", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = ShortcutFastAPI(
+        title="ebb", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.include_router(routes_openai.router)
     app.include_router(routes_openai.inference)
     app.include_router(routes_embeddings.router)

@@ -1,5 +1,6 @@
-"""The inference endpoints' route class: the endpoint gets the request directly, and the
-routes stay FastAPI routes for the OpenAPI document."""
+"""The inference endpoints' way in: the endpoint gets the request directly (no dependency
+solver, and for a POST no router walk), the app's exception handlers still answer what it
+raises, and the routes stay FastAPI routes for the OpenAPI document."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from ebb.config import Settings
-from ebb.frontdoor.app import create_app
-from ebb.frontdoor.hot_routes import RequestOnlyRoute
+from ebb.errors import EbbError, InvalidRequest
+from ebb.frontdoor.app import RequestCounter, create_app
+from ebb.frontdoor.errors_http import error_response
+from ebb.frontdoor.hot_routes import InferenceShortcut, RequestOnlyRoute, ShortcutFastAPI
 
 
 def test_the_endpoint_gets_the_request_and_answers_with_its_response():
@@ -54,3 +57,71 @@ def test_the_inference_routes_are_request_only_and_documented():
     for path in ("/v1/chat/completions", "/v1/completions"):
         assert "requestBody" in paths[path]["post"]  # the bodies they parse themselves
     assert "post" in paths["/v1/embeddings"]
+
+
+def _shortcut_app() -> tuple[ShortcutFastAPI, list[dict]]:
+    """An app with one request-only POST route, one plain route, and ebb's error handler."""
+    hot = APIRouter(route_class=RequestOnlyRoute)
+    plain = APIRouter()
+    scopes: list[dict] = []
+
+    @hot.post("/v1/hot")
+    async def hot_endpoint(request: Request) -> JSONResponse:
+        scopes.append(request.scope)
+        if request.headers.get("x-fail"):
+            raise InvalidRequest("bad", code="bad_input")
+        return JSONResponse({"ok": True})
+
+    @plain.get("/plain/{n}")
+    async def plain_endpoint(n: int) -> dict:
+        return {"n": n}
+
+    app = ShortcutFastAPI()
+    app.include_router(hot)
+    app.include_router(plain)
+    app.add_exception_handler(EbbError, lambda request, exc: error_response(exc))
+    return app, scopes
+
+
+def test_a_post_to_a_request_only_path_reaches_its_endpoint_without_the_router(monkeypatch):
+    app, scopes = _shortcut_app()
+    # The router would ask each route whether it matches: here, none may be asked.
+    monkeypatch.setattr(
+        RequestOnlyRoute, "matches", lambda self, scope: pytest.fail("the router was walked")
+    )
+    answer = TestClient(app).post("/v1/hot")
+    assert answer.status_code == 200 and answer.json() == {"ok": True}
+    (scope,) = scopes
+    route = scope["route"]  # what the router would have set, for RequestCounter and others
+    assert isinstance(route, RequestOnlyRoute) and route.path == "/v1/hot"
+    assert scope["endpoint"] is route.endpoint and scope["path_params"] == {}
+    assert scope["router"] is app.router
+
+
+def test_what_the_endpoint_raises_meets_the_apps_exception_handlers():
+    app, _ = _shortcut_app()
+    answer = TestClient(app).post("/v1/hot", headers={"x-fail": "1"})
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "bad_input"
+
+
+def test_other_methods_and_paths_go_through_the_router():
+    app, scopes = _shortcut_app()
+    client = TestClient(app)
+    assert client.get("/plain/7").json() == {"n": 7}
+    assert client.get("/v1/hot").status_code == 405  # the router's answer, not the endpoint's
+    # Not the exact path: the router redirects, as it always has.
+    assert client.post("/v1/hot/", follow_redirects=False).status_code == 307
+    assert scopes == []
+
+
+def test_the_frontdoor_puts_the_shortcut_just_inside_its_exception_handling():
+    app = create_app(Settings())
+    layers = []
+    layer = app.build_middleware_stack()
+    while layer is not app.router:  # the router stays the innermost app
+        layers.append(type(layer).__name__)
+        layer = layer.app
+    at = layers.index("ExceptionMiddleware")
+    assert layers[at + 1] == InferenceShortcut.__name__
+    assert layers.index(RequestCounter.__name__) < at  # counted, like every response
