@@ -142,8 +142,10 @@ class InMemoryState:
     # --- the frontdoor's side ---------------------------------------------------------------
 
     def enqueue(self, deployment: str, request: TraceRequest, *, at_s: float | None = None) -> None:
-        """Admit a request (arrived at `at_s`, default now); like enqueue.lua, every
-        admission wakes the controller."""
+        """Admit a request (arrived at `at_s`, default now); every admission wakes the
+        controller (enqueue.lua wakes it less often: only when the queue was empty and no
+        runner with room claims from it; the poll, every `controller_poll_s`, sees the
+        rest)."""
         enqueued_s = self.clock.now_s if at_s is None else at_s
         self.queues.setdefault(deployment, deque()).append(Queued(request, enqueued_s))
         self._wakes[deployment] = None

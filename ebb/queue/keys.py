@@ -54,6 +54,20 @@ def queue_signal(deployment: str) -> str:
     return f"{PREFIX}qsig:{deployment}"
 
 
+def claiming(deployment: str) -> str:
+    """String, expiring after CLAIMING_TTL_MS: set by each claim that leaves a runner of
+    `deployment` room for more, deleted when one drains, sleeps or stops. While it is set,
+    a request queued for the deployment is a claiming runner's to take, and enqueue.lua
+    does not wake the controller for it."""
+    return f"{PREFIX}claiming:{deployment}"
+
+
+# A runner with room claims between engine steps, and an idle one at least every half
+# second: two seconds of silence mean no runner is claiming, or one is inside a long step
+# (a prefill of thousands of tokens on a CPU), when a wake-up costs nothing but a reconcile.
+CLAIMING_TTL_MS = 2000
+
+
 def request(request_id: str) -> str:
     return REQUEST_PREFIX + request_id
 

@@ -273,6 +273,11 @@ class RunnerQueue:
     def leave_pool(self) -> None:
         self._redis.srem(keys.STEMS, self.runner_id)
 
+    def stop_claiming(self, deployment: str) -> None:
+        """This runner claims no more: the next request queued for `deployment` wakes the
+        controller (another runner that still claims sets the marker again, see claim.lua)."""
+        self._redis.delete(keys.claiming(deployment))
+
     def try_sleep(self, deployment: str) -> bool:
         return self._scripts.try_sleep(runner_id=self.runner_id, deployment=deployment)
 

@@ -99,6 +99,7 @@ class QueueScripts:
                     keys.request(work.request_id),
                     keys.queue_signal(dep),
                     keys.WAKE,
+                    keys.claiming(dep),
                 ],
                 args=[
                     work.request_id,
@@ -204,6 +205,7 @@ class RunnerScripts:
                     keys.job_queue(deployment),
                     keys.JOBS_WATCH,
                     keys.JOBS_SIGNAL,
+                    keys.claiming(deployment),
                 ],
                 args=[
                     runner_id,
@@ -221,6 +223,7 @@ class RunnerScripts:
                     keys.PREFIX_OWNERS_MAX,
                     keys.RUNNER_SIGNAL_PREFIX,
                     prefix_step_wait_ms,
+                    keys.CLAIMING_TTL_MS,
                 ],
             )
         )
@@ -298,6 +301,7 @@ class RunnerScripts:
                         keys.queue(deployment),
                         keys.runner(runner_id),
                         keys.job_queue(deployment),
+                        keys.claiming(deployment),
                     ]
                 )
             )
@@ -313,6 +317,7 @@ class RunnerScripts:
                         keys.runner(runner_id),
                         keys.sleepers(deployment),
                         keys.job_queue(deployment),
+                        keys.claiming(deployment),
                     ],
                     args=[runner_id],
                 )

@@ -396,6 +396,7 @@ class ServingLoop:
     def _start_draining(self, why: str) -> None:
         self._draining = True
         self._lifecycle.to(RunnerState.DRAINING)
+        self._queue.stop_claiming(self._spec.name)
         log.info(
             "runner: %s draining (%s), %d in flight", self._queue.runner_id, why, len(self.held)
         )

@@ -123,6 +123,42 @@ async def test_queue_full_refuses_at_once(redis_url):
     await client.aclose()
 
 
+async def test_the_controller_is_woken_only_for_a_request_no_claiming_runner_will_take(redis_url):
+    """enqueue.lua wakes the controller when the queue stops being empty, unless a runner
+    with room claims from it; a runner that fills up, drains, sleeps or stops lets the
+    next request wake it again."""
+    client = async_client(redis_url)
+    queue = RequestQueue(client, request_ttl_s=60)
+    r = redis.Redis.from_url(redis_url)
+
+    async def wakes_controller(item: WorkItem) -> bool:
+        r.delete(keys.WAKE)
+        await queue.enqueue(item, admission_window_s=60, depth_limit=100)
+        return r.lrange(keys.WAKE, 0, -1) == [DEP.encode()]
+
+    assert await wakes_controller(work(1)), "no runner claims yet: a cold start"
+    rq = runner_queue(redis_url, "r1")
+    assert len(rq.claim(DEP, 4).claimed) == 1  # room for three more
+    assert 0 < r.pttl(keys.claiming(DEP)) <= keys.CLAIMING_TTL_MS
+    assert not await wakes_controller(work(2)), "the claiming runner takes it"
+    assert len(rq.claim(DEP, 1).claimed) == 1  # and is full after it
+    r.delete(keys.claiming(DEP))  # as if its marker had expired
+    assert len(rq.claim(DEP, 0).claimed) == 0  # a full runner's claim sets no marker
+    assert await wakes_controller(work(3))
+
+    for leave in (
+        lambda: rq.try_drain(DEP),
+        lambda: rq.try_sleep(DEP),
+        lambda: rq.stop_claiming(DEP),
+    ):
+        assert len(rq.claim(DEP, 4).claimed) == 1
+        assert not await wakes_controller(work(f"beside-{id(leave)}"))
+        assert len(rq.claim(DEP, 4).claimed) == 1  # the queue is empty again
+        leave()
+        assert await wakes_controller(work(f"after-{id(leave)}"))
+    await client.aclose()
+
+
 async def test_lease_expiry_ends_the_request_with_runner_lost(redis_url):
     client = async_client(redis_url)
     queue = RequestQueue(client, request_ttl_s=60)

@@ -14,15 +14,18 @@
 -- engine steps, and a step (a long prefill on CPU) may outlast ARGV[9], so the request
 -- waits for that step to end, up to ARGV[15] ms in all. At most ARGV[10] queued requests
 -- beyond the number to claim are looked at (passed over or no longer queued) in one claim.
--- Each claimed prefix is recorded as this runner's (KEYS[5], capped, expiring).
+-- Each claimed prefix is recorded as this runner's (KEYS[5], capped, expiring). A claim
+-- that leaves the runner room sets the deployment's claiming marker (KEYS[9], for
+-- ARGV[16] ms): enqueue.lua wakes no controller for a request a runner will claim.
 -- KEYS: 1 queue, 2 leases zset, 3 this runner's cancel set, 4 runner hash,
---       5 prefix owners hash, 6 job queue, 7 job watch set, 8 collector signal list
---       (6-8 optional)
+--       5 prefix owners hash, 6 job queue, 7 job watch set, 8 collector signal list,
+--       9 the deployment's claiming marker (6-9 optional)
 -- ARGV: 1 runner id, 2 max to claim, 3 lease ttl ms, 4 request key prefix,
 --       5 events key prefix, 6 encoded Claimed event, 7 max job attempts to claim (0: none),
 --       8 signal list max, 9 prefix affinity wait ms (0: off), 10 extra requests looked at,
 --       11 runner key prefix, 12 prefix owners ttl s, 13 prefix owners max,
---       14 runner signal list prefix, 15 prefix wait for an owner inside a step ms
+--       14 runner signal list prefix, 15 prefix wait for an owner inside a step ms,
+--       16 claiming marker ttl ms
 -- Returns {{id, work, id, work, ...}, {cancelled ids...}, synchronous requests still queued}
 -- (the last tells a runner full of jobs to yield one of them, see job_yield.lua).
 local t = redis.call('TIME')
@@ -125,5 +128,8 @@ end
 redis.call('HSET', KEYS[4], 'free_slots', want - got, 'polled_ms', now)
 if got > 0 then
   redis.call('HSET', KEYS[4], 'last_claim_ms', now)
+end
+if KEYS[9] and want > got then
+  redis.call('SET', KEYS[9], '1', 'PX', tonumber(ARGV[16]))
 end
 return {claimed, cancels, redis.call('ZCARD', KEYS[1])}

@@ -1,6 +1,8 @@
 -- Admit a request into its deployment's queue, or refuse it when the queue is full.
--- The controller is woken when this request is the only one queued.
--- KEYS: 1 queue, 2 request hash, 3 queue signal list, 4 controller wake list
+-- The controller is woken when this request is the only one queued and no runner of the
+-- deployment with room is claiming.
+-- KEYS: 1 queue, 2 request hash, 3 queue signal list, 4 controller wake list,
+--       5 the deployment's claiming marker (optional)
 -- ARGV: 1 request id, 2 work (json), 3 deployment, 4 admission window ms (0: none),
 --       5 queue depth limit, 6 request ttl s, 7 signal list max, 8 prompt prefix key
 --       ('' for none: see claim.lua)
@@ -26,8 +28,11 @@ redis.call('RPUSH', KEYS[3], '1')
 redis.call('LTRIM', KEYS[3], -max, -1)
 -- The controller is woken when the queue stops being empty (a deployment at zero gets a
 -- runner at once); while it stays non-empty, the controller's own poll sees it. Waking it
--- for every request made it reconcile back to back under load.
-if depth == 0 then
+-- for every request made it reconcile back to back under load. Nor is it woken while a
+-- runner with room claims from this queue (KEYS[5], see claim.lua): that runner takes the
+-- request, and whether to scale out is the poll's to see. Runners that keep up keep the
+-- queue empty, and each request woke it (a reconcile, ~0.3 ms of its CPU per request).
+if depth == 0 and not (KEYS[5] and redis.call('EXISTS', KEYS[5]) == 1) then
   redis.call('RPUSH', KEYS[4], ARGV[3])
   redis.call('LTRIM', KEYS[4], -max, -1)
 end
