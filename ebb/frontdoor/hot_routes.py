@@ -25,7 +25,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, APIRouter
 from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -44,14 +44,14 @@ class RequestOnlyRoute(APIRoute):
 class InferenceShortcut:
     """POSTs to a `RequestOnlyRoute`'s path go to its endpoint; everything else to `app`."""
 
-    def __init__(self, app: ASGIApp, fastapi_app: FastAPI):
+    def __init__(self, app: ASGIApp, router: APIRouter):
         self.app = app
-        self._router = fastapi_app.router
+        self._router = router
         # Paths without parameters only: those are matched by equality, as the router
         # would match them (the inference paths have none).
         self._routes = {
             route.path: route
-            for route in fastapi_app.router.routes
+            for route in router.routes
             if isinstance(route, RequestOnlyRoute)
             and "POST" in route.methods
             and not route.param_convertors
@@ -80,5 +80,5 @@ class ShortcutFastAPI(FastAPI):
         layer = outermost
         while not isinstance(layer, ExceptionMiddleware):
             layer = layer.app  # type: ignore[attr-defined]  # each middleware wraps `app`
-        layer.app = InferenceShortcut(layer.app, self)
+        layer.app = InferenceShortcut(layer.app, self.router)
         return outermost

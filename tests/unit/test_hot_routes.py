@@ -8,6 +8,7 @@ import pytest
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
+from starlette.routing import Match
 
 from ebb.config import Settings
 from ebb.errors import EbbError, InvalidRequest
@@ -125,3 +126,14 @@ def test_the_frontdoor_puts_the_shortcut_just_inside_its_exception_handling():
     at = layers.index("ExceptionMiddleware")
     assert layers[at + 1] == InferenceShortcut.__name__
     assert layers.index(RequestCounter.__name__) < at  # counted, like every response
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"])
+def test_the_shortcut_takes_the_route_the_router_would_have_taken(path):
+    """No route earlier in the frontdoor's list (one with a path parameter, say) matches a
+    shortcut path first: skipping the walk changes nothing about which endpoint answers."""
+    app = create_app(Settings())
+    scope = {"type": "http", "method": "POST", "path": path, "root_path": ""}
+    first = next(r for r in app.router.routes if r.matches(scope)[0] is Match.FULL)
+    shortcut = InferenceShortcut(app.router, app.router)
+    assert shortcut._routes[path] is first
