@@ -62,6 +62,16 @@ class LevelResult:
     def median_ttft_ms(self) -> float:
         return statistics.median(s.ttft_s for s in self.samples) * 1000
 
+    @classmethod
+    def pooled(cls, rounds: list[LevelResult]) -> LevelResult:
+        """Several runs of one level as one: their samples over their summed wall time."""
+        return cls(
+            concurrency=rounds[0].concurrency,
+            wall_s=sum(r.wall_s for r in rounds),
+            samples=[s for r in rounds for s in r.samples],
+            errors=sum(r.errors for r in rounds),
+        )
+
     def summary(self) -> dict:
         return {
             "concurrency": self.concurrency,

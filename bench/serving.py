@@ -1,11 +1,16 @@
 """Serving benchmark: ebb against vLLM's own OpenAI server, same model, same machine, same run.
 
     .venv/bin/python -m bench.serving [--levels 1 8 32] [--requests 64] [--max-tokens 32]
+                                      [--rounds 1]
 
 Both servers run the default model (SmolLM2-135M-Instruct) in eager mode with the same KV
 cache. They are measured alternately, level by level, so machine noise hits both alike;
-each is idle while the other is measured. Prints requests/s, output tokens/s and median
-time to first token per level, and ebb's ratios to vLLM. Results go to bench/results/.
+each is idle while the other is measured. With `--rounds N`, each level is measured N
+times per server, alternating, and the rounds are pooled: at concurrency 1 a single round
+of a shared 2-core machine varies by several percent, more than the gap being measured.
+Prints requests/s, output tokens/s and median time to first token per level, ebb's ratios
+to vLLM and, with several rounds, the range of the rounds' throughput ratios. Results go
+to bench/results/.
 """
 
 from __future__ import annotations
@@ -120,6 +125,9 @@ def main() -> None:
         "--requests", type=int, default=64, help="requests per level (at least 2x the concurrency)"
     )
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="alternating measurements per level and server"
+    )
     args = parser.parse_args()
 
     model = ensure(DEFAULT_MODEL_SOURCE, TEST_WEIGHTS_DIR)
@@ -131,27 +139,31 @@ def main() -> None:
         "vllm": (f"http://127.0.0.1:{vllm_port}/v1", "none"),
         "ebb": (ebb.base_url + "/v1", ebb.admin_key),
     }
-    results: dict[str, list[LevelResult]] = {"vllm": [], "ebb": []}
+    # Per server, per level: one result per round.
+    results: dict[str, list[list[LevelResult]]] = {"vllm": [], "ebb": []}
     try:
         for base_url, key in targets.values():
             _warm(base_url, key)
         for level in args.levels:
             requests = max(args.requests, 2 * level)
-            order = ["vllm", "ebb"] if level % 2 else ["ebb", "vllm"]
-            for name in order:
-                base_url, key = targets[name]
-                results[name].append(
-                    asyncio.run(
-                        run_level(
-                            base_url,
-                            key,
-                            "smol",
-                            concurrency=level,
-                            requests=requests,
-                            max_tokens=args.max_tokens,
+            for rounds in results.values():
+                rounds.append([])
+            for turn in range(args.rounds):
+                order = ["vllm", "ebb"] if (level + turn) % 2 else ["ebb", "vllm"]
+                for name in order:
+                    base_url, key = targets[name]
+                    results[name][-1].append(
+                        asyncio.run(
+                            run_level(
+                                base_url,
+                                key,
+                                "smol",
+                                concurrency=level,
+                                requests=requests,
+                                max_tokens=args.max_tokens,
+                            )
                         )
                     )
-                )
     finally:
         ebb.stop()
         vllm.terminate()
@@ -159,26 +171,34 @@ def main() -> None:
     report(results, args)
 
 
-def report(results: dict[str, list[LevelResult]], args: argparse.Namespace) -> None:
+def report(results: dict[str, list[list[LevelResult]]], args: argparse.Namespace) -> None:
     rows = []
     print(
         f"{'conc':>4} | {'vLLM req/s':>10} {'ebb req/s':>10} {'ratio':>6} | "
         f"{'vLLM tok/s':>10} {'ebb tok/s':>10} | {'vLLM TTFT':>9} {'ebb TTFT':>9} {'Δ ms':>7}"
+        + (" | rounds' ratios" if args.rounds > 1 else "")
     )
-    for v, e in zip(results["vllm"], results["ebb"], strict=True):
+    for v_rounds, e_rounds in zip(results["vllm"], results["ebb"], strict=True):
+        v, e = LevelResult.pooled(v_rounds), LevelResult.pooled(e_rounds)
+        round_ratios = [
+            round(er.requests_per_s / vr.requests_per_s, 3)
+            for vr, er in zip(v_rounds, e_rounds, strict=True)
+        ]
         row = {
             "concurrency": v.concurrency,
             "vllm": v.summary(),
             "ebb": e.summary(),
             "throughput_ratio": round(e.requests_per_s / v.requests_per_s, 3),
+            "round_throughput_ratios": round_ratios,
             "ttft_delta_ms": round(e.median_ttft_ms - v.median_ttft_ms, 1),
         }
         rows.append(row)
+        spread = f" | {min(round_ratios):.2f}-{max(round_ratios):.2f}" if args.rounds > 1 else ""
         print(
             f"{v.concurrency:>4} | {v.requests_per_s:>10.2f} {e.requests_per_s:>10.2f} "
             f"{row['throughput_ratio']:>6.2f} | {v.output_tokens_per_s:>10.1f} "
             f"{e.output_tokens_per_s:>10.1f} | {v.median_ttft_ms:>8.0f}ms "
-            f"{e.median_ttft_ms:>8.0f}ms {row['ttft_delta_ms']:>+7.1f}"
+            f"{e.median_ttft_ms:>8.0f}ms {row['ttft_delta_ms']:>+7.1f}{spread}"
         )
     save_results("serving", {"args": vars(args), "levels": rows})
 

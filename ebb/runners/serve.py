@@ -11,6 +11,11 @@ One thread runs it, numbered steps per iteration:
   4. finish requests that completed (terminal event + usage, atomically, once);
   5. drain when idle past the deployment's timeout, or when asked to stop.
 
+Steps 3 and 4 publish on their own thread (`OutputPublisher`) while `run()` runs, once the
+next iteration's claim is made: the loop goes on to the next engine step meanwhile. It
+waits for what it handed over before anything else that concerns its requests (giving a
+job back, going idle, draining, sleeping, returning).
+
 Burst mode (`run(burst=True)`, as arq's burst workers): the loop serves what is queued and
 returns `Outcome.IDLE` the first time it is idle with nothing claimed, instead of waiting
 for more work. Tests drive the loop in-process this way; runners never use it.
@@ -19,6 +24,7 @@ for more work. Tests drive the loop in-process this way; runners never use it.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import math
 import threading
@@ -40,6 +46,7 @@ from ebb.queue.schema import (
 from ebb.runners.engine import EngineAdapter, EngineRequestError, StepOutput
 from ebb.runners.idle import IdleAction, idle_action
 from ebb.runners.lifecycle import Lifecycle
+from ebb.runners.publisher import OutputPublisher
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +143,7 @@ class ServingLoop:
         # None: `job_slots` whatever runs. See `_job_limit`.
         self.jobs_beside_sync: int | None = None
         self._sync_seen_at = -math.inf  # the last claim or end of a synchronous request
+        self._publisher = OutputPublisher(queue.publish)
 
     def held_ids(self) -> list[str]:
         return list(self.held)
@@ -149,12 +157,24 @@ class ServingLoop:
         log.info("runner: %s serving %s", self._queue.runner_id, self._spec.name)
         self._draining = self._sleeping = False
         self._last_active = self._clock()
+        self._publisher.start()
+        try:
+            outcome = self._serve(burst)
+            self._publisher.flush()
+            return outcome
+        finally:
+            self._publisher.stop()
+
+    def _serve(self, burst: bool) -> Outcome:
         while True:
             if self._sleeping:  # parked atomically by try_sleep: claim nothing more
                 return Outcome.SLEEP
             if self._stop.is_set() and not self._draining:
                 self._start_draining("asked to stop")
             claimed = self._claim_and_cancel(wait=not burst)
+            # The last step's output, held back so that the claim went first (see
+            # `OutputPublisher`), goes out now.
+            self._publisher.release()
             self._maybe_report_stats()
             if self._engine.has_unfinished():
                 self._step()
@@ -171,6 +191,7 @@ class ServingLoop:
         """Returns how many requests it claimed."""
         free = 0 if self._draining else self._max_slots - len(self.held)
         if free > 0 and not self.held and wait:
+            self._publisher.flush()  # nothing to overlap with: out before waiting
             self._queue.wait_for_work(self._spec.name, _IDLE_WAIT_S)
         held_jobs = sum(1 for h in self.held.values() if h.work.job_id)
         max_jobs = min(free, self._job_limit() - held_jobs, job_claims_per_step(self._max_slots))
@@ -221,6 +242,8 @@ class ServingLoop:
         it sees, so with several such runners a request may free more than one slot."""
         jobs = [h for h in self.held.values() if h.work.job_id]
         jobs.sort(key=lambda h: (h.completion_tokens, -h.claimed_ns))
+        # A job given back is queued again: none of this attempt's output may follow.
+        self._publisher.flush()
         freed = 0
         for held in jobs[:waiting]:
             request_id = held.work.request_id
@@ -290,12 +313,13 @@ class ServingLoop:
             )
             for out in finished
         ]
-        first_work = self.held[next(iter(progress))].work if progress else None
-        # The step's output and its completions, in one round trip.
-        self._end_all(endings, progress)
-        if first_work is not None and self.on_first_output is not None:
+        first_out: Callable[[], None] | None = None
+        if progress and self.on_first_output is not None:
             first, self.on_first_output = self.on_first_output, None
-            first(first_work)
+            first_work = self.held[next(iter(progress))].work
+            first_out = functools.partial(first, first_work)
+        # The step's output and its completions, in one round trip, after the next claim.
+        self._end_all(endings, progress, then=first_out, hold=True)
 
     def _end(self, held: Held, state: str, event: Finished | Failed) -> None:
         self._end_all([(held, state, event)])
@@ -304,9 +328,14 @@ class ServingLoop:
         self,
         endings: list[tuple[Held, str, Finished | Failed]],
         progress: dict[str, Progress] | None = None,
+        then: Callable[[], None] | None = None,
+        *,
+        hold: bool = False,
     ) -> None:
         """End held requests: terminal event and usage, once each, in one round trip
-        (after publishing `progress`, the output of the step that completed them)."""
+        (after publishing `progress`, the output of the step that completed them), handed
+        to the publisher (held back until released, with `hold`); `then` runs once that
+        is out."""
         for held, _, _ in endings:
             self.held.pop(held.work.request_id, None)
             if not held.work.job_id:
@@ -321,26 +350,35 @@ class ServingLoop:
                     prompt_tokens=held.prompt_tokens,
                     completion_tokens=held.completion_tokens,
                 )
-        done = self._queue.publish(
+        ending_ids = [held.work.request_id for held, _, _ in endings]
+
+        def published(done: list[bool]) -> None:
+            for ok, request_id in zip(done, ending_ids, strict=True):
+                if not ok:
+                    log.warning(
+                        "runner: %s was no longer ours to finish (lease expired)",
+                        request_id,
+                        extra={"request_id": request_id},
+                    )
+            if then is not None:
+                then()
+
+        self._publisher.submit(
             progress or {},
             [
                 Ending(h.work, state, event, h.prompt_tokens, h.completion_tokens, _ttft_ms(h))
                 for h, state, event in endings
             ],
+            then=published,
+            hold=hold,
         )
-        for ok, (held, _, _) in zip(done, endings, strict=True):
-            if not ok:
-                log.warning(
-                    "runner: %s was no longer ours to finish (lease expired)",
-                    held.work.request_id,
-                    extra={"request_id": held.work.request_id},
-                )
 
     def fail_all(self, message: str) -> None:
         """The engine broke: every held request ends with an error, none hangs."""
         failed = Failed(message=message, code="engine_error", retryable=True)
         if self.held:
             self._end_all([(held, "failed", failed) for held in list(self.held.values())])
+        self._publisher.flush()
 
     def _maybe_report_stats(self) -> None:
         now = self._clock()
@@ -363,6 +401,7 @@ class ServingLoop:
     # 5: idle drain ----------------------------------------------------------------------
 
     def _maybe_drain_idle(self) -> None:
+        self._publisher.flush()  # idle: whatever ended is out before draining or sleeping
         now = self._clock()
         if now - self._spec_read_at >= _SPEC_REFRESH_S:
             self._spec_read_at = now
