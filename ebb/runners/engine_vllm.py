@@ -9,6 +9,7 @@ environment, because some of its settings are read at import.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -98,6 +99,11 @@ def preload() -> None:
             import vllm.v1.worker.gpu_worker  # noqa: F401
         else:
             import vllm.v1.worker.cpu_worker  # noqa: F401
+        # Every model load asks whether online quantization is configured, which imports
+        # compressed_tensors (~40 ms on CPU). A later vLLM may have moved it: then the
+        # load imports whatever it needs itself.
+        with contextlib.suppress(ImportError):
+            import vllm.model_executor.layers.quantization.online.base  # noqa: F401
         vllm_compat.apply_preload(cuda=cuda)
         # Engine init ends with full GC passes over every object (vLLM's freeze_gc_heap);
         # the millions that torch and vLLM created at import live forever anyway. Freezing

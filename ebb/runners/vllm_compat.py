@@ -475,6 +475,68 @@ KV_CACHE_PAGES_ON_DEMAND = Patch(
 )
 
 
+def _embedding_module() -> Any:
+    import vllm.model_executor.layers.vocab_parallel_embedding as embedding
+
+    return embedding
+
+
+def _packs_for_gemm(method: Callable[..., Any]) -> bool:
+    # The method imports the packing function by name inside its body.
+    code = getattr(method, "__code__", None)
+    return code is not None and "dispatch_cpu_unquantized_gemm" in code.co_names
+
+
+def _embedding_packing_check() -> str | None:
+    embedding = _embedding_module()
+    method = embedding.UnquantizedEmbeddingMethod
+    problem = callable_with(method, "process_weights_after_loading", ("self", "layer"))
+    if problem is None and not _packs_for_gemm(method.process_weights_after_loading):
+        problem = "its process_weights_after_loading no longer packs the table for a GEMM"
+    if problem is None and not isinstance(getattr(embedding, "ParallelLMHead", None), type):
+        problem = "vocab_parallel_embedding.ParallelLMHead is missing"
+    return problem
+
+
+def _pack_lookup_tables_on_first_gemm() -> None:
+    embedding = _embedding_module()
+    method = embedding.UnquantizedEmbeddingMethod
+    pack_now = method.process_weights_after_loading
+
+    def process_weights_after_loading(self: Any, layer: Any) -> None:
+        if isinstance(layer, embedding.ParallelLMHead):
+            pack_now(self, layer)  # the logits' GEMM: every step uses it
+            return
+
+        def pack_on_first_gemm(x: Any, weight: Any, bias: Any) -> Any:
+            pack_now(self, layer)  # replaces layer.cpu_linear with the packed GEMM
+            if layer.cpu_linear is pack_on_first_gemm:
+                raise RuntimeError("vLLM did not install a CPU GEMM for an embedding table")
+            return layer.cpu_linear(x, weight, bias)
+
+        layer.cpu_linear = pack_on_first_gemm
+
+    method.process_weights_after_loading = process_weights_after_loading
+
+
+# On CPU, vLLM packs every embedding table into a oneDNN GEMM handle after loading, the
+# input embedding included, and keeps the table as well: the input embedding is only ever
+# looked up row by row (`embedding()`), so its packed copy is memory and load time spent
+# for nothing (the default model: 113 MB of a runner's RSS and 30-150 ms of a pre-warmed
+# load; a table as large again for every model with an untied LM head). The LM head
+# (`ParallelLMHead`, tied or not) is packed at load as before; any other table is packed
+# when a model first multiplies by it (some models use their input embedding as the LM
+# head), so the first GEMM pays what the load no longer does. Optional: memory and a
+# speed-up; without it, every table is packed at load.
+EMBEDDING_PACKED_ON_FIRST_GEMM = Patch(
+    name="embedding-packed-on-first-gemm",
+    required=False,
+    check=_embedding_packing_check,
+    install=_pack_lookup_tables_on_first_gemm,
+    without="every CPU embedding table is packed for a GEMM at load, used or not",
+)
+
+
 def apply_preload(*, cuda: bool) -> None:
     """Patch vLLM once its modules are imported (by the caller), while a stem waits.
 
@@ -484,6 +546,8 @@ def apply_preload(*, cuda: bool) -> None:
         # Triton runs natively on GPUs: the stand-ins are a CPU platform matter.
         apply(KERNEL_OVERRIDES_ONCE)
         apply(KV_CACHE_PAGES_ON_DEMAND)
+        # Only vLLM's CPU platform packs embedding tables for a GEMM.
+        apply(EMBEDDING_PACKED_ON_FIRST_GEMM)
     apply(LOGGING_CONFIGURED_EARLY)
     apply(RENDERER_TOKENIZER_COPIES_ON_DEMAND)
 

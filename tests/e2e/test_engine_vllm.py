@@ -245,6 +245,7 @@ def test_every_vllm_patch_applied_to_the_installed_vllm(engine):
         expected |= {
             "kernel-overrides-once",
             "kv-cache-pages-on-demand",
+            "embedding-packed-on-first-gemm",
             "cpu-kv-cache-space",
             "in-process-model-inspection",
         }

@@ -36,6 +36,7 @@ def vllm():
     import vllm.renderers.base
     import vllm.renderers.hf
     import vllm.v1.worker.utils
+    from vllm.model_executor.layers import vocab_parallel_embedding
     from vllm.model_executor.models import registry
 
     return SimpleNamespace(
@@ -45,6 +46,7 @@ def vllm():
         renderer=vllm.renderers.hf,
         renderer_base=vllm.renderers.base,
         worker_utils=vllm.v1.worker.utils,
+        embedding=vocab_parallel_embedding,
         registry=registry,
     )
 
@@ -60,6 +62,7 @@ def isolated(vllm, monkeypatch):
         (vllm.renderer, "maybe_make_thread_pool"),
         (vllm.renderer_base.BaseRenderer, "get_eos_token_id"),
         (vllm.worker_utils, "torch"),
+        (vllm.embedding.UnquantizedEmbeddingMethod, "process_weights_after_loading"),
     ):
         monkeypatch.setattr(host, attribute, getattr(host, attribute))
     for variable in ENV_VARIABLES:
@@ -265,6 +268,67 @@ def test_kv_cache_allocated_otherwise_only_warns(isolated, monkeypatch, caplog):
 
     monkeypatch.setattr(isolated.worker_utils, "allocate_kv_cache", allocate_kv_cache)
     assert_warns_once(caplog, vllm_compat.KV_CACHE_PAGES_ON_DEMAND, "no longer makes its buffer")
+
+
+def embedding_layer(layer_class, vocab: int = 64, hidden: int = 32):
+    """A layer of `layer_class` holding just a loaded table (vLLM's own init needs a
+    tensor-parallel group; packing reads only the weight)."""
+    import torch
+
+    layer = layer_class.__new__(layer_class)
+    torch.nn.Module.__init__(layer)
+    layer.weight = torch.nn.Parameter(torch.randn(vocab, hidden), requires_grad=False)
+    return layer
+
+
+def test_an_input_embedding_is_packed_on_its_first_gemm_and_the_lm_head_at_load(
+    isolated, monkeypatch
+):
+    import torch
+    from vllm.model_executor.layers import utils as layer_utils
+
+    patch = vllm_compat.EMBEDDING_PACKED_ON_FIRST_GEMM
+    assert patch.check() is None  # the real target fits
+    packed = []
+    pack = layer_utils.dispatch_cpu_unquantized_gemm
+
+    def counting_pack(layer, remove_weight):
+        packed.append(layer)
+        return pack(layer, remove_weight)
+
+    monkeypatch.setattr(layer_utils, "dispatch_cpu_unquantized_gemm", counting_pack)
+    assert vllm_compat.apply(patch)
+    method = isolated.embedding.UnquantizedEmbeddingMethod()
+
+    table = embedding_layer(torch.nn.Module)
+    method.process_weights_after_loading(table)
+    assert packed == []  # looked up row by row: nothing packed at load
+    assert torch.equal(method.embedding(table, torch.tensor([3, 5])), table.weight[[3, 5]])
+    x = torch.randn(3, 32)
+    expected = torch.nn.functional.linear(x, table.weight)
+    for _ in range(2):  # a model that multiplies by it: packed once, on the first GEMM
+        assert torch.allclose(method.apply(table, x), expected, atol=1e-4)
+    assert packed == [table]
+
+    lm_head = embedding_layer(isolated.embedding.ParallelLMHead)
+    method.process_weights_after_loading(lm_head)
+    assert packed == [table, lm_head]  # the logits' GEMM: packed at load
+    assert torch.allclose(
+        method.apply(lm_head, x), torch.nn.functional.linear(x, lm_head.weight), atol=1e-4
+    )
+    assert packed == [table, lm_head]
+    installed = isolated.embedding.UnquantizedEmbeddingMethod.process_weights_after_loading
+    assert vllm_compat.apply(patch)
+    assert installed is isolated.embedding.UnquantizedEmbeddingMethod.process_weights_after_loading
+
+
+def test_embedding_packing_moved_only_warns(isolated, monkeypatch, caplog):
+    monkeypatch.setattr(
+        isolated.embedding.UnquantizedEmbeddingMethod,
+        "process_weights_after_loading",
+        lambda self, layer: None,
+    )
+    assert_warns_once(caplog, vllm_compat.EMBEDDING_PACKED_ON_FIRST_GEMM, "no longer packs")
 
 
 def test_logging_is_configured_up_front(isolated):
