@@ -487,11 +487,23 @@ def _packs_for_gemm(method: Callable[..., Any]) -> bool:
     return code is not None and "dispatch_cpu_unquantized_gemm" in code.co_names
 
 
+# Where ebb's process_weights_after_loading keeps vLLM's: the check inspects vLLM's code,
+# and an install in a process that already has ebb's wraps vLLM's, not ebb's.
+_PACKS_NOW = "_ebb_packs_now"
+
+
+def _vllm_weight_processing(method: Any) -> Callable[..., Any]:
+    """vLLM's own process_weights_after_loading, whether or not ebb's stands in for it."""
+    current: Callable[..., Any] = method.process_weights_after_loading
+    vllms: Callable[..., Any] = getattr(current, _PACKS_NOW, current)
+    return vllms
+
+
 def _embedding_packing_check() -> str | None:
     embedding = _embedding_module()
     method = embedding.UnquantizedEmbeddingMethod
     problem = callable_with(method, "process_weights_after_loading", ("self", "layer"))
-    if problem is None and not _packs_for_gemm(method.process_weights_after_loading):
+    if problem is None and not _packs_for_gemm(_vllm_weight_processing(method)):
         problem = "its process_weights_after_loading no longer packs the table for a GEMM"
     if problem is None and not isinstance(getattr(embedding, "ParallelLMHead", None), type):
         problem = "vocab_parallel_embedding.ParallelLMHead is missing"
@@ -501,7 +513,7 @@ def _embedding_packing_check() -> str | None:
 def _pack_lookup_tables_on_first_gemm() -> None:
     embedding = _embedding_module()
     method = embedding.UnquantizedEmbeddingMethod
-    pack_now = method.process_weights_after_loading
+    pack_now = _vllm_weight_processing(method)
 
     def process_weights_after_loading(self: Any, layer: Any) -> None:
         if isinstance(layer, embedding.ParallelLMHead):
@@ -516,6 +528,7 @@ def _pack_lookup_tables_on_first_gemm() -> None:
 
         layer.cpu_linear = pack_on_first_gemm
 
+    setattr(process_weights_after_loading, _PACKS_NOW, pack_now)
     method.process_weights_after_loading = process_weights_after_loading
 
 

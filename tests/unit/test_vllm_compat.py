@@ -322,6 +322,25 @@ def test_an_input_embedding_is_packed_on_its_first_gemm_and_the_lm_head_at_load(
     assert installed is isolated.embedding.UnquantizedEmbeddingMethod.process_weights_after_loading
 
 
+def test_embedding_packing_installs_over_itself_in_a_process_that_has_it(isolated):
+    # A process that preloaded an engine has ebb's method already; a fresh record (another
+    # load's, or a test's) must still find vLLM's code fitting and wrap it, not ebb's.
+    import torch
+
+    patch = vllm_compat.EMBEDDING_PACKED_ON_FIRST_GEMM
+    assert vllm_compat.apply(patch)
+    vllm_compat._applied.clear()
+    assert patch.check() is None
+    assert vllm_compat.apply(patch)
+    method = isolated.embedding.UnquantizedEmbeddingMethod()
+    table = embedding_layer(torch.nn.Module)
+    method.process_weights_after_loading(table)
+    x = torch.randn(2, 32)
+    assert torch.allclose(
+        method.apply(table, x), torch.nn.functional.linear(x, table.weight), atol=1e-4
+    )
+
+
 def test_embedding_packing_moved_only_warns(isolated, monkeypatch, caplog):
     monkeypatch.setattr(
         isolated.embedding.UnquantizedEmbeddingMethod,
