@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
-from support import TEST_WEIGHTS_DIR
+from support import TEMP_HOMES, TEST_WEIGHTS_DIR
 from webhook_receiver import Receiver
 
 
@@ -14,6 +15,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # before any test builds Settings or starts a process, so every frontdoor, controller
     # and runner the session starts inherits it.
     os.environ["EBB_TEST_ENGINES"] = "1"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # Every fixture has been torn down by now, so no platform process still writes there.
+    if exitstatus == pytest.ExitCode.OK:
+        for home in TEMP_HOMES:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

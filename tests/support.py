@@ -212,8 +212,15 @@ class Platform:
         )
 
 
+# Every home `temp_home` made in this process: a pytest session that passes removes them
+# (tests/conftest.py); a failing one keeps them, for the logs that say what went wrong.
+TEMP_HOMES: list[Path] = []
+
+
 def temp_home(prefix: str) -> Path:
-    return Path(tempfile.mkdtemp(prefix=prefix))
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    TEMP_HOMES.append(home)
+    return home
 
 
 @contextmanager

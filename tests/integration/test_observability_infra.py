@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import tempfile
-from pathlib import Path
 
 import httpx
 import pytest
@@ -82,7 +80,7 @@ class Prometheus:
     """A real Prometheus scraping the platform every second, with the alert rules."""
 
     def __init__(self, target_port: int):
-        self.dir = Path(tempfile.mkdtemp(prefix="ebb-prometheus-"))
+        self.dir = temp_home("ebb-prometheus-")
         self.port = free_port()
         config = yaml.safe_load((INFRA / "prometheus" / "prometheus.yml").read_text())
         config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
