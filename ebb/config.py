@@ -175,6 +175,10 @@ class Settings(BaseSettings):
     # job beside a synchronous request: on CPUs jobs in the batch slow it down), three
     # quarters of max_concurrency on one with GPUs.
     job_slots_beside_sync: int | None = Field(default=None, ge=0)
+    # A CPU runner whose engine computes on one thread serves from a core of its own
+    # (`runners/core_pinning`: one runner per host and platform, the last core). Off: the
+    # kernel places it, as it does the others (for an operator who pins processes).
+    engine_core_pin: bool = True
     # The Batch API: the largest input file accepted, and its discount is per deployment.
     batch_file_max_bytes: int = 64 * 1024 * 1024
     # Where Batch API files (inputs, outputs, error files) are kept: this bucket of the

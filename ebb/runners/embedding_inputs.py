@@ -115,6 +115,10 @@ class EmbeddingInputs:
     def supports_sleep(self) -> bool:
         return self._engine.supports_sleep
 
+    @property
+    def cpu_threads(self) -> int:
+        return self._engine.cpu_threads
+
     def sleep(self) -> None:
         self._engine.sleep()
 

@@ -250,8 +250,16 @@ class _Request:
 
 
 class VllmEngine:
-    def __init__(self, engine: LLMEngine, *, sleep_mode: bool = False, pooling: bool = False):
+    def __init__(
+        self,
+        engine: LLMEngine,
+        *,
+        sleep_mode: bool = False,
+        pooling: bool = False,
+        on_cpu: bool = False,
+    ):
         self._engine = engine
+        self._on_cpu = on_cpu
         self._pooling = pooling
         self._requests: dict[str, _Request] = {}
         self._closed = False
@@ -286,7 +294,7 @@ class VllmEngine:
             "cuda" if cuda else "cpu",
             time.perf_counter() - started,
         )
-        return cls(engine, sleep_mode=cuda, pooling=options.task == "embed")
+        return cls(engine, sleep_mode=cuda, pooling=options.task == "embed", on_cpu=not cuda)
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec
@@ -412,6 +420,14 @@ class VllmEngine:
     @property
     def supports_sleep(self) -> bool:
         return self._sleep_mode
+
+    @property
+    def cpu_threads(self) -> int:
+        if not self._on_cpu:
+            return 0
+        import torch
+
+        return torch.get_num_threads()
 
     def sleep(self) -> None:
         # Cached prefixes would point at a KV cache that level-1 sleep discards.

@@ -9,6 +9,7 @@ into the deployment's cold-start statistics.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -30,7 +31,7 @@ from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.gpus import SLEEPER_EXIT
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
-from ebb.runners import gpu_figures
+from ebb.runners import core_pinning, gpu_figures
 from ebb.runners.devices import use_placement, visible_gpu_count
 from ebb.runners.embedding_inputs import EmbeddingInputs
 from ebb.runners.engine import EngineAdapter, EngineOptions
@@ -192,6 +193,10 @@ def _run(
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
     loop.read_gpus = gpu_figures.reader()
     loop.jobs_beside_sync = jobs_beside_sync(settings.job_slots_beside_sync, visible_gpu_count())
+    if settings.engine_core_pin:
+        loop.engine_thread_placement = functools.partial(
+            core_pinning.own_core, settings.home, engine.cpu_threads
+        )
     loop.on_first_output = _become_ready(lifecycle, queue, deployment, tier, clock)
     heartbeat.held_ids = loop.held_ids
     try:

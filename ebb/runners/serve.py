@@ -23,6 +23,7 @@ for more work. Tests drive the loop in-process this way; runners never use it.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import logging
@@ -30,6 +31,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from ebb import tracing
@@ -43,6 +45,7 @@ from ebb.queue.schema import (
     RunnerState,
     WorkItem,
 )
+from ebb.runners.core_pinning import Pin
 from ebb.runners.engine import EngineAdapter, EngineRequestError, StepOutput
 from ebb.runners.idle import IdleAction, idle_action
 from ebb.runners.lifecycle import Lifecycle
@@ -142,6 +145,13 @@ class ServingLoop:
         # Job slots while a synchronous request runs here (EBB_JOB_SLOTS_BESIDE_SYNC);
         # None: `job_slots` whatever runs. See `_job_limit`.
         self.jobs_beside_sync: int | None = None
+        # Entered on the serving thread around each `run()`, once the publisher's thread
+        # has started (it keeps the cores it had): where the engine computes. The seam
+        # where the runner's core pinning plugs in (`core_pinning.own_core`).
+        self.engine_thread_placement: Callable[[], AbstractContextManager[Pin | None]] = (
+            contextlib.nullcontext
+        )
+        self._pin: Pin | None = None
         self._sync_seen_at = -math.inf  # the last claim or end of a synchronous request
         self._publisher = OutputPublisher(queue.publish)
 
@@ -159,7 +169,11 @@ class ServingLoop:
         self._last_active = self._clock()
         self._publisher.start()
         try:
-            outcome = self._serve(burst)
+            with self.engine_thread_placement() as self._pin:
+                try:
+                    outcome = self._serve(burst)
+                finally:
+                    self._pin = None
             self._publisher.flush()
             return outcome
         finally:
@@ -289,7 +303,13 @@ class ServingLoop:
     # 3 + 4: engine step, output, completion ------------------------------------------------
 
     def _step(self) -> None:
+        # The engine starts threads on demand, from this thread (see `Pin`): those that
+        # requests admitted since the last step started, and those of this step.
+        if self._pin is not None:
+            self._pin.free_new_threads()
         outputs = self._engine.step()
+        if self._pin is not None:
+            self._pin.free_new_threads()
         self._last_active = self._clock()
         progress: dict[str, Progress] = {}
         finished: list[StepOutput] = []

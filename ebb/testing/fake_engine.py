@@ -239,6 +239,10 @@ class FakeEngine:
     def supports_sleep(self) -> bool:
         return self.model.sleep
 
+    @property
+    def cpu_threads(self) -> int:
+        return 0  # sleeps through its steps: nothing to give a core
+
     def sleep(self) -> None:
         if not self.model.sleep:
             raise RuntimeError("this fake engine was not deployed with sleep=1")

@@ -3,13 +3,15 @@ driven by the official `openai` client and plain HTTP."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from platform_processes import pid_of
+from platform_processes import pid_of, processes
 from support import real_engine_platform, wait_for_weights, wait_until
 
 from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE
@@ -117,6 +119,36 @@ def test_json_schema_is_followed(client):
         },
     )
     assert set(json.loads(reply.choices[0].message.content)) == {"city"}
+
+
+def cores_of_threads(pid: int) -> dict[int, str]:
+    """Each thread of a process (by id) and the cores it may run on ("0-1", "1")."""
+    cores = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # it ended meanwhile
+            status = (task / "status").read_text()
+            cores[int(task.name)] = status.split("Cpus_allowed_list:")[1].split()[0]
+    return cores
+
+
+def test_the_serving_engine_has_a_core_of_its_own_and_its_grammar_threads_do_not(platform):
+    # After the JSON tests: the runner's engine started its grammar compiler threads from
+    # its serving thread, pinned. Pinned only where torch serves on one thread: ebb's
+    # default (every core but one) on 2 cores, or an OMP_NUM_THREADS of 1.
+    allowed = sorted(os.sched_getaffinity(0))
+    threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 2) - 1))
+    # Runners, and the fork server with the runners it forked (they keep its command line).
+    found = processes(platform.home, "runner") + processes(platform.home, "fork-server")
+    runners = {p.pid: cores_of_threads(p.pid) for p in found}
+    pinned = {pid for pid, cores in runners.items() if cores[pid] == str(allowed[-1])}
+    if threads == 1 and len(allowed) >= 2:
+        assert len(pinned) == 1, f"one serving engine, on core {allowed[-1]}: {runners}"
+    else:
+        assert pinned == set(), f"no engine computes on one thread alone here: {runners}"
+    every_core = cores_of_threads(os.getpid())[os.getpid()]
+    for pid, cores in runners.items():
+        others = {tid: c for tid, c in cores.items() if tid != pid}
+        assert set(others.values()) <= {every_core}, f"runner {pid}: a thread beside it pinned"
 
 
 def test_completions_with_logprobs_and_stop(client):

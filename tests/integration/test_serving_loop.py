@@ -4,6 +4,10 @@ frontdoor sees it: events, usage, leases, cancellation, job slots and drain rule
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import functools
+import os
+import threading
 
 import pytest
 from serving_harness import DEP, FAKE_REPLY, serving_harness, text_of
@@ -13,6 +17,7 @@ from ebb.config import Settings
 from ebb.queue import keys
 from ebb.queue.job_schema import JobStatus
 from ebb.queue.schema import Claimed, Failed, Finished, Progress, RunnerState
+from ebb.runners.core_pinning import LOCK_FILE, own_core
 from ebb.runners.serve import Outcome, job_claims_per_step, job_slots
 from ebb.webhooks.collector import JobCollector
 
@@ -315,6 +320,46 @@ async def test_a_finished_job_attempt_is_collected_as_its_result(redis_url):
         assert record.status is JobStatus.SUCCEEDED
         assert record.result["choices"][0]["text"] == FAKE_REPLY[:8]
         assert record.usage == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}
+
+
+# --- where the engine computes ---------------------------------------------------------------
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs two cores")
+async def test_the_engine_steps_on_its_own_core_and_the_threads_beside_it_keep_every_core(
+    redis_url, tmp_path
+):
+    cores = os.sched_getaffinity(0)
+    async with serving_harness(redis_url) as h:
+        h.loop.engine_thread_placement = functools.partial(own_core, tmp_path, 1)
+        engine_cores, publisher_cores, started_cores = [], [], []
+        started: list[threading.Thread] = []
+        done = threading.Event()
+        fake_step = h.engine.step
+
+        def step():
+            (publisher,) = [t for t in threading.enumerate() if t.name == "publisher"]
+            engine_cores.append(os.sched_getaffinity(0))
+            publisher_cores.append(os.sched_getaffinity(publisher.native_id))
+            if started:
+                started_cores.append(os.sched_getaffinity(started[0].native_id))
+            else:  # as vLLM starts a grammar compiler: on demand, from the engine's thread
+                started.append(threading.Thread(target=done.wait, args=(10,)))
+                started[0].start()
+            return fake_step()
+
+        h.engine.step = step
+        work = await h.submit(3)
+        try:
+            assert await h.serve() is Outcome.IDLE
+        finally:
+            done.set()
+        assert (await h.events(work.request_id))[-1] == Finished(3, 3)
+        assert engine_cores == [{max(cores)}] * 3, "every step on the last core"
+        assert publisher_cores == [cores] * 3, "the publisher keeps its cores"
+        assert started_cores == [cores] * 2, "a thread the engine started: cores given back"
+        with open(tmp_path / LOCK_FILE, "a") as lock:  # the pin was let go with the run
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 # --- drain rules --------------------------------------------------------------------------------
