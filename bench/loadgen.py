@@ -2,7 +2,8 @@
 
 Each of `concurrency` workers sends streamed chat requests back to back until `requests`
 have been sent; per request it records the time to the first content token, the total
-latency and the completion tokens the server reported in its usage chunk.
+latency and the completion tokens the server reported in its usage chunk. From those, the
+time per output token after the first (TPOT, as vLLM's own benchmarks define it).
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ class Sample:
     latency_s: float
     completion_tokens: int
 
+    @property
+    def tpot_s(self) -> float | None:
+        """The time per output token after the first; None for a reply of one token."""
+        if self.completion_tokens < 2:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.completion_tokens - 1)
+
 
 @dataclass
 class LevelResult:
@@ -62,6 +70,11 @@ class LevelResult:
     def median_ttft_ms(self) -> float:
         return statistics.median(s.ttft_s for s in self.samples) * 1000
 
+    @property
+    def median_tpot_ms(self) -> float | None:
+        tpots = [t for s in self.samples if (t := s.tpot_s) is not None]
+        return statistics.median(tpots) * 1000 if tpots else None
+
     @classmethod
     def pooled(cls, rounds: list[LevelResult]) -> LevelResult:
         """Several runs of one level as one: their samples over their summed wall time."""
@@ -80,6 +93,7 @@ class LevelResult:
             "requests_per_s": round(self.requests_per_s, 3),
             "output_tokens_per_s": round(self.output_tokens_per_s, 2),
             "median_ttft_ms": round(self.median_ttft_ms, 1),
+            "median_tpot_ms": None if (tpot := self.median_tpot_ms) is None else round(tpot, 2),
         }
 
 

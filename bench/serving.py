@@ -1,16 +1,19 @@
 """Serving benchmark: ebb against vLLM's own OpenAI server, same model, same machine, same run.
 
     .venv/bin/python -m bench.serving [--levels 1 8 32] [--requests 64] [--max-tokens 32]
-                                      [--rounds 1]
+                                      [--rounds 1] [--variant NAME:KEY=VALUE[,...]]
 
 Both servers run the default model (SmolLM2-135M-Instruct) in eager mode with the same KV
 cache. They are measured alternately, level by level, so machine noise hits both alike;
 each is idle while the other is measured. With `--rounds N`, each level is measured N
 times per server, alternating, and the rounds are pooled: at concurrency 1 a single round
 of a shared 2-core machine varies by several percent, more than the gap being measured.
-Prints requests/s, output tokens/s and median time to first token per level, ebb's ratios
-to vLLM and, with several rounds, the range of the rounds' throughput ratios. Results go
-to bench/results/.
+Each `--variant` adds one more ebb platform, started with that environment (an option off,
+say: `unpinned:EBB_ENGINE_CORE_PIN=0`), measured in the same rounds.
+Prints, per level and ebb platform, requests/s, median time to first token (TTFT) and
+median time per output token after the first (TPOT), with their ratios to vLLM's and,
+with several rounds, the range of the rounds' throughput ratios. Results (output tokens/s
+too) go to bench/results/.
 """
 
 from __future__ import annotations
@@ -118,6 +121,17 @@ def _warm(base_url: str, key: str) -> None:
     asyncio.run(run_level(base_url, key, "smol", concurrency=2, requests=4, max_tokens=8))
 
 
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    """`NAME:KEY=VALUE[,KEY=VALUE...]`: one more ebb platform, with that environment."""
+    name, sep, assignments = text.partition(":")
+    env = dict(pair.split("=", 1) for pair in assignments.split(",") if "=" in pair)
+    if not sep or not name or name in ("vllm", "ebb") or not env:
+        raise argparse.ArgumentTypeError(
+            f"--variant {text!r}: expected NAME:KEY=VALUE[,KEY=VALUE...], NAME not vllm or ebb"
+        )
+    return name, env
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 8, 32])
@@ -128,29 +142,41 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=1, help="alternating measurements per level and server"
     )
+    parser.add_argument(
+        "--variant",
+        type=parse_variant,
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE[,...]",
+        help="also measure an ebb platform started with this environment "
+        "(e.g. unpinned:EBB_ENGINE_CORE_PIN=0), in the same rounds",
+    )
     args = parser.parse_args()
 
     model = ensure(DEFAULT_MODEL_SOURCE, TEST_WEIGHTS_DIR)
     work = temp_home("ebb-bench-")
     vllm_port = free_port()
     vllm = start_vllm_server(model.path, vllm_port, work / "vllm-server.log")
-    ebb = start_ebb(work / "ebb")
-    targets = {
-        "vllm": (f"http://127.0.0.1:{vllm_port}/v1", "none"),
-        "ebb": (ebb.base_url + "/v1", ebb.admin_key),
-    }
-    # Per server, per level: one result per round.
-    results: dict[str, list[list[LevelResult]]] = {"vllm": [], "ebb": []}
+    platforms = {"ebb": start_ebb(work / "ebb")}
     try:
+        for name, env in args.variant:
+            platforms[name] = start_ebb(work / name, env)
+        targets = {"vllm": (f"http://127.0.0.1:{vllm_port}/v1", "none")}
+        targets |= {name: (p.base_url + "/v1", p.admin_key) for name, p in platforms.items()}
+        # Per server, per level: one result per round.
+        results: dict[str, list[list[LevelResult]]] = {name: [] for name in targets}
         for base_url, key in targets.values():
             _warm(base_url, key)
+        names = list(targets)
         for level in args.levels:
             requests = max(args.requests, 2 * level)
             for rounds in results.values():
                 rounds.append([])
             for turn in range(args.rounds):
-                order = ["vllm", "ebb"] if (level + turn) % 2 else ["ebb", "vllm"]
-                for name in order:
+                # Each server goes first in turn, so a drift of the machine's speed within
+                # a round favours none of them.
+                first = (level + turn) % len(names)
+                for name in names[first:] + names[:first]:
                     base_url, key = targets[name]
                     results[name][-1].append(
                         asyncio.run(
@@ -165,41 +191,51 @@ def main() -> None:
                         )
                     )
     finally:
-        ebb.stop()
+        for platform in platforms.values():
+            platform.stop()
         vllm.terminate()
         vllm.wait(timeout=60)
     report(results, args)
 
 
 def report(results: dict[str, list[list[LevelResult]]], args: argparse.Namespace) -> None:
+    """One row per level and ebb platform: its figures against vLLM's in the same rounds."""
     rows = []
     print(
-        f"{'conc':>4} | {'vLLM req/s':>10} {'ebb req/s':>10} {'ratio':>6} | "
-        f"{'vLLM tok/s':>10} {'ebb tok/s':>10} | {'vLLM TTFT':>9} {'ebb TTFT':>9} {'Δ ms':>7}"
+        f"{'conc':>4} {'platform':>10} | {'vLLM req/s':>10} {'req/s':>7} {'ratio':>6} | "
+        f"{'vLLM TTFT':>9} {'TTFT':>7} {'Δ ms':>7} | {'vLLM TPOT':>9} {'TPOT':>7} {'ratio':>6}"
         + (" | rounds' ratios" if args.rounds > 1 else "")
     )
-    for v_rounds, e_rounds in zip(results["vllm"], results["ebb"], strict=True):
-        v, e = LevelResult.pooled(v_rounds), LevelResult.pooled(e_rounds)
-        round_ratios = [
-            round(er.requests_per_s / vr.requests_per_s, 3)
-            for vr, er in zip(v_rounds, e_rounds, strict=True)
-        ]
-        row = {
-            "concurrency": v.concurrency,
-            "vllm": v.summary(),
-            "ebb": e.summary(),
-            "throughput_ratio": round(e.requests_per_s / v.requests_per_s, 3),
-            "round_throughput_ratios": round_ratios,
-            "ttft_delta_ms": round(e.median_ttft_ms - v.median_ttft_ms, 1),
-        }
-        rows.append(row)
-        spread = f" | {min(round_ratios):.2f}-{max(round_ratios):.2f}" if args.rounds > 1 else ""
-        print(
-            f"{v.concurrency:>4} | {v.requests_per_s:>10.2f} {e.requests_per_s:>10.2f} "
-            f"{row['throughput_ratio']:>6.2f} | {v.output_tokens_per_s:>10.1f} "
-            f"{e.output_tokens_per_s:>10.1f} | {v.median_ttft_ms:>8.0f}ms "
-            f"{e.median_ttft_ms:>8.0f}ms {row['ttft_delta_ms']:>+7.1f}{spread}"
-        )
+    for name in [n for n in results if n != "vllm"]:
+        for v_rounds, e_rounds in zip(results["vllm"], results[name], strict=True):
+            v, e = LevelResult.pooled(v_rounds), LevelResult.pooled(e_rounds)
+            round_ratios = [
+                round(er.requests_per_s / vr.requests_per_s, 3)
+                for vr, er in zip(v_rounds, e_rounds, strict=True)
+            ]
+            v_tpot, e_tpot = v.median_tpot_ms, e.median_tpot_ms
+            tpot_ratio = round(e_tpot / v_tpot, 3) if v_tpot and e_tpot else None
+            row = {
+                "concurrency": v.concurrency,
+                "platform": name,
+                "vllm": v.summary(),
+                "ebb": e.summary(),
+                "throughput_ratio": round(e.requests_per_s / v.requests_per_s, 3),
+                "round_throughput_ratios": round_ratios,
+                "ttft_delta_ms": round(e.median_ttft_ms - v.median_ttft_ms, 1),
+                "tpot_ratio": tpot_ratio,
+            }
+            rows.append(row)
+            spread = (
+                f" | {min(round_ratios):.2f}-{max(round_ratios):.2f}" if args.rounds > 1 else ""
+            )
+            print(
+                f"{v.concurrency:>4} {name:>10} | {v.requests_per_s:>10.2f} "
+                f"{e.requests_per_s:>7.2f} {row['throughput_ratio']:>6.2f} | "
+                f"{v.median_ttft_ms:>7.0f}ms {e.median_ttft_ms:>5.0f}ms "
+                f"{row['ttft_delta_ms']:>+7.1f} | {v_tpot or 0:>7.1f}ms {e_tpot or 0:>5.1f}ms "
+                f"{tpot_ratio or 0:>6.3f}{spread}"
+            )
     save_results("serving", {"args": vars(args), "levels": rows})
 
 

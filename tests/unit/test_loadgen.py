@@ -21,3 +21,19 @@ def test_rounds_pool_into_their_samples_over_their_summed_wall_time() -> None:
     assert pooled.output_tokens_per_s == 60 / 8
     assert pooled.median_ttft_ms == 350.0
     assert pooled.errors == 1
+
+
+def test_time_per_output_token_counts_the_tokens_after_the_first() -> None:
+    # 11 tokens: the first at 0.1 s, the ten after it by 1.1 s.
+    assert Sample(ttft_s=0.1, latency_s=1.1, completion_tokens=11).tpot_s == 0.1
+    assert Sample(ttft_s=0.1, latency_s=0.1, completion_tokens=1).tpot_s is None
+    result = LevelResult(
+        concurrency=2,
+        wall_s=1.0,
+        samples=[
+            Sample(ttft_s=0.1, latency_s=1.1, completion_tokens=11),
+            Sample(ttft_s=0.1, latency_s=2.1, completion_tokens=11),
+            Sample(ttft_s=0.1, latency_s=0.1, completion_tokens=1),
+        ],
+    )
+    assert round(result.median_tpot_ms, 6) == 150.0, "the one-token reply has no TPOT"
