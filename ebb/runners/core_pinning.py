@@ -68,6 +68,12 @@ def own_core(lock_dir: Path, compute_threads: int) -> Iterator[Pin | None]:
     left the thread as it was."""
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
     if compute_threads != 1 or len(allowed) < 2:
+        if compute_threads:  # a CPU engine: say why it was left to the kernel
+            log.info(
+                "runner: engine thread not pinned (it computes on %d threads, may use cores %s)",
+                compute_threads,
+                allowed,
+            )
         yield None
         return
     try:
