@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 
 import pytest
 from support import TEMP_HOMES, TEST_WEIGHTS_DIR
@@ -22,6 +23,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if exitstatus == pytest.ExitCode.OK:
         for home in TEMP_HOMES:
             shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _process_environment_kept() -> Iterator[None]:
+    """Each module leaves this process's environment as it found it. An engine loaded in
+    this process (tests/e2e/test_engine_vllm.py) sets vLLM's and torch's variables
+    (`LD_PRELOAD` of torch's libgomp, `VLLM_*`, ...), and every platform a later module
+    started inherited them: its runners computed on 2 threads on 2 cores, unlike any
+    runner `ebb up` starts, and so were never given a core of their own."""
+    kept = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(kept)
 
 
 @pytest.fixture(scope="session")
