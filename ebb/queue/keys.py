@@ -50,7 +50,8 @@ def queue(deployment: str) -> str:
 
 
 def queue_signal(deployment: str) -> str:
-    """List an idle runner blocks on; every enqueue pushes one token."""
+    """List an idle runner blocks on; every enqueue pushes one token. Also the channel
+    on which those scripts publish, for busy runners (see work_news.py)."""
     return f"{PREFIX}qsig:{deployment}"
 
 
@@ -88,7 +89,8 @@ RUNNER_SIGNAL_PREFIX = PREFIX + "rsig:"
 
 def runner_signal(runner_id: str) -> str:
     """List a runner blocks on beside its queue's signal: a claim that left a request for
-    this runner (its prompt prefix) wakes it here. At most one token."""
+    this runner (its prompt prefix) wakes it here. At most one token. Also the channel
+    that claim publishes on, for the runner when busy (see work_news.py)."""
     return RUNNER_SIGNAL_PREFIX + runner_id
 
 
@@ -107,6 +109,8 @@ CLAIM_SCAN_EXTRA = 64
 
 
 def runner_cancels(runner_id: str) -> str:
+    """Set of request ids the runner is asked to abort (taken by its next claim). Also
+    the channel on which the scripts that add one publish (see work_news.py)."""
     return RUNNER_CANCELS_PREFIX + runner_id
 
 

@@ -8,7 +8,7 @@ nothing but a hop.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import redis
@@ -40,6 +40,7 @@ from ebb.queue.schema import (
 from ebb.queue.scripts import RunnerScripts
 from ebb.queue.version_store import read_unit_env, read_unit_spec
 from ebb.queue.versions import split_unit
+from ebb.queue.work_news import WorkNews
 
 # The runner's log tail kept in Redis for `ebb status` and the console.
 _LOG_LINES_KEPT = 50
@@ -63,6 +64,8 @@ class ClaimResult:
     cancelled: list[str]
     # Synchronous requests still queued after this claim (left for want of room).
     sync_waiting: int = 0
+    # Job attempts still queued after it (for slots synchronous traffic leaves).
+    jobs_waiting: int = 0
 
 
 class RunnerQueue:
@@ -148,10 +151,16 @@ class RunnerQueue:
             timeout=max(timeout_s, 0.01),
         )
 
+    def work_news(self, deployment: str, clock: Callable[[], float] = time.monotonic) -> WorkNews:
+        """A listener on the channels that announce work for this runner (see work_news.py)."""
+        own = keys.runner_signal(self.runner_id)
+        channels = [keys.queue_signal(deployment), own, keys.runner_cancels(self.runner_id)]
+        return WorkNews(self._redis, channels, own_channel=own, clock=clock)
+
     def claim(self, deployment: str, max_count: int, max_jobs: int = 0) -> ClaimResult:
         """Claim up to `max_count` requests; async job attempts fill at most `max_jobs` of
         those slots, and only when no synchronous request is waiting."""
-        claimed, cancelled, sync_waiting = self._scripts.claim(
+        claimed, cancelled, sync_waiting, jobs_waiting = self._scripts.claim(
             runner_id=self.runner_id,
             deployment=deployment,
             max_count=max_count,
@@ -161,7 +170,8 @@ class RunnerQueue:
             prefix_affinity_ms=self._prefix_affinity_ms,
             prefix_step_wait_ms=self._prefix_step_wait_ms,
         )
-        return ClaimResult([decode_work(work) for work in claimed], cancelled, sync_waiting)
+        works = [decode_work(work) for work in claimed]
+        return ClaimResult(works, cancelled, sync_waiting, jobs_waiting)
 
     def yield_job(self, deployment: str, request_id: str) -> bool:
         """Give back a job attempt this runner holds, for a synchronous request to have its

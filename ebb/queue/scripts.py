@@ -187,14 +187,14 @@ class RunnerScripts:
         claimed_event: bytes,
         prefix_affinity_ms: int = 0,
         prefix_step_wait_ms: int = 0,
-    ) -> tuple[list[bytes], list[str], int]:
+    ) -> tuple[list[bytes], list[str], int, int]:
         """Claim up to `max_count` requests (at most `max_jobs` job attempts): the encoded
         work of each claimed one, the ids this runner was asked to abort, and how many
-        synchronous requests are still queued. With `prefix_affinity_ms`, a request
+        synchronous requests and job attempts are still queued. With `prefix_affinity_ms`, a request
         another runner holds the prompt prefix of waits for it that long, or while that
         runner is inside the engine step it was in when the request came, up to
         `prefix_step_wait_ms` (see claim.lua)."""
-        claimed, cancelled, still_queued = reply_list(
+        claimed, cancelled, still_queued, jobs_queued = reply_list(
             self._claim(
                 keys=[
                     keys.queue(deployment),
@@ -229,7 +229,7 @@ class RunnerScripts:
         )
         ids_and_work = reply_list(claimed)
         works = [reply_bytes(work) for work in ids_and_work[1::2]]
-        return works, reply_texts(cancelled), reply_int(still_queued)
+        return works, reply_texts(cancelled), reply_int(still_queued), reply_int(jobs_queued)
 
     def job_yield(self, *, runner_id: str, deployment: str, request_id: str) -> bool:
         """Give a held job attempt back to the job queue (see job_yield.lua)."""

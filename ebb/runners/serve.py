@@ -2,6 +2,8 @@
 
 One thread runs it, numbered steps per iteration:
   1. claim up to the free batch slots (blocking briefly on the queue signal when idle;
+     while busy, only when work was announced since a claim found the queues empty, or
+     half a second passed, see `WorkNews`;
      async jobs only into slots no synchronous request wants, see `_job_limit`, a few per
      step, see `job_claims_per_step`; a job gives its slot back when a synchronous request
      finds none, see `_make_room`) and
@@ -154,6 +156,7 @@ class ServingLoop:
         self._pin: Pin | None = None
         self._sync_seen_at = -math.inf  # the last claim or end of a synchronous request
         self._publisher = OutputPublisher(queue.publish)
+        self._news = queue.work_news(spec.name)
 
     def held_ids(self) -> list[str]:
         return list(self.held)
@@ -168,6 +171,7 @@ class ServingLoop:
         self._draining = self._sleeping = False
         self._last_active = self._clock()
         self._publisher.start()
+        self._news.start()
         try:
             with self.engine_thread_placement() as self._pin:
                 try:
@@ -177,6 +181,7 @@ class ServingLoop:
             self._publisher.flush()
             return outcome
         finally:
+            self._news.stop()
             self._publisher.stop()
 
     def _serve(self, burst: bool) -> Outcome:
@@ -207,9 +212,13 @@ class ServingLoop:
         if free > 0 and not self.held and wait:
             self._publisher.flush()  # nothing to overlap with: out before waiting
             self._queue.wait_for_work(self._spec.name, _IDLE_WAIT_S)
+        elif self.held and not self._news.claim_needed():
+            return 0  # a claim found both queues empty, and no work was announced since
         held_jobs = sum(1 for h in self.held.values() if h.work.job_id)
         max_jobs = min(free, self._job_limit() - held_jobs, job_claims_per_step(self._max_slots))
+        began = self._news.claim_begins()
         result = self._queue.claim(self._spec.name, max(free, 0), max(max_jobs, 0))
+        self._news.claim_ended(began, queues_empty=not (result.sync_waiting or result.jobs_waiting))
         claimed = self._take(result)
         if result.sync_waiting and not self._draining and len(self.held) >= self._max_slots:
             room = self._make_room(result.sync_waiting)

@@ -8,6 +8,7 @@ import fcntl
 import functools
 import os
 import threading
+import time
 
 import pytest
 from serving_harness import DEP, FAKE_REPLY, serving_harness, text_of
@@ -192,6 +193,49 @@ async def test_a_request_cancelled_while_queued_never_reaches_the_engine(redis_u
         assert await h.serve() is Outcome.IDLE
         assert set().union(*h.engine.batches) == {kept.request_id}
         assert [u.request_id for u in await h.usage()] == [kept.request_id]
+
+
+# --- claims while busy ---------------------------------------------------------------------
+
+
+async def test_a_busy_runner_claims_on_news_of_work_not_between_every_two_steps(redis_url):
+    """While a request decodes and both queues are empty, a claim finds nothing: the loop
+    makes one only when a script announced work (see WorkNews) or half a second passed.
+    A request queued mid-decode still joins the batch at once."""
+    async with serving_harness(redis_url, source=SLOW) as h:
+        claims: list[float] = []
+        claim = h.runner.claim
+
+        def counted(*args, **kwargs):
+            claims.append(time.monotonic())
+            return claim(*args, **kwargs)
+
+        h.runner.claim = counted
+        first = await h.submit(1500)
+        serving = h.start()
+        await h.wait_running(first.request_id)
+        began, steps_before = time.monotonic(), len(h.engine.batches)
+        claims_before = len(claims)
+        await asyncio.to_thread(
+            wait_until, lambda: len(h.engine.batches) >= steps_before + 60, 10, "60 steps"
+        )
+        steps = len(h.engine.batches) - steps_before
+        busy_claims = len([t for t in claims[claims_before:] if t >= began])
+        # The design's bound: one claim per half second, and one for a news message
+        # still in flight from the first request's enqueue.
+        bound = 2 + int((time.monotonic() - began) / 0.5)
+        assert busy_claims <= bound < steps, f"{busy_claims} claims in {steps} steps"
+
+        queued_at_step = len(h.engine.batches)
+        second = await h.submit(4)
+        await h.wait_running(second.request_id)
+        joined = next(i for i, b in enumerate(h.engine.batches) if second.request_id in b)
+        # Enqueued during step `queued_at_step` at the latest; claimed before the next one,
+        # or the one after it when the message came in while a claim was being made.
+        assert joined <= queued_at_step + 2, (queued_at_step, joined)
+        assert await h.requests.cancel(first) == "aborting"
+        assert await asyncio.wait_for(serving, 10) is Outcome.IDLE
+        assert h.engine.aborted == [first.request_id], "the cancel was news too"
 
 
 # --- leases ----------------------------------------------------------------------------------

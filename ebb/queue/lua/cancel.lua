@@ -13,6 +13,7 @@ end
 if state == 'claimed' then
   redis.call('HSET', KEYS[2], 'cancel_requested', '1')
   redis.call('SADD', ARGV[2] .. fields[2], ARGV[1])
+  redis.call('PUBLISH', ARGV[2] .. fields[2], '1')  -- a busy runner claims on news only
   return 'aborting'
 end
 return 'none'

@@ -26,8 +26,10 @@
 --       11 runner key prefix, 12 prefix owners ttl s, 13 prefix owners max,
 --       14 runner signal list prefix, 15 prefix wait for an owner inside a step ms,
 --       16 claiming marker ttl ms
--- Returns {{id, work, id, work, ...}, {cancelled ids...}, synchronous requests still queued}
--- (the last tells a runner full of jobs to yield one of them, see job_yield.lua).
+-- Returns {{id, work, id, work, ...}, {cancelled ids...}, synchronous requests still queued,
+-- job attempts still queued} (the third tells a runner full of jobs to yield one of them,
+-- see job_yield.lua; both, with none, that a busy runner may wait for news, see
+-- work_news.py).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cancels = redis.call('SMEMBERS', KEYS[3])
@@ -61,12 +63,13 @@ local function left_for_owner(prefix, enqueued_ms)
   -- request came: one that claimed since then had its chance.
   if waited >= affinity_ms and polled > enqueued then return false end
   -- Wake the owner if it is blocked waiting for work: the queue's own wake token may
-  -- have gone to this runner instead.
+  -- have gone to this runner instead. A busy owner hears it on the channel of that name.
   local signal = ARGV[14] .. runner
   if redis.call('LLEN', signal) == 0 then
     redis.call('RPUSH', signal, '1')
     redis.call('EXPIRE', signal, tonumber(ARGV[12]))
   end
+  redis.call('PUBLISH', signal, '1')
   return true
 end
 
@@ -132,4 +135,6 @@ end
 if KEYS[9] and want > got then
   redis.call('SET', KEYS[9], '1', 'PX', tonumber(ARGV[16]))
 end
-return {claimed, cancels, redis.call('ZCARD', KEYS[1])}
+local jobs_queued = 0
+if KEYS[6] then jobs_queued = redis.call('ZCARD', KEYS[6]) end
+return {claimed, cancels, redis.call('ZCARD', KEYS[1]), jobs_queued}

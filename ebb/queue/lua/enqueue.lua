@@ -25,6 +25,7 @@ redis.call('EXPIRE', KEYS[2], tonumber(ARGV[6]))
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 local max = tonumber(ARGV[7])
 redis.call('RPUSH', KEYS[3], '1')
+redis.call('PUBLISH', KEYS[3], '1')  -- for busy runners, which claim only on news
 redis.call('LTRIM', KEYS[3], -max, -1)
 -- The controller is woken when the queue stops being empty (a deployment at zero gets a
 -- runner at once); while it stays non-empty, the controller's own poll sees it. Waking it

@@ -28,6 +28,7 @@ end
 if req[1] == 'claimed' then
   redis.call('HSET', rkey, 'cancel_requested', '1')
   redis.call('SADD', ARGV[4] .. req[2], job[2])
+  redis.call('PUBLISH', ARGV[4] .. req[2], '1')
   return 'aborting'
 end
 return 'pending'

@@ -22,6 +22,7 @@ redis.call('HSET', KEYS[1], 'request_id', ARGV[3], 'attempt', ARGV[9], 'status',
   'last_error', ARGV[8])
 local max = tonumber(ARGV[7])
 redis.call('RPUSH', KEYS[6], '1')
+redis.call('PUBLISH', KEYS[6], '1')
 redis.call('LTRIM', KEYS[6], -max, -1)
 redis.call('RPUSH', KEYS[7], ARGV[5])
 redis.call('LTRIM', KEYS[7], -max, -1)
