@@ -190,10 +190,10 @@ class RunnerScripts:
     ) -> tuple[list[bytes], list[str], int, int]:
         """Claim up to `max_count` requests (at most `max_jobs` job attempts): the encoded
         work of each claimed one, the ids this runner was asked to abort, and how many
-        synchronous requests and job attempts are still queued. With `prefix_affinity_ms`, a request
-        another runner holds the prompt prefix of waits for it that long, or while that
-        runner is inside the engine step it was in when the request came, up to
-        `prefix_step_wait_ms` (see claim.lua)."""
+        synchronous requests and job attempts are still queued. With
+        `prefix_affinity_ms`, a request another runner holds the prompt prefix of waits
+        for it that long, or while that runner is inside the engine step it was in when
+        the request came, up to `prefix_step_wait_ms` (see claim.lua)."""
         claimed, cancelled, still_queued, jobs_queued = reply_list(
             self._claim(
                 keys=[
