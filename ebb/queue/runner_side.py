@@ -67,6 +67,11 @@ class ClaimResult:
     # Job attempts still queued after it (for slots synchronous traffic leaves).
     jobs_waiting: int = 0
 
+    @property
+    def queues_empty(self) -> bool:
+        """Nothing was left queued: until work is announced, another claim finds none."""
+        return not (self.sync_waiting or self.jobs_waiting)
+
 
 class RunnerQueue:
     def __init__(

@@ -218,7 +218,7 @@ class ServingLoop:
         max_jobs = min(free, self._job_limit() - held_jobs, job_claims_per_step(self._max_slots))
         began = self._news.claim_begins()
         result = self._queue.claim(self._spec.name, max(free, 0), max(max_jobs, 0))
-        self._news.claim_ended(began, queues_empty=not (result.sync_waiting or result.jobs_waiting))
+        self._news.claim_ended(began, queues_empty=result.queues_empty)
         claimed = self._take(result)
         if result.sync_waiting and not self._draining and len(self.held) >= self._max_slots:
             room = self._make_room(result.sync_waiting)

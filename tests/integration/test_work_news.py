@@ -67,7 +67,7 @@ def claim(rq: RunnerQueue, news: WorkNews, count: int = 1, deployment: str = DEP
     caught_up(rq, news)
     began = news.claim_begins()
     result = rq.claim(deployment, count, max_jobs=count)
-    news.claim_ended(began, queues_empty=not (result.sync_waiting or result.jobs_waiting))
+    news.claim_ended(began, queues_empty=result.queues_empty)
     return result
 
 
@@ -107,7 +107,7 @@ async def test_a_claim_that_leaves_work_queued_is_followed_by_another(redis_url,
         began = news.claim_begins()
         result = rq.claim(DEP, 1, max_jobs=0)  # no job slot now: the job stays queued
         assert result.jobs_waiting == 1
-        news.claim_ended(began, queues_empty=not (result.sync_waiting or result.jobs_waiting))
+        news.claim_ended(began, queues_empty=result.queues_empty)
         assert news.claim_needed(), "a job waits for a slot"
         [attempt] = claim(rq, news).claimed
         assert attempt.job_id == "job_news" and not news.claim_needed()
