@@ -31,7 +31,7 @@ from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.gpus import SLEEPER_EXIT
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
-from ebb.runners import core_pinning, gpu_figures
+from ebb.runners import core_pinning, gpu_figures, load_reserve
 from ebb.runners.devices import use_placement, visible_gpu_count
 from ebb.runners.embedding_inputs import EmbeddingInputs
 from ebb.runners.engine import EngineAdapter, EngineOptions
@@ -169,11 +169,23 @@ def _run(
     if deployment is None:
         import_engine_libraries()
         clock.lap("import")
-        deployment = _wait_as_stem(lifecycle, queue, stop)
+        reserve = load_reserve.reserve_for_stem(
+            settings.stem_load_reserve_gib, gpus=visible_gpu_count()
+        )
+        try:
+            # Into the pool once its reserve is written: the load it is assigned gets it.
+            if reserve is None or reserve.wait_written(stop):
+                deployment = _wait_as_stem(lifecycle, queue, stop)
+            else:
+                deployment = None  # told to stop first
+            # A stem's cold start begins now: unmapping its reserve is part of it.
+            clock = ColdStartClock(time.time() * 1000)
+        finally:
+            if reserve is not None:
+                reserve.release()  # now: the load's allocations come next
         if deployment is None:
             lifecycle.to(RunnerState.EXITED)
             return 0
-        clock = ColdStartClock(time.time() * 1000)  # a stem's cold start begins now
     spec = queue.deployment(deployment)
     if spec is None:
         raise RuntimeError(f"deployment {deployment!r} does not exist")

@@ -44,7 +44,7 @@ def test_models_list_has_the_default_model(client):
     assert DEFAULT_MODEL_NAME in [m.id for m in client.models.list().data]
 
 
-def test_paris_non_streamed_from_zero(client, admin):
+def test_paris_non_streamed_from_zero(platform, client, admin):
     reply = client.chat.completions.create(
         model=DEFAULT_MODEL_NAME, messages=QUESTION, temperature=0, max_tokens=32
     )
@@ -55,6 +55,12 @@ def test_paris_non_streamed_from_zero(client, admin):
     assert [r["tier"] for r in runners if r["state"] == "ready"] == ["prewarmed"], (
         "the first request at zero must be served by the pre-warmed stem"
     )
+    # The stem joined the pool with its load reserve written, and freed all of it for
+    # the load (a host without GPUs, the default EBB_STEM_LOAD_RESERVE_GIB).
+    [stem] = [r["id"] for r in runners if r["state"] == "ready"]
+    stem_log = (platform.home / "logs" / f"runner-{stem}.log").read_text()
+    assert "load reserve written: 1.50 GiB" in stem_log
+    assert "load reserve released: 1.50 of 1.50 GiB written" in stem_log
 
 
 def test_paris_streamed_with_usage(client):

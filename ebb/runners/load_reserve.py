@@ -1,0 +1,152 @@
+"""Memory a CPU stem writes before it joins the pool, unmapped the moment its load begins.
+
+On a virtual machine whose host takes free guest memory back (free page reporting or a
+balloon, as on Firecracker microVMs), the first write to a page the guest has not used
+lately costs a fault in the host as well as in the guest. Here that made fresh memory cost
+~2 s per GiB to write, against ~0.4 s for memory freed a moment before. A CPU engine load
+writes about 8 bytes per parameter (float32 weights, then oneDNN's packed copies): ~1 GiB
+for the default model. So how long a pre-warmed start took depended on which pages the
+kernel had on hand, and up to half of it went to those faults (engine build 0.9-1.6 s for
+the same load, first token 1.1-1.8 s after the request).
+
+A stem on a host without GPUs writes EBB_STEM_LOAD_RESERVE_GIB of anonymous memory, then
+offers itself to the pool, and unmaps the memory just before it loads its model. The kernel
+hands out recently freed pages first, so the load's allocations get pages the host already
+backs. The price is that memory, held by each waiting stem (and shown in its RSS), and the
+few seconds of one core it takes to write, before the stem (and `ebb up`) is ready; a
+request meanwhile gets a forked runner, as when the pool is empty.
+
+The writing runs on a thread of its own at the lowest CPU priority, a chunk at a time with
+the GIL released, so a runner serving on the same cores (beside a refilled stem) goes first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import os
+import threading
+import time
+
+log = logging.getLogger(__name__)
+
+# One write: ~16 ms of host faults on fresh memory here, about the longest a stem told to
+# stop waits for the writer.
+_CHUNK_BYTES = 8 << 20
+# How often a stem waiting for its reserve looks at its stop event.
+_STOP_POLL_S = 0.1
+# Never more than this share of the memory the host has available when the stem starts.
+_MAX_SHARE_OF_AVAILABLE = 0.25
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class LoadReserve:
+    """`size_bytes` of private anonymous memory, written by a background thread."""
+
+    def __init__(self, size_bytes: int):
+        address = _libc.mmap(
+            None,
+            size_bytes,
+            mmap.PROT_READ | mmap.PROT_WRITE,
+            mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+        if address in (None, _MAP_FAILED):
+            raise OSError(ctypes.get_errno(), f"mmap of {size_bytes} bytes failed")
+        self.size_bytes = size_bytes
+        self.written_bytes = 0
+        self._address: int | None = address
+        self._stop = threading.Event()
+        self._started = time.monotonic()
+        self._writing_s: float | None = None
+        self._writer = threading.Thread(target=self._write, name="load-reserve", daemon=True)
+        self._writer.start()
+
+    def _write(self) -> None:
+        # Below every other thread and process on the host: a refilled stem must not slow
+        # the runner serving beside it.
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        assert self._address is not None
+        offset = 0
+        while offset < self.size_bytes and not self._stop.is_set():
+            length = min(_CHUNK_BYTES, self.size_bytes - offset)
+            # ctypes releases the GIL for the call: the stem's other threads run meanwhile.
+            ctypes.memset(self._address + offset, 0, length)
+            offset += length
+            self.written_bytes = offset
+        self._writing_s = time.monotonic() - self._started
+        if offset == self.size_bytes:
+            log.info(
+                "runner: load reserve written: %.2f GiB in %.1f s",
+                self.size_bytes / (1 << 30),
+                self._writing_s,
+            )
+
+    def wait_written(self, stop: threading.Event) -> bool:
+        """Until all of it is written (True) or `stop` is set (False: the writer stops)."""
+        while self._writer.is_alive():
+            if stop.wait(_STOP_POLL_S):
+                self._stop.set()
+                return False
+        return self.written_bytes == self.size_bytes
+
+    def release(self) -> None:
+        """Stop writing and unmap it all (idempotent): its pages go back to the kernel,
+        first in line for the allocations that follow."""
+        if self._address is None:
+            return
+        self._stop.set()
+        self._writer.join()
+        started = time.monotonic()
+        _libc.munmap(self._address, self.size_bytes)
+        self._address = None
+        complete = self.written_bytes == self.size_bytes and self._writing_s is not None
+        log.info(
+            "runner: load reserve released: %.2f of %.2f GiB written (%s), unmapped in %.0f ms",
+            self.written_bytes / (1 << 30),
+            self.size_bytes / (1 << 30),
+            f"in {self._writing_s:.1f} s" if complete else "stopped early",
+            (time.monotonic() - started) * 1000,
+        )
+
+
+def reserve_for_stem(size_gib: float, *, gpus: int) -> LoadReserve | None:
+    """The reserve a stem writes before it joins the pool; None with GPUs (the weights go to device
+    memory), a size of 0, or too little memory available for it to be a fair trade."""
+    if gpus > 0 or size_gib <= 0:
+        return None
+    size_bytes = int(size_gib * (1 << 30)) // mmap.PAGESIZE * mmap.PAGESIZE
+    available = _available_bytes()
+    if available is not None and size_bytes > available * _MAX_SHARE_OF_AVAILABLE:
+        log.info(
+            "runner: no load reserve: %.2f GiB is over a quarter of the %.2f GiB available",
+            size_bytes / (1 << 30),
+            available / (1 << 30),
+        )
+        return None
+    return LoadReserve(size_bytes)
+
+
+def _available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

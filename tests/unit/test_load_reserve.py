@@ -1,0 +1,56 @@
+"""The memory a CPU stem writes before it joins the pool (ebb/runners/load_reserve.py)."""
+
+from __future__ import annotations
+
+import threading
+
+from ebb.runners.load_reserve import LoadReserve, reserve_for_stem
+
+MIB = 1 << 20
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def test_a_reserve_is_written_in_full_held_and_unmapped_on_release():
+    before = rss_bytes()
+    reserve = LoadReserve(64 * MIB)
+    assert reserve.wait_written(threading.Event())
+    assert reserve.written_bytes == 64 * MIB
+    held = rss_bytes()
+    assert held - before >= 60 * MIB  # every page written, so resident
+    reserve.release()
+    assert held - rss_bytes() >= 60 * MIB
+    reserve.release()  # a second release is a no-op
+
+
+def test_a_stem_told_to_stop_stops_the_writing_and_still_unmaps_what_it_wrote():
+    stop = threading.Event()
+    stop.set()
+    before = rss_bytes()
+    reserve = LoadReserve(1024 * MIB)
+    assert not reserve.wait_written(stop)
+    reserve.release()
+    assert reserve.written_bytes < reserve.size_bytes
+    assert rss_bytes() - before < 64 * MIB
+
+
+def test_no_reserve_with_gpus_when_turned_off_or_larger_than_the_host_can_spare():
+    assert reserve_for_stem(1.5, gpus=1) is None
+    assert reserve_for_stem(0, gpus=0) is None
+    assert reserve_for_stem(1024 * 1024, gpus=0) is None  # a PiB: over a quarter of any host
+
+
+def test_a_cpu_stem_gets_a_reserve_of_the_size_asked_for():
+    reserve = reserve_for_stem(1 / 64, gpus=0)
+    assert reserve is not None
+    try:
+        assert reserve.size_bytes == 16 * MIB
+        assert reserve.wait_written(threading.Event())
+    finally:
+        reserve.release()
