@@ -87,8 +87,9 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = 1.0
     # Pre-warmed runner processes (libraries imported, no model) kept by the controller.
     prewarm: int = 1
-    # Memory each stem on a host without GPUs writes while it waits and frees as its load
-    # begins, so that the load writes pages the host already backs (`runners/load_reserve`).
+    # Memory each stem on a host without GPUs writes before it joins the pool and frees as
+    # its load begins, so that the load writes pages the host already backs
+    # (`runners/load_reserve`); 0: none.
     stem_load_reserve_gib: float = Field(default=1.5, ge=0, le=1024)
     # Pre-warmed stems per node pool on a cluster (replaces EBB_PREWARM when set), JSON:
     # {"a100": {"stems": 2, "gpus": 1}, "cpu": 1}; a stem of a pool lands only on nodes

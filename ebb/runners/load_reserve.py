@@ -125,8 +125,9 @@ class LoadReserve:
 
 
 def reserve_for_stem(size_gib: float, *, gpus: int) -> LoadReserve | None:
-    """The reserve a stem writes before it joins the pool; None with GPUs (the weights go to device
-    memory), a size of 0, or too little memory available for it to be a fair trade."""
+    """The reserve a stem writes before it joins the pool; None with GPUs (the weights go
+    to device memory), with a size of 0, or when it would take over a quarter of the
+    memory available (to the host, or to the stem's cgroup)."""
     if gpus > 0 or size_gib <= 0:
         return None
     size_bytes = int(size_gib * (1 << 30)) // mmap.PAGESIZE * mmap.PAGESIZE
@@ -142,6 +143,18 @@ def reserve_for_stem(size_gib: float, *, gpus: int) -> LoadReserve | None:
 
 
 def _available_bytes() -> int | None:
+    """What this process could still take: the host's available memory, or its cgroup's
+    headroom where that is smaller (a pod's memory limit)."""
+    figures = [
+        _meminfo_available(),
+        cgroup_headroom("memory.max", "memory.current"),  # cgroup v2
+        cgroup_headroom("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),
+    ]
+    known = [f for f in figures if f is not None]
+    return min(known) if known else None
+
+
+def _meminfo_available() -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -150,3 +163,15 @@ def _available_bytes() -> int | None:
     except OSError:
         pass
     return None
+
+
+def cgroup_headroom(limit_file: str, usage_file: str, root: str = "/sys/fs/cgroup/") -> int | None:
+    """A cgroup's memory limit less what it uses, in bytes; None without a limit."""
+    try:
+        with open(root + limit_file) as limit, open(root + usage_file) as usage:
+            limit_text, usage_bytes = limit.read().strip(), int(usage.read())
+    except (OSError, ValueError):
+        return None
+    if not limit_text.isdigit() or int(limit_text) >= 1 << 60:  # "max", or v1's no limit
+        return None
+    return max(0, int(limit_text) - usage_bytes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from ebb.runners.load_reserve import LoadReserve, reserve_for_stem
+from ebb.runners.load_reserve import LoadReserve, cgroup_headroom, reserve_for_stem
 
 MIB = 1 << 20
 
@@ -54,3 +54,12 @@ def test_a_cpu_stem_gets_a_reserve_of_the_size_asked_for():
         assert reserve.wait_written(threading.Event())
     finally:
         reserve.release()
+
+
+def test_a_pods_memory_limit_bounds_what_is_available(tmp_path):
+    (tmp_path / "memory.max").write_text("4294967296\n")  # a 4 GiB limit, 3 GiB used
+    (tmp_path / "memory.current").write_text(str(3 << 30))
+    assert cgroup_headroom("memory.max", "memory.current", f"{tmp_path}/") == 1 << 30
+    (tmp_path / "memory.max").write_text("max\n")  # no limit: the host's figure holds
+    assert cgroup_headroom("memory.max", "memory.current", f"{tmp_path}/") is None
+    assert cgroup_headroom("absent.max", "absent.current", f"{tmp_path}/") is None
