@@ -94,17 +94,9 @@ def baseline_s(model_dir: Path, work: Path, *, gpu: bool = False) -> float:
 def ebb_tier(tier: str, work: Path, model_dir: Path, deploy_extra: dict | None = None) -> dict:
     """One tier's cold start to first token; `deploy_extra`: more deployment fields."""
     weights = TEST_WEIGHTS_DIR if tier != "fresh_fetch" else work / f"{tier}-weights"
-    platform = Platform(
-        home=work / tier,
-        redis_url=None,
-        env_extra={
-            "EBB_PREWARM": "1" if tier == "prewarmed" else "0",
-            # As `ebb up` runs by default, but for the tiers that start without it.
-            "EBB_FORK_SERVER": "1" if tier in ("prewarmed", "forked") else "0",
-            "EBB_WEIGHTS_CACHE_DIR": str(weights),
-            "EBB_KV_CACHE_GIB": KV_CACHE_GIB,
-        },
-    ).start(timeout_s=600)
+    platform = Platform(home=work / tier, redis_url=None, env_extra=_tier_env(tier, weights)).start(
+        timeout_s=600
+    )
     if tier == "forked":
         platform.wait_for_fork_server()
     try:
@@ -133,15 +125,30 @@ def ebb_tier(tier: str, work: Path, model_dir: Path, deploy_extra: dict | None =
             # The fetching tier counts from the deploy: its request waits on the fetch.
             total = first_token - (deploy_started if tier == "fresh_fetch" else sent)
             view = admin.get("/v1/deployments/smol").json()
-        runner_tiers = [r["tier"] for r in view["runners"]]
-        return {
-            "tier": tier,
-            "first_token_s": round(total, 2),
-            "runner_tiers": runner_tiers,
-            "phases_ms": view["cold_start_ms"],
-        }
+        return _tier_result(tier, total, view)
     finally:
         platform.stop()
+
+
+def _tier_env(tier: str, weights: Path) -> dict[str, str]:
+    return {
+        "EBB_PREWARM": "1" if tier == "prewarmed" else "0",
+        # As `ebb up` runs by default, but for the tiers that start without it.
+        "EBB_FORK_SERVER": "1" if tier in ("prewarmed", "forked") else "0",
+        "EBB_WEIGHTS_CACHE_DIR": str(weights),
+        "EBB_KV_CACHE_GIB": KV_CACHE_GIB,
+    }
+
+
+def _tier_result(tier: str, first_token_s: float, view: dict) -> dict:
+    """One row: the time to first token, the tiers the deployment's runners came up
+    through and their phases (`view`: the deployment as the API shows it)."""
+    return {
+        "tier": tier,
+        "first_token_s": round(first_token_s, 2),
+        "runner_tiers": [r["tier"] for r in view["runners"]],
+        "phases_ms": view["cold_start_ms"],
+    }
 
 
 def at_ready(work: Path, model_dir: Path) -> dict:
@@ -152,12 +159,7 @@ def at_ready(work: Path, model_dir: Path) -> dict:
         home=work / "at_ready",
         redis_url=None,
         default_model=True,
-        env_extra={
-            "EBB_PREWARM": "1",
-            "EBB_FORK_SERVER": "1",
-            "EBB_WEIGHTS_CACHE_DIR": str(TEST_WEIGHTS_DIR),
-            "EBB_KV_CACHE_GIB": KV_CACHE_GIB,
-        },
+        env_extra=_tier_env("prewarmed", TEST_WEIGHTS_DIR),  # as `ebb up` runs by default
     ).start(timeout_s=600)
     try:
         sent, first_token = request_timing(
@@ -165,12 +167,7 @@ def at_ready(work: Path, model_dir: Path) -> dict:
         )
         with platform.admin() as admin:
             view = admin.get(f"/v1/deployments/{DEFAULT_MODEL_NAME}").json()
-        return {
-            "tier": "at_ready",
-            "first_token_s": round(first_token - sent, 2),
-            "runner_tiers": [r["tier"] for r in view["runners"]],
-            "phases_ms": view["cold_start_ms"],
-        }
+        return _tier_result("at_ready", first_token - sent, view)
     finally:
         platform.stop()
 

@@ -33,17 +33,17 @@ def memory_of(pid: int | str = "self") -> tuple[int, int | None] | None:
         text = ""
     except OSError:
         return None
-    fields = _kib_fields(text)
+    fields = kib_fields(text)
     if "Rss" in fields:
         return fields["Rss"], fields.get("Pss")
     try:  # no smaps_rollup (old kernel, or not ours to read): RSS alone
-        status = _kib_fields(Path(f"/proc/{pid}/status").read_text())
+        status = kib_fields(Path(f"/proc/{pid}/status").read_text())
     except OSError:
         return None
     return (status["VmRSS"], None) if "VmRSS" in status else None
 
 
-def _kib_fields(text: str) -> dict[str, int]:
+def kib_fields(text: str) -> dict[str, int]:
     """'Name:   123 kB' lines as {name: bytes}."""
     fields = {}
     for line in text.splitlines():

@@ -28,6 +28,9 @@ import mmap
 import os
 import threading
 import time
+from pathlib import Path
+
+from ebb.process_memory import kib_fields
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +75,7 @@ class LoadReserve:
         self._address: int | None = address
         self._stop = threading.Event()
         self._started = time.monotonic()
-        self._writing_s: float | None = None
+        self._writing_s = 0.0
         self._writer = threading.Thread(target=self._write, name="load-reserve", daemon=True)
         self._writer.start()
 
@@ -114,7 +117,7 @@ class LoadReserve:
         started = time.monotonic()
         _libc.munmap(self._address, self.size_bytes)
         self._address = None
-        complete = self.written_bytes == self.size_bytes and self._writing_s is not None
+        complete = self.written_bytes == self.size_bytes
         log.info(
             "runner: load reserve released: %.2f of %.2f GiB written (%s), unmapped in %.0f ms",
             self.written_bytes / (1 << 30),
@@ -156,13 +159,9 @@ def _available_bytes() -> int | None:
 
 def _meminfo_available() -> int | None:
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+        return kib_fields(Path("/proc/meminfo").read_text()).get("MemAvailable")
     except OSError:
-        pass
-    return None
+        return None
 
 
 def cgroup_headroom(limit_file: str, usage_file: str, root: str = "/sys/fs/cgroup/") -> int | None:

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import threading
 
+from ebb.process_memory import memory_of
 from ebb.runners.load_reserve import LoadReserve, cgroup_headroom, reserve_for_stem
 
 MIB = 1 << 20
 
 
 def rss_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc/self/status")
+    measured = memory_of()
+    assert measured is not None
+    return measured[0]
 
 
 def test_a_reserve_is_written_in_full_held_and_unmapped_on_release():
