@@ -81,6 +81,8 @@ class QuotaStore:
                     check(quota, specs)
                     pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
                     pipe.hset(keys.DEPLOYMENTS, spec.name, data)
+                    if spec.uid:  # with its record: what claims compare runners' uids with
+                        pipe.hset(keys.DEPLOYMENT_UIDS, spec.name, spec.uid)
                     await pipe.execute()
                     return True
                 except WatchError:

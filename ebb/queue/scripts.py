@@ -25,6 +25,7 @@ from ebb.queue import keys
 from ebb.queue.prefix import prefix_key
 from ebb.queue.replies import reply_bytes, reply_int, reply_list, reply_text, reply_texts
 from ebb.queue.schema import WorkItem, encode
+from ebb.queue.versions import VERSION_SEPARATOR, public_name
 
 # What Redis accepts as a script argument.
 Arg = str | bytes | int | float
@@ -86,6 +87,63 @@ class QueueScripts:
         self._cancel = register_async(client, "cancel")
         self._reap = register_async(client, "reap")
         self._rerun_lost = register_async(client, "rerun_lost")
+        self._deployment_put = register_async(client, "deployment_put")
+        self._deployment_delete = register_async(client, "deployment_delete")
+
+    async def deployment_put(
+        self, name: str, record: bytes, uid: str, *, create_only: bool
+    ) -> bool:
+        """Store a deployment's record with its uid; False: `create_only` and it exists."""
+        return bool(
+            reply_int(
+                await self._deployment_put(
+                    keys=[keys.DEPLOYMENTS, keys.DEPLOYMENT_UIDS],
+                    args=[name, record, uid, "1" if create_only else "0"],
+                )
+            )
+        )
+
+    async def deployment_delete(
+        self, name: str, *, failed_event: bytes, result_ttl_s: int, sleeper_exit: str
+    ) -> tuple[bool, int]:
+        """Delete a deployment and fail what is queued for it (see deployment_delete.lua):
+        whether it existed, and how many queued requests failed."""
+        # A key function given "" is its prefix: the script names each unit's keys.
+        prefixes = [
+            keys.queue(""),
+            keys.job_queue(""),
+            keys.sleepers(""),
+            keys.claiming(""),
+            keys.deployment_status(""),
+            keys.coldstart(""),
+            keys.prefix_owners(""),
+        ]
+        deleted, failed = reply_list(
+            await self._deployment_delete(
+                keys=[
+                    keys.DEPLOYMENTS,
+                    keys.DEPLOYMENT_UIDS,
+                    keys.deployment_versions(name),
+                    keys.traffic(name),
+                    keys.JOBS_WATCH,
+                    keys.JOBS_SIGNAL,
+                ],
+                args=[
+                    name,
+                    VERSION_SEPARATOR,
+                    keys.REQUEST_PREFIX,
+                    keys.EVENTS_PREFIX,
+                    failed_event,
+                    result_ttl_s,
+                    keys.JOB_ATTEMPT_TTL_S,
+                    keys.SIGNAL_LIST_MAX,
+                    keys.runner_assignment(""),
+                    sleeper_exit,
+                    *prefixes,
+                ],
+            )
+        )
+        return bool(reply_int(deleted)), reply_int(failed)
 
     async def enqueue(
         self, work: WorkItem, *, admission_window_ms: int, depth_limit: int, request_ttl_s: int
@@ -185,16 +243,19 @@ class RunnerScripts:
         max_jobs: int,
         lease_ttl_ms: int,
         claimed_event: bytes,
+        deployment_uid: str,
         prefix_affinity_ms: int = 0,
         prefix_step_wait_ms: int = 0,
-    ) -> tuple[list[bytes], list[str], int, int]:
+    ) -> tuple[list[bytes], list[str], int, int, bool]:
         """Claim up to `max_count` requests (at most `max_jobs` job attempts): the encoded
-        work of each claimed one, the ids this runner was asked to abort, and how many
-        synchronous requests and job attempts are still queued. With
+        work of each claimed one, the ids this runner was asked to abort, how many
+        synchronous requests and job attempts are still queued, and whether the
+        deployment this runner was launched for (`deployment_uid`) is gone: then nothing
+        was claimed. With
         `prefix_affinity_ms`, a request another runner holds the prompt prefix of waits
         for it that long, or while that runner is inside the engine step it was in when
         the request came, up to `prefix_step_wait_ms` (see claim.lua)."""
-        claimed, cancelled, still_queued, jobs_queued = reply_list(
+        claimed, cancelled, still_queued, jobs_queued, gone = reply_list(
             self._claim(
                 keys=[
                     keys.queue(deployment),
@@ -206,6 +267,7 @@ class RunnerScripts:
                     keys.JOBS_WATCH,
                     keys.JOBS_SIGNAL,
                     keys.claiming(deployment),
+                    keys.DEPLOYMENT_UIDS,
                 ],
                 args=[
                     runner_id,
@@ -224,12 +286,20 @@ class RunnerScripts:
                     keys.RUNNER_SIGNAL_PREFIX,
                     prefix_step_wait_ms,
                     keys.CLAIMING_TTL_MS,
+                    public_name(deployment),
+                    deployment_uid,
                 ],
             )
         )
         ids_and_work = reply_list(claimed)
         works = [reply_bytes(work) for work in ids_and_work[1::2]]
-        return works, reply_texts(cancelled), reply_int(still_queued), reply_int(jobs_queued)
+        return (
+            works,
+            reply_texts(cancelled),
+            reply_int(still_queued),
+            reply_int(jobs_queued),
+            bool(reply_int(gone)),
+        )
 
     def job_yield(self, *, runner_id: str, deployment: str, request_id: str) -> bool:
         """Give a held job attempt back to the job queue (see job_yield.lua)."""

@@ -160,6 +160,20 @@ def read_unit_spec(client: redis.Redis, unit: str) -> DeploymentSpec | None:
     return decode_unit(raw_spec, raw_version, raw_split, number)
 
 
+def read_unit(client: redis.Redis, unit: str) -> tuple[DeploymentSpec | None, str]:
+    """A unit's spec and its version's sealed environment ("" when none), read in one
+    transaction: both belong to the same deployment (never one owner's spec with a later
+    owner's secrets of the same name)."""
+    name, number = split_unit(unit)
+    pipe = client.pipeline(transaction=True)
+    ask_unit(pipe, name, number)
+    raw_spec, raw_version, raw_split = pipe.execute()
+    spec = decode_unit(raw_spec, raw_version, raw_split, number)
+    if spec is None or not raw_version:
+        return spec, ""
+    return spec, _version_decoder.decode(reply_bytes(raw_version)).env_sealed
+
+
 def read_unit_env(client: redis.Redis, unit: str) -> str:
     """The sealed environment of a unit's version ("" when it has none)."""
     name, number = split_unit(unit)

@@ -186,12 +186,18 @@ def _run(
         if deployment is None:
             lifecycle.to(RunnerState.EXITED)
             return 0
-    spec = queue.deployment(deployment)
-    if spec is None:
-        raise RuntimeError(f"deployment {deployment!r} does not exist")
+    spec, sealed_env = queue.unit(deployment)
+    bound = queue.bound_uid()
+    if spec is None or (bound and spec.uid != bound):
+        # Deleted since the controller chose this runner for it (and perhaps created again
+        # by another owner): it loads nothing, and no one's secrets, under that name.
+        lifecycle.to(RunnerState.EXITED, error=f"deployment {deployment!r} was deleted")
+        return 0
+    if spec.uid != bound:
+        queue.set_fields(deployment_uid=spec.uid)
     # The version's environment (secrets such as HF_TOKEN) before weights or the engine
     # read theirs; only names are logged.
-    env = SecretBox(settings.secrets_key).open(queue.sealed_env(deployment))
+    env = SecretBox(settings.secrets_key).open(sealed_env)
     os.environ.update(env)
     if env:
         log.info("runner: %s set env %s", queue.runner_id, sorted(env))

@@ -1,0 +1,16 @@
+-- Store a deployment's record and its uid together (claim.lua reads the uid).
+-- KEYS: 1 deployments hash, 2 deployment uids hash
+-- ARGV: 1 name, 2 record (json), 3 uid ('' for a record from before uids), 4 '1': create
+--       only (refused when the name is taken)
+-- Returns 1 when stored, 0 when refused.
+if ARGV[4] == '1' then
+  if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+else
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+else
+  redis.call('HDEL', KEYS[2], ARGV[1])
+end
+return 1
