@@ -274,6 +274,8 @@ class Controller:
         if not self._settings.metering or self._gpu_meter is None:
             return
         spec = await self._state.serving_unit(r.deployment) if r.deployment else None
+        if spec is not None and spec.uid != r.deployment_uid:
+            spec = None  # another deployment of that name now: never billed to its owner
         gpus = await self._gpus.gpu_count(r.runner_id) if self._gpus is not None else 1
         await self._gpu_meter.close(
             r.runner_id, meter_for(r.runner_id, spec, gpus=gpus), end=LAST_SIGN_OF_LIFE

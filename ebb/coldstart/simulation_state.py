@@ -116,8 +116,9 @@ class InMemoryState:
             runner_id = next(iter(sleepers))
             del sleepers[runner_id]
             record = self.records.get(runner_id)
-            sleeping = record is not None and record.state is RunnerState.SLEEPING
-            if sleeping and record.deployment_uid == uid:
+            if record is None or record.state is not RunnerState.SLEEPING:
+                continue
+            if record.deployment_uid == uid:
                 return runner_id
         return None
 

@@ -136,7 +136,7 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
     meter = runner_meter(settings, client, runner_id, queue.deployment, gpus=gpus)
     redis_gone = False
     try:
-        meter.begin(queue.deployment(deployment) if deployment else None)
+        meter.begin(_launched_for(queue, deployment) if deployment else None)
         return _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat, meter)
     except UNAVAILABLE_ERRORS:
         # Redis stayed away past EBB_REDIS_OUTAGE_S: nothing more can be written through
@@ -232,6 +232,14 @@ def _run(
         engine.shutdown()
     lifecycle.to(RunnerState.EXITED)
     return 0
+
+
+def _launched_for(queue: RunnerQueue, deployment: str) -> DeploymentSpec | None:
+    """The spec of the deployment this runner was launched for; None when the name now
+    belongs to another deployment (another uid), which is never billed for this runner."""
+    spec = queue.deployment(deployment)
+    bound = queue.bound_uid()
+    return None if spec is None or (bound and spec.uid != bound) else spec
 
 
 def _become_ready(

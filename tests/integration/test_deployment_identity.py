@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from billing_support import new_key, raw_usage, tenant_client
+from billing_support import gpu_segments, new_key, raw_usage, tenant_client
 from support import Platform, deploy, deployment, wait_until
 
 from ebb.queue import keys
@@ -70,9 +70,10 @@ def test_a_name_deleted_and_created_again_shares_no_runner_and_no_log(platform, 
     r = platform.redis()
     for runner_id in set(served.values()):
         assert r.hget(keys.runner(runner_id), "deployment_uid").decode() == evil_uid
-    wait_until(
-        lambda: r.hget(keys.runner(old), "state") == b"exited", 60, "beta's runner to exit"
-    )
+    wait_until(lambda: r.hget(keys.runner(old), "state") == b"exited", 60, "beta's runner to exit")
+    # Its GPU time, to its exit, is beta's: none of it is billed to the name's new owner.
+    segments = wait_until(lambda: gpu_segments(r, old), 30, "beta's runner's GPU time")
+    assert {s.meter.tenant for s in segments} == {"beta"}
 
     # Evil reads the logs of its own runners only, by its deployment or naming one.
     assert f"runner-{old}" not in log_sources(evil, deployment="reuse2")
