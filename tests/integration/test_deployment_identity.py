@@ -97,6 +97,27 @@ def test_deleting_a_deployment_answers_what_waits_in_its_queue_at_once(platform,
     assert error["code"] == "deployment_deleted" and "deleted" in error["message"]
 
 
+def test_deleting_a_deployment_fails_its_queued_job_with_the_reason(platform, admin):
+    deploy(admin, "doomed-jobs", "fake://doomed?load_s=30")
+    body = {
+        "model": "doomed-jobs",
+        "endpoint": "chat.completions",
+        "body": {"messages": MESSAGES, "max_tokens": 3},
+    }
+    submitted = admin.post("/v1/jobs", json=body)
+    assert submitted.status_code == 202, submitted.text
+    job_id = submitted.json()["id"]
+    assert admin.delete("/v1/deployments/doomed-jobs").status_code == 200
+
+    def settled() -> dict | None:
+        view = admin.get(f"/v1/jobs/{job_id}").json()
+        return view if view["status"] != "queued" and view["status"] != "running" else None
+
+    view = wait_until(settled, 30, "the job to settle")
+    assert view["status"] == "failed", view
+    assert view["error"]["code"] == "deployment_deleted"
+
+
 def test_logs_of_a_deployment_cover_every_version(platform, admin):
     deploy(admin, "vlog", "fake://v1", idle_timeout_s=600)
     assert chat(admin, "vlog").status_code == 200
