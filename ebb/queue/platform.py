@@ -81,8 +81,9 @@ class PlatformState:
     # --- deployments -----------------------------------------------------------------
 
     async def put_deployment(self, spec: DeploymentSpec, *, create_only: bool = False) -> bool:
-        """Store `spec` with its uid (False: `create_only` and the name is taken). A
-        create without a uid gets one: every deployment made now has its identity."""
+        """Store `spec` with its uid. False: `create_only` and the name is taken, or the
+        name now belongs to another deployment (another uid: the one `spec` was read from
+        was deleted and the name created again). A create without a uid gets one."""
         if create_only and not spec.uid:
             spec = msgspec.structs.replace(spec, uid=new_deployment_uid())
         return await self._scripts.deployment_put(

@@ -58,7 +58,8 @@ class QuotaStore:
         self, tenant: str, spec: DeploymentSpec, check: QuotaCheck, *, create_only: bool
     ) -> bool:
         """Store `spec` if `check` passes on the state it replaces; False when
-        `create_only` and the name is taken. Retries when anything changed meanwhile."""
+        `create_only` and the name is taken, or when the name now belongs to another
+        deployment (another uid). Retries when anything changed meanwhile."""
         data = msgspec.json.encode(spec)
         async with self._redis.pipeline(transaction=True) as pipe:
             while True:
@@ -69,7 +70,12 @@ class QuotaStore:
                         reply_text(name): msgspec.json.decode(value, type=DeploymentSpec)
                         for name, value in stored.items()
                     }
-                    if create_only and spec.name in specs:
+                    current = specs.get(spec.name)
+                    if create_only:
+                        refused = current is not None
+                    else:  # never over another deployment of the name (another uid)
+                        refused = current is not None and current.uid != spec.uid
+                    if refused:
                         await pipe.unwatch()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
                         return False
                     raw_quota = await pipe.hget(keys.TENANT_QUOTAS, tenant)

@@ -155,3 +155,19 @@ async def test_a_sleeper_wakes_only_for_the_deployment_it_was_launched_for(redis
     await client.sadd(keys.sleepers(DEP), "r-mine")
     assert await state.take_sleeper(DEP, "dep_mine") == "r-mine"
     await client.aclose()
+
+
+async def test_a_stale_change_never_overwrites_the_deployment_now_under_the_name(redis_url):
+    client = async_client(redis_url)
+    state = PlatformState(client)
+    await create(state, "fake://beta")
+    read_before_delete = await state.get_deployment(DEP)
+    assert read_before_delete is not None
+    assert await state.delete_deployment(DEP)
+    new_uid = await create(state, "fake://evil")
+    patched = msgspec.structs.replace(read_before_delete, max_replicas=9)
+    assert not await state.put_deployment(patched)
+    now = await state.get_deployment(DEP)
+    assert now is not None and (now.uid, now.source) == (new_uid, "fake://evil")
+    assert await client.hget(keys.DEPLOYMENT_UIDS, DEP) == new_uid.encode()
+    await client.aclose()
