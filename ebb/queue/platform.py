@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from ebb.queue import keys
 from ebb.queue.admission_reads import AdmissionReads
 from ebb.queue.connection import MAX_BLOCK_S
+from ebb.queue.deployment_scripts import DeploymentScripts
 from ebb.queue.gpus import SLEEPER_EXIT
 from ebb.queue.node_caches import read_node_caches_async
 from ebb.queue.records import decode_runner, encode_runner, parse_cold_start
@@ -76,6 +77,7 @@ class PlatformState:
         # One per process, so that concurrent requests for one unit share its reads.
         self.admission_reads = AdmissionReads(self.short_redis)
         self._scripts = QueueScripts(client)
+        self._deployment_scripts = DeploymentScripts(client)
         self._result_ttl_s = result_ttl_s
 
     # --- deployments -----------------------------------------------------------------
@@ -86,7 +88,7 @@ class PlatformState:
         was deleted and the name created again). A create without a uid gets one."""
         if create_only and not spec.uid:
             spec = msgspec.structs.replace(spec, uid=new_deployment_uid())
-        return await self._scripts.deployment_put(
+        return await self._deployment_scripts.deployment_put(
             spec.name, msgspec.json.encode(spec), spec.uid, create_only=create_only
         )
 
@@ -105,7 +107,7 @@ class PlatformState:
         sleepers are told to exit, and what is still queued for any of its versions fails
         with `deployment_deleted`; a deployment created later under the same name starts
         from nothing. False when there was none."""
-        deleted, failed = await self._scripts.deployment_delete(
+        deleted, failed = await self._deployment_scripts.deployment_delete(
             name,
             failed_event=_DELETED,
             result_ttl_s=self._result_ttl_s,

@@ -38,7 +38,7 @@ from ebb.queue.schema import (
     encode,
 )
 from ebb.queue.scripts import RunnerScripts
-from ebb.queue.version_store import read_unit, read_unit_env, read_unit_spec
+from ebb.queue.version_store import read_unit, read_unit_spec
 from ebb.queue.versions import split_unit
 from ebb.queue.work_news import WorkNews
 
@@ -142,10 +142,6 @@ class RunnerQueue:
         delete and re-create between two reads cannot pair one owner's spec with the
         other's secrets)."""
         return read_unit(self._redis, name)
-
-    def sealed_env(self, name: str) -> str:
-        """The unit's version's environment, encrypted as stored ("" when none)."""
-        return read_unit_env(self._redis, name)
 
     def bound_uid(self) -> str:
         """The uid of the deployment the controller launched or assigned this runner for

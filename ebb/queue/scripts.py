@@ -25,7 +25,7 @@ from ebb.queue import keys
 from ebb.queue.prefix import prefix_key
 from ebb.queue.replies import reply_bytes, reply_int, reply_list, reply_text, reply_texts
 from ebb.queue.schema import WorkItem, encode
-from ebb.queue.versions import VERSION_SEPARATOR, public_name
+from ebb.queue.versions import public_name
 
 # What Redis accepts as a script argument.
 Arg = str | bytes | int | float
@@ -87,63 +87,6 @@ class QueueScripts:
         self._cancel = register_async(client, "cancel")
         self._reap = register_async(client, "reap")
         self._rerun_lost = register_async(client, "rerun_lost")
-        self._deployment_put = register_async(client, "deployment_put")
-        self._deployment_delete = register_async(client, "deployment_delete")
-
-    async def deployment_put(
-        self, name: str, record: bytes, uid: str, *, create_only: bool
-    ) -> bool:
-        """Store a deployment's record with its uid; False: `create_only` and it exists."""
-        return bool(
-            reply_int(
-                await self._deployment_put(
-                    keys=[keys.DEPLOYMENTS, keys.DEPLOYMENT_UIDS],
-                    args=[name, record, uid, "1" if create_only else "0"],
-                )
-            )
-        )
-
-    async def deployment_delete(
-        self, name: str, *, failed_event: bytes, result_ttl_s: int, sleeper_exit: str
-    ) -> tuple[bool, int]:
-        """Delete a deployment and fail what is queued for it (see deployment_delete.lua):
-        whether it existed, and how many queued requests failed."""
-        # A key function given "" is its prefix: the script names each unit's keys.
-        prefixes = [
-            keys.queue(""),
-            keys.job_queue(""),
-            keys.sleepers(""),
-            keys.claiming(""),
-            keys.deployment_status(""),
-            keys.coldstart(""),
-            keys.prefix_owners(""),
-        ]
-        deleted, failed = reply_list(
-            await self._deployment_delete(
-                keys=[
-                    keys.DEPLOYMENTS,
-                    keys.DEPLOYMENT_UIDS,
-                    keys.deployment_versions(name),
-                    keys.traffic(name),
-                    keys.JOBS_WATCH,
-                    keys.JOBS_SIGNAL,
-                ],
-                args=[
-                    name,
-                    VERSION_SEPARATOR,
-                    keys.REQUEST_PREFIX,
-                    keys.EVENTS_PREFIX,
-                    failed_event,
-                    result_ttl_s,
-                    keys.JOB_ATTEMPT_TTL_S,
-                    keys.SIGNAL_LIST_MAX,
-                    keys.runner_assignment(""),
-                    sleeper_exit,
-                    *prefixes,
-                ],
-            )
-        )
-        return bool(reply_int(deleted)), reply_int(failed)
 
     async def enqueue(
         self, work: WorkItem, *, admission_window_ms: int, depth_limit: int, request_ttl_s: int

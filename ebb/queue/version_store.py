@@ -17,7 +17,7 @@ from redis.exceptions import WatchError
 from ebb.queue import keys
 from ebb.queue.replies import reply_bytes, reply_hash
 from ebb.queue.schema import DeploymentSpec
-from ebb.queue.versions import TrafficSplit, VersionRecord, compose, split_unit, unit_name
+from ebb.queue.versions import TrafficSplit, VersionRecord, compose, split_unit
 
 _split_decoder = msgspec.json.Decoder(TrafficSplit)
 _version_decoder = msgspec.json.Decoder(VersionRecord)
@@ -95,14 +95,6 @@ class VersionStore:
         _ask_units(pipe, specs)
         return _units(specs, await pipe.execute())
 
-    async def forget(self, deployment: str, numbers: list[int]) -> None:
-        """Drop a deleted deployment's versions, split and the units' own state."""
-        units = [unit_name(deployment, n) for n in numbers if n != 1]
-        doomed = [keys.deployment_versions(deployment), keys.traffic(deployment)]
-        for unit in units:
-            doomed += [keys.deployment_status(unit), keys.coldstart(unit)]
-        await self.redis.delete(*doomed)
-
 
 def _ask_units(pipe: Any, specs: list[DeploymentSpec]) -> None:
     """Queue the reads `_units` needs on `pipe` (an async or a blocking pipeline)."""
@@ -172,10 +164,3 @@ def read_unit(client: redis.Redis, unit: str) -> tuple[DeploymentSpec | None, st
     if spec is None or not raw_version:
         return spec, ""
     return spec, _version_decoder.decode(reply_bytes(raw_version)).env_sealed
-
-
-def read_unit_env(client: redis.Redis, unit: str) -> str:
-    """The sealed environment of a unit's version ("" when it has none)."""
-    name, number = split_unit(unit)
-    raw = client.hget(keys.deployment_versions(name), str(number))
-    return _version_decoder.decode(reply_bytes(raw)).env_sealed if raw else ""
