@@ -4,9 +4,12 @@ every version at once, and sleepers wake only for their own deployment."""
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import pytest
 import redis
+from serving_harness import serving_harness
 
 from ebb.queue import keys
 from ebb.queue.connection import async_client, sync_client
@@ -26,6 +29,7 @@ from ebb.queue.schema import (
 )
 from ebb.queue.version_store import VersionStore
 from ebb.queue.versions import VersionRecord
+from ebb.runners.serve import Outcome
 
 pytestmark = pytest.mark.integration
 
@@ -171,3 +175,29 @@ async def test_a_stale_change_never_overwrites_the_deployment_now_under_the_name
     assert now is not None and (now.uid, now.source) == (new_uid, "fake://evil")
     assert await client.hget(keys.DEPLOYMENT_UIDS, DEP) == new_uid.encode()
     await client.aclose()
+
+
+async def test_a_serving_runner_finishes_what_it_holds_then_drains_taking_nothing_new(redis_url):
+    async with serving_harness(redis_url, source="fake://m?step_ms=5", uid="dep_beta") as h:
+        held = await h.submit(100)
+        serving = h.start()
+        await h.wait_running(held.request_id)
+        assert await h.platform.delete_deployment(h.spec.name)
+        evil = DeploymentSpec(name=h.spec.name, source="fake://evil")
+        assert await h.platform.put_deployment(evil, create_only=True)
+        theirs = await h.submit(3)
+        assert await asyncio.wait_for(serving, 20) is Outcome.DRAINED
+        assert (await h.events(held.request_id))[-1] == Finished(3, 100)
+        assert (await h.state(theirs.request_id))["state"] == "queued"
+        assert h.runner_state() is RunnerState.DRAINING
+
+
+async def test_a_runner_fails_a_request_admitted_for_another_deployment_of_its_name(redis_url):
+    async with serving_harness(redis_url, uid="dep_new") as h:
+        stale = await h.submit(3, deployment_uid="dep_deleted")
+        assert await h.serve() is Outcome.IDLE
+        last = (await h.events(stale.request_id))[-1]
+        assert isinstance(last, Failed) and last.code == "deployment_deleted"
+        [usage] = await h.usage()
+        assert (usage.state, usage.prompt_tokens, usage.completion_tokens) == ("failed", 0, 0)
+        assert h.engine.batches == [], "its engine never saw the request"
