@@ -52,13 +52,18 @@ _OPERATOR_NAMES = frozenset(
 _OPERATOR_PREFIXES = ("LC_", "AWS_", "HF_", "HUGGING_FACE_")
 # A tenant's S3 key replaces the operator's as a whole: half of each signs nothing.
 _AWS_STATIC_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-# Credentials whose values never appear in what a tenant reads (a failure's message).
-_SECRET_NAMES = (
+# Values that never appear in what a tenant reads (a failure's message): credentials, and
+# proxy URLs, which may carry a password.
+_REDACTED_NAMES = (
     "HF_TOKEN",
     "HUGGING_FACE_HUB_TOKEN",
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
     "AWS_SESSION_TOKEN",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "http_proxy",
+    "https_proxy",
 )
 
 
@@ -132,5 +137,7 @@ def preparation_environment(
 
 
 def secret_values(env: Mapping[str, str]) -> list[str]:
-    """The credentials' values in `env`: what a tenant-visible message must not quote."""
-    return [env[name] for name in _SECRET_NAMES if len(env.get(name, "")) >= 4]
+    """The values in `env` that a tenant-visible message must not quote (credentials,
+    proxy URLs), longest first: one that contains another is redacted whole."""
+    found = {env[name] for name in _REDACTED_NAMES if len(env.get(name, "")) >= 4}
+    return sorted(found, key=len, reverse=True)

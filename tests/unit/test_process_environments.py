@@ -32,9 +32,10 @@ OPERATOR = {
     "AWS_SESSION_TOKEN": "operator-session",
     "AWS_ENDPOINT_URL_S3": "http://minio:9000",
     "HF_TOKEN": "hf_operator",
+    "HTTPS_PROXY": "http://user:proxy-password@proxy:3128",
     "EBB_ADMIN_KEY": "admin",
     "EBB_SECRETS_KEY": "secrets",
-    "EBB_REDIS_URL": "redis://:password@redis:6379",
+    "EBB_REDIS_URL": "redis://:redis-password@redis:6379",
     "EBB_API_KEY": "api",
     "EBB_METRICS_TOKEN": "metrics",
     "EBB_OTHER_SETTING": "1",
@@ -49,7 +50,7 @@ OPERATOR = {
 def settings(tmp_path):
     return Settings(
         home=tmp_path,
-        redis_url="redis://:password@redis:6379",
+        redis_url="redis://:redis-password@redis:6379",
         admin_key="admin",
         secrets_key=new_key(),
         metrics_token="metrics",
@@ -69,7 +70,7 @@ def test_the_preparation_holds_no_platform_secret_and_only_the_tenants_credentia
     }
     env = preparation_environment(settings, tenant, OPERATOR)
     assert not set(PLATFORM_SECRETS) & set(env)
-    assert settings.secrets_key not in env.values() and "password" not in str(env)
+    assert settings.secrets_key not in env.values() and "redis-password" not in str(env)
     assert env["HF_TOKEN"] == "hf_tenant" and env["PATH"] == "/usr/bin"
     assert "APP_GREETING" not in env and "AWS_CONFIG_FILE" not in env
     for name in ("LD_PRELOAD", "PYTHONSTARTUP", "VLLM_PLUGINS", "GCONV_PATH", "EBB_OTHER_SETTING"):
@@ -99,6 +100,7 @@ def test_a_failures_message_never_quotes_a_credential(settings):
         "AKIAOPERATOR",
         "operator-secret",
         "operator-session",
+        "http://user:proxy-password@proxy:3128",
     }
 
 
