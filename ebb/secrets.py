@@ -26,19 +26,19 @@ TENANT_ENV_PREFIX = "APP_"
 # by the runner and by the weight preparation (the only names that reach the latter).
 # Each is a value a library sends to an endpoint the platform chose; none names a file,
 # a command, a host or a library, so none can make a process run or read anything else.
-TENANT_CREDENTIALS: dict[str, str] = {
-    # The Hub token huggingface_hub sends to the platform's HF endpoint for hf:// weights.
-    "HF_TOKEN": "a Hugging Face token for gated or private hf:// weights",
+TENANT_CREDENTIALS = (
+    # The Hub token huggingface_hub sends to the platform's HF endpoint (hf:// weights).
+    "HF_TOKEN",
     # The same token under the name older huggingface_hub and vLLM releases read.
-    "HUGGING_FACE_HUB_TOKEN": "the same token under its older name",
+    "HUGGING_FACE_HUB_TOKEN",
     # boto3's static credentials: they sign requests to the platform's S3 endpoint.
-    "AWS_ACCESS_KEY_ID": "an S3 access key for s3:// weights",
-    "AWS_SECRET_ACCESS_KEY": "its secret",
-    "AWS_SESSION_TOKEN": "a temporary credential's session token",
-    # A region is part of the S3 host name: its value must be a region name.
-    "AWS_REGION": "the bucket's region",
-    "AWS_DEFAULT_REGION": "the bucket's region",
-}
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    # The bucket's region, part of the S3 host name: its value must be a region name.
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+)
 _REGION_NAMES = frozenset({"AWS_REGION", "AWS_DEFAULT_REGION"})
 _REGION_PATTERN = re.compile(r"[a-z]{2}(-[a-z0-9]+){1,4}")
 # Upper-case letters, digits and '_' only, matched whole (fullmatch: "PATH\n" is not PATH).
@@ -123,6 +123,14 @@ def usable_env(env: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in env.items() if allowed_name(name)}
 
 
+def _utf8(value: str) -> bool:
+    try:
+        value.encode()
+    except UnicodeEncodeError:  # a lone surrogate: no process environment holds it
+        return False
+    return True
+
+
 def check_env(env: dict[str, str]) -> None:
     """Refuse (400) an env a version may not have: a name that is not one of
     `allowed_name`'s, a value a process environment cannot hold, a region that is not a
@@ -137,16 +145,17 @@ def check_env(env: dict[str, str]) -> None:
                 f"{_allowed_names()}. Engine settings go in the deployment's engine options.",
                 param="env",
             )
-        if len(value) > MAX_ENV_VALUE_CHARS or "\x00" in value:
+        if len(value) > MAX_ENV_VALUE_CHARS or "\x00" in value or not _utf8(value):
             raise InvalidRequest(
-                f"env {name}: a value has at most {MAX_ENV_VALUE_CHARS} characters and no NUL.",
+                f"env {name}: a value is UTF-8 text of at most {MAX_ENV_VALUE_CHARS} "
+                "characters, without NUL.",
                 param="env",
             )
         if name in _REGION_NAMES and not _REGION_PATTERN.fullmatch(value):
             raise InvalidRequest(
                 f"env {name}: {value!r} is not an AWS region name (like us-east-1).", param="env"
             )
-        size_bytes += len(name.encode()) + len(value.encode(errors="replace"))
+        size_bytes += len(name.encode()) + len(value.encode())
     if size_bytes > MAX_ENV_BYTES:
         raise InvalidRequest(
             f"env holds {size_bytes} bytes of names and values; at most {MAX_ENV_BYTES} bytes.",

@@ -129,6 +129,7 @@ def test_a_region_is_a_region_name(region):
     "env",
     [
         {"APP_A": "x\x00y"},
+        {"APP_A": "\ud800"},
         {"APP_A": "x" * (MAX_ENV_VALUE_CHARS + 1)},
         {f"APP_{i}": "" for i in range(MAX_ENV_VARS + 1)},
     ],
