@@ -83,8 +83,12 @@ class RolloutDriver:
             del self._read[name]
 
     async def _follow_split(self, name: str, split: TrafficSplit) -> None:
-        """Move the jobs queued for versions at 0 % to the primary version."""
+        """Move the jobs queued for versions at 0 % to the primary version. Version 1 is
+        looked at even once a rollout dropped it from the split: its unit is the bare
+        name, where jobs of every version once waited."""
         idle = [v for v, w in split.weights.items() if w == 0]
+        if 1 not in split.weights:
+            idle.append(1)
         if not idle or split.weights.get(split.primary, 0) == 0:
             return
         units = [unit_name(name, v) for v in idle]

@@ -97,8 +97,9 @@ class QuotaStore:
                     if create_only and spec.name in before.specs:
                         await pipe.unwatch()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
                         return False
-                    after = Holdings({**before.specs, spec.name: spec}, before.splits)
-                    after.versions = before.versions
+                    after = Holdings(
+                        {**before.specs, spec.name: spec}, before.splits, before.versions
+                    )
                     check(quota, before, after)
                     pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
                     pipe.hset(keys.DEPLOYMENTS, spec.name, data)
@@ -122,9 +123,12 @@ class QuotaStore:
                 try:
                     before, quota = await self._watch(pipe, tenant, name)
                     new = change(before.split(name))
-                    after = Holdings(before.specs, {**before.splits, name: new})
-                    after.versions = {**before.versions}
-                    after.versions[name] = await self._records(name, _listed(new))
+                    records = await self._records(name, _listed(new))
+                    after = Holdings(
+                        before.specs,
+                        {**before.splits, name: new},
+                        {**before.versions, name: records},
+                    )
                     check(quota, before, after)
                     pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
                     pipe.set(keys.traffic(name), msgspec.json.encode(new))
