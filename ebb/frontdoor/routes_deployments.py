@@ -26,9 +26,11 @@ from ebb.frontdoor.deploy_versions import (
 from ebb.frontdoor.quotas import check_source
 from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.frontdoor.services import Services, ServicesDep
+from ebb.frontdoor.version_quotas import check_version_quota, versions_limit, versions_refusal
 from ebb.queue.gpus import GpuState
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec, EngineSpec, RunnerState, ServingOptions
+from ebb.queue.version_store import TooManyVersions
 from ebb.queue.versions import public_name, split_unit
 from ebb.queue.weights_status import WeightsState, WeightsStatus
 
@@ -278,18 +280,29 @@ async def _deploy_version(
     services: Services, caller: Caller, existing: DeploymentSpec, body: DeploymentCreate
 ) -> dict:
     """An existing name its caller manages: the body is its next version
-    (`ebb.frontdoor.deploy_versions`); a tenant's source stays within its quota."""
+    (`ebb.frontdoor.deploy_versions`). A tenant's stays within its quota: its source, the
+    versions it keeps, and the deployment serving only it (its GPUs once rolled out; the
+    rollout itself is checked when it starts)."""
+    quota = None if caller.is_admin else await services.quotas.get(caller.tenant)
     if not caller.is_admin:
-        check_source(caller.tenant, await services.quotas.get(caller.tenant), body.source)
+        check_source(caller.tenant, quota, body.source)
 
     async def check(spec: DeploymentSpec) -> None:
         _check_bounds(spec)
         await _check_engine(services.state, spec)
+        if not caller.is_admin:
+            await check_version_quota(services, caller.tenant, quota, existing, spec)
 
     def changes(latest: DeploymentSpec) -> dict:
         return body.changes(latest.engine, latest.serving)
 
-    record = await deploy_version(services, existing, changes, body.env, check)
+    limit = versions_limit(quota, admin=caller.is_admin)
+    try:
+        record = await deploy_version(
+            services, existing, changes, body.env, check, max_versions=limit
+        )
+    except TooManyVersions as e:
+        raise versions_refusal(caller, existing.name, e.kept, limit) from e
     view = await deployment_view(services.state, existing)
     return {**view, "deployed_version": record.version}
 

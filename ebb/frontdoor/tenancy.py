@@ -5,21 +5,26 @@
   the admin creates, unless made private) and private ones whose `shared_with` names it.
   Anything else does not exist for it: a 404, never a 403 that would confirm the name.
 - A tenant changes and deletes only its own, within the quota the admin set
-  (`ebb.frontdoor.quotas`). Prices, the owner, `visibility` and `shared_with` stay the
-  admin's: they decide who pays and who may call.
+  (`ebb.frontdoor.quotas`), counted over every version that holds or may hold runners.
+  Prices (and the Batch API's discount), the owner, `visibility` and `shared_with` stay
+  the admin's: they decide who pays and who may call.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import msgspec
 
 from ebb.errors import NotFound, PermissionDenied
 from ebb.frontdoor.caller import Caller
-from ebb.frontdoor.quotas import check_change, check_source, owned
+from ebb.frontdoor.quotas import check_change, check_source, footprints
 from ebb.frontdoor.services import Services
 from ebb.queue.platform import PlatformState
-from ebb.queue.quotas import TenantQuota
+from ebb.queue.quotas import Holdings, TenantQuota
 from ebb.queue.schema import DeploymentSpec
+from ebb.queue.version_store import VersionStore
+from ebb.queue.versions import TrafficSplit
 
 # Fields of a deployment body only the admin may set.
 ADMIN_ONLY_FIELDS = (
@@ -29,6 +34,8 @@ ADMIN_ONLY_FIELDS = (
     "visibility",
     "shared_with",
 )
+# Fields of a deployment body's `serving` only the admin may set: the Batch API's price.
+ADMIN_ONLY_SERVING_FIELDS = ("batch_discount_pct",)
 
 
 def can_see(caller: Caller, spec: DeploymentSpec) -> bool:
@@ -99,6 +106,13 @@ def check_fields(caller: Caller, given: dict) -> None:
                 "leave it out.",
                 param=field,
             )
+    serving = given.get("serving") or {}
+    for field in ADMIN_ONLY_SERVING_FIELDS:
+        if serving.get(field) is not None:
+            raise PermissionDenied(
+                f"serving.{field} is a price, set by the admin; leave it out.",
+                param=f"serving.{field}",
+            )
     owner = given.get("owner")
     if owner is not None and owner != caller.tenant:
         raise PermissionDenied(
@@ -128,11 +142,29 @@ async def store(
         return await services.state.put_deployment(spec, create_only=create_only)
     tenant = caller.tenant
 
-    def check(quota: TenantQuota | None, specs: dict[str, DeploymentSpec]) -> None:
-        before = owned(tenant, specs)
-        check_change(tenant, quota, before, {**before, spec.name: spec})
-        previous = specs.get(spec.name)
+    def check(quota: TenantQuota | None, before: Holdings, after: Holdings) -> None:
+        check_change(tenant, quota, footprints(tenant, before), footprints(tenant, after))
+        previous = before.specs.get(spec.name)
         if previous is None or previous.source != spec.source:
             check_source(tenant, quota, spec.source)
 
     return await services.quotas.put_deployment(tenant, spec, check, create_only=create_only)
+
+
+async def store_split(
+    services: Services,
+    caller: Caller,
+    spec: DeploymentSpec,
+    change: Callable[[TrafficSplit], TrafficSplit],
+) -> TrafficSplit:
+    """Apply `change` to the deployment's traffic split (a rollout starts, a rollback).
+    On a tenant's deployment, by the tenant, it is checked against the quota atomically
+    with the write: both ends of a rollout may hold runners at once."""
+    if caller.is_admin:
+        return await VersionStore(services.state.redis).update_split(spec.name, change)
+    tenant = caller.tenant
+
+    def check(quota: TenantQuota | None, before: Holdings, after: Holdings) -> None:
+        check_change(tenant, quota, footprints(tenant, before), footprints(tenant, after))
+
+    return await services.quotas.put_split(tenant, spec.name, change, check)
