@@ -31,6 +31,7 @@ from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec, EngineSpec, RunnerState, ServingOptions
 from ebb.queue.versions import public_name, split_unit
 from ebb.queue.weights_status import WeightsState, WeightsStatus
+from ebb.weights_cache.sources import normalize_source
 
 router = APIRouter(prefix="/v1/deployments")
 
@@ -154,8 +155,12 @@ def _check_bounds(spec: DeploymentSpec) -> None:
         )
 
 
-def _check_source(engines: EngineRegistry, source: str) -> None:
-    engines.validate(source)  # raises InvalidRequest naming the accepted forms
+def _checked_source(engines: EngineRegistry, caller: Caller, source: str) -> str:
+    """The source to store, once valid (else InvalidRequest naming the accepted forms): a
+    tenant's normalized, so that what its allowed prefixes are checked against is what is
+    stored and read."""
+    engines.validate(source)
+    return source if caller.is_admin else normalize_source(source)
 
 
 async def _check_engine(state: PlatformState, spec: DeploymentSpec) -> None:
@@ -241,7 +246,7 @@ async def create_deployment(
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> dict:
     tenancy.check_fields(caller, body.model_dump())
-    _check_source(services.engines, body.source)
+    body.source = _checked_source(services.engines, caller, body.source)
     create_only = if_none_match == "*"  # the client wants a new deployment or a 409
     existing = await services.state.get_deployment(body.name)
     if (

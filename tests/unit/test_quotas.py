@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ebb.errors import PermissionDenied, QuotaExceeded
+from ebb.errors import InvalidRequest, PermissionDenied, QuotaExceeded
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.quotas import check_change, check_source, gpus_of, use_of
 from ebb.frontdoor.tenancy import can_see, check_fields, created_by, manages
@@ -65,6 +65,18 @@ def test_sources_must_start_with_an_allowed_prefix():
         check_source("acme", QUOTA, "hf://other/model")
     with pytest.raises(QuotaExceeded, match="may not deploy from any source yet"):
         check_source("acme", None, "hf://acme/model")
+
+
+def test_sources_are_checked_normalized_and_on_segment_boundaries():
+    quota = TenantQuota(allowed_sources=["/allowed/", "s3://acme-models"])
+    check_source("acme", quota, "/allowed//m/")
+    check_source("acme", quota, "file:///allowed/m")
+    check_source("acme", quota, "s3://acme-models/m")
+    with pytest.raises(QuotaExceeded):
+        check_source("acme", quota, "s3://acme-models-evil/m")
+    for climbing in ("/allowed/../etc", "file:///allowed/%2e%2e/etc", "/allowed//../etc"):
+        with pytest.raises(InvalidRequest):
+            check_source("acme", quota, climbing)
 
 
 def test_who_sees_and_who_manages():
