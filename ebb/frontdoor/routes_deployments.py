@@ -255,6 +255,7 @@ async def create_deployment(
         and tenancy.manages(caller, {"owner": existing.owner})
     ):
         return await _deploy_version(services, caller, existing, body)
+    tenancy.check_new_name(caller, body.name, existing)  # before any answer on the name
     spec = DeploymentSpec(**body.changes(EngineSpec(), ServingOptions()), created_at_s=time.time())
     spec = tenancy.created_by(caller, spec)
     _check_bounds(spec)

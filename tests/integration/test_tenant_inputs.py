@@ -245,3 +245,29 @@ def test_a_connection_that_never_completes_its_head_is_closed(platform):
             assert sock.recv(1024) == b"", partial
     # A whole request is still served.
     assert httpx.get(platform.base_url + "/healthz").status_code == 200
+
+
+def test_creating_a_name_tells_nothing_of_another_tenants_private_one(platform, admin):
+    quota = {"max_deployments": 2, "max_replicas": 2, "max_gpus": 2,
+             "allowed_sources": ["fake://"]}  # fmt: skip
+    for name in ("hide-t", "probe-t"):
+        assert admin.put(f"/v1/tenants/{name}/quota", json=quota).status_code == 200
+    hider, prober = _tenant(platform, admin, "hide-t"), _tenant(platform, admin, "probe-t")
+    made = hider.post("/v1/deployments", json={"name": "hide-t-secret", "source": "fake://s"})
+    assert made.status_code == 201, made.text
+
+    def create(name: str) -> httpx.Response:
+        return prober.post("/v1/deployments", json={"name": name, "source": "fake://p"})
+
+    # The private name and a free one outside its namespace: the same refusal (once, a 409
+    # for the first and a 201 for the second told which existed).
+    taken, free = create("hide-t-secret"), create("hide-t-free")
+    assert taken.status_code == free.status_code == 403, (taken.text, free.text)
+    assert taken.json()["error"]["param"] == free.json()["error"]["param"] == "name"
+    assert taken.json()["error"]["message"] == free.json()["error"]["message"]
+    assert "'probe-t-'" in taken.json()["error"]["message"]
+    # Within its own namespace it creates; a name it can see (the admin's, public) is a 409.
+    assert create("probe-t-mine").status_code == 201
+    assert create("inputs-m").status_code == 409
+    for client, name in ((hider, "hide-t-secret"), (prober, "probe-t-mine")):
+        assert client.delete(f"/v1/deployments/{name}").status_code == 200

@@ -7,7 +7,7 @@ import pytest
 from ebb.errors import InvalidRequest, PermissionDenied, QuotaExceeded
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.quotas import check_change, check_source, gpus_of, use_of
-from ebb.frontdoor.tenancy import can_see, check_fields, created_by, manages
+from ebb.frontdoor.tenancy import can_see, check_fields, check_new_name, created_by, manages
 from ebb.queue.quotas import TenantQuota
 from ebb.queue.schema import DeploymentSpec, EngineSpec
 
@@ -98,3 +98,16 @@ def test_a_tenant_creates_its_own_private_deployment_and_no_admin_fields():
     for given in ({"owner": "beta"}, {"price_per_gpu_second_micros": 5}, {"shared_with": []}):
         with pytest.raises(PermissionDenied):
             check_fields(ACME, given)
+
+
+def test_a_tenant_names_new_deployments_within_its_namespace_whatever_exists():
+    hidden = spec("beta-x", owner="beta", visibility="private")
+    for existing in (None, hidden):  # free, or another tenant's private name: one answer
+        with pytest.raises(PermissionDenied) as outside:
+            check_new_name(ACME, "beta-x", existing)
+        assert outside.value.param == "name" and "'acme-'" in outside.value.message
+    check_new_name(ACME, "acme-x", None)
+    check_new_name(ACME, "pub", spec("pub"))  # public: it sees it (the 409 may say so)
+    check_new_name(ADMIN, "anything", hidden)
+    with pytest.raises(PermissionDenied):
+        check_new_name(ACME, "acme-", None)
