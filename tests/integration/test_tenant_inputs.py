@@ -91,25 +91,25 @@ def test_sources_are_normalized_before_the_allowlist(platform, admin):
         "/allowed/./../other",
         "file:///allowed%2f..%2fother",
     ):
-        refused = create("src-a", source)
+        refused = create("src-t-a", source)
         assert refused.status_code == 400, (source, refused.text)
         assert refused.json()["error"]["param"] == "source"
     # A prefix matches on segment boundaries only.
-    evil = create("src-a", "s3://acme-models-evil/m")
+    evil = create("src-t-a", "s3://acme-models-evil/m")
     assert evil.status_code == 403 and evil.json()["error"]["param"] == "source"
     # Whether the path exists makes no difference to the answer (no file-existence oracle).
-    there, absent = (create("src-a", f"/allowed/../../..{p}") for p in ("/etc", "/no-such-d"))
+    there, absent = (create("src-t-a", f"/allowed/../../..{p}") for p in ("/etc", "/no-such-d"))
     assert there.status_code == absent.status_code == 400
     assert (
         there.json()["error"]["message"].replace("/etc", "/no-such-d")
         == absent.json()["error"]["message"]
     )
     # The deployment stores (and is checked by) the normalized source.
-    made = create("src-b", "/allowed//models/m/")
+    made = create("src-t-b", "/allowed//models/m/")
     assert made.status_code == 201, made.text
     assert made.json()["source"] == "file:///allowed/models/m"
-    assert create("src-c", "s3://acme-models/m").status_code == 201
-    for name in ("src-b", "src-c"):
+    assert create("src-t-c", "s3://acme-models/m").status_code == 201
+    for name in ("src-t-b", "src-t-c"):
         assert client.delete(f"/v1/deployments/{name}").status_code == 200
 
 
