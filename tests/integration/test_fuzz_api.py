@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
@@ -123,7 +123,15 @@ _REQUEST_LINE = st.fixed_dictionaries(
         | _JSON,
     }
 )
+# Lines that once got a 5xx: always among those tried.
+_KNOWN_HOSTILE = [
+    b'{"custom_id": "\\ud800", "method": "POST", "url": "/v1/chat/completions", '
+    b'"body": {"model": "fuzz"}}',
+    b'{"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body": '
+    b'{"model": "fuzz", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}",
+]
 _RAW_LINE = st.one_of(
+    st.sampled_from(_KNOWN_HOSTILE),
     _REQUEST_LINE.map(lambda line: json.dumps(line).encode()),
     _JSON.map(lambda value: json.dumps(value).encode()),
     st.binary(max_size=40).map(lambda raw: raw.replace(b"\n", b" ")),
@@ -137,6 +145,8 @@ def test_batch_input_files_never_get_a_5xx(platform, keys, who):
 
     @_SETTINGS
     @given(lines=st.lists(_RAW_LINE, min_size=1, max_size=4))
+    @example(lines=_KNOWN_HOSTILE[:1])
+    @example(lines=[json.dumps({"custom_id": "ok"}).encode(), _KNOWN_HOSTILE[1]])
     def fuzz(lines: list[bytes]) -> None:
         with httpx.Client(base_url=platform.base_url, headers=headers, timeout=60) as client:
             content = b"\n".join(lines) + b"\n"
