@@ -22,7 +22,7 @@ import datetime as dt
 import logging
 import time
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from fastapi import APIRouter, Query
@@ -186,7 +186,7 @@ async def _requeue(services: Services, record: BatchRecord, *, resuming: bool) -
         await _give_up(services, record, _not_queued(e))
 
 
-def _not_queued(e: Exception) -> dict:
+def _not_queued(e: Exception) -> dict[str, Any]:
     """`e` as an entry of the batch's `errors`."""
     if isinstance(e, InvalidInput):
         return e.batch_error()
@@ -197,7 +197,7 @@ def _not_queued(e: Exception) -> dict:
     return {"code": "batch_not_queued", "message": message, "param": None, "line": None}
 
 
-async def _give_up(services: Services, record: BatchRecord, error: dict) -> BatchRecord:
+async def _give_up(services: Services, record: BatchRecord, error: dict[str, Any]) -> BatchRecord:
     """Settle a batch that cannot be queued: failed (cancelled, if it was being
     cancelled) with `error`, its queued jobs cancelled, and no longer watched."""
     current = await services.batches.get(record.batch_id) or record
