@@ -17,6 +17,7 @@ from ebb.errors import QuotaExceeded
 from ebb.queue.quotas import Holdings, TenantQuota
 from ebb.queue.schema import DeploymentSpec
 from ebb.queue.versions import TrafficSplit, VersionRecord
+from ebb.weights_cache.sources import normalize_source, within_prefix
 
 ANY_SOURCE = "*"
 
@@ -116,9 +117,16 @@ def _raise_quota(tenant: str, what: str, option: str) -> None:
 
 
 def check_source(tenant: str, quota: TenantQuota | None, source: str) -> None:
-    """Refuse a source outside the tenant's allowed prefixes (none: nothing allowed)."""
+    """Refuse a source outside the tenant's allowed prefixes (none: nothing allowed).
+
+    The source and the prefixes are compared normalized, on segment boundaries
+    (`ebb.weights_cache.sources.within_prefix`); a source that climbs (`..`, `%2e%2e`) is
+    an `InvalidRequest` whatever the prefixes. Nothing here looks at the filesystem, so
+    the answer never depends on whether a path exists.
+    """
     allowed = quota.allowed_sources if quota else []
-    if any(p == ANY_SOURCE or source.startswith(p) for p in allowed):
+    normalized = normalize_source(source)
+    if any(p == ANY_SOURCE or within_prefix(normalized, p) for p in allowed):
         return
     if not allowed:
         reason = f"Tenant {tenant!r} may not deploy from any source yet."

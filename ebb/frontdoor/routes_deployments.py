@@ -33,6 +33,7 @@ from ebb.queue.schema import DeploymentSpec, EngineSpec, RunnerState, ServingOpt
 from ebb.queue.version_store import TooManyVersions
 from ebb.queue.versions import public_name, split_unit
 from ebb.queue.weights_status import WeightsState, WeightsStatus
+from ebb.weights_cache.sources import normalize_source
 
 router = APIRouter(prefix="/v1/deployments")
 
@@ -156,8 +157,12 @@ def _check_bounds(spec: DeploymentSpec) -> None:
         )
 
 
-def _check_source(engines: EngineRegistry, source: str) -> None:
-    engines.validate(source)  # raises InvalidRequest naming the accepted forms
+def _checked_source(engines: EngineRegistry, caller: Caller, source: str) -> str:
+    """The source to store, once valid (else InvalidRequest naming the accepted forms): a
+    tenant's normalized, so that what its allowed prefixes are checked against is what is
+    stored and read."""
+    engines.validate(source)
+    return source if caller.is_admin else normalize_source(source)
 
 
 async def _check_engine(state: PlatformState, spec: DeploymentSpec) -> None:
@@ -243,7 +248,7 @@ async def create_deployment(
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> dict:
     tenancy.check_fields(caller, body.model_dump())
-    _check_source(services.engines, body.source)
+    body.source = _checked_source(services.engines, caller, body.source)
     create_only = if_none_match == "*"  # the client wants a new deployment or a 409
     existing = await services.state.get_deployment(body.name)
     if (
@@ -252,6 +257,7 @@ async def create_deployment(
         and tenancy.manages(caller, {"owner": existing.owner})
     ):
         return await _deploy_version(services, caller, existing, body)
+    tenancy.check_new_name(caller, body.name, existing)  # before any answer on the name
     spec = DeploymentSpec(**body.changes(EngineSpec(), ServingOptions()), created_at_s=time.time())
     spec = tenancy.created_by(caller, spec)
     _check_bounds(spec)

@@ -5,9 +5,11 @@
   the admin creates, unless made private) and private ones whose `shared_with` names it.
   Anything else does not exist for it: a 404, never a 403 that would confirm the name.
 - A tenant changes and deletes only its own, within the quota the admin set
-  (`ebb.frontdoor.quotas`), counted over every version that holds or may hold runners.
-  Prices (and the Batch API's discount), the owner, `visibility` and `shared_with` stay
-  the admin's: they decide who pays and who may call.
+  (`ebb.frontdoor.quotas`), counted over every version that holds or may hold runners,
+  and names new ones within its namespace (`<tenant>-...`), so that creating one never
+  tells whether another tenant's private name exists. Prices (and the Batch API's
+  discount), the owner, `visibility` and `shared_with` stay the admin's: they decide who
+  pays and who may call.
 """
 
 from __future__ import annotations
@@ -127,6 +129,27 @@ def created_by(caller: Caller, spec: DeploymentSpec) -> DeploymentSpec:
     if caller.is_admin:
         return spec
     return msgspec.structs.replace(spec, owner=caller.tenant, visibility="private", shared_with=[])
+
+
+def namespace(tenant: str) -> str:
+    """What the names of the deployments `tenant` creates start with: its name, lowercased
+    (deployment names are), and '-'."""
+    return f"{tenant.lower()}-"
+
+
+def check_new_name(caller: Caller, name: str, existing: DeploymentSpec | None) -> None:
+    """Refuse a tenant a new name outside its namespace, whether or not a deployment it
+    cannot see has it: names are global, and a 409 there would tell the name exists. A
+    name it sees (public, shared with it, its own) may still get the 409."""
+    if caller.is_admin or (existing is not None and can_see(caller, existing)):
+        return
+    prefix = namespace(caller.tenant)
+    if not name.startswith(prefix) or name == prefix:
+        raise PermissionDenied(
+            f"A tenant's new deployments are named within its namespace: start the name "
+            f"with {prefix!r} (for example {prefix + 'chat'!r}); other names are the admin's.",
+            param="name",
+        )
 
 
 async def store(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ebb.errors import PermissionDenied, QuotaExceeded
+from ebb.errors import InvalidRequest, PermissionDenied, QuotaExceeded
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.quotas import (
     Footprint,
@@ -15,7 +15,7 @@ from ebb.frontdoor.quotas import (
     live_versions,
     use_of,
 )
-from ebb.frontdoor.tenancy import can_see, check_fields, created_by, manages
+from ebb.frontdoor.tenancy import can_see, check_fields, check_new_name, created_by, manages
 from ebb.queue.quotas import TenantQuota
 from ebb.queue.schema import DeploymentSpec, EngineSpec
 from ebb.queue.versions import Rollout, TrafficSplit, VersionRecord
@@ -105,6 +105,18 @@ def test_sources_must_start_with_an_allowed_prefix():
         check_source("acme", None, "hf://acme/model")
 
 
+def test_sources_are_checked_normalized_and_on_segment_boundaries():
+    quota = TenantQuota(allowed_sources=["/allowed/", "s3://acme-models"])
+    check_source("acme", quota, "/allowed//m/")
+    check_source("acme", quota, "file:///allowed/m")
+    check_source("acme", quota, "s3://acme-models/m")
+    with pytest.raises(QuotaExceeded):
+        check_source("acme", quota, "s3://acme-models-evil/m")
+    for climbing in ("/allowed/../etc", "file:///allowed/%2e%2e/etc", "/allowed//../etc"):
+        with pytest.raises(InvalidRequest):
+            check_source("acme", quota, climbing)
+
+
 def test_who_sees_and_who_manages():
     public = spec("pub")  # the admin's: public, owned by the admin
     private = spec("priv", owner="acme", visibility="private", shared_with=["beta"])
@@ -130,3 +142,16 @@ def test_a_tenant_creates_its_own_private_deployment_and_no_admin_fields():
     with pytest.raises(PermissionDenied) as discount:
         check_fields(ACME, {"serving": {"batch_discount_pct": 100}})
     assert discount.value.param == "serving.batch_discount_pct"
+
+
+def test_a_tenant_names_new_deployments_within_its_namespace_whatever_exists():
+    hidden = spec("beta-x", owner="beta", visibility="private")
+    for existing in (None, hidden):  # free, or another tenant's private name: one answer
+        with pytest.raises(PermissionDenied) as outside:
+            check_new_name(ACME, "beta-x", existing)
+        assert outside.value.param == "name" and "'acme-'" in outside.value.message
+    check_new_name(ACME, "acme-x", None)
+    check_new_name(ACME, "pub", spec("pub"))  # public: it sees it (the 409 may say so)
+    check_new_name(ADMIN, "anything", hidden)
+    with pytest.raises(PermissionDenied):
+        check_new_name(ACME, "acme-", None)
