@@ -159,6 +159,9 @@ class Settings(BaseSettings):
     api_key: str | None = None
     # Request bodies larger than this are refused with 413 while they are read (any route).
     max_body_bytes: int = 4 * 2**20
+    # A connection whose request head (request line and headers) is not complete this long
+    # after it opened, or after the request's first byte, is closed (slowloris).
+    header_timeout_s: float = Field(default=10.0, gt=0)
     # Serve /openapi.json and /docs to anyone; off, the schema needs the admin key.
     api_docs: bool = False
     # /metrics needs this bearer token or the admin key (unset: the admin key only).

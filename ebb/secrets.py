@@ -3,7 +3,10 @@
 Sealed with Fernet (AES-128-CBC with HMAC-SHA256, authenticated) under EBB_SECRETS_KEY,
 so Redis, its append-only file and backups hold only ciphertext. The API shows a
 version's variable names, never their values; a runner opens them into its own process
-environment when it takes its version's work, and nothing logs them.
+environment when it takes its version's work, and nothing logs them. The names are an
+allowlist (`check_env`): a tenant's own under TENANT_ENV_PREFIX, and the credentials of
+TENANT_CREDENTIALS, the only ones that also reach the weight preparation
+(`coldstart/environments.py`).
 """
 
 from __future__ import annotations
@@ -15,14 +18,35 @@ from cryptography.fernet import Fernet, InvalidToken
 
 from ebb.errors import InvalidRequest
 
-ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+# A version's env is an allowlist (a denylist missed dozens of names that run code:
+# AWS_CONFIG_FILE's credential_process, GCONV_PATH, VLLM_PLUGINS, proxies ...). A tenant
+# names its own variables under this prefix; nothing the platform runs reads them.
+TENANT_ENV_PREFIX = "APP_"
+# The named, reviewed exceptions: credentials a version's weights are fetched with, read
+# by the runner and by the weight preparation (the only names that reach the latter).
+# Each is a value a library sends to an endpoint the platform chose; none names a file,
+# a command, a host or a library, so none can make a process run or read anything else.
+TENANT_CREDENTIALS = (
+    # The Hub token huggingface_hub sends to the platform's HF endpoint (hf:// weights).
+    "HF_TOKEN",
+    # The same token under the name older huggingface_hub and vLLM releases read.
+    "HUGGING_FACE_HUB_TOKEN",
+    # boto3's static credentials: they sign requests to the platform's S3 endpoint.
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    # The bucket's region, part of the S3 host name: its value must be a region name.
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+)
+_REGION_NAMES = frozenset({"AWS_REGION", "AWS_DEFAULT_REGION"})
+_REGION_PATTERN = re.compile(r"[a-z]{2}(-[a-z0-9]+){1,4}")
+# Upper-case letters, digits and '_' only, matched whole (fullmatch: "PATH\n" is not PATH).
+_NAME_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,127}")
 MAX_ENV_VARS = 64
 MAX_ENV_VALUE_CHARS = 16384
-# Names a version may not set: the platform's own (a runner's Redis, keys), and those that
-# steer the dynamic loader, the interpreter or device placement of the runner and of the
-# processes it starts (a tenant's env must not run code or take another tenant's GPUs).
-_RESERVED_PREFIXES = ("EBB_", "LD_", "PYTHON", "CUDA_", "NVIDIA_")
-_RESERVED_NAMES = frozenset({"PATH", "HOME", "TMPDIR"})
+# The whole env (names and values, UTF-8): what a version may store and put in a process.
+MAX_ENV_BYTES = 64 * 1024
 
 
 def new_key() -> str:
@@ -77,25 +101,63 @@ class SecretBox:
             raise ValueError("this version's env was sealed with another EBB_SECRETS_KEY") from e
 
 
+def _allowed_names() -> str:
+    return (
+        f"{TENANT_ENV_PREFIX}<NAME> for your own variables (upper-case letters, digits "
+        f"and '_'), and the credentials {', '.join(TENANT_CREDENTIALS)}"
+    )
+
+
+def allowed_name(name: str) -> bool:
+    """A version may set `name` (see TENANT_ENV_PREFIX and TENANT_CREDENTIALS)."""
+    if not _NAME_PATTERN.fullmatch(name):
+        return False
+    return name in TENANT_CREDENTIALS or (
+        name.startswith(TENANT_ENV_PREFIX) and len(name) > len(TENANT_ENV_PREFIX)
+    )
+
+
+def usable_env(env: dict[str, str]) -> dict[str, str]:
+    """What of an opened env a process may receive: a version stored before the allowlist
+    may hold names `check_env` now refuses, and those reach no process."""
+    return {name: value for name, value in env.items() if allowed_name(name)}
+
+
+def _utf8(value: str) -> bool:
+    try:
+        value.encode()
+    except UnicodeEncodeError:  # a lone surrogate: no process environment holds it
+        return False
+    return True
+
+
 def check_env(env: dict[str, str]) -> None:
-    """Refuse names a process environment cannot hold or the platform owns (400)."""
+    """Refuse (400) an env a version may not have: a name that is not one of
+    `allowed_name`'s, a value a process environment cannot hold, a region that is not a
+    region name, more than MAX_ENV_VARS variables or MAX_ENV_BYTES in all."""
     if len(env) > MAX_ENV_VARS:
         raise InvalidRequest(f"env has {len(env)} variables; at most {MAX_ENV_VARS}.", param="env")
+    size_bytes = 0
     for name, value in env.items():
-        if not re.match(ENV_NAME_PATTERN, name):
+        if not allowed_name(name):
             raise InvalidRequest(
-                f"env name {name!r} is not a variable name (letters, digits, '_').", param="env"
-            )
-        upper = name.upper()
-        if upper.startswith(_RESERVED_PREFIXES) or upper in _RESERVED_NAMES:
-            raise InvalidRequest(
-                f"env name {name!r} is the platform's to set (names starting with "
-                f"{', '.join(_RESERVED_PREFIXES)} and {', '.join(sorted(_RESERVED_NAMES))}); "
-                "engine settings go in the deployment's engine options.",
+                f"env name {name!r} is not one a version may set. Allowed: "
+                f"{_allowed_names()}. Engine settings go in the deployment's engine options.",
                 param="env",
             )
-        if len(value) > MAX_ENV_VALUE_CHARS or "\x00" in value:
+        if len(value) > MAX_ENV_VALUE_CHARS or "\x00" in value or not _utf8(value):
             raise InvalidRequest(
-                f"env {name}: a value has at most {MAX_ENV_VALUE_CHARS} characters and no NUL.",
+                f"env {name}: a value is UTF-8 text of at most {MAX_ENV_VALUE_CHARS} "
+                "characters, without NUL.",
                 param="env",
             )
+        if name in _REGION_NAMES and not _REGION_PATTERN.fullmatch(value):
+            raise InvalidRequest(
+                f"env {name}: {value!r} is not an AWS region name (like us-east-1).", param="env"
+            )
+        size_bytes += len(name.encode()) + len(value.encode())
+    if size_bytes > MAX_ENV_BYTES:
+        raise InvalidRequest(
+            f"env holds {size_bytes} bytes of names and values; at most {MAX_ENV_BYTES} bytes.",
+            param="env",
+        )

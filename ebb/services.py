@@ -30,6 +30,7 @@ def frontdoor() -> None:
     """Run the HTTP frontdoor (started by `ebb up`)."""
     import uvicorn
 
+    from ebb.frontdoor.head_timeout import HTTP_PROTOCOL
     from ebb.process_guard import exit_when_orphaned
 
     settings = Settings()
@@ -49,6 +50,7 @@ def frontdoor() -> None:
             port=settings.port,
             log_level="warning",
             timeout_graceful_shutdown=30,
+            http=HTTP_PROTOCOL,  # closes connections whose head is not read in time
         )
         return
     from ebb.frontdoor.app import create_app
@@ -60,6 +62,7 @@ def frontdoor() -> None:
         port=settings.port,
         log_level="warning",
         timeout_graceful_shutdown=30,
+        http=HTTP_PROTOCOL,  # closes connections whose head is not read in time
     )
 
 

@@ -26,7 +26,7 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn
 
-from ebb.coldstart.launcher import child_environment
+from ebb.coldstart.environments import service_environment
 from ebb.coldstart.stem_pools import stems_wanted
 from ebb.coldstart.tiers import WarmState
 from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE, Settings
@@ -61,7 +61,7 @@ class Supervisor:
     children: list[Child] = field(default_factory=list)
 
     def start(self, child: Child) -> None:
-        env = child_environment(self.settings)
+        env = service_environment(self.settings)
         child.log_path = str(self.settings.logs_dir / f"{child.name}.log")
         with open(child.log_path, "ab") as log_file:
             # Own session: a terminal's Ctrl-C reaches only `ebb up`, which stops the

@@ -12,7 +12,7 @@ tenants_app = typer.Typer(
     invoke_without_command=True,
 )
 
-_QUOTA_FIELDS = ("max_deployments", "max_replicas", "max_gpus", "allowed_sources")
+_QUOTA_FIELDS = ("max_deployments", "max_replicas", "max_gpus", "max_versions", "allowed_sources")
 
 
 def _limit(value: int | None) -> str:
@@ -56,6 +56,7 @@ def quota(
     max_gpus: int | None = typer.Option(
         None, min=0, help="max_replicas × tensor_parallel_size summed over its deployments."
     ),
+    max_versions: int | None = typer.Option(None, min=1, help="Versions kept per deployment."),
     allow_source: list[str] | None = typer.Option(
         None,
         "--allow-source",
@@ -71,6 +72,7 @@ def quota(
         "max_deployments": max_deployments,
         "max_replicas": max_replicas,
         "max_gpus": max_gpus,
+        "max_versions": max_versions,
         "allowed_sources": None if allow_source is None else [p for p in allow_source if p],
     }
     if any(v is not None for v in given.values()):
@@ -84,6 +86,7 @@ def quota(
     table.add_row("deployments", str(body["max_deployments"]), str(use["deployments"]))
     table.add_row("replicas", str(body["max_replicas"]), str(use["replicas"]))
     table.add_row("GPUs", str(body["max_gpus"]), str(use["gpus"]))
+    table.add_row("versions per deployment", str(body["max_versions"]), "")
     console.print(table)
     console.print("sources: " + (", ".join(body["allowed_sources"]) or "none allowed"))
 

@@ -10,7 +10,6 @@ file, forked from the fork server once it is ready.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from ebb.coldstart.environments import child_environment
 from ebb.coldstart.fork_client import Exit, ForkServerClient
 from ebb.coldstart.stem_pools import StemPool
 from ebb.coldstart.tiers import Tier, WarmState
@@ -71,24 +71,6 @@ class NoWarmStarts:
 
     def warm_state(self) -> WarmState:
         return WarmState.OFF
-
-
-def child_environment(settings: Settings) -> dict[str, str]:
-    """The environment a child process needs to build the same Settings as its parent."""
-    env = dict(os.environ)
-    env.update(
-        EBB_HOME=str(settings.home.resolve()),
-        EBB_WEIGHTS_CACHE_DIR=str(settings.weights_dir.resolve()),
-        EBB_REDIS_URL=settings.redis_url or "",
-        EBB_LEASE_TTL_S=str(settings.lease_ttl_s),
-        EBB_HEARTBEAT_INTERVAL_S=str(settings.heartbeat_interval_s),
-        EBB_KV_CACHE_GIB=str(settings.kv_cache_gib),
-        EBB_RESULT_TTL_S=str(settings.result_ttl_s),
-        EBB_ADMIN_KEY=settings.admin_key or "",
-        # Local runners are children: none outlives the platform that launched it.
-        EBB_RUNNER_FOLLOWS_PARENT="1",
-    )
-    return env
 
 
 class LocalProcessLauncher:

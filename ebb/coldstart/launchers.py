@@ -9,13 +9,8 @@ from collections.abc import Callable
 
 import redis
 
-from ebb.coldstart.launcher import (
-    Launcher,
-    LocalProcessLauncher,
-    NoWarmStarts,
-    WarmStarts,
-    child_environment,
-)
+from ebb.coldstart.environments import child_environment
+from ebb.coldstart.launcher import Launcher, LocalProcessLauncher, NoWarmStarts, WarmStarts
 from ebb.coldstart.placing import PreferringLauncher
 from ebb.coldstart.stem_pools import runner_gpus
 from ebb.config import Settings

@@ -28,8 +28,8 @@ from typing import Any
 
 import redis
 
+from ebb.coldstart.environments import preparation_environment
 from ebb.coldstart.k8s_pods import CACHED_SOURCES_ANNOTATION
-from ebb.coldstart.launcher import child_environment
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.queue.deployment_lookup import read_serving_units
@@ -107,10 +107,11 @@ class Prefetcher:
 
 
 def prepare_in_process(settings: Settings, source: str) -> bool:
-    """`ebb prepare SOURCE` in a process of its own (what it imports leaves with it)."""
+    """`ebb prepare SOURCE` in a process of its own (what it imports leaves with it),
+    with the operator's credentials only (no version's env) and no platform secret."""
     done = subprocess.run(
         [sys.executable, "-m", "ebb", "prepare", source],
-        env=child_environment(settings),
+        env=preparation_environment(settings, {}),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,

@@ -29,7 +29,7 @@ from pathlib import Path
 import msgspec
 
 from ebb.coldstart.clock import SYSTEM_CLOCK, Clock
-from ebb.coldstart.launcher import child_environment
+from ebb.coldstart.environments import preparation_environment, secret_values
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.queue import observations
@@ -67,8 +67,9 @@ class _Preparation:
     task: asyncio.Task[PrepareDone | PrepareFailed] | None = None
     # It fetched or converted the weights (not only found them cached): for metrics.
     fetched: bool = False
-    # The version that asked first: its environment (HF_TOKEN, S3 credentials) is the
-    # process's, opened just before it starts.
+    # The version that asked first: its credentials (HF_TOKEN, S3 keys), and only those,
+    # go into the process's environment (`preparation_environment`), opened just before
+    # it starts.
     asked_by: str = ""
     env: dict[str, str] = field(default_factory=dict)
 
@@ -223,7 +224,9 @@ class Preparer:
 
     async def _run_process(self, preparation: _Preparation) -> PrepareDone | PrepareFailed:
         log_path = self._settings.logs_dir / f"prepare-{_short_hash(preparation.source)}.log"
+        env = preparation_environment(self._settings, preparation.env)
         with log_path.open("ab") as log_file:
+            log_start = log_file.tell()  # earlier attempts' lines are not this one's
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
@@ -232,7 +235,7 @@ class Preparer:
                 preparation.source,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log_file,
-                env={**child_environment(self._settings), **preparation.env},
+                env=env,
             )
         log.info("coldstart: preparing %s (pid %d)", preparation.source, proc.pid)
         assert proc.stdout is not None
@@ -256,9 +259,12 @@ class Preparer:
         if outcome is None:
             outcome = PrepareFailed(
                 f"Preparing the weights of {preparation.source} crashed (exit status "
-                f"{code}): {_tail(log_path)}",
+                f"{code}): {_tail(log_path, log_start)}",
                 _ERROR_CODE,
             )
+        if isinstance(outcome, PrepareFailed):
+            # The message becomes the deployment's `error`, which its tenant reads.
+            outcome.message = _redacted(outcome.message, secret_values(env))
         return outcome
 
     async def _write(self, name: str, status: WeightsStatus) -> None:
@@ -288,9 +294,19 @@ def _short_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:12]
 
 
-def _tail(path: Path) -> str:
+def _tail(path: Path, start: int) -> str:
+    """The last lines `path` got from offset `start` on."""
     try:
-        lines: deque[str] = deque(path.read_text(errors="replace").splitlines(), _LOG_TAIL_LINES)
+        with path.open("rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace")
     except OSError:
         return "(no log)"
+    lines: deque[str] = deque(text.splitlines(), _LOG_TAIL_LINES)
     return " | ".join(lines) or "(no output)"
+
+
+def _redacted(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "[redacted]")
+    return text

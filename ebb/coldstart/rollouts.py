@@ -9,6 +9,9 @@ Each pass, per deployment with an active rollout:
      per-request outcomes and times to first token) are judged; the rollout rolls back
      at once when the new version is worse by more than the margins, and is promoted
      each interval while it is not.
+Every pass, per deployment: job attempts still queued for a version at 0 % (the old one
+once a rollout is done, the new one after a rollback) move to the version that serves
+(`ebb.queue.job_moves`): jobs follow the traffic split, like synchronous requests.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ebb.queue.job_moves import JobMoves
 from ebb.queue.platform import PlatformState
 from ebb.queue.rollout import RolloutRefused, Verdict, health_of, judge, promote, rollback, warmed
 from ebb.queue.schema import RunnerState, UsageRecord
@@ -42,6 +46,7 @@ class RolloutDriver:
     def __init__(self, state: PlatformState, clock: Callable[[], float] = time.time):
         self._state = state
         self._store = VersionStore(state.redis)
+        self._moves = JobMoves(state.redis)
         self._clock = clock
         self._read: dict[str, _StepRead] = {}  # deployment -> its current step's records
 
@@ -62,6 +67,7 @@ class RolloutDriver:
         scheduled: set[str] = set()
         for spec in await self._state.list_deployments():
             split = await self._store.split(spec.name)
+            await self._follow_split(spec.name, split)
             rollout = split.rollout
             if rollout is None or not rollout.active:
                 continue
@@ -75,6 +81,22 @@ class RolloutDriver:
                 continue  # changed under us by the API: the next pass sees the new state
         for name in set(self._read) - scheduled:
             del self._read[name]
+
+    async def _follow_split(self, name: str, split: TrafficSplit) -> None:
+        """Move the jobs queued for versions at 0 % to the primary version. Version 1 is
+        looked at even once a rollout dropped it from the split: its unit is the bare
+        name, where jobs of every version once waited."""
+        idle = [v for v, w in split.weights.items() if w == 0]
+        if 1 not in split.weights:
+            idle.append(1)
+        if not idle or split.weights.get(split.primary, 0) == 0:
+            return
+        units = [unit_name(name, v) for v in idle]
+        target = unit_name(name, split.primary)
+        for unit, waiting in zip(units, await self._moves.queued(units), strict=True):
+            if waiting:
+                moved = await self._moves.move_queued(unit, target)
+                log.info("coldstart: moved %d queued jobs from %s to %s", moved, unit, target)
 
     async def _when_warm(self, name: str, version: int) -> None:
         unit = unit_name(name, version)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ebb.errors import InvalidRequest
+from ebb.frontdoor.body import JsonRefused, strict_json
 from ebb.queue.batch_store import BatchLine, BatchRecord
 from ebb.queue.job_schema import JobRecord, JobStatus
 
@@ -33,42 +34,70 @@ class InputLine:
     body: dict[str, Any]
 
 
+class InvalidInput(InvalidRequest):
+    """An input file that is not a batch; `line` is the 1-based line at fault (None: the
+    file as a whole)."""
+
+    def __init__(self, message: str, *, line: int | None = None, code: str | None = None):
+        super().__init__(message, param="input_file_id", code=code)
+        self.line = line
+
+    def batch_error(self) -> dict[str, Any]:
+        """The error as OpenAI's batch object lists it (`errors.data[]`)."""
+        return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
+
+
 def parse_input(content: bytes, endpoint: str) -> list[InputLine]:
-    """The file's requests; InvalidRequest naming the first line that is not one."""
+    """The file's requests; InvalidInput naming the first line that is not one.
+
+    Each line is read by the strict decoder of request bodies (`ebb.frontdoor.body`):
+    UTF-8 only, no lone surrogates (text that could not be stored or echoed back), at most
+    MAX_JSON_DEPTH deep.
+    """
     lines: list[InputLine] = []
     seen: set[str] = set()
     for number, raw in enumerate(content.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        where = f"line {number} of the input file"
-        try:
-            item = json.loads(raw)
-        except ValueError as e:
-            raise _bad(f"{where} is not JSON ({e}); each line must be one request object.") from e
-        if not isinstance(item, dict) or set(item) - {"custom_id", "method", "url", "body"}:
-            raise _bad(f'{where} must be {{"custom_id", "method", "url", "body"}}.')
-        custom_id = item.get("custom_id")
-        if not isinstance(custom_id, str) or not 0 < len(custom_id) <= MAX_CUSTOM_ID_CHARS:
-            raise _bad(f"{where}: custom_id must be a string of 1 to 512 characters.")
-        if custom_id in seen:
-            raise _bad(f"{where}: custom_id {custom_id!r} is used twice; make them unique.")
-        seen.add(custom_id)
-        if item.get("method") != "POST":
-            raise _bad(f'{where}: method must be "POST".')
-        if item.get("url") != endpoint:
-            raise _bad(f"{where}: url must be the batch's endpoint, {endpoint}.")
-        if not isinstance(item.get("body"), dict) or not item["body"].get("model"):
-            raise _bad(f"{where}: body must be a request object naming its model.")
-        lines.append(InputLine(custom_id, item["body"]))
+        if raw.strip():
+            line = _parse_line(raw, number, endpoint)
+            if line.custom_id in seen:
+                raise InvalidInput(
+                    f"line {number} of the input file: custom_id {line.custom_id!r} is used "
+                    "twice; make them unique.",
+                    line=number,
+                )
+            seen.add(line.custom_id)
+            lines.append(line)
     if not lines:
-        raise _bad("The input file holds no requests.")
+        raise InvalidInput("The input file holds no requests.")
     if len(lines) > MAX_BATCH_LINES:
-        raise _bad(f"A batch holds at most {MAX_BATCH_LINES} requests; got {len(lines)}.")
+        raise InvalidInput(f"A batch holds at most {MAX_BATCH_LINES} requests; got {len(lines)}.")
     return lines
 
 
-def _bad(message: str) -> InvalidRequest:
-    return InvalidRequest(message, param="input_file_id")
+def _parse_line(raw: bytes, number: int, endpoint: str) -> InputLine:
+    where = f"line {number} of the input file"
+    try:
+        item = strict_json(raw)
+    except JsonRefused as e:
+        raise InvalidInput(
+            f"{where} is {e.reason} Each line must be one request object.", line=number, code=e.code
+        ) from e
+    if not isinstance(item, dict) or set(item) - {"custom_id", "method", "url", "body"}:
+        raise InvalidInput(
+            f'{where} must be {{"custom_id", "method", "url", "body"}}.', line=number
+        )
+    custom_id = item.get("custom_id")
+    if not isinstance(custom_id, str) or not 0 < len(custom_id) <= MAX_CUSTOM_ID_CHARS:
+        raise InvalidInput(
+            f"{where}: custom_id must be a string of 1 to 512 characters.", line=number
+        )
+    if item.get("method") != "POST":
+        raise InvalidInput(f'{where}: method must be "POST".', line=number)
+    if item.get("url") != endpoint:
+        raise InvalidInput(f"{where}: url must be the batch's endpoint, {endpoint}.", line=number)
+    if not isinstance(item.get("body"), dict) or not item["body"].get("model"):
+        raise InvalidInput(f"{where}: body must be a request object naming its model.", line=number)
+    return InputLine(custom_id, item["body"])
 
 
 def output_files(
@@ -104,6 +133,8 @@ def _line(line: BatchLine, response: Any, error: Any) -> str:
 def counts(record: BatchRecord, jobs: dict[str, JobRecord | None]) -> dict[str, int]:
     completed = failed = 0
     for line in record.lines:
+        if line.pending:  # neither: it waits for its rate limits
+            continue
         job = jobs.get(line.job_id) if line.job_id else None
         if job is not None and job.status is JobStatus.SUCCEEDED:
             completed += 1
@@ -118,7 +149,7 @@ def batch_view(record: BatchRecord, request_counts: dict[str, int]) -> dict[str,
         "id": record.batch_id,
         "object": "batch",
         "endpoint": record.endpoint,
-        "errors": None,
+        "errors": {"object": "list", "data": record.errors} if record.errors else None,
         "input_file_id": record.input_file_id,
         "completion_window": record.completion_window,
         "status": record.status.value,

@@ -29,6 +29,7 @@ MAX_JSON_DEPTH = 128
 
 _STATE_KEY = "ebb.json_body"
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_TOO_DEEP = f"nested more than {MAX_JSON_DEPTH} levels deep; flatten it."
 
 
 class PayloadTooLarge(EbbError):
@@ -42,34 +43,45 @@ def decoded_json(request: Request) -> object:
     return request.scope.get(_STATE_KEY)
 
 
-def decode_json(raw: bytes) -> object:
-    """Strict JSON (UTF-8 only, no lone surrogates, bounded depth); raises InvalidRequest."""
+class JsonRefused(ValueError):
+    """Why bytes are not strict, bounded JSON. `code`: invalid_json or json_too_deep;
+    `reason` completes "... is " (it ends with a full stop)."""
+
+    def __init__(self, code: str, reason: str):
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def strict_json(raw: bytes) -> object:
+    """Strict JSON (UTF-8 only, no lone surrogates, at most MAX_JSON_DEPTH deep), for
+    request bodies and for every other JSON a tenant sends (a batch file's lines)."""
     try:
         value = msgspec.json.decode(raw)
     except RecursionError as e:
-        raise _too_deep() from e
+        raise JsonRefused("json_too_deep", _TOO_DEEP) from e
     except msgspec.DecodeError as e:
         hint = ""
         if _SURROGATE_ESCAPE.search(raw):
             hint = " Lone UTF-16 surrogate escapes (\\ud800-\\udfff) are not valid text."
-        raise InvalidRequest(
-            f"The request body is not valid JSON ({e}).{hint} Send a UTF-8 JSON object "
-            "with 'Content-Type: application/json'.",
-            code="invalid_json",
-        ) from e
+        raise JsonRefused("invalid_json", f"not valid JSON ({e}).{hint}") from e
     # Nesting needs an opening bracket per level: a body with few (almost every one) is
     # passed without walking it, which costs more than decoding it.
     openers = raw.count(b"{") + raw.count(b"[")
     if openers > MAX_JSON_DEPTH and _depth_exceeds(value, MAX_JSON_DEPTH):
-        raise _too_deep()
+        raise JsonRefused("json_too_deep", _TOO_DEEP)
     return value
 
 
-def _too_deep() -> InvalidRequest:
-    return InvalidRequest(
-        f"The request body is nested more than {MAX_JSON_DEPTH} levels deep; flatten it.",
-        code="json_too_deep",
-    )
+def decode_json(raw: bytes) -> object:
+    """A request body by `strict_json`; raises InvalidRequest."""
+    try:
+        return strict_json(raw)
+    except JsonRefused as e:
+        suffix = ""
+        if e.code == "invalid_json":
+            suffix = " Send a UTF-8 JSON object with 'Content-Type: application/json'."
+        raise InvalidRequest(f"The request body is {e.reason}{suffix}", code=e.code) from e
 
 
 def _depth_exceeds(value: Any, limit: int) -> bool:

@@ -21,7 +21,6 @@ from ebb.queue.schema import DeploymentSpec, RunnerState
 from ebb.queue.version_store import VersionStore
 from ebb.queue.versions import (
     VERSION_FIELDS,
-    TrafficSplit,
     VersionRecord,
     split_unit,
     unit_name,
@@ -64,10 +63,13 @@ async def deploy_version(
     changes: Callable[[DeploymentSpec], dict],
     env: dict[str, str] | None,
     check: Callable[[DeploymentSpec], Awaitable[None]],
+    *,
+    max_versions: int,
 ) -> VersionRecord:
     """Store the next version of `existing`: `changes(latest spec)` gives the body's
     fields merged over the latest version's; only VERSION_FIELDS of them count (replicas,
-    idle timeout and the like are the deployment's: PATCH changes them)."""
+    idle timeout and the like are the deployment's: PATCH changes them). `check` refuses
+    the composed spec; `TooManyVersions` when `max_versions` are kept already."""
     store = VersionStore(services.state.redis)
     latest = await latest_version(store, existing)
     given = {k: v for k, v in changes(latest.spec).items() if k in VERSION_FIELDS}
@@ -85,13 +87,8 @@ async def deploy_version(
         lambda n: VersionRecord(
             version=n, created_at_s=spec.created_at_s, spec=spec, env_names=names, env_sealed=sealed
         ),
+        max_versions=max_versions,
     )
-
-    def listed(split: TrafficSplit) -> TrafficSplit:
-        split.weights.setdefault(record.version, 0)  # prepared now; traffic by rollout
-        return split
-
-    await store.update_split(existing.name, listed)
     unit = unit_name(existing.name, record.version)
     if services.engines.entry_for(spec.source).prepares_weights:
         await services.state.set_deployment_status(

@@ -91,7 +91,7 @@ class LocalFileStore:
         self, content: bytes, *, tenant: str, filename: str, purpose: str, file_id: str = ""
     ) -> FileInfo:
         """Store `content`; with a given `file_id` (outputs), writing it again is a no-op."""
-        self._root.mkdir(parents=True, exist_ok=True)
+        self._root.mkdir(mode=0o700, parents=True, exist_ok=True)
         info = FileInfo(
             file_id=file_id or new_file_id(),
             tenant=tenant,
@@ -134,8 +134,12 @@ class LocalFileStore:
 
 
 def _write_atomically(path: Path, content: bytes) -> None:
+    """A tenant's bytes, readable by the platform's user alone (mode 0600): data that no
+    process is ever pointed at as configuration (a version's env names no file)."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_bytes(content)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(content)
     os.replace(tmp, path)
 
 

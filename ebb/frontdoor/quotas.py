@@ -1,18 +1,23 @@
 """Tenant quotas as policy: what a tenant's deployments use, and whether a change fits.
 
-Pure functions over deployment specs, so the same check runs inside the store's WATCH
-(`ebb.queue.quotas.QuotaStore.put_deployment`) and in unit tests. A change is refused
+Pure functions over deployment specs, their traffic splits and versions, so the same
+check runs inside the store's WATCH (`ebb.queue.quotas.QuotaStore`) and in unit tests.
+A deployment counts at its peak (`Footprint`): every version that holds or may hold
+runners (with traffic, or either end of a rollout) at max_replicas. A change is refused
 only when it raises a use that ends up over its limit: a tenant over a quota the admin
 lowered may still scale down or delete, never up.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ebb.errors import QuotaExceeded
-from ebb.queue.quotas import TenantQuota
+from ebb.queue.quotas import Holdings, TenantQuota
 from ebb.queue.schema import DeploymentSpec
+from ebb.queue.versions import TrafficSplit, VersionRecord
+from ebb.weights_cache.sources import normalize_source, within_prefix
 
 ANY_SOURCE = "*"
 
@@ -24,21 +29,82 @@ class QuotaUse:
     gpus: int = 0
 
 
+@dataclass(frozen=True)
+class Footprint:
+    """One deployment at its peak, as quotas count it: its max_replicas, and the GPUs per
+    replica of each version that holds or may hold runners (`live_versions`). Every such
+    version scales to max_replicas on its own (during a rollout both ends may), so the
+    deployment may hold max_replicas × that many runners and max_replicas × their GPUs."""
+
+    max_replicas: int
+    version_gpus: tuple[int, ...]
+
+    @property
+    def replicas(self) -> int:
+        return self.max_replicas * len(self.version_gpus)
+
+    @property
+    def gpus(self) -> int:
+        return self.max_replicas * sum(self.version_gpus)
+
+
+def gpus_per_replica(spec: DeploymentSpec) -> int:
+    """A runner's GPUs: tensor_parallel_size (unset: 1)."""
+    return spec.engine.tensor_parallel_size or 1
+
+
 def gpus_of(spec: DeploymentSpec) -> int:
-    """The GPUs a deployment may hold at its peak: max_replicas × tensor_parallel_size."""
-    return spec.max_replicas * (spec.engine.tensor_parallel_size or 1)
+    """The GPUs a deployment of one version may hold at its peak."""
+    return spec.max_replicas * gpus_per_replica(spec)
 
 
-def use_of(specs: list[DeploymentSpec]) -> QuotaUse:
+def live_versions(split: TrafficSplit) -> set[int]:
+    """The versions that hold or may hold runners: those with traffic, and both ends of
+    a rollout in progress (the new one warms before it takes any). A version at 0 % after
+    a finished rollout or a rollback only drains (`RETIRED_IDLE_S`): not counted."""
+    live = {v for v, w in split.weights.items() if w > 0}
+    rollout = split.rollout
+    if rollout is not None and rollout.active:
+        live |= {rollout.from_version, rollout.to_version}
+    return live
+
+
+def footprint(
+    spec: DeploymentSpec, split: TrafficSplit, versions: Mapping[int, VersionRecord]
+) -> Footprint:
+    """`spec` (the deployment's record) with its split and version records."""
+    gpus = []
+    for number in sorted(live_versions(split)):
+        record = versions.get(number)
+        # Version 1 before any other was deployed is the deployment's record itself.
+        gpus.append(gpus_per_replica(record.spec if record else spec))
+    return Footprint(spec.max_replicas, tuple(gpus) or (gpus_per_replica(spec),))
+
+
+def alone(spec: DeploymentSpec, version: DeploymentSpec) -> Footprint:
+    """The deployment `spec` serving only `version` (a new version, once rolled out)."""
+    return Footprint(spec.max_replicas, (gpus_per_replica(version),))
+
+
+def use_of(footprints: Iterable[Footprint]) -> QuotaUse:
+    counted = list(footprints)
     return QuotaUse(
-        deployments=len(specs),
-        replicas=sum(s.max_replicas for s in specs),
-        gpus=sum(gpus_of(s) for s in specs),
+        deployments=len(counted),
+        replicas=sum(f.replicas for f in counted),
+        gpus=sum(f.gpus for f in counted),
     )
 
 
 def owned(tenant: str, specs: dict[str, DeploymentSpec]) -> dict[str, DeploymentSpec]:
     return {name: s for name, s in specs.items() if s.owner == tenant}
+
+
+def footprints(tenant: str, holdings: Holdings) -> dict[str, Footprint]:
+    """Each of `tenant`'s deployments in `holdings` at its peak."""
+    return {
+        name: footprint(spec, holdings.split(name), holdings.versions.get(name, {}))
+        for name, spec in owned(tenant, holdings.specs).items()
+    }
 
 
 def _raise_quota(tenant: str, what: str, option: str) -> None:
@@ -51,9 +117,16 @@ def _raise_quota(tenant: str, what: str, option: str) -> None:
 
 
 def check_source(tenant: str, quota: TenantQuota | None, source: str) -> None:
-    """Refuse a source outside the tenant's allowed prefixes (none: nothing allowed)."""
+    """Refuse a source outside the tenant's allowed prefixes (none: nothing allowed).
+
+    The source and the prefixes are compared normalized, on segment boundaries
+    (`ebb.weights_cache.sources.within_prefix`); a source that climbs (`..`, `%2e%2e`) is
+    an `InvalidRequest` whatever the prefixes. Nothing here looks at the filesystem, so
+    the answer never depends on whether a path exists.
+    """
     allowed = quota.allowed_sources if quota else []
-    if any(p == ANY_SOURCE or source.startswith(p) for p in allowed):
+    normalized = normalize_source(source)
+    if any(p == ANY_SOURCE or within_prefix(normalized, p) for p in allowed):
         return
     if not allowed:
         reason = f"Tenant {tenant!r} may not deploy from any source yet."
@@ -70,13 +143,13 @@ def check_source(tenant: str, quota: TenantQuota | None, source: str) -> None:
 def check_change(
     tenant: str,
     quota: TenantQuota | None,
-    before: dict[str, DeploymentSpec],
-    after: dict[str, DeploymentSpec],
+    before: Mapping[str, Footprint],
+    after: Mapping[str, Footprint],
 ) -> None:
-    """Refuse `before` → `after` (the tenant's own deployments) if it raises a use past
-    its limit; the message names the limit and how to change it."""
+    """Refuse `before` → `after` (the tenant's own deployments at their peaks) if it
+    raises a use past its limit; the message names the limit and how to change it."""
     limits = quota or TenantQuota()
-    old, new = use_of(list(before.values())), use_of(list(after.values()))
+    old, new = use_of(before.values()), use_of(after.values())
     if new.deployments > max(limits.max_deployments, old.deployments):
         if quota is None:
             raise QuotaExceeded(
@@ -95,14 +168,15 @@ def check_change(
         _raise_quota(
             tenant,
             f"This would give tenant {tenant!r} up to {new.replicas} replicas (max_replicas "
-            f"summed over its deployments); its quota is {limits.max_replicas}.",
+            f"summed over its deployments and their serving versions; a rollout runs two); "
+            f"its quota is {limits.max_replicas}.",
             "--max-replicas",
         )
     if new.gpus > max(limits.max_gpus, old.gpus):
         _raise_quota(
             tenant,
             f"This would let tenant {tenant!r} hold up to {new.gpus} GPUs (max_replicas × "
-            f"tensor_parallel_size, summed over its deployments); its quota is "
-            f"{limits.max_gpus}.",
+            f"tensor_parallel_size, summed over its deployments and their serving versions; "
+            f"a rollout runs two); its quota is {limits.max_gpus}.",
             "--max-gpus",
         )

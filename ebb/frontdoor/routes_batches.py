@@ -2,7 +2,11 @@
 
 Each input line becomes a job (so it wakes a deployment at zero, yields to synchronous
 traffic, survives restarts and is billed per token, at the deployment's batch discount);
-a line the platform refuses goes to the error file without running. A batch's status is
+a line the platform refuses goes to the error file without running. Lines count against
+the key's and tenant's rate limits like jobs: a line over them stays pending, and the
+watcher queues it (in file order) once the limits allow, within the completion window.
+An input file that cannot be read as a batch is a 400 when the batch is created; a batch
+that cannot be queued (or resumed) fails once, with the reason in `errors`. A batch's status is
 read through to its jobs whenever it is looked at; once all of them settled, the output
 and error files are written (under fixed ids, so writing twice is harmless) and the batch
 is completed, expired (some line waited past the completion window) or cancelled. The
@@ -14,23 +18,23 @@ anyone polling it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import time
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from ebb.errors import EbbError, InvalidRequest, NotFound
+from ebb.errors import EbbError, InvalidRequest, NotFound, RateLimited
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.batches import (
     COMPLETION_WINDOWS,
     ENDPOINTS,
     InputLine,
+    InvalidInput,
     batch_view,
     counts,
     output_files,
@@ -101,34 +105,33 @@ async def create_batch(payload: BatchCreate, caller: CallerDep, services: Servic
     # Stored before any line is queued: if this process dies while queueing, the batch
     # watcher finds it validating and queues the rest (see _queue_lines).
     await services.batches.create(record)
-    record = await _queue_lines(services, record, inputs, caller)
+    try:
+        record = await _queue_lines(services, record, inputs, caller)
+    except Exception as e:
+        log.exception("batches: %s could not be queued", record.batch_id)
+        record = await _give_up(services, record, _not_queued(e))
     return await _refreshed_view(services, record)
 
 
 async def _queue_lines(
     services: Services, record: BatchRecord, inputs: list[InputLine], caller: Caller
 ) -> BatchRecord:
-    """One job per line, each under an idempotency key of (batch, custom_id), so queueing
-    a batch again (after a crash) returns the jobs already queued: none runs twice."""
+    """One job per line not queued yet, in file order until the caller's rate limits
+    refuse one (that one and the rest stay pending, tried again at `release_at_s`). Each
+    job has an idempotency key of (batch, custom_id), so queueing a batch again (after a
+    crash) returns the jobs already queued: none runs twice."""
     window_s = COMPLETION_WINDOWS[record.completion_window]
-    lines = []
+    settled = {line.custom_id: line for line in record.lines if not line.pending}
+    lines: list[BatchLine] = []
+    wait_s: float | None = None
     for item in inputs:
-        job = JobCreate(
-            model=str(item.body["model"]),
-            endpoint=ENDPOINTS[record.endpoint],  # type: ignore[arg-type]
-            body=item.body,
-            metadata={"batch_id": record.batch_id, "custom_id": item.custom_id[:512]},
-            ttl_s=window_s,
-        )
-        key = f"{record.batch_id}|{item.custom_id}"
-        try:
-            job_id = await create_job(services, caller, job, batch=True, idempotency=key)
-            lines.append(BatchLine(item.custom_id, job_id))
-        except EbbError as e:
-            # Refused before running, as OpenAI reports a request that failed validation.
-            lines.append(BatchLine(item.custom_id, error={"code": e.code, "message": e.message}))
+        line = settled.get(item.custom_id)
+        if line is None and wait_s is None:
+            line, wait_s = await _queue_line(services, record, item, caller, window_s)
+        lines.append(line or BatchLine(item.custom_id))
     current = await services.batches.get(record.batch_id) or record
     current.lines = lines
+    current.release_at_s = time.time() + wait_s if wait_s is not None else 0.0
     if current.status is BatchStatus.VALIDATING:
         current.status, current.in_progress_at_s = BatchStatus.IN_PROGRESS, int(time.time())
     await services.batches.put(current)
@@ -139,13 +142,77 @@ async def _queue_lines(
     return current
 
 
-async def _resume(services: Services, record: BatchRecord) -> None:
-    """Queue the lines of a batch whose creation was interrupted."""
-    content = await asyncio.to_thread(services.files.content, record.input_file_id)
-    inputs = parse_input(content, record.endpoint)
+async def _queue_line(
+    services: Services, record: BatchRecord, item: InputLine, caller: Caller, window_s: int
+) -> tuple[BatchLine | None, float | None]:
+    """(the line queued or refused, None) or (None, seconds until the limits may allow it)."""
+    job = JobCreate(
+        model=str(item.body["model"]),
+        endpoint=ENDPOINTS[record.endpoint],  # type: ignore[arg-type]
+        body=item.body,
+        metadata={"batch_id": record.batch_id, "custom_id": item.custom_id[:512]},
+        ttl_s=window_s,
+    )
+    key = f"{record.batch_id}|{item.custom_id}"
+    try:
+        job_id = await create_job(services, caller, job, batch=True, idempotency=key)
+    except RateLimited as e:
+        return None, e.retry_after_s
+    except EbbError as e:
+        # Refused before running, as OpenAI reports a request that failed validation.
+        return BatchLine(item.custom_id, error={"code": e.code, "message": e.message}), None
+    return BatchLine(item.custom_id, job_id), None
+
+
+async def _requeue(services: Services, record: BatchRecord, *, resuming: bool) -> None:
+    """Queue the lines not queued yet: of a batch whose creation was interrupted
+    (`resuming`: any failure fails it, once), or pending ones its limits now allow (an
+    input that no longer validates fails it; other errors are tried again next time)."""
+    try:
+        content = await asyncio.to_thread(services.files.content, record.input_file_id)
+        inputs = parse_input(content, record.endpoint)
+    except (InvalidInput, FileNotFoundError) as e:
+        await _give_up(services, record, _not_queued(e))
+        return
     caller = Caller(tenant=record.tenant, key_id=record.key_id, is_admin=False)
-    log.info("batches: resuming %s, interrupted while its lines were queued", record.batch_id)
-    await _queue_lines(services, record, inputs, caller)
+    if resuming:
+        log.info("batches: resuming %s, interrupted while its lines were queued", record.batch_id)
+    try:
+        await _queue_lines(services, record, inputs, caller)
+    except Exception as e:
+        if not resuming:
+            raise
+        log.exception("batches: %s could not be resumed", record.batch_id)
+        await _give_up(services, record, _not_queued(e))
+
+
+def _not_queued(e: Exception) -> dict[str, Any]:
+    """`e` as an entry of the batch's `errors`."""
+    if isinstance(e, InvalidInput):
+        return e.batch_error()
+    if isinstance(e, FileNotFoundError):
+        message = "The batch's input file is gone; upload it again and create a new batch."
+        return {"code": "input_file_missing", "message": message, "param": None, "line": None}
+    message = f"The batch's lines could not be queued ({type(e).__name__}); create it again."
+    return {"code": "batch_not_queued", "message": message, "param": None, "line": None}
+
+
+async def _give_up(services: Services, record: BatchRecord, error: dict[str, Any]) -> BatchRecord:
+    """Settle a batch that cannot be queued: failed (cancelled, if it was being
+    cancelled) with `error`, its queued jobs cancelled, and no longer watched."""
+    current = await services.batches.get(record.batch_id) or record
+    now = int(time.time())
+    if current.status is BatchStatus.CANCELLING:
+        current.status, current.cancelled_at_s = BatchStatus.CANCELLED, now
+    else:
+        current.status, current.failed_at_s = BatchStatus.FAILED, now
+    current.errors = [error]
+    for line in current.lines:
+        if line.job_id:
+            await services.jobs.cancel(line.job_id)
+    await services.batches.put(current)
+    await services.batches.forget_active(current.batch_id)
+    return current
 
 
 @router.get("/{batch_id}")
@@ -200,8 +267,12 @@ async def _owned(services: Services, batch_id: str, caller: Caller) -> BatchReco
 
 async def _refreshed_view(services: Services, record: BatchRecord) -> dict:
     jobs = await _jobs(services, record)
-    queued = record.status in (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING) and bool(
-        record.lines
+    # In progress, it settles once every line is queued; cancelling, its pending lines
+    # never will be.
+    pending = any(line.pending for line in record.lines)
+    queued = bool(record.lines) and (
+        record.status is BatchStatus.CANCELLING
+        or (record.status is BatchStatus.IN_PROGRESS and not pending)
     )
     if queued and all(j is None or j.status.is_terminal for j in jobs.values()):
         await _finalize(services, record, jobs)
@@ -221,6 +292,11 @@ async def _finalize(
     services: Services, record: BatchRecord, jobs: dict[str, JobRecord | None]
 ) -> None:
     """Write the output and error files and settle the batch; safe to run twice."""
+    unqueued = {"code": "batch_cancelled", "message": "The batch was cancelled first."}
+    record.lines = [
+        msgspec.structs.replace(line, error=unqueued) if line.pending else line
+        for line in record.lines
+    ]
     outputs, errors = output_files(record, jobs)
     files = services.files
     for kind, lines in (("output", outputs), ("errors", errors)):
@@ -239,7 +315,9 @@ async def _finalize(
         else:
             record.error_file_id = info.file_id
     now = int(time.time())
-    expired = any(j is not None and j.status is JobStatus.EXPIRED for j in jobs.values())
+    expired = any(j is not None and j.status is JobStatus.EXPIRED for j in jobs.values()) or any(
+        line.error == _UNQUEUED_EXPIRED for line in record.lines
+    )
     if record.status is BatchStatus.CANCELLING:
         record.status, record.cancelled_at_s = BatchStatus.CANCELLED, now
     elif expired:
@@ -264,17 +342,46 @@ def _json(body: dict) -> str:
 async def watch_batches(
     services: Services, *, interval_s: float, resume_after_s: float = 30.0
 ) -> None:
-    """Settle batches whose jobs have all settled, and queue the lines of batches whose
-    creation was interrupted (validating for over `resume_after_s`), until cancelled."""
+    """Settle batches whose jobs have all settled, queue the lines of batches whose
+    creation was interrupted (validating for over `resume_after_s`) and the pending lines
+    the rate limits now allow, until cancelled."""
     while True:
         for batch_id in await services.batches.active_ids():
-            with contextlib.suppress(Exception):
-                record = await services.batches.get(batch_id)
-                if record is None or record.status.is_terminal:
-                    await services.batches.forget_active(batch_id)
-                elif record.status is BatchStatus.VALIDATING or not record.lines:
-                    if time.time() - record.created_at_s > resume_after_s:
-                        await _resume(services, record)
-                else:
-                    await _refreshed_view(services, record)
+            try:
+                await _look_at(services, batch_id, resume_after_s)
+            except Exception:  # one batch's trouble must not stop the others'
+                log.exception("batches: looking at %s failed; trying again", batch_id)
         await asyncio.sleep(interval_s)
+
+
+async def _look_at(services: Services, batch_id: str, resume_after_s: float) -> None:
+    record = await services.batches.get(batch_id)
+    now = time.time()
+    if record is None or record.status.is_terminal:
+        await services.batches.forget_active(batch_id)
+    elif record.status is BatchStatus.VALIDATING or not record.lines:
+        if now - record.created_at_s > resume_after_s:
+            await _requeue(services, record, resuming=True)
+    elif record.status is BatchStatus.IN_PROGRESS and any(x.pending for x in record.lines):
+        if now > record.expires_at_s:
+            await _expire_pending(services, record)
+        elif now >= record.release_at_s:
+            await _requeue(services, record, resuming=False)
+    else:
+        await _refreshed_view(services, record)
+
+
+# A pending line whose completion window passed before its rate limits let it be queued.
+_UNQUEUED_EXPIRED = {
+    "code": "batch_expired",
+    "message": "The request was not queued within the completion window (its rate limits).",
+}
+
+
+async def _expire_pending(services: Services, record: BatchRecord) -> None:
+    record.lines = [
+        msgspec.structs.replace(line, error=_UNQUEUED_EXPIRED) if line.pending else line
+        for line in record.lines
+    ]
+    await services.batches.put(record)
+    await _refreshed_view(services, record)

@@ -26,6 +26,7 @@ from ebb.frontdoor.deploy_versions import (
 from ebb.frontdoor.quotas import check_source
 from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.frontdoor.services import Services, ServicesDep
+from ebb.frontdoor.version_quotas import check_version_quota, versions_limit, versions_refusal
 from ebb.queue.gpus import GpuState
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import (
@@ -35,8 +36,10 @@ from ebb.queue.schema import (
     ServingOptions,
     new_deployment_uid,
 )
+from ebb.queue.version_store import TooManyVersions
 from ebb.queue.versions import public_name, split_unit
 from ebb.queue.weights_status import WeightsState, WeightsStatus
+from ebb.weights_cache.sources import normalize_source
 
 router = APIRouter(prefix="/v1/deployments")
 
@@ -160,8 +163,12 @@ def _check_bounds(spec: DeploymentSpec) -> None:
         )
 
 
-def _check_source(engines: EngineRegistry, source: str) -> None:
-    engines.validate(source)  # raises InvalidRequest naming the accepted forms
+def _checked_source(engines: EngineRegistry, caller: Caller, source: str) -> str:
+    """The source to store, once valid (else InvalidRequest naming the accepted forms): a
+    tenant's normalized, so that what its allowed prefixes are checked against is what is
+    stored and read."""
+    engines.validate(source)
+    return source if caller.is_admin else normalize_source(source)
 
 
 async def _check_engine(state: PlatformState, spec: DeploymentSpec) -> None:
@@ -252,7 +259,7 @@ async def create_deployment(
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> dict:
     tenancy.check_fields(caller, body.model_dump())
-    _check_source(services.engines, body.source)
+    body.source = _checked_source(services.engines, caller, body.source)
     create_only = if_none_match == "*"  # the client wants a new deployment or a 409
     existing = await services.state.get_deployment(body.name)
     if (
@@ -261,6 +268,7 @@ async def create_deployment(
         and tenancy.manages(caller, {"owner": existing.owner})
     ):
         return await _deploy_version(services, caller, existing, body)
+    tenancy.check_new_name(caller, body.name, existing)  # before any answer on the name
     spec = DeploymentSpec(
         **body.changes(EngineSpec(), ServingOptions()),
         created_at_s=time.time(),
@@ -293,18 +301,29 @@ async def _deploy_version(
     services: Services, caller: Caller, existing: DeploymentSpec, body: DeploymentCreate
 ) -> dict:
     """An existing name its caller manages: the body is its next version
-    (`ebb.frontdoor.deploy_versions`); a tenant's source stays within its quota."""
+    (`ebb.frontdoor.deploy_versions`). A tenant's stays within its quota: its source, the
+    versions it keeps, and the deployment serving only it (its GPUs once rolled out; the
+    rollout itself is checked when it starts)."""
+    quota = None if caller.is_admin else await services.quotas.get(caller.tenant)
     if not caller.is_admin:
-        check_source(caller.tenant, await services.quotas.get(caller.tenant), body.source)
+        check_source(caller.tenant, quota, body.source)
 
     async def check(spec: DeploymentSpec) -> None:
         _check_bounds(spec)
         await _check_engine(services.state, spec)
+        if not caller.is_admin:
+            await check_version_quota(services, caller.tenant, quota, existing, spec)
 
     def changes(latest: DeploymentSpec) -> dict:
         return body.changes(latest.engine, latest.serving)
 
-    record = await deploy_version(services, existing, changes, body.env, check)
+    limit = versions_limit(quota, admin=caller.is_admin)
+    try:
+        record = await deploy_version(
+            services, existing, changes, body.env, check, max_versions=limit
+        )
+    except TooManyVersions as e:
+        raise versions_refusal(caller, existing.name, e.kept, limit) from e
     view = await deployment_view(services.state, existing)
     return {**view, "deployed_version": record.version}
 

@@ -191,7 +191,8 @@ async def create_job(
 
     With `batch` (the Batch API) token prices are reduced by the deployment's
     `serving.batch_discount_pct`. With `idempotency`, submitting it again returns the job
-    already queued under it. Raises InvalidRequest when the request cannot run.
+    already queued under it. Reserves against the caller's rate limits like POST /v1/jobs.
+    Raises InvalidRequest when the request cannot run, RateLimited when it must wait.
     """
     spec = await _deployment(services, caller, payload.model)
     prepared = await _prepare(services, spec, payload)
@@ -208,12 +209,22 @@ async def create_job(
             // 100,
         )
         record = msgspec.structs.replace(record, work=work)
-    job_id, _ = await services.jobs.submit(
-        record,
-        ttl_s=payload.ttl_s or services.settings.job_ttl_s,
-        idempotency_digest=_digest(idempotency.encode()) if idempotency else "",
-        submission_digest=_digest(idempotency.encode()) if idempotency else "",
-    )
+    # The caller's rate limits, as for POST /v1/jobs (RateLimited: the Batch API keeps the
+    # line and queues it when the limits allow).
+    reservation = await services.limiter.reserve(caller, record.work)
+    record.rate_reserved_tokens = reservation.reserved_tokens
+    try:
+        job_id, replayed = await services.jobs.submit(
+            record,
+            ttl_s=payload.ttl_s or services.settings.job_ttl_s,
+            idempotency_digest=_digest(idempotency.encode()) if idempotency else "",
+            submission_digest=_digest(idempotency.encode()) if idempotency else "",
+        )
+    except BaseException:
+        await asyncio.shield(reservation.settle())  # nothing was queued: all of it back
+        raise
+    if replayed:  # the job queued the first time holds its own reservation
+        await reservation.settle()
     return job_id
 
 

@@ -11,11 +11,12 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from ebb.errors import PermissionDenied
 from ebb.frontdoor.auth import AdminDep, CallerDep
 from ebb.frontdoor.caller import Caller
-from ebb.frontdoor.quotas import owned, use_of
+from ebb.frontdoor.quotas import footprints, use_of
 from ebb.frontdoor.routes_deployments import MAX_SOURCE_CHARS
 from ebb.frontdoor.routes_limits import TenantName
 from ebb.frontdoor.services import Services, ServicesDep
-from ebb.queue.quotas import TenantQuota
+from ebb.queue.quotas import DEFAULT_MAX_VERSIONS, TenantQuota
+from ebb.queue.version_store import MAX_VERSIONS_KEPT
 
 router = APIRouter(prefix="/v1/tenants")
 
@@ -27,13 +28,23 @@ class QuotaBody(BaseModel):
 
     max_deployments: int = Field(0, ge=0, le=10_000, description="Deployments it may own.")
     max_replicas: int = Field(
-        0, ge=0, le=100_000, description="max_replicas summed over its deployments."
+        0,
+        ge=0,
+        le=100_000,
+        description="max_replicas summed over its deployments and their serving versions.",
     )
     max_gpus: int = Field(
         0,
         ge=0,
         le=100_000,
-        description="max_replicas × tensor_parallel_size summed over its deployments.",
+        description="max_replicas × tensor_parallel_size summed over its deployments and "
+        "the versions of each that hold or may hold runners (both ends of a rollout).",
+    )
+    max_versions: int = Field(
+        DEFAULT_MAX_VERSIONS,
+        ge=1,
+        le=MAX_VERSIONS_KEPT,
+        description=f"Versions kept per deployment (at most {MAX_VERSIONS_KEPT}).",
     )
     allowed_sources: list[
         Annotated[str, StringConstraints(min_length=1, max_length=MAX_SOURCE_CHARS)]
@@ -45,8 +56,8 @@ class QuotaBody(BaseModel):
 
 
 async def quota_view(services: Services, tenant: str, quota: TenantQuota | None) -> dict:
-    specs = {s.name: s for s in await services.state.list_deployments()}
-    use = use_of(list(owned(tenant, specs).values()))
+    holdings, _ = await services.quotas.holdings(tenant, "")
+    use = use_of(footprints(tenant, holdings).values())
     return {
         "object": "tenant_quota",
         "tenant": tenant,

@@ -14,15 +14,16 @@ from typing import Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ebb.errors import Conflict, InvalidRequest
+from ebb.errors import Conflict, InvalidRequest, NotFound
 from ebb.frontdoor import tenancy
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.deploy_versions import versions_view
 from ebb.frontdoor.services import Services, ServicesDep
+from ebb.queue.job_moves import JobMoves
 from ebb.queue.rollout import RolloutRefused, canary_steps, promote, rollback, start
 from ebb.queue.schema import DeploymentSpec
-from ebb.queue.version_store import VersionStore
+from ebb.queue.version_store import VersionInUse, VersionStore
 from ebb.queue.versions import Rollout, TrafficSplit, unit_name
 
 router = APIRouter(prefix="/v1/deployments")
@@ -71,11 +72,17 @@ async def _owned(services: Services, caller: Caller, name: str) -> DeploymentSpe
     return await tenancy.managed_deployment(services.state, caller, name)
 
 
-async def _change(services: Services, name: str, change) -> TrafficSplit:
+async def _change(
+    services: Services, caller: Caller, spec: DeploymentSpec, change, *, quota: bool = False
+) -> TrafficSplit:
+    """Apply `change` to the split; with `quota`, a tenant's change is checked against its
+    quota atomically with the write (starting a rollout, rolling back)."""
     try:
-        return await VersionStore(services.state.redis).update_split(name, change)
+        if quota:
+            return await tenancy.store_split(services, caller, spec, change)
+        return await VersionStore(services.state.redis).update_split(spec.name, change)
     except RolloutRefused as e:
-        raise Conflict(f"{name!r}: {e}") from e
+        raise Conflict(f"{spec.name!r}: {e}") from e
 
 
 @router.get("/{name}/versions")
@@ -114,7 +121,7 @@ async def start_rollout(
         )
         return start(split, rollout)
 
-    await _change(services, name, begin)
+    await _change(services, caller, spec, begin, quota=True)
     await services.state.wake(unit_name(name, target))  # the controller warms it now
     return await versions_view(services.state, spec)
 
@@ -123,7 +130,7 @@ async def start_rollout(
 async def promote_rollout(name: str, caller: CallerDep, services: ServicesDep) -> dict:
     spec = await _owned(services, caller, name)
     now = time.time()
-    await _change(services, name, lambda split: promote(split, now))
+    await _change(services, caller, spec, lambda split: promote(split, now))
     return await versions_view(services.state, spec)
 
 
@@ -131,7 +138,35 @@ async def promote_rollout(name: str, caller: CallerDep, services: ServicesDep) -
 async def rollback_rollout(name: str, caller: CallerDep, services: ServicesDep) -> dict:
     spec = await _owned(services, caller, name)
     now = time.time()
-    split = await _change(services, name, lambda s: rollback(s, "rolled back by hand", now))
+    split = await _change(
+        services, caller, spec, lambda s: rollback(s, "rolled back by hand", now), quota=True
+    )
     if split.rollout is not None:
         await services.state.wake(unit_name(name, split.rollout.from_version))
     return await versions_view(services.state, spec)
+
+
+@router.delete("/{name}/versions/{version}")
+async def delete_version(name: str, version: int, caller: CallerDep, services: ServicesDep) -> dict:
+    """Forget a version that takes no traffic and is in no rollout (to stay under the
+    versions kept per deployment); its queued jobs move to the serving version."""
+    spec = await _owned(services, caller, name)
+    store = VersionStore(services.state.redis)
+    try:
+        split = await store.delete_version(name, version)
+    except VersionInUse as e:
+        raise Conflict(f"{name!r}: {e}", param="version") from e
+    except LookupError as e:
+        raise NotFound(
+            f"{name!r} has no version {version}; GET /v1/deployments/{name}/versions lists them.",
+            param="version",
+        ) from e
+    await JobMoves(services.state.redis).move_queued(
+        unit_name(name, version), unit_name(name, split.primary)
+    )
+    return {
+        "object": "deployment.version.deleted",
+        "deployment": spec.name,
+        "version": version,
+        "deleted": True,
+    }

@@ -5,21 +5,28 @@
   the admin creates, unless made private) and private ones whose `shared_with` names it.
   Anything else does not exist for it: a 404, never a 403 that would confirm the name.
 - A tenant changes and deletes only its own, within the quota the admin set
-  (`ebb.frontdoor.quotas`). Prices, the owner, `visibility` and `shared_with` stay the
-  admin's: they decide who pays and who may call.
+  (`ebb.frontdoor.quotas`), counted over every version that holds or may hold runners,
+  and names new ones within its namespace (`<tenant>-...`), so that creating one never
+  tells whether another tenant's private name exists. Prices (and the Batch API's
+  discount), the owner, `visibility` and `shared_with` stay the admin's: they decide who
+  pays and who may call.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import msgspec
 
 from ebb.errors import NotFound, PermissionDenied
 from ebb.frontdoor.caller import Caller
-from ebb.frontdoor.quotas import check_change, check_source, owned
+from ebb.frontdoor.quotas import check_change, check_source, footprints
 from ebb.frontdoor.services import Services
 from ebb.queue.platform import PlatformState
-from ebb.queue.quotas import TenantQuota
+from ebb.queue.quotas import Holdings, TenantQuota
 from ebb.queue.schema import DeploymentSpec
+from ebb.queue.version_store import VersionStore
+from ebb.queue.versions import TrafficSplit
 
 # Fields of a deployment body only the admin may set.
 ADMIN_ONLY_FIELDS = (
@@ -29,6 +36,8 @@ ADMIN_ONLY_FIELDS = (
     "visibility",
     "shared_with",
 )
+# Fields of a deployment body's `serving` only the admin may set: the Batch API's price.
+ADMIN_ONLY_SERVING_FIELDS = ("batch_discount_pct",)
 
 
 def can_see(caller: Caller, spec: DeploymentSpec) -> bool:
@@ -99,6 +108,13 @@ def check_fields(caller: Caller, given: dict) -> None:
                 "leave it out.",
                 param=field,
             )
+    serving = given.get("serving") or {}
+    for field in ADMIN_ONLY_SERVING_FIELDS:
+        if serving.get(field) is not None:
+            raise PermissionDenied(
+                f"serving.{field} is a price, set by the admin; leave it out.",
+                param=f"serving.{field}",
+            )
     owner = given.get("owner")
     if owner is not None and owner != caller.tenant:
         raise PermissionDenied(
@@ -115,6 +131,27 @@ def created_by(caller: Caller, spec: DeploymentSpec) -> DeploymentSpec:
     return msgspec.structs.replace(spec, owner=caller.tenant, visibility="private", shared_with=[])
 
 
+def namespace(tenant: str) -> str:
+    """What the names of the deployments `tenant` creates start with: its name, lowercased
+    (deployment names are), and '-'."""
+    return f"{tenant.lower()}-"
+
+
+def check_new_name(caller: Caller, name: str, existing: DeploymentSpec | None) -> None:
+    """Refuse a tenant a new name outside its namespace, whether or not a deployment it
+    cannot see has it: names are global, and a 409 there would tell the name exists. A
+    name it sees (public, shared with it, its own) may still get the 409."""
+    if caller.is_admin or (existing is not None and can_see(caller, existing)):
+        return
+    prefix = namespace(caller.tenant)
+    if not name.startswith(prefix) or name == prefix:
+        raise PermissionDenied(
+            f"A tenant's new deployments are named within its namespace: start the name "
+            f"with {prefix!r} (for example {prefix + 'chat'!r}); other names are the admin's.",
+            param="name",
+        )
+
+
 async def store(
     services: Services,
     caller: Caller,
@@ -128,11 +165,29 @@ async def store(
         return await services.state.put_deployment(spec, create_only=create_only)
     tenant = caller.tenant
 
-    def check(quota: TenantQuota | None, specs: dict[str, DeploymentSpec]) -> None:
-        before = owned(tenant, specs)
-        check_change(tenant, quota, before, {**before, spec.name: spec})
-        previous = specs.get(spec.name)
+    def check(quota: TenantQuota | None, before: Holdings, after: Holdings) -> None:
+        check_change(tenant, quota, footprints(tenant, before), footprints(tenant, after))
+        previous = before.specs.get(spec.name)
         if previous is None or previous.source != spec.source:
             check_source(tenant, quota, spec.source)
 
     return await services.quotas.put_deployment(tenant, spec, check, create_only=create_only)
+
+
+async def store_split(
+    services: Services,
+    caller: Caller,
+    spec: DeploymentSpec,
+    change: Callable[[TrafficSplit], TrafficSplit],
+) -> TrafficSplit:
+    """Apply `change` to the deployment's traffic split (a rollout starts, a rollback).
+    On a tenant's deployment, by the tenant, it is checked against the quota atomically
+    with the write: both ends of a rollout may hold runners at once."""
+    if caller.is_admin:
+        return await VersionStore(services.state.redis).update_split(spec.name, change)
+    tenant = caller.tenant
+
+    def check(quota: TenantQuota | None, before: Holdings, after: Holdings) -> None:
+        check_change(tenant, quota, footprints(tenant, before), footprints(tenant, after))
+
+    return await services.quotas.put_split(tenant, spec.name, change, check)

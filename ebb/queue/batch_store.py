@@ -34,12 +34,18 @@ class BatchStatus(enum.StrEnum):
 
 
 class BatchLine(msgspec.Struct, frozen=True):
-    """One input line: its custom_id and the job that runs it ("" if it was refused)."""
+    """One input line: its custom_id and the job that runs it ("" if it was refused, or
+    is still waiting for its caller's rate limits: `pending`)."""
 
     custom_id: str
     job_id: str = ""
     # Why the line was refused before it ran: OpenAI's error object ({code, message}).
     error: dict[str, Any] | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Not queued yet: released once its key's and tenant's rate limits allow."""
+        return not self.job_id and self.error is None
 
 
 class BatchRecord(msgspec.Struct, kw_only=True):
@@ -65,6 +71,10 @@ class BatchRecord(msgspec.Struct, kw_only=True):
     in_progress_at_s: int | None = None
     # Where its batch.completed event goes ("" for none).
     webhook_url: str = ""
+    # Why a batch failed (OpenAI's errors.data: {code, message, param, line}).
+    errors: list[dict[str, Any]] = []
+    # When its pending lines may be tried against the rate limits again (epoch s; 0: now).
+    release_at_s: float = 0.0
 
 
 class BatchStore:

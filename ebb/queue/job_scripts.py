@@ -60,24 +60,26 @@ class JobScripts:
         idempotency_digest: str,
         submission_digest: str,
     ) -> tuple[Submitted, str]:
-        """Store `record` (its hash `fields`) and queue its first attempt; with an
+        """Store `record` (its hash `fields`) and queue its first attempt in the job
+        queue of the unit its work names (the version the traffic split picked); with an
         idempotency digest, a key seen before answers with its job id instead."""
+        unit = record.work.deployment
         reply = reply_list(
             await self._job_submit(
                 keys=[
                     keys.job(record.job_id),
                     keys.request(record.request_id),
-                    keys.job_queue(record.deployment),
+                    keys.job_queue(unit),
                     keys.JOBS_WAITING,
                     keys.tenant_jobs(record.tenant),
                     keys.job_idempotency(record.tenant, idempotency_digest or "-"),
-                    keys.queue_signal(record.deployment),
+                    keys.queue_signal(unit),
                     keys.WAKE,
                 ],
                 args=[
                     record.job_id,
                     record.request_id,
-                    record.deployment,
+                    unit,
                     ttl_s * 1000,
                     key_ttl_s,
                     f"{record.job_id}|{submission_digest}" if idempotency_digest else "",
@@ -141,16 +143,16 @@ class JobScripts:
 
     async def job_requeue(self, record: JobRecord, work: WorkItem, *, why: bytes) -> int:
         """Queue `work` as the next attempt of `record`'s job: 1 done, 0 the job moved
-        on, -1 a cancel was requested."""
+        on, -1 a cancel was requested. It goes to the unit `work` names."""
         return reply_int(
             await self._job_requeue(
                 keys=[
                     keys.job(record.job_id),
                     keys.request(work.request_id),
-                    keys.job_queue(record.deployment),
+                    keys.job_queue(work.deployment),
                     keys.JOBS_WAITING,
                     keys.JOBS_WATCH,
-                    keys.queue_signal(record.deployment),
+                    keys.queue_signal(work.deployment),
                     keys.WAKE,
                 ],
                 args=[
@@ -158,7 +160,7 @@ class JobScripts:
                     record.request_id,
                     work.request_id,
                     encode(work),
-                    record.deployment,
+                    work.deployment,
                     keys.JOB_ATTEMPT_TTL_S,
                     keys.SIGNAL_LIST_MAX,
                     why,

@@ -27,6 +27,8 @@ from ebb.queue.job_scripts import JobScripts, Submitted
 from ebb.queue.replies import reply_entries, reply_hash, reply_text, reply_texts
 from ebb.queue.requests import RepeatFilter
 from ebb.queue.schema import RequestEvent, WorkItem, decode_event
+from ebb.queue.version_store import VersionStore
+from ebb.queue.versions import split_unit, unit_name
 
 
 class IdempotencyConflict(Exception):
@@ -152,7 +154,12 @@ class JobStore:
         )
 
     async def requeue(self, record: JobRecord, work: WorkItem, why: JobErrorInfo) -> int:
-        """Queue `work` as the job's next attempt; 1 done, 0 moved on, -1 cancel requested."""
+        """Queue `work` as the job's next attempt; 1 done, 0 moved on, -1 cancel requested.
+        Its version no longer serving (a rollout moved on): the primary version's instead."""
+        name, version = split_unit(work.deployment)
+        split = await VersionStore(self.redis).split(name)
+        if split.weights.get(version, 0) == 0 and split.weights.get(split.primary, 0) > 0:
+            work = msgspec.structs.replace(work, deployment=unit_name(name, split.primary))
         return await self._scripts.job_requeue(record, work, why=msgspec.json.encode(why))
 
     async def announce(

@@ -17,16 +17,48 @@ from redis.exceptions import WatchError
 from ebb.queue import keys
 from ebb.queue.replies import reply_bytes, reply_hash
 from ebb.queue.schema import DeploymentSpec
-from ebb.queue.versions import TrafficSplit, VersionRecord, compose, split_unit
+from ebb.queue.versions import TrafficSplit, VersionRecord, compose, split_unit, unit_name
 
 _split_decoder = msgspec.json.Decoder(TrafficSplit)
 _version_decoder = msgspec.json.Decoder(VersionRecord)
 _spec_decoder = msgspec.json.Decoder(DeploymentSpec)
 
 
+# Versions any deployment keeps, whoever deploys them (the admin too): each is stored with
+# its environment and is a serving unit the controller looks at every pass.
+MAX_VERSIONS_KEPT = 50
+
+
+class TooManyVersions(Exception):
+    def __init__(self, kept: int):
+        super().__init__(kept)
+        self.kept = kept
+
+
+class VersionInUse(Exception):
+    pass
+
+
+def _refuse_deleting(split: TrafficSplit, number: int, *, latest: int) -> None:
+    rollout = split.rollout
+    if split.weights.get(number, 0) > 0:
+        raise VersionInUse(f"version {number} takes traffic; roll out another version first.")
+    ends = (rollout.from_version, rollout.to_version) if rollout and rollout.active else ()
+    if number in ends:
+        raise VersionInUse(
+            f"version {number} is in the rollout in progress; finish or roll it back first."
+        )
+    if number == latest:
+        raise VersionInUse(f"version {number} is the latest (new versions are numbered after it).")
+
+
 def decode_split(raw: object) -> TrafficSplit:
     """A deployment's split as read (`keys.traffic`); nothing stored: version 1 at 100 %."""
     return _split_decoder.decode(reply_bytes(raw)) if raw else TrafficSplit()
+
+
+def decode_version(raw: object) -> VersionRecord:
+    return _version_decoder.decode(reply_bytes(raw))
 
 
 def _versions(raw: Mapping[bytes | str, bytes | str] | None) -> dict[int, VersionRecord]:
@@ -52,15 +84,56 @@ class VersionStore:
         data = msgspec.json.encode(record)
         await self.redis.hsetnx(keys.deployment_versions(deployment), "1", data)
 
-    async def add(self, deployment: str, make: Callable[[int], VersionRecord]) -> VersionRecord:
-        """A new version numbered after the highest one; HSETNX, so two deploys at once
-        get two numbers."""
-        key = keys.deployment_versions(deployment)
-        while True:
-            numbers = [int(k) for k in await self.redis.hkeys(key)]
-            record = make(max([1, *numbers]) + 1)
-            if await self.redis.hsetnx(key, str(record.version), msgspec.json.encode(record)):
-                return record
+    async def add(
+        self, deployment: str, make: Callable[[int], VersionRecord], *, max_versions: int
+    ) -> VersionRecord:
+        """A new version numbered after the highest one, listed in the split at 0 %;
+        `TooManyVersions` when `max_versions` are kept already. One WATCH, so two deploys
+        at once get two numbers and cannot pass the limit together."""
+        key, split_key = keys.deployment_versions(deployment), keys.traffic(deployment)
+        async with self.redis.pipeline() as pipe:
+            while True:
+                try:
+                    await pipe.watch(key, split_key)
+                    numbers = [int(k) for k in await pipe.hkeys(key)]
+                    if len(numbers) >= max_versions:
+                        raise TooManyVersions(len(numbers))
+                    record = make(max([1, *numbers]) + 1)
+                    split = decode_split(await pipe.get(split_key))
+                    split.weights.setdefault(record.version, 0)  # prepared; traffic by rollout
+                    pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+                    pipe.hset(key, str(record.version), msgspec.json.encode(record))
+                    pipe.set(split_key, msgspec.json.encode(split))
+                    await pipe.execute()
+                    return record
+                except WatchError:
+                    continue
+
+    async def delete_version(self, deployment: str, number: int) -> TrafficSplit:
+        """Forget version `number` and its unit's state; the split after. Raises
+        LookupError when there is no such version, VersionInUse when it takes traffic,
+        is in a rollout or is the latest (new versions are numbered after it)."""
+        key, split_key = keys.deployment_versions(deployment), keys.traffic(deployment)
+        async with self.redis.pipeline() as pipe:
+            while True:
+                try:
+                    await pipe.watch(key, split_key)
+                    numbers = [int(k) for k in await pipe.hkeys(key)]
+                    if number not in numbers:
+                        raise LookupError(number)
+                    split = decode_split(await pipe.get(split_key))
+                    _refuse_deleting(split, number, latest=max(numbers))
+                    split.weights.pop(number, None)
+                    pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+                    pipe.hdel(key, str(number))
+                    pipe.set(split_key, msgspec.json.encode(split))
+                    if number != 1:  # version 1's unit state is the deployment's own
+                        unit = unit_name(deployment, number)
+                        pipe.delete(keys.deployment_status(unit), keys.coldstart(unit))
+                    await pipe.execute()
+                    return split
+                except WatchError:
+                    continue
 
     async def update_split(
         self, deployment: str, change: Callable[[TrafficSplit], TrafficSplit]

@@ -37,7 +37,7 @@ from ebb.runners.embedding_inputs import EmbeddingInputs
 from ebb.runners.engine import EngineAdapter, EngineOptions
 from ebb.runners.lifecycle import Lifecycle
 from ebb.runners.serve import Outcome, ServingLoop, jobs_beside_sync
-from ebb.secrets import SecretBox
+from ebb.secrets import SecretBox, usable_env
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ def _run(
         queue.set_fields(deployment_uid=spec.uid)
     # The version's environment (secrets such as HF_TOKEN) before weights or the engine
     # read theirs; only names are logged.
-    env = SecretBox(settings.secrets_key).open(sealed_env)
+    env = usable_env(SecretBox(settings.secrets_key).open(sealed_env))
     os.environ.update(env)
     if env:
         log.info("runner: %s set env %s", queue.runner_id, sorted(env))

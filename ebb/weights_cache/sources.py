@@ -10,13 +10,17 @@ Accepted forms (see `ACCEPTED_FORMS`):
 - `s3://bucket/prefix`         an HF-layout checkpoint under an S3 prefix (any endpoint);
 - `hf://org/name@revision`     a Hugging Face Hub model repository (revision defaults to main).
 
+A path is taken as written: a `.` or `..` segment (also percent-encoded, in `file:`
+URIs) or a percent-encoded `/` or `.` is refused, never resolved, so what is checked
+against a tenant's allowed prefixes is the directory that is read (`normalize_source`,
+`within_prefix`).
+
 A new scheme plugs in by adding its parser to `_SCHEME_PARSERS` and its backend to
 `ebb.weights_cache.cache`.
 """
 
 from __future__ import annotations
 
-import posixpath
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +47,10 @@ _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # The Hub's repo ids: an optional owner and a name, each of letters, digits, '-', '_', '.'.
 _HF_REPO_RE = re.compile(r"^(?:[A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}$")
 _HF_REVISION_RE = re.compile(r"^[\w][\w./-]{0,254}$")
+# A percent-encoded '/', '.', '\\' or '%': a second spelling of a path's structure.
+_ENCODED_STRUCTURE_RE = re.compile(r"%(2[fFeE]|5[cC]|25)")
+# Where a prefix without a trailing '/' may end inside a source: a segment boundary.
+_BOUNDARIES = "/?@#"
 
 
 class SourceKind(StrEnum):
@@ -129,6 +137,8 @@ def parse_source(source: str) -> Source:
         raise _invalid("the model source is empty")
     if source != source.strip() or any(ch in source for ch in "\r\n\t\0"):
         raise _invalid(f"the model source {source!r} contains whitespace or control characters")
+    if _ENCODED_STRUCTURE_RE.search(source):
+        raise _invalid(f"{source!r}: spell '/', '.', '\\' and '%' as themselves, not encoded")
     if source.startswith("/"):
         return _parse_local_path(source, source)
     match = _SCHEME_RE.match(source)
@@ -146,7 +156,7 @@ def _parse_gguf(source: str) -> GgufSource:
     if not rest.lower().endswith(".gguf"):
         raise _invalid(f"{source!r} must name a file ending in .gguf")
     if rest.startswith("/"):
-        path = _normalize_abs(rest)
+        path = _normalize_abs(rest, source)
         return GgufSource(uri=f"gguf:{path}", file=path)
     package, slash, file = rest.partition("/")
     if not slash:
@@ -172,7 +182,7 @@ def _parse_file_uri(source: str) -> LocalDirSource:
 def _parse_local_path(source: str, path: str) -> LocalDirSource:
     if "\\" in path:
         raise _invalid(f"{source!r}: use forward slashes in local paths")
-    normalized = _normalize_abs(path)
+    normalized = _normalize_abs(path, source)
     if normalized == "/":
         raise _invalid(f"{source!r}: the root directory is not a model directory")
     return LocalDirSource(uri=f"file://{normalized}", path=normalized)
@@ -205,10 +215,98 @@ def _parse_hf(source: str) -> HfSource:
     return HfSource(uri=f"hf://{repo_id}@{revision}", repo_id=repo_id, revision=revision)
 
 
-def _normalize_abs(path: str) -> str:
-    # normpath keeps a leading '//' (POSIX leaves it implementation-defined); fold it so
-    # both spellings key the same cache entry.
-    return "/" + posixpath.normpath(path).lstrip("/")
+def _normalize_abs(path: str, source: str) -> str:
+    """`path` with repeated and trailing slashes folded; a `.` or `..` segment is refused
+    (resolved lexically, `/allowed/link/..` could name a directory outside `/allowed`)."""
+    segments = [seg for seg in path.split("/") if seg]
+    if any(seg in (".", "..") for seg in segments):
+        raise _invalid(f"{source!r}: write the path without '.' or '..' segments")
+    return "/" + "/".join(segments)
+
+
+def normalize_source(source: str) -> str:
+    """The one spelling of `source` that is stored and checked against allowed prefixes.
+
+    A source this module parses gets its canonical `uri` (`/abs/dir` and
+    `file:///abs//dir/` are both `file:///abs/dir`); any other scheme (an engine entry's
+    own, such as the test engines' `fake://`) gets its scheme lowercased and its path's
+    repeated slashes folded. Either way a `.` or `..` path segment, or a percent-encoded
+    `/`, `.`, `\\` or `%`, is refused (`InvalidRequest`), never resolved.
+    """
+    if source.startswith("/") or _scheme_of(source) in _SCHEME_PARSERS:
+        return parse_source(source).uri
+    return _normalize_other(source)
+
+
+def within_prefix(source: str, prefix: str) -> bool:
+    """Whether the normalized `source` is `prefix` or lies under it, on a segment boundary.
+
+    Both are normalized first (a prefix is spelled like a source: `/srv/m` is
+    `file:///srv/m`). A prefix ending in `/` (or `:`, as in `fake://`) covers what starts
+    with it; one ending otherwise covers itself and what continues it after `/`, `?`,
+    `@` or `#`: `s3://acme-models` covers `s3://acme-models/x`, never
+    `s3://acme-models-evil/x`. A prefix that cannot be normalized covers nothing.
+    """
+    try:
+        wanted = _normalize_prefix(prefix)
+    except InvalidRequest:
+        return False
+    if not source.startswith(wanted):
+        return False
+    if wanted.endswith(("/", ":")) or len(source) == len(wanted):
+        return True
+    return source[len(wanted)] in _BOUNDARIES
+
+
+def _normalize_prefix(prefix: str) -> str:
+    if prefix.startswith("/"):
+        prefix = "file://" + prefix
+    scheme = _scheme_of(prefix)
+    if scheme == "file":
+        parts = urlsplit(prefix)
+        if _ENCODED_STRUCTURE_RE.search(prefix):
+            raise _invalid(f"{prefix!r}: spell '/', '.', '\\' and '%' as themselves")
+        path = _normalize_abs(unquote(parts.path), prefix)
+        trailing = "/" if prefix.endswith("/") and path != "/" else ""
+        return f"file://{path}{trailing}"
+    return _normalize_other(prefix)
+
+
+def _normalize_other(source: str) -> str:
+    """Lowercased scheme, `//` folded in the path; dot segments and encoded structure
+    refused. The authority (after `scheme://`), query and fragment are kept as written."""
+    scheme = _scheme_of(source)
+    if not scheme:
+        raise _invalid(f"{source!r} is not a recognised model source (relative paths are refused)")
+    if any(ch in source for ch in "\r\n\t\0\\") or _ENCODED_STRUCTURE_RE.search(source):
+        raise _invalid(f"{source!r}: spell '/', '.', '\\' and '%' as themselves, not encoded")
+    rest = source[len(scheme) + 1 :]
+    authority = ""
+    if rest.startswith("//"):
+        end = len(rest)
+        for mark in "/?#":
+            found = rest.find(mark, 2)
+            end = found if found != -1 and found < end else end
+        authority, rest = rest[:end], rest[end:]
+    path, mark, tail = _split_path(rest)
+    segments = path.split("/")
+    if any(seg in (".", "..") for seg in segments):
+        raise _invalid(f"{source!r}: write the path without '.' or '..' segments")
+    folded = re.sub(r"/{2,}", "/", path)
+    return f"{scheme}:{authority}{folded}{mark}{tail}"
+
+
+def _split_path(rest: str) -> tuple[str, str, str]:
+    """(path, '?' or '#' or '', the rest) of what follows a URI's authority."""
+    cut = min((i for i in (rest.find("?"), rest.find("#")) if i != -1), default=-1)
+    if cut == -1:
+        return rest, "", ""
+    return rest[:cut], rest[cut], rest[cut + 1 :]
+
+
+def _scheme_of(source: str) -> str:
+    match = _SCHEME_RE.match(source)
+    return match.group(1).lower() if match else ""
 
 
 _SCHEME_PARSERS: dict[str, Callable[[str], Source]] = {

@@ -199,15 +199,15 @@ def test_a_tenant_deploys_its_own_within_the_quota_the_cli_set(platform: Platfor
     assert (raised["max_replicas"], raised["max_gpus"], raised["max_deployments"]) == (3, 2, 1)
 
     mine = ok_json(
-        platform.cli("deploy", "self-a", "--source", "fake://self/a", "--json", EBB_API_KEY=key)
+        platform.cli("deploy", "self-t-a", "--source", "fake://self/a", "--json", EBB_API_KEY=key)
     )
     assert (mine["owner"], mine["visibility"]) == ("self-t", "private")
-    second = platform.cli("deploy", "self-b", "--source", "fake://self/b", EBB_API_KEY=key)
+    second = platform.cli("deploy", "self-t-b", "--source", "fake://self/b", EBB_API_KEY=key)
     assert second.returncode == 1
     assert "at most 1 deployments" in second.stderr and "--max-deployments" in second.stderr
-    beyond = platform.cli("scale", "self-a", "--max", "3", EBB_API_KEY=key)
+    beyond = platform.cli("scale", "self-t-a", "--max", "3", EBB_API_KEY=key)
     assert beyond.returncode == 1 and "its quota is 2" in beyond.stderr
-    priced = platform.cli("price", "self-a", "--input", "0", EBB_API_KEY=key)
+    priced = platform.cli("price", "self-t-a", "--input", "0", EBB_API_KEY=key)
     assert priced.returncode == 1 and "set by the admin" in priced.stderr
 
     table = platform.cli("tenants", "quota", "self-t", EBB_API_KEY=key)
@@ -216,7 +216,7 @@ def test_a_tenant_deploys_its_own_within_the_quota_the_cli_set(platform: Platfor
     assert listed.returncode == 0 and "self-t" in listed.stdout
     limits = ok_json(platform.cli("tenants", "limits", "self-t", "--rpm", "30", "--json"))
     assert (limits["requests_per_minute"], limits["tokens_per_minute"]) == (30, None)
-    assert platform.cli("deployments", "delete", "self-a", EBB_API_KEY=key).returncode == 0
+    assert platform.cli("deployments", "delete", "self-t-a", EBB_API_KEY=key).returncode == 0
 
 
 def test_jobs_list_filters_like_keys_list(platform: Platform):

@@ -77,7 +77,7 @@ def test_roll_out_a_canary_promote_it_and_roll_back(page, admin):
     page.evaluate("route => { location.hash = route; }", "#/deploy")
     page.get_by_label("Name", exact=True).fill(NAME)
     page.get_by_label("Source").fill("fake://b?step_ms=2")
-    page.get_by_label("Environment variables").fill("GREETING=hello")
+    page.get_by_label("Environment variables").fill("APP_GREETING=hello")
     page.get_by_role("button", name="Deploy").click()
     expect(page.get_by_text(f"A new version (v2) of {NAME}")).to_be_visible()
     listed = admin.get(f"/v1/deployments/{NAME}/versions").json()["data"]
@@ -85,7 +85,7 @@ def test_roll_out_a_canary_promote_it_and_roll_back(page, admin):
         (1, "fake://a?step_ms=2"),
         (2, "fake://b?step_ms=2"),
     ]
-    assert listed[1]["env"] == ["GREETING"]  # the names only, never the value
+    assert listed[1]["env"] == ["APP_GREETING"]  # the names only, never the value
     page.get_by_role("link", name="Open deployment").click()
     versions = page.get_by_role("region", name="Versions")
     expect(versions.locator('tr[data-key="v2"] td[data-label="Traffic"]')).to_have_text("0%")

@@ -1,14 +1,18 @@
 """Schema-driven fuzzing of the frontdoor: schemathesis generates requests from the API's
 own OpenAPI schema (every route, every body; valid and schema-violating ones) and sends
-them, with real keys, to a live platform on the fake engine. Whatever it sends, the answer
-is never a 5xx, and every refusal is in the OpenAI error shape."""
+them, with real keys, to a live platform on the fake engine; and it makes Batch API input
+files of random lines and batches of them. Whatever it sends, the answer is never a 5xx,
+and every refusal is in the OpenAI error shape."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from support import Platform, deploy, temp_home
@@ -97,3 +101,74 @@ def test_the_platform_still_serves_after_fuzzing(admin):
         json={"model": "fuzz", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
     )
     assert reply.status_code == 200, reply.text
+
+
+# Batch API input files: lines of random JSON (objects shaped like requests, and anything
+# else), random bytes and text with lone surrogates, uploaded and made a batch of.
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_REQUEST_LINE = st.fixed_dictionaries(
+    {
+        "custom_id": st.text(max_size=12) | _JSON,
+        "method": st.just("POST") | _JSON,
+        "url": st.just("/v1/chat/completions") | st.text(max_size=12),
+        "body": st.fixed_dictionaries(
+            {"model": st.just("fuzz") | _JSON, "messages": _JSON, "max_tokens": _JSON}
+        )
+        | _JSON,
+    }
+)
+# Lines that once got a 5xx: always among those tried.
+_KNOWN_HOSTILE = [
+    b'{"custom_id": "\\ud800", "method": "POST", "url": "/v1/chat/completions", '
+    b'"body": {"model": "fuzz"}}',
+    b'{"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body": '
+    b'{"model": "fuzz", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}",
+]
+_RAW_LINE = st.one_of(
+    st.sampled_from(_KNOWN_HOSTILE),
+    _REQUEST_LINE.map(lambda line: json.dumps(line).encode()),
+    _JSON.map(lambda value: json.dumps(value).encode()),
+    st.binary(max_size=40).map(lambda raw: raw.replace(b"\n", b" ")),
+    st.text(max_size=20).map(lambda text: text.encode("utf-8", "surrogatepass")),
+)
+
+
+@pytest.mark.parametrize("who", ["admin", "tenant"])
+def test_batch_input_files_never_get_a_5xx(platform, keys, who):
+    headers = {"Authorization": f"Bearer {keys[who]}"}
+
+    @_SETTINGS
+    @given(lines=st.lists(_RAW_LINE, min_size=1, max_size=4))
+    @example(lines=_KNOWN_HOSTILE[:1])
+    @example(lines=[json.dumps({"custom_id": "ok"}).encode(), _KNOWN_HOSTILE[1]])
+    def fuzz(lines: list[bytes]) -> None:
+        with httpx.Client(base_url=platform.base_url, headers=headers, timeout=60) as client:
+            content = b"\n".join(lines) + b"\n"
+            uploaded = client.post(
+                "/v1/files", files={"file": ("f.jsonl", content)}, data={"purpose": "batch"}
+            )
+            _assert_no_5xx(uploaded)
+            if uploaded.status_code >= 400:
+                return
+            body = {"input_file_id": uploaded.json()["id"], "endpoint": "/v1/chat/completions",
+                    "completion_window": "24h"}  # fmt: skip
+            created = client.post("/v1/batches", json=body)
+            _assert_no_5xx(created)
+            if created.status_code == 200 and created.json()["status"] == "failed":
+                assert created.json()["errors"]["data"][0]["message"]
+
+    fuzz()
+
+
+def _assert_no_5xx(response: httpx.Response) -> None:
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["code"] != "internal_error"

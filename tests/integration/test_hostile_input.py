@@ -361,3 +361,90 @@ def test_the_cli_works_with_a_tenant_key_and_shows_no_sources(platform, admin):
         assert shown.returncode == 0, (args, shown.stderr)
         assert "hostile" in shown.stdout and "fake://" not in shown.stdout
     assert "fake://" in platform.cli("deployments", "show", "hostile").stdout
+
+
+def _batch_line(**fields) -> dict:
+    line = {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": CHAT}
+    return {**line, **fields}
+
+
+def _jsonl(*lines: dict) -> bytes:
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+# Batch API input files no batch can be made of, each a 400 (or a batch failed with the
+# reason), never a 5xx.
+HOSTILE_BATCH_FILES = {
+    "deep": _jsonl(_batch_line())[:-3] + b', "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
+    "surrogate-custom-id": b'{"custom_id": "\\ud800", "method": "POST", "url": '
+    b'"/v1/chat/completions", "body": {"model": "hostile"}}\n',
+    "surrogate-url": b'{"custom_id": "u", "method": "POST", "url": "\\udc00", "body": {}}\n',
+    "surrogate-key": b'{"\\ud83d": 1}\n',
+    "not-utf8": b'{"custom_id": "\xff\xfe", "method": "POST"}\n',
+    "utf16": _jsonl(_batch_line()).decode().encode("utf-16"),
+    "nul": b"\x00" * 64 + b"\n",
+    "bad-json": b"{not json\n",
+    "truncated": _jsonl(_batch_line())[:-5] + b"\n",
+    "array": b"[1, 2, 3]\n",
+    "string": b'"just text"\n',
+    "huge-line": _jsonl(_batch_line(body={**CHAT, "user": "x" * 2_000_000})),
+    "huge-number": _jsonl(_batch_line(body={**CHAT, "max_tokens": 2**70})),
+    "no-custom-id": _jsonl({k: v for k, v in _batch_line().items() if k != "custom_id"}),
+    "null-custom-id": _jsonl(_batch_line(custom_id=None)),
+    "long-custom-id": _jsonl(_batch_line(custom_id="x" * 513)),
+    "no-body": _jsonl({k: v for k, v in _batch_line().items() if k != "body"}),
+    "body-without-model": _jsonl(_batch_line(body={"messages": MESSAGES})),
+    "model-not-text": _jsonl(_batch_line(body={**CHAT, "model": {"a": [1]}})),
+    "wrong-url": _jsonl(_batch_line(url="/v1/embeddings")),
+    "extra-field": _jsonl(_batch_line(extra=1)),
+    "twice": _jsonl(_batch_line(), _batch_line()),
+    "blank-lines": b"\n \n\r\n",
+}
+
+
+def _upload(client: httpx.Client, content: bytes, **form) -> httpx.Response:
+    return client.post(
+        "/v1/files", files={"file": ("in.jsonl", content)}, data={"purpose": "batch", **form}
+    )
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_BATCH_FILES))
+def test_hostile_batch_files_never_get_a_5xx(admin, tenant, name):
+    for client in (admin, tenant):
+        uploaded = _upload(client, HOSTILE_BATCH_FILES[name])
+        assert uploaded.status_code < 500, uploaded.text
+        if uploaded.status_code >= 400:
+            _assert_openai_error(uploaded, uploaded.status_code)
+            continue
+        created = client.post(
+            "/v1/batches",
+            json={
+                "input_file_id": uploaded.json()["id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            },
+        )
+        assert created.status_code < 500, (name, created.text)
+        if created.status_code >= 400:
+            assert _assert_openai_error(created, created.status_code)["param"] == "input_file_id"
+        else:  # every line was read; those the platform refuses land in the error file
+            batch = created.json()
+            assert batch["status"] != "failed" or batch["errors"]["data"][0]["message"]
+
+
+def test_hostile_uploads_get_a_4xx(admin, tenant):
+    for client in (admin, tenant):
+        for response in (
+            _upload(client, b"{}\n", purpose="fine-tune"),
+            client.post("/v1/files", files={"file": ("in.jsonl", b"{}\n")}),
+            client.post("/v1/files", data={"purpose": "batch"}),
+            client.post("/v1/files", data={"purpose": "batch", "file": "not a file"}),
+            client.post(
+                "/v1/files",
+                content=b'--x\r\nContent-Disposition: form-data; name="file"\r\n\r\n{}',
+                headers={"content-type": "multipart/form-data; boundary=x"},
+            ),
+            _upload(client, b""),
+        ):
+            assert 400 <= response.status_code < 500, response.text
+            _assert_openai_error(response, response.status_code)

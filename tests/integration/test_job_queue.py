@@ -8,6 +8,7 @@ import asyncio
 import threading
 
 import httpx
+import msgspec
 import pytest
 import redis
 from standardwebhooks import Webhook
@@ -20,6 +21,7 @@ from ebb.config import Settings
 from ebb.queue import keys
 from ebb.queue.connection import async_client
 from ebb.queue.delivery_store import DeliveryStore
+from ebb.queue.job_moves import JobMoves
 from ebb.queue.job_schema import (
     DeliveryAttempt,
     JobEvent,
@@ -368,3 +370,26 @@ async def test_a_job_that_cannot_be_collected_fails_alone(redis_url, stores):
     assert good.status is JobStatus.SUCCEEDED
     await collector.pass_once()
     assert await jobs.watched() == [], "the failed job is announced and let go"
+
+
+async def test_a_versions_jobs_wait_in_its_own_queue_and_move_when_it_retires(redis_url, stores):
+    jobs, _ = stores
+    v2 = f"{DEP}@v2"
+    first = job("job_v2")
+    await submit(
+        jobs,
+        msgspec.structs.replace(first, work=msgspec.structs.replace(first.work, deployment=v2)),
+    )
+    r = redis.Redis.from_url(redis_url)
+    assert (r.zcard(keys.job_queue(v2)), r.zcard(keys.job_queue(DEP))) == (1, 0)
+    for i in range(3):
+        await submit(jobs, job(f"job_m{i}"))
+    [ran] = runner_queue(redis_url, "r1").claim(DEP, 1, max_jobs=1).claimed
+    assert ran.job_id == "job_m0"
+    # Version 1 retires: what still waits moves, in order; what a runner holds stays.
+    assert await JobMoves(jobs.redis).move_queued(DEP, v2) == 2
+    assert r.zcard(keys.job_queue(DEP)) == 0
+    assert await jobs.cancel("job_m2") == "withdrawn", "a moved job is cancelled where it is"
+    claimed = runner_queue(redis_url, "r2").claim(v2, 4, max_jobs=4).claimed
+    assert [(w.job_id, w.deployment) for w in claimed] == [("job_v2", v2), ("job_m1", v2)]
+    r.close()

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from weights_support import write_servable_dir
+from weights_support import MotoS3, upload_dir, write_servable_dir
 
 from ebb.coldstart.clock import ManualClock
 from ebb.coldstart.preparer import RETRY_FIRST_S, Preparer
@@ -25,7 +25,10 @@ from ebb.frontdoor.tokenizer import HfPromptTokenizer
 from ebb.queue.connection import async_client
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec
+from ebb.queue.version_store import VersionStore
+from ebb.queue.versions import VersionRecord
 from ebb.queue.weights_status import WeightsState, WeightsStatus
+from ebb.secrets import SecretBox, new_key
 
 pytestmark = pytest.mark.integration
 
@@ -207,6 +210,98 @@ async def test_a_failed_preparation_is_the_requests_error(settings, tmp_path):
         with pytest.raises(WeightsError) as failed:
             await catalog.info(spec, wait_s=5)
         assert "nowhere" in failed.value.message
+    finally:
+        await state.redis.aclose()
+
+
+# What the controller's environment holds under `ebb up`: none may reach a preparation.
+PLATFORM_SECRETS = {
+    "EBB_ADMIN_KEY": "admin-key-of-the-platform",
+    "EBB_API_KEY": "api-key-of-the-cli",
+    "EBB_METRICS_TOKEN": "metrics-token",
+    "EBB_SECRETS_KEY": new_key(),
+}
+
+
+async def _keep_version_env(state: PlatformState, spec: DeploymentSpec, env, key: str) -> None:
+    sealed = SecretBox(key).seal(env)
+    record = VersionRecord(
+        version=1,
+        created_at_s=spec.created_at_s,
+        spec=spec,
+        env_names=sorted(env),
+        env_sealed=sealed,
+    )
+    await VersionStore(state.redis).keep_first(record, spec.name)
+
+
+def _probe_credentials(tmp_path: Path, monkeypatch) -> Path:
+    """The operator's AWS config runs a credential_process: a program the preparation
+    starts, inheriting its whole environment, which it writes to the returned file."""
+    seen = tmp_path / "prepare-environ"
+    probe = tmp_path / "credentials.sh"
+    probe.write_text(
+        f"#!/bin/sh\nenv -0 > {seen}\n"
+        'echo \'{"Version": 1, "AccessKeyId": "testing", "SecretAccessKey": "testing"}\'\n'
+    )
+    probe.chmod(0o700)
+    config = tmp_path / "aws-config"
+    config.write_text(f"[default]\ncredential_process = {probe}\n")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    return seen
+
+
+async def test_the_preparation_holds_no_platform_secret_and_only_the_versions_credentials(
+    redis_url, tmp_path, monkeypatch
+):
+    s3 = MotoS3()
+    try:
+        s3.client().create_bucket(Bucket="probe")
+        upload_dir(s3.client(), "probe", "m", write_servable_dir(tmp_path / "ckpt", mib=1))
+        seen = _probe_credentials(tmp_path, monkeypatch)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.url)
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        for name, value in PLATFORM_SECRETS.items():
+            monkeypatch.setenv(name, value)
+        settings = Settings(home=tmp_path / "home", redis_url=redis_url)
+        state = PlatformState(async_client(redis_url))
+        preparer = Preparer(settings, state, EngineRegistry.from_settings(settings))
+        try:
+            spec = await _deploy(state, "probe", "s3://probe/m")
+            tenant_env = {"HF_TOKEN": "hf_tenant", "APP_GREETING": "hello"}
+            await _keep_version_env(state, spec, tenant_env, settings.secrets_key or "")
+            await _settled(preparer)
+            assert (await _weights(state, "probe")).state is WeightsState.READY
+        finally:
+            await state.redis.aclose()
+    finally:
+        s3.stop()
+    environ = dict(entry.split("=", 1) for entry in seen.read_text().split("\0") if "=" in entry)
+    assert not set(PLATFORM_SECRETS) & set(environ)
+    assert "EBB_REDIS_URL" not in environ and redis_url not in environ.values()
+    assert not {v for v in PLATFORM_SECRETS.values()} & set(environ.values())
+    # Of the version's env, only the credential a fetch may need.
+    assert environ["HF_TOKEN"] == "hf_tenant" and "APP_GREETING" not in environ
+    assert environ["EBB_HOME"] == str(settings.home.resolve())
+
+
+async def test_a_failures_message_never_quotes_a_credential_it_held(settings, tmp_path):
+    key = new_key()
+    settings = settings.model_copy(update={"secrets_key": key})
+    state = PlatformState(async_client(settings.redis_url))
+    preparer = Preparer(settings, state, EngineRegistry.from_settings(settings))
+    token = "hf_tenant_token_1234"
+    try:
+        # A failure that quotes its input (the missing path) while the process held the
+        # same string as a credential: the error its tenant reads shows it redacted.
+        spec = await _deploy(state, "ghost", str(tmp_path / token))
+        await _keep_version_env(state, spec, {"HF_TOKEN": token}, key)
+        await _settled(preparer)
+        weights = await _weights(state, "ghost")
+        assert weights.state is WeightsState.FAILED and "[redacted]" in weights.error
+        assert token not in weights.error
     finally:
         await state.redis.aclose()
 

@@ -76,7 +76,7 @@ def test_a_tenant_deploys_within_its_quota_and_pays_for_its_gpu_time(platform, a
 
 def test_quota_refusals_name_the_limit_and_how_to_raise_it(platform, admin):
     client = tenant(platform, admin, "quota-t")
-    body = {"name": "q-a", "source": "fake://ok/a"}
+    body = {"name": "quota-t-a", "source": "fake://ok/a"}
     none_yet = refusal(client.post("/v1/deployments", json=body), 403, "max_deployments")
     assert "no deployment quota" in none_yet and "ebb tenants quota quota-t" in none_yet
 
@@ -93,33 +93,35 @@ def test_quota_refusals_name_the_limit_and_how_to_raise_it(platform, admin):
     assert "--max-replicas" in too_many
 
     assert client.post("/v1/deployments", json=body).status_code == 201
-    second = refusal(client.post("/v1/deployments", json={**body, "name": "q-b"}), 403,
+    second = refusal(client.post("/v1/deployments", json={**body, "name": "quota-t-b"}), 403,
                      "max_deployments")  # fmt: skip
     assert "at most 1 deployments and owns 1" in second
-    assert refusal(client.patch("/v1/deployments/q-a", json={"max_replicas": 3}), 403,
+    assert refusal(client.patch("/v1/deployments/quota-t-a", json={"max_replicas": 3}), 403,
                    "max_replicas")  # fmt: skip
 
     set_quota(admin, "quota-t", max_deployments=1, max_replicas=4, max_gpus=2,
               allowed_sources=["fake://ok/"])  # fmt: skip
-    gpus = refusal(client.patch("/v1/deployments/q-a", json={"max_replicas": 3}), 403, "max_gpus")
+    gpus = refusal(
+        client.patch("/v1/deployments/quota-t-a", json={"max_replicas": 3}), 403, "max_gpus"
+    )
     assert "up to 3 GPUs" in gpus and "--max-gpus" in gpus
 
     # Prices, owner, sharing are the admin's.
-    price = client.patch("/v1/deployments/q-a", json={"price_per_1m_input_tokens_micros": 0})
+    price = client.patch("/v1/deployments/quota-t-a", json={"price_per_1m_input_tokens_micros": 0})
     assert "set by the admin" in refusal(price, 403, "price_per_1m_input_tokens_micros")
-    assert refusal(client.patch("/v1/deployments/q-a", json={"owner": "someone-else"}), 403,
+    assert refusal(client.patch("/v1/deployments/quota-t-a", json={"owner": "someone-else"}), 403,
                    "owner")  # fmt: skip
-    assert refusal(client.patch("/v1/deployments/q-a", json={"shared_with": ["x"]}), 403,
+    assert refusal(client.patch("/v1/deployments/quota-t-a", json={"shared_with": ["x"]}), 403,
                    "shared_with")  # fmt: skip
 
     # A quota lowered below what the tenant uses removes nothing: it may scale down and
     # delete, never up.
     set_quota(admin, "quota-t", max_deployments=0, max_replicas=0)
-    down = client.patch("/v1/deployments/q-a", json={"max_replicas": 1})
+    down = client.patch("/v1/deployments/quota-t-a", json={"max_replicas": 1})
     assert down.status_code == 200, down.text
-    assert refusal(client.patch("/v1/deployments/q-a", json={"max_replicas": 2}), 403,
+    assert refusal(client.patch("/v1/deployments/quota-t-a", json={"max_replicas": 2}), 403,
                    "max_replicas")  # fmt: skip
-    assert client.delete("/v1/deployments/q-a").status_code == 200
+    assert client.delete("/v1/deployments/quota-t-a").status_code == 200
 
 
 def test_concurrent_creates_cannot_pass_the_quota_together(platform, admin):
@@ -128,7 +130,7 @@ def test_concurrent_creates_cannot_pass_the_quota_together(platform, admin):
 
     def create(i: int) -> int:
         with tenant_client(platform, key) as client:
-            body = {"name": f"race-{i}", "source": "fake://r"}
+            body = {"name": f"race-t-{i}", "source": "fake://r"}
             return client.post("/v1/deployments", json=body).status_code
 
     with ThreadPoolExecutor(6) as pool:
@@ -143,36 +145,36 @@ def test_tenants_cannot_see_change_or_call_each_others_deployments(platform, adm
         admin, "own-t", max_deployments=2, max_replicas=2, max_gpus=2, allowed_sources=["fake://"]
     )
     own, other = tenant(platform, admin, "own-t"), tenant(platform, admin, "other-t")
-    created = own.post("/v1/deployments", json={"name": "own-p", "source": "fake://p"})
+    created = own.post("/v1/deployments", json={"name": "own-t-p", "source": "fake://p"})
     assert created.status_code == 201, created.text
 
     # Another tenant: it does not exist (404s, never a 403 that would confirm the name).
-    assert "own-p" not in [d["name"] for d in other.get("/v1/deployments").json()["data"]]
-    assert "own-p" not in [m["id"] for m in other.get("/v1/models").json()["data"]]
-    assert refusal(other.get("/v1/deployments/own-p"), 404, "name")
-    assert refusal(other.get("/v1/models/own-p"), 404, "model")
-    call = chat(other, "own-p")
+    assert "own-t-p" not in [d["name"] for d in other.get("/v1/deployments").json()["data"]]
+    assert "own-t-p" not in [m["id"] for m in other.get("/v1/models").json()["data"]]
+    assert refusal(other.get("/v1/deployments/own-t-p"), 404, "name")
+    assert refusal(other.get("/v1/models/own-t-p"), 404, "model")
+    call = chat(other, "own-t-p")
     assert refusal(call, 404, "model") and call.json()["error"]["code"] == "model_not_found"
-    job = other.post("/v1/jobs", json={"model": "own-p", "endpoint": "chat.completions",
+    job = other.post("/v1/jobs", json={"model": "own-t-p", "endpoint": "chat.completions",
                                        "body": {"messages": MESSAGES}})  # fmt: skip
     assert refusal(job, 404, "model")
-    assert other.patch("/v1/deployments/own-p", json={"max_replicas": 1}).status_code == 404
-    assert other.delete("/v1/deployments/own-p").status_code == 404
+    assert other.patch("/v1/deployments/own-t-p", json={"max_replicas": 1}).status_code == 404
+    assert other.delete("/v1/deployments/own-t-p").status_code == 404
     assert usage_total(other)["total"]["requests"] == 0, "a refused call bills nothing"
 
     # Shared by the admin: the other tenant calls it (paying its tokens, the owner keeps the
     # GPU time) and sees what a caller sees, but cannot change it.
-    shared = admin.patch("/v1/deployments/own-p", json={"shared_with": ["other-t"]})
+    shared = admin.patch("/v1/deployments/own-t-p", json={"shared_with": ["other-t"]})
     assert shared.status_code == 200 and shared.json()["shared_with"] == ["other-t"]
-    seen = other.get("/v1/deployments/own-p").json()
+    seen = other.get("/v1/deployments/own-t-p").json()
     assert seen["status"] and "source" not in seen and "owner" not in seen
-    assert chat(other, "own-p").status_code == 200
+    assert chat(other, "own-t-p").status_code == 200
     tokens = usage_total(other)["total"]
     assert (tokens["requests"], tokens["completion_tokens"]) == (1, 4)
-    change = other.patch("/v1/deployments/own-p", json={"max_replicas": 1})
+    change = other.patch("/v1/deployments/own-t-p", json={"max_replicas": 1})
     assert "belongs to another tenant" in change.json()["error"]["message"]
     assert change.status_code == 403
-    assert other.delete("/v1/deployments/own-p").status_code == 403
+    assert other.delete("/v1/deployments/own-t-p").status_code == 403
 
     # The admin's deployments stay public: every tenant calls them, none changes them.
     admin.post("/v1/deployments", json={"name": "platform-m", "source": "fake://m"})
@@ -180,8 +182,8 @@ def test_tenants_cannot_see_change_or_call_each_others_deployments(platform, adm
     assert own.patch("/v1/deployments/platform-m", json={"max_replicas": 2}).status_code == 403
     assert own.delete("/v1/deployments/platform-m").status_code == 403
     # ... and the admin keeps everything: it sees, changes and deletes the tenant's.
-    assert admin.get("/v1/deployments/own-p").json()["source"] == "fake://p"
-    assert admin.delete("/v1/deployments/own-p").status_code == 200
+    assert admin.get("/v1/deployments/own-t-p").json()["source"] == "fake://p"
+    assert admin.delete("/v1/deployments/own-t-p").status_code == 200
 
 
 def test_a_tenant_reads_only_its_own_quota_and_the_admin_lists_them(platform, admin):
@@ -202,15 +204,15 @@ def test_a_tenant_reads_the_logs_of_its_own_deployments_only(platform, admin):
               allowed_sources=["fake://"])  # fmt: skip
     own, other = tenant(platform, admin, "logs-t"), tenant(platform, admin, "logs-o")
     assert (
-        own.post("/v1/deployments", json={"name": "logs-d", "source": "fake://l"}).status_code
+        own.post("/v1/deployments", json={"name": "logs-t-d", "source": "fake://l"}).status_code
         == 201
     )
-    assert chat(own, "logs-d").status_code == 200
-    [runner] = own.get("/v1/deployments/logs-d").json()["runners"]
-    lines = own.get("/v1/logs", params={"deployment": "logs-d"})
+    assert chat(own, "logs-t-d").status_code == 200
+    [runner] = own.get("/v1/deployments/logs-t-d").json()["runners"]
+    lines = own.get("/v1/logs", params={"deployment": "logs-t-d"})
     assert lines.status_code == 200, lines.text
     assert any(runner["id"] in line["source"] for line in lines.json()["data"])
     assert refusal(own.get("/v1/logs"), 403, "deployment")  # the platform's: the admin's
-    assert refusal(other.get("/v1/logs", params={"deployment": "logs-d"}), 404, "name")
-    theirs = own.get("/v1/logs", params={"deployment": "logs-d", "runner": "not-mine"})
+    assert refusal(other.get("/v1/logs", params={"deployment": "logs-t-d"}), 404, "name")
+    theirs = own.get("/v1/logs", params={"deployment": "logs-t-d", "runner": "not-mine"})
     assert refusal(theirs, 404, "runner")

@@ -1,10 +1,14 @@
 """A version's env reaches the controller's deploy-time weight fetch: S3 credentials that
 only the version carries (the platform has none) fetch its weights from an S3 that
-demands them (moto with authentication on)."""
+demands them (moto with authentication on). And nothing else of it does: a tenant's
+uploaded AWS config named in its env (issue 32: a credential_process run as the
+platform's user) is refused."""
 
 from __future__ import annotations
 
 import pytest
+from billing_support import new_key as new_tenant_key
+from billing_support import tenant_client
 from support import Platform, temp_home, wait_until
 from weights_support import MotoS3, upload_dir, write_servable_dir
 
@@ -60,3 +64,40 @@ def test_the_versions_credentials_fetch_its_weights(stack):
         wait_until(lambda: _weights(admin, "priv")[2] == "ready", 120, "version 2's weights")
         logs = b"".join(p.read_bytes() for p in platform.home.rglob("*.log"))
         assert s3.secret_key.encode() not in logs
+
+
+def test_a_tenants_uploaded_aws_config_is_data_and_never_a_config(stack, tmp_path):
+    platform, _ = stack
+    ran = tmp_path / "ran"
+    with platform.admin() as admin:
+        quota = {
+            "max_deployments": 2,
+            "max_replicas": 1,
+            "max_gpus": 1,
+            "allowed_sources": ["s3://private/"],
+        }
+        assert admin.put("/v1/tenants/acme/quota", json=quota).status_code == 200
+        acme = tenant_client(platform, new_tenant_key(admin, "acme"))
+    config = f"[default]\ncredential_process = sh -c 'env > {ran}'\n"
+    uploaded = acme.post(
+        "/v1/files", files={"file": ("config", config.encode())}, data={"purpose": "batch"}
+    )
+    assert uploaded.status_code == 200, uploaded.text
+    stored = platform.home / "files" / uploaded.json()["id"]
+    assert stored.read_text() == config and stored.stat().st_mode & 0o777 == 0o600
+    for env in (
+        {"AWS_CONFIG_FILE": str(stored)},
+        {"AWS_SHARED_CREDENTIALS_FILE": str(stored)},
+        {"AWS_PROFILE": "default"},
+        {"AWS_ENDPOINT_URL_S3": "http://127.0.0.1:1"},
+        {"PATH\n": "/tmp"},
+        {"aws_config_file": str(stored)},
+    ):
+        refused = acme.post(
+            "/v1/deployments", json={"name": "m1", "source": "s3://private/m", "env": env}
+        )
+        assert refused.status_code == 400, (env, refused.text)
+        error = refused.json()["error"]
+        assert error["param"] == "env" and "APP_<NAME>" in error["message"]
+    assert acme.get("/v1/deployments/m1").status_code == 404
+    assert not ran.exists()

@@ -8,6 +8,7 @@ import time
 
 import httpx
 import msgspec
+import psutil
 import pytest
 import redis
 from billing_support import new_key, tenant_client
@@ -195,13 +196,14 @@ def test_secrets_never_appear_in_responses_logs_or_redis(platform, admin):
     assert created.status_code == 201, created.text
     second = admin.post(
         "/v1/deployments",
-        json={"name": "sec", "source": "fake://b", "env": {"S3_SECRET": SECRET_VALUE + "x"}},
+        json={"name": "sec", "source": "fake://b", "env": {"APP_S3_SECRET": SECRET_VALUE + "x"}},
     )
     assert second.status_code == 201, second.text
     bad = admin.post(
         "/v1/deployments", json={"name": "sec", "source": "fake://b", "env": {"EBB_X": "1"}}
     )
-    assert bad.status_code == 400 and "EBB_" in bad.json()["error"]["message"]
+    # A platform name: refused, with what a version may set instead.
+    assert bad.status_code == 400 and "APP_<NAME>" in bad.json()["error"]["message"]
     _rollout(admin, "sec", strategy="canary", canary_pct=50)
     wait_until(lambda: _versions(admin, "sec")["traffic"]["2"] == 50, 60, "the canary")
     # A route key per version (the split is a stable hash of it), so both versions run.
@@ -219,7 +221,7 @@ def test_secrets_never_appear_in_responses_logs_or_redis(platform, admin):
         assert reply.status_code == 200 and reply.headers["x-ebb-version"] == str(version)
         assert SECRET_VALUE not in reply.text
     history = _versions(admin, "sec")
-    assert [v["env"] for v in history["data"]] == [["HF_TOKEN"], ["S3_SECRET"]]
+    assert [v["env"] for v in history["data"]] == [["HF_TOKEN"], ["APP_S3_SECRET"]]
     bodies = [
         created.text,
         second.text,
@@ -232,8 +234,25 @@ def test_secrets_never_appear_in_responses_logs_or_redis(platform, admin):
     assert SECRET_VALUE.encode() not in _every_redis_value(platform.redis())
     logs = b"".join(p.read_bytes() for p in platform.home.rglob("*.log"))
     # Each runner opened its version's env: it logs the names it set, never the values.
-    assert b"set env ['HF_TOKEN']" in logs and b"set env ['S3_SECRET']" in logs
+    assert b"set env ['HF_TOKEN']" in logs and b"set env ['APP_S3_SECRET']" in logs
     assert SECRET_VALUE.encode() not in logs
+    # Runners hold the key that opens their version's env, never the admin key: they load
+    # a tenant's weights and run with its env.
+    runners = _runner_environments(platform)
+    assert runners and all("EBB_SECRETS_KEY" in env for env in runners)
+    assert not any("EBB_ADMIN_KEY" in env or platform.admin_key in env.values() for env in runners)
+
+
+def _runner_environments(platform: Platform) -> list[dict[str, str]]:
+    """The environments this platform's runner processes started with."""
+    found = []
+    for proc in psutil.process_iter(["environ", "cmdline"]):
+        env = proc.info.get("environ") or {}
+        if env.get("EBB_HOME") == str(platform.home.resolve()) and "runner" in (
+            proc.info.get("cmdline") or []
+        ):
+            found.append(env)
+    return found
 
 
 def test_a_tenant_versions_and_rolls_out_its_own_deployment_only(platform, admin):

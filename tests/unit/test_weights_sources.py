@@ -17,6 +17,7 @@ from ebb.weights_cache import (
     SourceKind,
     parse_source,
 )
+from ebb.weights_cache.sources import normalize_source, within_prefix
 
 
 def test_default_model_source_is_a_packaged_gguf():
@@ -35,11 +36,71 @@ def test_gguf_in_a_subfolder_of_a_dotted_package():
 
 
 def test_gguf_absolute_path_is_normalized():
-    source = parse_source("gguf://srv//models/./a/../m.GGUF")
+    source = parse_source("gguf://srv//models/m.GGUF")
     assert isinstance(source, GgufSource)
     assert source.package is None
     assert source.file == "/srv/models/m.GGUF"
     assert source.uri == "gguf:/srv/models/m.GGUF"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "gguf://srv//models/./a/../m.GGUF",
+        "/allowed/../other",
+        "/allowed//../other",
+        "/allowed/./m",
+        "file:///allowed/%2e%2e/other",
+        "file:///allowed/%2E%2E/%2e%2E/etc",
+        "file:///allowed%2f..%2fother",
+        "file:///allowed/%5c..%5cother",
+        "file:///allowed/%252e%252e/other",
+        "s3://bucket/a/%2e%2e/b",
+        "fake://ok/../other",
+        "fake://ok/%2e%2e/other",
+    ],
+)
+def test_paths_that_climb_are_refused_not_resolved(source):
+    # Resolved, `/allowed/..` passed a check of the `/allowed/` prefix and read `/`.
+    with pytest.raises(InvalidRequest) as info:
+        normalize_source(source)
+    assert info.value.param == "source" and info.value.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("source", "normalized"),
+    [
+        ("/srv//models/m/", "file:///srv/models/m"),
+        ("FILE:///srv/m", "file:///srv/m"),
+        ("hf://acme/chat", "hf://acme/chat@main"),
+        ("s3://acme-models/m/", "s3://acme-models/m"),
+        ("FAKE://ok//a?ctx=1", "fake://ok/a?ctx=1"),
+    ],
+)
+def test_normalized_sources_have_one_spelling(source, normalized):
+    assert normalize_source(source) == normalized
+    assert normalize_source(normalized) == normalized
+
+
+@pytest.mark.parametrize(
+    ("source", "prefix", "within"),
+    [
+        ("s3://acme-models/m", "s3://acme-models/", True),
+        ("s3://acme-models/m", "s3://acme-models", True),
+        ("s3://acme-models-evil/m", "s3://acme-models", False),
+        ("hf://acme/chat@main", "hf://acme/chat", True),
+        ("hf://acme/chatty@main", "hf://acme/chat", False),
+        ("file:///srv/m/x", "/srv/m", True),
+        ("file:///srv/mx", "/srv/m", False),
+        ("file:///srv/m/x", "file:///srv//m/", True),
+        ("file:///srv/x", "/srv/m/../", False),
+        ("fake://ok?ctx=1", "fake://ok", True),
+        ("fake://okay", "fake://ok", False),
+        ("fake://a", "fake://", True),
+    ],
+)
+def test_prefixes_match_normalized_on_segment_boundaries(source, prefix, within):
+    assert within_prefix(source, prefix) is within
 
 
 @pytest.mark.parametrize(

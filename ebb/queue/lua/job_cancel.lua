@@ -19,7 +19,9 @@ local req = redis.call('HMGET', rkey, 'state', 'runner')
 if req[1] == 'queued' or req[1] == 'expired' then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('ZREM', ARGV[3] .. job[3], job[2])
+  -- The attempt's own unit (a version's job queue); the job names only the deployment.
+  local unit = redis.call('HGET', rkey, 'deployment') or job[3]
+  redis.call('ZREM', ARGV[3] .. unit, job[2])
   redis.call('HSET', rkey, 'state', 'cancelled')
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_ms', now)
   redis.call('ZREM', KEYS[3], ARGV[1])

@@ -18,7 +18,9 @@ local state = redis.call('HGET', rkey, 'state')
 if state == 'queued' or state == 'expired' then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('ZREM', ARGV[3] .. job[3], job[2])
+  -- The attempt's own unit (a version's job queue); the job names only the deployment.
+  local unit = redis.call('HGET', rkey, 'deployment') or job[3]
+  redis.call('ZREM', ARGV[3] .. unit, job[2])
   redis.call('HSET', rkey, 'state', 'expired')
   redis.call('HSET', KEYS[1], 'status', 'expired', 'finished_ms', now, 'error', ARGV[4])
   redis.call('ZREM', KEYS[2], ARGV[1])

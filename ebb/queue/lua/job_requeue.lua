@@ -1,8 +1,8 @@
 -- Put a job whose attempt was lost (its runner died, its lease expired) back in its
--- deployment's job queue as a new attempt, with the job's original TTL deadline.
+-- serving version's job queue as a new attempt, with the job's original TTL deadline.
 -- KEYS: 1 job hash, 2 new request hash, 3 job queue, 4 waiting zset, 5 watch set,
 --       6 queue signal list, 7 controller wake list
--- ARGV: 1 job id, 2 lost request id, 3 new request id, 4 new work (json), 5 deployment,
+-- ARGV: 1 job id, 2 lost request id, 3 new request id, 4 new work (json), 5 serving unit,
 --       6 key ttl s, 7 signal list max, 8 why the attempt ended (json), 9 attempt number
 -- Returns 1 when requeued, 0 when the job moved on, -1 when a cancel was requested.
 local job = redis.call('HMGET', KEYS[1], 'status', 'request_id', 'cancel_requested',

@@ -1,10 +1,10 @@
--- Accept an async job: its record, its first attempt queued in the deployment's job queue
+-- Accept an async job: its record, its first attempt queued in its version's job queue
 -- (waking the controller and idle runners like any request), its TTL deadline and its
 -- place in the tenant's listing. With an Idempotency-Key, a key seen before returns the
 -- job it created, or a conflict when the submission differs.
 -- KEYS: 1 job hash, 2 request hash, 3 job queue, 4 waiting zset, 5 tenant index,
 --       6 idempotency key, 7 queue signal list, 8 controller wake list
--- ARGV: 1 job id, 2 request id, 3 deployment, 4 job ttl ms (queued longer: expired),
+-- ARGV: 1 job id, 2 request id, 3 serving unit (the version the split picked), 4 job ttl ms (queued longer: expired),
 --       5 key ttl s, 6 idempotency value ('' without a key), 7 submission digest,
 --       8 signal list max, 9 work (json), 10 job key prefix, 11.. job field, value pairs
 -- Returns {1, job id} when created, {2, job id} when replayed, {3, job id} on conflict.

@@ -128,7 +128,7 @@ export function envFieldset() {
       textarea: true,
       rows: "3",
       autocomplete: "off",
-      hint: "One NAME=value a line (e.g. HF_TOKEN=…). Stored encrypted; only the names are ever shown again. Empty: a new version keeps the latest one's.",
+      hint: "One NAME=value a line: APP_<NAME> for your own variables, and the weights' credentials HF_TOKEN, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION. Stored encrypted; only the names are ever shown again. Empty: a new version keeps the latest one's.",
     }),
   );
 }
