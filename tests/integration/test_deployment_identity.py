@@ -46,16 +46,18 @@ def log_sources(client: httpx.Client, **params) -> set[str]:
 
 
 def test_a_name_deleted_and_created_again_shares_no_runner_and_no_log(platform, admin):
+    """A tenant names new deployments within its namespace; the admin may give a freed
+    name (its own) to another tenant."""
     beta, evil = tenant(platform, admin, "beta"), tenant(platform, admin, "evil")
-    body = {"name": "reuse2", "min_replicas": 1, "idle_timeout_s": 600}
-    created = beta.post("/v1/deployments", json={**body, "source": "fake://beta"})
+    body = {"name": "reuse2", "min_replicas": 1, "idle_timeout_s": 600, "visibility": "private"}
+    created = admin.post("/v1/deployments", json={**body, "source": "fake://b", "owner": "beta"})
     assert created.status_code == 201, created.text
     assert chat(beta, "reuse2").status_code == 200
     [old] = wait_until(lambda: ready_runners(admin, "reuse2"), 60, "beta's runner ready")
     assert log_sources(beta, deployment="reuse2") == {f"runner-{old}"}
 
     assert beta.delete("/v1/deployments/reuse2").status_code == 200
-    made = evil.post("/v1/deployments", json={**body, "source": "fake://evil"})
+    made = admin.post("/v1/deployments", json={**body, "source": "fake://e", "owner": "evil"})
     assert made.status_code == 201, made.text
     answers = [chat(evil, "reuse2") for _ in range(5)]
     assert [a.status_code for a in answers] == [200] * 5, [a.text for a in answers]

@@ -57,7 +57,7 @@ async def create(state: PlatformState, source: str) -> str:
     created = await state.get_deployment(DEP)
     assert created is not None and created.uid.startswith("dep_")
     await VersionStore(state.redis).add(
-        DEP, lambda n: VersionRecord(version=n, created_at_s=0.0, spec=created)
+        DEP, lambda n: VersionRecord(version=n, created_at_s=0.0, spec=created), max_versions=10
     )
     return created.uid
 
