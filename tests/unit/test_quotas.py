@@ -155,3 +155,12 @@ def test_a_tenant_names_new_deployments_within_its_namespace_whatever_exists():
     check_new_name(ADMIN, "anything", hidden)
     with pytest.raises(PermissionDenied):
         check_new_name(ACME, "acme-", None)
+
+
+def test_tenant_namespaces_never_nest():
+    from ebb.frontdoor.tenancy import namespace_clash
+
+    assert namespace_clash("acme-eu", ["acme", "beta"]) == "acme"
+    assert namespace_clash("acme", ["acme-eu"]) == "acme-eu"
+    assert namespace_clash("Acme", ["acme"]) == "acme"  # one namespace, lowercased
+    assert namespace_clash("acme", ["acme", "acmeeu", "acme.eu"]) is None
