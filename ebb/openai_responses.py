@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from ebb.queue.schema import ChoiceDelta, Finished, Progress, TokenLogprob, ToolCallFormat
-from ebb.tool_calls import ToolStream, parse
+from ebb.tool_calls import ToolStream, parse, parse_cut_off
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +181,10 @@ class ResponseBuilder:
     def _message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         if self.tools is None:
             return {"role": "assistant", "content": text}, finish_reason
-        content, calls = parse(text, self.tools)
+        if finish_reason == "length":
+            content, calls = parse_cut_off(text, self.tools)
+        else:
+            content, calls = parse(text, self.tools)
         if not calls:
             return {"role": "assistant", "content": text}, finish_reason
         message = {

@@ -60,6 +60,21 @@ def parse(text: str, fmt: ToolCallFormat) -> tuple[str | None, list[ToolCall]]:
     return content, calls
 
 
+def parse_cut_off(text: str, fmt: ToolCallFormat) -> tuple[str | None, list[ToolCall]]:
+    """A reply that `max_tokens` cut off, as (content, calls): the calls a stream of the
+    same text announces, with their arguments as far as they got (as OpenAI answers a
+    call cut off by the limit), where `parse` finds no complete call."""
+    content, calls = parse(text, fmt)
+    if calls:
+        return content, calls
+    stream = ToolStream(fmt)
+    sent, _ = stream.feed(text)
+    rest, _ = stream.finish()
+    if not stream.calls:
+        return content, []
+    return (sent + rest) or None, stream.calls
+
+
 def _parse_auto(text: str, parser: str) -> tuple[str | None, list[ToolCall]]:
     if parser == "mistral":
         before, tag, rest = text.partition(_MISTRAL_TAG)
