@@ -368,7 +368,7 @@ class CompletionRequest(_SamplingRequest):
         return self.max_tokens, "max_tokens"
 
 
-_R = TypeVar("_R", bound=_SamplingRequest)
+_R = TypeVar("_R", bound=BaseModel)
 
 
 def parse_chat_request(body: object) -> ChatCompletionRequest:
@@ -379,6 +379,12 @@ def parse_chat_request(body: object) -> ChatCompletionRequest:
 def parse_completion_request(body: object) -> CompletionRequest:
     """Validate a (legacy) completions body; raises InvalidRequest with `param` set."""
     return _parse(CompletionRequest, body)
+
+
+def parse_body(model: type[_R], body: object) -> _R:
+    """Validate a body against another endpoint's schema (built from this module's
+    `_Strict`-style models) with the same 400s: InvalidRequest naming the field."""
+    return _parse(model, body)
 
 
 def _parse(model: type[_R], body: object) -> _R:

@@ -1,0 +1,269 @@
+"""The Responses API on the fake engine, driven by the official client's `client.responses`:
+text, streaming, function tools over two turns, structured output, the stored response's
+reads, tenancy, background responses and billing."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from billing_support import new_key, usage_total
+from support import Platform, deploy, temp_home, wait_until
+
+from ebb.testing.fake_model import FAKE_JSON_REPLY, FAKE_REPLY
+
+pytestmark = pytest.mark.integration
+
+QUESTION = "What is the capital of France?"
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}},
+}
+
+
+@pytest.fixture(scope="module")
+def platform():
+    p = Platform(home=temp_home("ebb-it-resp-"), redis_url=None).start()
+    yield p
+    assert p.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(platform, admin):
+    deploy(admin, "fake", source="fake://m?ctx=4096", idle_timeout_s=600)
+    return platform.openai()
+
+
+@pytest.fixture(scope="module")
+def tenant_clients(platform, admin, client):
+    """Two tenants' clients (each with its own key) calling the admin's public model."""
+    return tuple(platform.openai(api_key=new_key(admin, name)) for name in ("resp-a", "resp-b"))
+
+
+def test_text_in_text_out_with_usage(client):
+    response = client.responses.create(
+        model="fake", input=QUESTION, instructions="Answer briefly.", max_output_tokens=12
+    )
+    assert response.id.startswith("resp_") and response.object == "response"
+    assert response.status == "incomplete"
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.output_text == FAKE_REPLY[:12]
+    (message,) = response.output
+    assert message.type == "message" and message.role == "assistant"
+    assert response.instructions == "Answer briefly." and response.max_output_tokens == 12
+    usage = response.usage
+    assert usage.output_tokens == 12 and usage.input_tokens > len(QUESTION)
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+    assert usage.input_tokens_details.cached_tokens == 0
+    assert usage.output_tokens_details.reasoning_tokens == 0
+
+
+def test_completed_when_the_model_stops(client):
+    response = client.responses.create(
+        model="fake",
+        input=[{"role": "user", "content": [{"type": "input_text", "text": QUESTION}]}],
+        text={"format": {"type": "json_object"}},
+    )
+    assert response.status == "completed" and response.incomplete_details is None
+    assert json.loads(response.output_text) == json.loads(FAKE_JSON_REPLY)
+
+
+def test_streamed_events_through_the_stream_helper(client):
+    json_object = {"format": {"type": "json_object"}}
+    with client.responses.stream(model="fake", input=QUESTION, text=json_object) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    types = [e.type for e in events]
+    assert types[:2] == ["response.created", "response.in_progress"]
+    assert types[-1] == "response.completed"
+    for kind in (
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ):
+        assert kind in types, kind
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == final.output_text == FAKE_JSON_REPLY
+    assert final.usage.output_tokens == len(text)
+
+
+def test_a_stream_cut_off_by_max_output_tokens_ends_incomplete(client):
+    events = list(
+        client.responses.create(model="fake", input=QUESTION, max_output_tokens=10, stream=True)
+    )
+    assert events[-1].type == "response.incomplete"
+    final = events[-1].response
+    assert final.incomplete_details.reason == "max_output_tokens"
+    assert final.output_text == FAKE_REPLY[:10] and final.usage.output_tokens == 10
+    assert final.output[0].status == "incomplete"
+
+
+def test_stream_true_ends_with_completed_and_sse_event_lines(platform, client):
+    stream = client.responses.create(
+        model="fake", input=QUESTION, stream=True, text={"format": {"type": "json_object"}}
+    )
+    events = list(stream)
+    assert events[-1].type == "response.completed"
+    assert json.loads(events[-1].response.output_text) == json.loads(FAKE_JSON_REPLY)
+    body = {"model": "fake", "input": QUESTION, "stream": True, "max_output_tokens": 3}
+    headers = {"Authorization": f"Bearer {platform.admin_key}"}
+    raw = httpx.post(platform.base_url + "/v1/responses", json=body, headers=headers, timeout=60)
+    assert raw.text.startswith("event: response.created\ndata: {")
+    assert "[DONE]" not in raw.text
+
+
+def test_function_call_then_its_output_by_previous_response_id(client):
+    first = client.responses.create(model="fake", input=QUESTION, tools=[WEATHER])
+    assert first.status == "completed"
+    (call,) = first.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert call.call_id.startswith("call_") and call.id.startswith("fc_")
+    assert json.loads(call.arguments) == {"answer": "Paris"}
+
+    second = client.responses.create(
+        model="fake",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        tools=[WEATHER],
+        max_output_tokens=12,
+    )
+    # The tool's result came back, so the model answers in words (the fake engine's rule).
+    assert second.output_text == FAKE_REPLY[:12]
+    assert second.previous_response_id == first.id
+    # The whole conversation went in: longer than the first turn's prompt.
+    assert second.usage.input_tokens > first.usage.input_tokens
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "name": "get_weather"}])
+def test_forced_function_calls_streamed(client, tool_choice):
+    stream = client.responses.create(
+        model="fake", input=QUESTION, tools=[WEATHER], tool_choice=tool_choice, stream=True
+    )
+    events = list(stream)
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert json.loads("".join(deltas)) == json.loads(done.arguments) == {"answer": "Paris"}
+    (call,) = events[-1].response.output
+    assert call.type == "function_call" and call.name == "get_weather"
+
+
+def test_json_schema_format_parses(client):
+    from pydantic import BaseModel
+
+    class Answer(BaseModel):
+        answer: str
+
+    parsed = client.responses.parse(model="fake", input=QUESTION, text_format=Answer)
+    assert parsed.output_parsed == Answer(answer="Paris")
+    assert parsed.text.format.type == "json_schema"
+
+
+def test_retrieve_input_items_and_delete(client):
+    created = client.responses.create(
+        model="fake", input=QUESTION, max_output_tokens=4, metadata={"conversation": "c-1"}
+    )
+    got = client.responses.retrieve(created.id)
+    assert got.output_text == created.output_text and got.metadata == {"conversation": "c-1"}
+    (item,) = client.responses.input_items.list(created.id).data
+    assert item.type == "message" and item.role == "user" and item.id
+    deleted = client.responses.delete(created.id)
+    assert deleted is None or getattr(deleted, "deleted", True)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(created.id)
+
+
+def test_store_false_is_not_kept(client):
+    created = client.responses.create(
+        model="fake", input=QUESTION, max_output_tokens=2, store=False
+    )
+    assert created.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(created.id)
+    with pytest.raises(openai.NotFoundError) as info:
+        client.responses.create(model="fake", input="more", previous_response_id=created.id)
+    assert info.value.body["param"] == "previous_response_id"
+
+
+def test_another_tenants_response_is_404(tenant_clients):
+    a, b = tenant_clients
+    mine = a.responses.create(model="fake", input=QUESTION, max_output_tokens=3)
+    assert a.responses.retrieve(mine.id).id == mine.id
+    for call in (
+        lambda: b.responses.retrieve(mine.id),
+        lambda: b.responses.input_items.list(mine.id),
+        lambda: b.responses.delete(mine.id),
+        lambda: b.responses.create(model="fake", input="x", previous_response_id=mine.id),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert a.responses.retrieve(mine.id).id == mine.id  # b's delete removed nothing
+
+
+def test_background_response_is_billed_once(platform, admin, client):
+    key = new_key(admin, "resp-bg")
+    tenant = platform.openai(api_key=key)
+    queued = tenant.responses.create(
+        model="fake", input=QUESTION, background=True, max_output_tokens=6
+    )
+    assert queued.status in ("queued", "in_progress") and queued.background is True
+
+    def settled():
+        response = tenant.responses.retrieve(queued.id)
+        return response if response.status not in ("queued", "in_progress") else None
+
+    done = wait_until(settled, 60, "the background response to settle")
+    assert done.status == "incomplete" and done.output_text == FAKE_REPLY[:6]
+    with httpx.Client(
+        base_url=platform.base_url, headers={"Authorization": f"Bearer {key}"}
+    ) as http:
+        total = usage_total(http)["total"]
+    assert total["requests"] == 1
+    assert total["completion_tokens"] == done.usage.output_tokens == 6
+    assert total["prompt_tokens"] == done.usage.input_tokens
+    # Settled: cancelling changes nothing.
+    assert tenant.responses.cancel(queued.id).status == "incomplete"
+
+
+def test_a_sync_response_is_billed_once(platform, admin):
+    key = new_key(admin, "resp-sync")
+    tenant = platform.openai(api_key=key)
+    streamed = tenant.responses.create(
+        model="fake", input=QUESTION, max_output_tokens=5, stream=True
+    )
+    final = list(streamed)[-1].response
+    whole = tenant.responses.create(model="fake", input=QUESTION, max_output_tokens=7)
+    with httpx.Client(
+        base_url=platform.base_url, headers={"Authorization": f"Bearer {key}"}
+    ) as http:
+        total = wait_until(
+            lambda: (t := usage_total(http)["total"])["requests"] == 2 and t,
+            30,
+            "both requests in the usage",
+        )
+    assert total["completion_tokens"] == 5 + 7
+    assert total["prompt_tokens"] == final.usage.input_tokens + whole.usage.input_tokens
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": QUESTION, "temprature": 1}, "temprature"),
+        ({"input": QUESTION, "tools": [{"type": "web_search"}]}, "tools.0"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input.0.content.0"),
+        ({"input": QUESTION, "reasoning": {"effort": "high"}}, "reasoning"),
+        ({"input": QUESTION, "max_output_tokens": 999999}, "max_output_tokens"),
+        ({"input": QUESTION, "background": True, "stream": True}, "stream"),
+    ],
+)
+def test_bad_requests_are_400_naming_the_field(client, body, param):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.post("/responses", body={"model": "fake", **body}, cast_to=httpx.Response)
+    assert info.value.body["param"] == param, info.value.body
