@@ -30,6 +30,7 @@ from ebb.frontdoor import (
     routes_quotas,
     routes_responses,
     routes_status,
+    routes_tokenize,
     routes_usage,
     routes_versions,
     routes_webhooks,
@@ -85,6 +86,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_openai.inference)
     app.include_router(routes_responses.router)
     app.include_router(routes_responses.inference)
+    app.include_router(routes_tokenize.router)
     app.include_router(routes_embeddings.router)
     app.include_router(routes_files.router)
     app.include_router(routes_batches.router)

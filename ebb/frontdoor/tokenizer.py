@@ -43,6 +43,10 @@ class PromptTokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of ids below vocab_size, special tokens included (POST /detokenize)."""
+        ...
+
     @property
     def vocab_size(self) -> int:
         """Token ids run from 0 to vocab_size - 1."""
@@ -130,6 +134,10 @@ class HfPromptTokenizer:
     def encode(self, text: str) -> list[int]:
         with self._lock:
             return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
+
+    def decode(self, token_ids: list[int]) -> str:
+        with self._lock:
+            return str(self._tokenizer.decode(token_ids, skip_special_tokens=False))
 
 
 def _read_json(path: Path) -> dict[str, Any]:

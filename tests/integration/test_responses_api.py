@@ -1,6 +1,7 @@
-"""The Responses API on the fake engine, driven by the official client's `client.responses`:
-text, streaming, function tools over two turns, structured output, the stored response's
-reads, tenancy, background responses and billing."""
+"""The APIs clients use beside chat, on the fake engine: the Responses API driven by the
+official client's `client.responses` (text, streaming, function tools over two turns,
+structured output, the stored response's reads, tenancy, background responses, billing),
+and vLLM's POST /tokenize and /detokenize."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import httpx
 import openai
 import pytest
-from billing_support import new_key, usage_total
+from billing_support import new_key, tenant_client, usage_total
 from support import Platform, deploy, temp_home, wait_until
 
 from ebb.testing.fake_model import FAKE_JSON_REPLY, FAKE_REPLY
@@ -267,3 +268,67 @@ def test_bad_requests_are_400_naming_the_field(client, body, param):
     with pytest.raises(openai.BadRequestError) as info:
         client.post("/responses", body={"model": "fake", **body}, cast_to=httpx.Response)
     assert info.value.body["param"] == param, info.value.body
+
+
+# --- /tokenize and /detokenize ------------------------------------------------------------
+
+
+def test_tokenize_a_prompt_and_back(admin, client):
+    tokenized = admin.post("/tokenize", json={"model": "fake", "prompt": "Paris é"})
+    assert tokenized.status_code == 200, tokenized.text
+    body = tokenized.json()
+    assert body["tokens"] == list("Paris é".encode())  # the fake model's byte tokenizer
+    assert body["count"] == len(body["tokens"]) and body["max_model_len"] == 4096
+    back = admin.post("/detokenize", json={"model": "fake", "tokens": body["tokens"]})
+    assert back.status_code == 200 and back.json() == {"prompt": "Paris é"}
+
+
+def test_tokenize_messages_counts_what_chat_sends(admin, client):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": QUESTION}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for extra in ({}, {"tools": tools}):
+        counted = admin.post("/tokenize", json={"model": "fake", "messages": messages, **extra})
+        assert counted.status_code == 200, counted.text
+        chat = client.chat.completions.create(
+            model="fake", messages=messages, max_tokens=1, **extra
+        )
+        assert counted.json()["count"] == chat.usage.prompt_tokens
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/tokenize", {"model": "fake"}, "prompt"),
+        (
+            "/tokenize",
+            {"model": "fake", "prompt": "x", "return_token_strs": True},
+            "return_token_strs",
+        ),
+        ("/tokenize", {"model": "fake", "messages": [{"role": "user"}]}, "messages.0.content"),
+        ("/tokenize", {"model": "fake", "prompt": "x", "extra": 1}, "extra"),
+        ("/detokenize", {"model": "fake", "tokens": [65, 256]}, "tokens"),
+        ("/detokenize", {"model": "fake", "tokens": ["a"]}, "tokens.0"),
+    ],
+)
+def test_bad_tokenize_requests_are_400(admin, client, path, body, param):
+    refused = admin.post(path, json=body)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+
+
+def test_tokenize_is_authenticated_and_per_tenant(platform, admin, client):
+    anonymous = httpx.post(platform.base_url + "/tokenize", json={"model": "fake", "prompt": "x"})
+    assert anonymous.status_code == 401
+    quota = {"max_deployments": 1, "max_replicas": 1, "max_gpus": 1, "allowed_sources": ["fake://"]}
+    assert admin.put("/v1/tenants/tok-owner/quota", json=quota).status_code == 200
+    owner = tenant_client(platform, new_key(admin, "tok-owner"))
+    other = tenant_client(platform, new_key(admin, "tok-other"))
+    created = owner.post("/v1/deployments", json={"name": "tok-private", "source": "fake://p"})
+    assert created.status_code == 201, created.text
+    body = {"model": "tok-private", "prompt": "x"}
+    assert owner.post("/tokenize", json=body).status_code == 200
+    for path, request in (
+        ("/tokenize", body),
+        ("/detokenize", {"model": "tok-private", "tokens": [1]}),
+    ):
+        refused = other.post(path, json=request)
+        assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
