@@ -30,7 +30,8 @@ from ebb.responses_objects import (
 
 def sse(event: dict[str, Any]) -> bytes:
     """One server-sent event in the Responses API's framing (its type named twice)."""
-    return b"event: " + event["type"].encode() + b"\ndata: " + msgspec.json.encode(event) + b"\n\n"
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + msgspec.json.encode(event) + b"\n\n"
 
 
 @dataclass

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -83,7 +83,10 @@ class Answer(Protocol):
     objects (it returns the SSE body), `stream_error` if the stream cannot go on, and
     `stream_end` last."""
 
-    label: str  # the endpoint as metrics and the access log name it
+    @property
+    def label(self) -> str:
+        """The endpoint as metrics and the access log name it."""
+        ...
 
     def new_request_id(self) -> str: ...
 
@@ -93,7 +96,7 @@ class Answer(Protocol):
 
     async def whole(self, result: dict) -> dict: ...
 
-    def stream(self, chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]: ...
+    def stream(self, chunks: AsyncIterator[dict]) -> AsyncGenerator[bytes, None]: ...
 
     def stream_error(self, error: EbbError) -> bytes: ...
 
@@ -121,7 +124,7 @@ class PassThrough:
     async def whole(self, result: dict) -> dict:
         return result
 
-    async def stream(self, chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    async def stream(self, chunks: AsyncIterator[dict]) -> AsyncGenerator[bytes, None]:
         async for chunk in chunks:
             yield sse_line(chunk)
 

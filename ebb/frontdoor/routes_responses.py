@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -163,7 +163,7 @@ class ResponsesAnswer:
         await self._keep(response)
         return response
 
-    async def stream(self, chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    async def stream(self, chunks: AsyncIterator[dict]) -> AsyncGenerator[bytes, None]:
         events = self._events = ResponseEvents(self._framed())
         for event in events.start():
             yield sse(event)
