@@ -332,3 +332,40 @@ def test_tokenize_is_authenticated_and_per_tenant(platform, admin, client):
     ):
         refused = other.post(path, json=request)
         assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
+
+
+# --- openai-agents ------------------------------------------------------------------------
+
+
+def test_an_agent_with_a_function_tool_on_its_default_model(platform, client):
+    """openai-agents' default model class speaks the Responses API: the agent calls the
+    tool and sends the call and its result back as items for the model's next turn."""
+    from agents import Agent, ModelSettings, RunConfig, Runner, function_tool
+    from agents.exceptions import ModelBehaviorError
+    from agents.models.openai_provider import OpenAIProvider
+
+    calls = []
+
+    @function_tool
+    def get_weather(answer: str) -> str:
+        """The weather in a city."""
+        calls.append(answer)
+        return "sunny"
+
+    api = openai.AsyncOpenAI(
+        base_url=platform.base_url + "/v1", api_key=platform.admin_key, max_retries=0
+    )
+    config = RunConfig(model_provider=OpenAIProvider(openai_client=api), tracing_disabled=True)
+    agent = Agent(name="weather", instructions="Use the tool.", tools=[get_weather], model="fake")
+    stopped = agent.clone(tool_use_behavior="stop_on_first_tool")
+    result = Runner.run_sync(stopped, QUESTION, run_config=config, max_turns=3)
+    assert calls == ["Paris"] and result.final_output == "sunny"
+
+    # Past the tool, the fake model only ever stops at the length limit (120 tokens: room
+    # for the call, not for the words after it): the second turn
+    # (function_call and function_call_output items in) is answered, cut off, which the
+    # agent takes for the failure an incomplete response is to it.
+    short = agent.clone(model_settings=ModelSettings(max_tokens=120))
+    with pytest.raises(ModelBehaviorError, match="max_output_tokens"):
+        Runner.run_sync(short, QUESTION, run_config=config, max_turns=3)
+    assert calls == ["Paris", "Paris"]
