@@ -30,9 +30,10 @@ _RENAMED = (
 
 
 def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """The request's input as items, each with an id (a string input is one user message)."""
+    """The request's input as items in the shape OpenAI lists them (each with an id; a
+    message's text as parts; a string input is one user message)."""
     if isinstance(req.input, str):
-        items = [{"type": "message", "role": "user", "content": req.input}]
+        items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": req.input}]
     else:
         items = [
             item.model_dump(mode="json", by_alias=True, exclude_none=True) for item in req.input
@@ -40,6 +41,10 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
     for item in items:
         if "id" not in item:
             item["id"] = new_item_id("msg" if item["type"] == "message" else "fc")
+        if item["type"] == "message" and isinstance(item["content"], str):
+            kind = "output_text" if item["role"] == "assistant" else "input_text"
+            item["content"] = [{"type": kind, "text": item["content"]}]
+        item.setdefault("status", "completed")
     return items
 
 

@@ -175,6 +175,7 @@ def test_retrieve_input_items_and_delete(client):
     assert got.output_text == created.output_text and got.metadata == {"conversation": "c-1"}
     (item,) = client.responses.input_items.list(created.id).data
     assert item.type == "message" and item.role == "user" and item.id
+    assert item.content[0].type == "input_text" and item.content[0].text == QUESTION
     deleted = client.responses.delete(created.id)
     assert deleted is None or getattr(deleted, "deleted", True)
     with pytest.raises(openai.NotFoundError):
