@@ -8,6 +8,7 @@ into the Response (its output items, status and usage). The streamed events are
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,8 +37,25 @@ def new_response_id() -> str:
 
 
 def new_item_id(kind: str) -> str:
-    """An output or input item's id: "msg_..." for messages, "fc_..." for function calls."""
+    """An input item's id: "msg_..." for messages, "fc_..." for the others."""
     return f"{kind}_{uuid.uuid4().hex}"
+
+
+def output_item_id(kind: str, response_id: str, index: int) -> str:
+    """Output item `index` of a response: "msg_"/"fc_", the response's hex, the index.
+    An `item_reference` to it names its response (`response_of_item`), so it is found
+    with one read, under the caller's tenant."""
+    return f"{kind}_{response_id.removeprefix(RESPONSE_ID_PREFIX)}{index:04x}"
+
+
+_OUTPUT_ITEM_ID = re.compile(r"^(?:msg|fc)_([0-9a-f]{32})[0-9a-f]{4}$")
+
+
+def response_of_item(item_id: str) -> str | None:
+    """The id of the response whose output holds `item_id`; None if it is not an output
+    item's id."""
+    match = _OUTPUT_ITEM_ID.fullmatch(item_id)
+    return RESPONSE_ID_PREFIX + match.group(1) if match else None
 
 
 @dataclass(frozen=True)
@@ -172,13 +190,13 @@ def from_chat_completion(frame: ResponseFrame, completion: dict[str, Any]) -> di
     message = choice["message"]
     output: list[dict[str, Any]] = []
     if message.get("content"):
-        output.append(message_item(new_item_id("msg"), message["content"], status))
+        item_id = output_item_id("msg", frame.id, len(output))
+        output.append(message_item(item_id, message["content"], status))
     for call in message.get("tool_calls") or []:
         function = call["function"]
+        item_id = output_item_id("fc", frame.id, len(output))
         output.append(
-            function_call_item(
-                new_item_id("fc"), call["id"], function["name"], function["arguments"], status
-            )
+            function_call_item(item_id, call["id"], function["name"], function["arguments"], status)
         )
     usage = responses_usage(completion.get("usage"))
     return frame.response(status, output, usage=usage, incomplete_reason=reason)

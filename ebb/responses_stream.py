@@ -21,7 +21,7 @@ from ebb.responses_objects import (
     ResponseFrame,
     function_call_item,
     message_item,
-    new_item_id,
+    output_item_id,
     responses_usage,
     status_of,
     text_part,
@@ -111,7 +111,8 @@ class ResponseEvents:
     def _text(self, text: str) -> list[dict[str, Any]]:
         events = []
         if self._message is None:
-            self._message = self._add(message_item(new_item_id("msg"), "", "in_progress"))
+            item_id = output_item_id("msg", self.frame.id, len(self._items))
+            self._message = self._add(message_item(item_id, "", "in_progress"))
             self._message.item["content"] = []
             events.append(self._added(self._message))
             self._message.item["content"].append(text_part(""))
@@ -137,7 +138,7 @@ class ResponseEvents:
         if call is None:
             events += self._close_message("completed")  # text comes before calls
             item = function_call_item(
-                new_item_id("fc"),
+                output_item_id("fc", self.frame.id, len(self._items)),
                 delta.get("id") or "",
                 function.get("name") or "",
                 "",

@@ -3,12 +3,12 @@
 Contract: `parse_responses_request` takes the decoded JSON body and returns a
 `ResponsesRequest`, or raises InvalidRequest naming the offending field ("input.2.type")
 with what to change. Validation is strict as for chat (openai_schema.py): unknown fields
-are refused by name. Supported: text input (a string, or message, function_call and
-function_call_output items), `instructions`, function tools, `tool_choice`, `text.format`
-(text, json_object, json_schema), `max_output_tokens`, sampling, `metadata`, `store`,
-`previous_response_id`, `stream` and `background`. What the server cannot do (hosted
-tools, images and files, reasoning, truncation "auto") is refused with the reason unless
-sent with its neutral value, as SDKs do.
+are refused by name. Supported: text input (a string, or message, function_call,
+function_call_output and item_reference items), `instructions`, function tools,
+`tool_choice`, `text.format` (text, json_object, json_schema), `max_output_tokens`,
+sampling, `metadata`, `store`, `previous_response_id`, `stream` and `background`. What
+the server cannot do (hosted tools, images and files, reasoning, truncation "auto") is
+refused with the reason unless sent with its neutral value, as SDKs do.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ _UNSUPPORTED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "prompt": ("stored prompt templates are not supported", (None,)),
     "prompt_cache_retention": ("prompt cache retention is not configurable", (None,)),
 }
-_ITEM_TYPES = ("message", "function_call", "function_call_output")
+_ITEM_TYPES = ("message", "function_call", "function_call_output", "item_reference")
 _PART_TYPES = ("input_text", "output_text")
 
 
@@ -120,6 +120,14 @@ class FunctionCallOutputItem(_Strict):
     _parts = field_validator("output", mode="before")(_text_parts)
 
 
+class ItemReference(_Strict):
+    """An output item of an earlier stored response, by id (what the AI SDK sends for
+    earlier assistant text when responses are stored)."""
+
+    type: Literal["item_reference"]
+    id: str = Field(min_length=1)
+
+
 def _item_type(value: Any) -> str | None:
     if isinstance(value, dict):
         return value.get("type", "message")  # an "easy" message has no type
@@ -129,7 +137,8 @@ def _item_type(value: Any) -> str | None:
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ItemReference, Tag("item_reference")],
     Discriminator(_item_type),
 ]
 
@@ -315,6 +324,7 @@ _FIELD_NAMES = frozenset(
         MessageItem,
         FunctionCallItem,
         FunctionCallOutputItem,
+        ItemReference,
         TextPart,
         FunctionTool,
         FunctionChoice,

@@ -41,6 +41,8 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
     for item in items:
         if "id" not in item:
             item["id"] = new_item_id("msg" if item["type"] == "message" else "fc")
+        if item["type"] == "item_reference":
+            continue  # replaced by the item it names (routes_responses)
         if item["type"] == "message" and isinstance(item["content"], str):
             kind = "output_text" if item["role"] == "assistant" else "input_text"
             item["content"] = [{"type": kind, "text": item["content"]}]

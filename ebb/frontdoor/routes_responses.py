@@ -42,7 +42,12 @@ from ebb.frontdoor.routes_openai import serve
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.translate import Prepared, prepare_chat
 from ebb.queue.response_store import ResponseStore, StoredResponse
-from ebb.responses_objects import ResponseFrame, from_chat_completion, new_response_id
+from ebb.responses_objects import (
+    ResponseFrame,
+    from_chat_completion,
+    new_response_id,
+    response_of_item,
+)
 from ebb.responses_stream import ResponseEvents, sse
 
 router = APIRouter(prefix="/v1/responses")
@@ -207,8 +212,32 @@ async def _turn(
                 param="previous_response_id",
             )
         context = previous.conversation()
-    items = input_items(req)
+    items = await _resolved(store, caller, input_items(req))
     return context, items, chat_body(req, context, items)
+
+
+async def _resolved(
+    store: ResponseStore, caller: Caller, items: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`items` with each item_reference replaced by the stored output item it names (a
+    404 naming the reference when the caller has no such item)."""
+    resolved = []
+    for index, item in enumerate(items):
+        if item["type"] != "item_reference":
+            resolved.append(item)
+            continue
+        response_id = response_of_item(item["id"])
+        record = await store.get(caller.tenant, response_id) if response_id else None
+        output = record.response.get("output", []) if record else []
+        found = next((o for o in output if o.get("id") == item["id"]), None)
+        if found is None:
+            raise NotFound(
+                f"No item {item['id']!r} in your stored responses: item_reference names an "
+                "output item of a stored response; send the item itself instead.",
+                param=f"input.{index}.id",
+            )
+        resolved.append(found)
+    return resolved
 
 
 def _check_chat(chat: dict[str, Any]) -> ChatCompletionRequest:

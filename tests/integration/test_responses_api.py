@@ -370,3 +370,22 @@ def test_an_agent_with_a_function_tool_on_its_default_model(platform, client):
     with pytest.raises(ModelBehaviorError, match="max_output_tokens"):
         Runner.run_sync(short, QUESTION, run_config=config, max_turns=3)
     assert calls == ["Paris", "Paris"]
+
+
+def test_item_references_to_earlier_output_as_the_ai_sdk_sends_them(client, tenant_clients):
+    """With store on, the AI SDK sends earlier assistant text as an item_reference."""
+    first = client.responses.create(model="fake", input=QUESTION, max_output_tokens=8)
+    (message,) = first.output
+    history = [
+        {"role": "user", "content": [{"type": "input_text", "text": QUESTION}]},
+        {"type": "item_reference", "id": message.id},
+        {"role": "user", "content": [{"type": "input_text", "text": "And Spain?"}]},
+    ]
+    second = client.responses.create(model="fake", input=history, max_output_tokens=4)
+    assert second.usage.input_tokens > first.usage.input_tokens + len("And Spain?")
+    items = client.responses.input_items.list(second.id, order="asc").data
+    assert items[1].id == message.id and items[1].content[0].text == FAKE_REPLY[:8]
+    # Another tenant cannot reach the item by naming it.
+    with pytest.raises(openai.NotFoundError) as info:
+        tenant_clients[0].responses.create(model="fake", input=history, max_output_tokens=4)
+    assert info.value.body["param"] == "input.1.id"

@@ -190,3 +190,13 @@ def test_the_response_from_a_chat_completion():
     assert response["metadata"] == {"a": "b"}
     # The frame read back from the object rebuilds it at another status.
     assert ResponseFrame.of(response).response("queued") == frame.response("queued")
+
+
+def test_an_output_items_id_names_its_response():
+    from ebb.responses_objects import output_item_id, response_of_item
+
+    response_id = "resp_" + "ab" * 16
+    assert response_of_item(output_item_id("fc", response_id, 3)) == response_id
+    assert response_of_item(output_item_id("msg", response_id, 0)) == response_id
+    assert response_of_item("msg_" + "0" * 32) is None  # an input item's (random) id
+    assert response_of_item("rs_whatever") is None
