@@ -6,9 +6,10 @@ serves them; `vllm bench serve` and guidellm call them there).
 prompt and generation prompt), both as `{count, max_model_len, tokens, token_strs}`;
 `{model, tokens}` gives `{prompt}`, the ids' text. The model is found as for chat: a
 caller tokenizes only with deployments it may call (another tenant's private one is 404),
-with the frontdoor's tokenizer, without a runner. What vLLM's fields change that ebb's
-tokenizer cannot (`add_special_tokens` off, `continue_final_message`, token strings) is
-refused unless sent with vLLM's default.
+with the frontdoor's tokenizer, without a runner. `add_special_tokens` is honoured for a
+prompt; what ebb's tokenizer cannot do (`continue_final_message`, no generation prompt,
+token strings, special tokens around a rendered chat) is refused unless sent with vLLM's
+default.
 """
 
 from __future__ import annotations
@@ -56,13 +57,17 @@ class TokenizeRequest(_Strict):
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
+        if self.messages is not None and self.add_special_tokens:
+            # The chat template holds the special tokens itself (vLLM's default: off).
+            raise _invalid(
+                "add_special_tokens=true is not supported with messages; leave it out",
+                at="add_special_tokens",
+            )
         if (self.prompt is None) == (self.messages is None):
             raise _invalid("send exactly one of prompt and messages", at="prompt")
         if self.tools and self.messages is None:
             raise _invalid("tools belong with messages; send messages, not prompt", at="tools")
         defaults = {
-            # A prompt gets the model's special tokens; a chat template holds its own.
-            "add_special_tokens": self.prompt is not None,
             "add_generation_prompt": True,
             "continue_final_message": False,
             "return_token_strs": False,
@@ -88,7 +93,8 @@ async def tokenize(request: Request, caller: CallerDep, services: ServicesDep) -
     req = parse_body(TokenizeRequest, decoded_json(request))
     spec, tokenizer, max_model_len = await _model(services, caller, req.model)
     if req.prompt is not None:
-        ids = await asyncio.to_thread(tokenizer.encode, req.prompt)
+        special = req.add_special_tokens is not False
+        ids = await asyncio.to_thread(tokenizer.encode, req.prompt, add_special_tokens=special)
     else:
         ids = await asyncio.to_thread(_render_chat, req, tokenizer, spec)
     return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids, "token_strs": None}

@@ -280,6 +280,8 @@ def test_tokenize_a_prompt_and_back(admin, client):
     body = tokenized.json()
     assert body["tokens"] == list("Paris é".encode())  # the fake model's byte tokenizer
     assert body["count"] == len(body["tokens"]) and body["max_model_len"] == 4096
+    plain = {"model": "fake", "prompt": "Paris é", "add_special_tokens": False}
+    assert admin.post("/tokenize", json=plain).json()["tokens"] == body["tokens"]
     back = admin.post("/detokenize", json={"model": "fake", "tokens": body["tokens"]})
     assert back.status_code == 200 and back.json() == {"prompt": "Paris é"}
 
@@ -307,6 +309,16 @@ def test_tokenize_messages_counts_what_chat_sends(admin, client):
         ),
         ("/tokenize", {"model": "fake", "messages": [{"role": "user"}]}, "messages.0.content"),
         ("/tokenize", {"model": "fake", "prompt": "x", "extra": 1}, "extra"),
+        ("/tokenize", {"model": "fake", "messages": [], "add_special_tokens": True}, "messages"),
+        (
+            "/tokenize",
+            {
+                "model": "fake",
+                "messages": [{"role": "user", "content": "x"}],
+                "add_special_tokens": True,
+            },
+            "add_special_tokens",
+        ),
         ("/detokenize", {"model": "fake", "tokens": [65, 256]}, "tokens"),
         ("/detokenize", {"model": "fake", "tokens": ["a"]}, "tokens.0"),
     ],
