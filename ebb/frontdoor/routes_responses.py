@@ -175,10 +175,12 @@ class ResponsesAnswer:
         async for chunk in chunks:
             for event in events.feed(chunk):
                 yield sse(event)
-        for event in events.finish():
-            yield sse(event)
+        final = events.finish()
+        # Stored before the client hears it ended: its next turn may name it at once.
         if events.response is not None:
             await self._keep(events.response)
+        for event in final:
+            yield sse(event)
 
     def stream_error(self, error: EbbError) -> bytes:
         events = self._events or ResponseEvents(self._framed())

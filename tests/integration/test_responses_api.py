@@ -121,6 +121,19 @@ def test_stream_true_ends_with_completed_and_sse_event_lines(platform, client):
     assert "[DONE]" not in raw.text
 
 
+def test_a_streamed_response_is_continued_as_soon_as_it_ended(client):
+    """It is stored before its last event goes out, so the next turn finds it at once."""
+    for _ in range(3):
+        events = list(
+            client.responses.create(model="fake", input=QUESTION, max_output_tokens=2, stream=True)
+        )
+        first = events[-1].response
+        second = client.responses.create(
+            model="fake", input="And then?", previous_response_id=first.id, max_output_tokens=2
+        )
+        assert second.usage.input_tokens > first.usage.input_tokens
+
+
 def test_function_call_then_its_output_by_previous_response_id(client):
     first = client.responses.create(model="fake", input=QUESTION, tools=[WEATHER])
     assert first.status == "completed"
