@@ -414,3 +414,16 @@ def test_item_references_to_earlier_output_as_the_ai_sdk_sends_them(client, tena
     with pytest.raises(openai.NotFoundError) as info:
         tenant_clients[0].responses.create(model="fake", input=history, max_output_tokens=4)
     assert info.value.body["param"] == "input.1.id"
+
+
+def test_a_run_that_fails_ends_the_stream_with_response_failed(platform, admin, client):
+    deploy(admin, "refuses", source="fake://r?error_pct=100", idle_timeout_s=60)
+    stream = client.responses.create(model="refuses", input=QUESTION, stream=True)
+    events = list(stream)
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert [e.type for e in events[-2:]] == ["error", "response.failed"]
+    failed = events[-1].response
+    assert failed.status == "failed" and failed.error.message
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    with pytest.raises(openai.APIStatusError):
+        client.responses.create(model="refuses", input=QUESTION)
