@@ -348,13 +348,15 @@ def test_tokenize_is_authenticated_and_per_tenant(platform, admin, client):
     assert admin.put("/v1/tenants/tok-owner/quota", json=quota).status_code == 200
     owner = tenant_client(platform, new_key(admin, "tok-owner"))
     other = tenant_client(platform, new_key(admin, "tok-other"))
-    created = owner.post("/v1/deployments", json={"name": "tok-private", "source": "fake://p"})
+    created = owner.post(
+        "/v1/deployments", json={"name": "tok-owner-private", "source": "fake://p"}
+    )
     assert created.status_code == 201, created.text
-    body = {"model": "tok-private", "prompt": "x"}
+    body = {"model": "tok-owner-private", "prompt": "x"}
     assert owner.post("/tokenize", json=body).status_code == 200
     for path, request in (
         ("/tokenize", body),
-        ("/detokenize", {"model": "tok-private", "tokens": [1]}),
+        ("/detokenize", {"model": "tok-owner-private", "tokens": [1]}),
     ):
         refused = other.post(path, json=request)
         assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
