@@ -126,6 +126,7 @@ async def revoke_key(key_id: str, caller: AdminDep, services: ServicesDep) -> di
 
 
 @router.get("/healthz")
+@router.get("/health")  # the path vLLM's server answers, which its tooling probes
 async def healthz() -> dict:
     return {"status": "ok"}
 
