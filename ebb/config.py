@@ -176,6 +176,10 @@ class Settings(BaseSettings):
     job_max_ttl_s: int = 7 * 86400
     job_retention_s: int = 7 * 86400
     job_max_attempts: int = 3
+    # The Responses API: how long a stored response (`store`, the default; background ones
+    # too) stays retrievable and continuable by previous_response_id. Each is a Redis key
+    # holding its conversation so far, so this bounds the memory responses take.
+    responses_retention_s: int = Field(default=30 * 86400, ge=60)
     # Batch slots jobs (and Batch API lines) may hold on a runner while it serves a
     # synchronous request (with none around they may fill every slot, and give one back
     # when a synchronous request finds none). Unset: 0 on a runner without GPUs (no new

@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from ebb.queue.schema import ChoiceDelta, Finished, Progress, TokenLogprob, ToolCallFormat
-from ebb.tool_calls import ToolStream, parse
+from ebb.tool_calls import ToolStream, parse_reply
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +99,7 @@ class ResponseBuilder:
         created_s: int,
         n: int,
         include_usage: bool = False,
+        continuous_usage_prompt_tokens: int | None = None,
         logprobs: bool = False,
         tools: ToolCallFormat | None = None,
     ):
@@ -108,6 +109,10 @@ class ResponseBuilder:
         self.model = model
         self.created_s = created_s
         self.include_usage = include_usage
+        # Set (to the prompt's length): every chunk carries the usage so far (vLLM's
+        # continuous_usage_stats); the last usage chunk still has the engine's own counts.
+        self._continuous_prompt_tokens = continuous_usage_prompt_tokens
+        self._completion_tokens = 0
         self.logprobs = logprobs
         self._choices = [_Choice() for _ in range(n)]
 
@@ -181,9 +186,11 @@ class ResponseBuilder:
     def _message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         if self.tools is None:
             return {"role": "assistant", "content": text}, finish_reason
-        content, calls = parse(text, self.tools)
+        content, calls = parse_reply(text, self.tools, cut_off=finish_reason == "length")
         if not calls:
-            return {"role": "assistant", "content": text}, finish_reason
+            # Text that holds no call is the answer, except a forced call's guided JSON.
+            shown = content if self.tools.mode == "required" else text
+            return {"role": "assistant", "content": shown}, finish_reason
         message = {
             "role": "assistant",
             "content": content,
@@ -206,6 +213,7 @@ class ResponseBuilder:
             state.logprobs = _merge_logprobs(state.logprobs, rendered)
         state.texts.append(delta.text)
         state.chars += len(delta.text)
+        self._completion_tokens += delta.token_count
         if delta.finish_reason is not None:
             state.finish_reason = delta.finish_reason
         return rendered
@@ -255,6 +263,8 @@ class ResponseBuilder:
         }
         # Streams with include_usage carry "usage": null on every chunk but the last, as
         # OpenAI's do; other streams carry no usage key; full responses always have it.
+        if usage_ is None and self._continuous_prompt_tokens is not None and choices:
+            usage_ = usage(Finished(self._continuous_prompt_tokens, self._completion_tokens))
         if usage_ is not None or self.include_usage:
             body["usage"] = usage_
         return body

@@ -60,6 +60,31 @@ def parse(text: str, fmt: ToolCallFormat) -> tuple[str | None, list[ToolCall]]:
     return content, calls
 
 
+def parse_reply(
+    text: str, fmt: ToolCallFormat, *, cut_off: bool
+) -> tuple[str | None, list[ToolCall]]:
+    """A whole reply as (content, calls), the same as a stream of it shows. A reply that
+    `max_tokens` cut off (`cut_off`) keeps the calls the stream announced, arguments as far
+    as they got (as OpenAI answers such a call), where `parse` finds no complete call."""
+    content, calls = _forced_or_parsed(text, fmt)
+    if calls or not cut_off:
+        return content, calls
+    stream = ToolStream(fmt)
+    sent, _ = stream.feed(text)
+    rest, _ = stream.finish()
+    return (sent + rest) or None, stream.calls
+
+
+def _forced_or_parsed(text: str, fmt: ToolCallFormat) -> tuple[str | None, list[ToolCall]]:
+    """`parse`, except that a `required` reply is never content: its text is the guided
+    decoding's JSON, which a client must not take for an answer (cut off before a call's
+    name was complete, it is no call and no content)."""
+    content, calls = parse(text, fmt)
+    if fmt.mode == "required" and not calls:
+        return None, []
+    return content, calls
+
+
 def _parse_auto(text: str, parser: str) -> tuple[str | None, list[ToolCall]]:
     if parser == "mistral":
         before, tag, rest = text.partition(_MISTRAL_TAG)
@@ -190,7 +215,7 @@ class ToolStream:
             return self._send(held), []
         if not self._scanner.calls:
             # No call announced: the held text decides, as a finished reply would.
-            content, calls = parse(held, self._fmt)
+            content, calls = _forced_or_parsed(held, self._fmt)
             self.calls = calls
             deltas = [{"index": i, **call.to_openai()} for i, call in enumerate(calls)]
             return self._send(content or ""), deltas

@@ -28,7 +28,9 @@ from ebb.frontdoor import (
     routes_logs,
     routes_openai,
     routes_quotas,
+    routes_responses,
     routes_status,
+    routes_tokenize,
     routes_usage,
     routes_versions,
     routes_webhooks,
@@ -82,6 +84,9 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.include_router(routes_openai.router)
     app.include_router(routes_openai.inference)
+    app.include_router(routes_responses.router)
+    app.include_router(routes_responses.inference)
+    app.include_router(routes_tokenize.router)
     app.include_router(routes_embeddings.router)
     app.include_router(routes_files.router)
     app.include_router(routes_batches.router)

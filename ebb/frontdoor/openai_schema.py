@@ -130,6 +130,11 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool | None = None
+    # vLLM's extension (guidellm sends it): usage so far on every chunk, not only the last.
+    continuous_usage_stats: bool | None = None
+    # OpenAI pads chunks with random text against length side channels; ebb's chunks
+    # carry no padding, which OpenAI's reference makes the client's choice to turn off.
+    include_obfuscation: bool | None = None
 
 
 class JsonSchemaFormat(_Strict):
@@ -252,8 +257,12 @@ class _SamplingRequest(SamplingExtras):
     response_format: ResponseFormat | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    # Accepted for compatibility; ebb identifies callers by API key.
+    # Accepted and ignored, as OpenAI's reference allows them to be by a server without
+    # their meaning here: ebb identifies callers by API key (`user`, `safety_identifier`)
+    # and its engines cache every shared prompt prefix on their own (`prompt_cache_key`).
     user: str | None = None
+    safety_identifier: str | None = Field(default=None, max_length=256)
+    prompt_cache_key: str | None = Field(default=None, max_length=1024)
 
     @model_validator(mode="before")
     @classmethod
@@ -291,11 +300,20 @@ class _SamplingRequest(SamplingExtras):
         """Whether a stream ends with a usage chunk (a non-streamed reply always has usage)."""
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether every chunk of a stream carries the usage so far (vLLM's
+        `continuous_usage_stats`, which vLLM honours only beside include_usage)."""
+        options = self.stream_options
+        return self.include_usage and bool(options and options.continuous_usage_stats)
+
 
 class ChatCompletionRequest(_SamplingRequest, ToolFields):
     _unsupported = _CHAT_UNSUPPORTED
 
     messages: list[ChatMessage] = Field(min_length=1)
+    # For reasoning models' answer length; a model without that control ignores it.
+    verbosity: Literal["low", "medium", "high"] | None = None
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -350,7 +368,7 @@ class CompletionRequest(_SamplingRequest):
         return self.max_tokens, "max_tokens"
 
 
-_R = TypeVar("_R", bound=_SamplingRequest)
+_R = TypeVar("_R", bound=BaseModel)
 
 
 def parse_chat_request(body: object) -> ChatCompletionRequest:
@@ -361,6 +379,12 @@ def parse_chat_request(body: object) -> ChatCompletionRequest:
 def parse_completion_request(body: object) -> CompletionRequest:
     """Validate a (legacy) completions body; raises InvalidRequest with `param` set."""
     return _parse(CompletionRequest, body)
+
+
+def parse_body(model: type[_R], body: object) -> _R:
+    """Validate a body against another endpoint's schema (built from this module's
+    `_Strict`-style models) with the same 400s: InvalidRequest naming the field."""
+    return _parse(model, body)
 
 
 def _parse(model: type[_R], body: object) -> _R:

@@ -11,7 +11,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import Field, field_validator
 
-from ebb.errors import NotFound
+from ebb.errors import Conflict, NotFound
+from ebb.frontdoor import tenancy
 from ebb.frontdoor.auth import AdminDep, authenticate, require_admin
 from ebb.frontdoor.caller import ADMIN_TENANT
 from ebb.frontdoor.routes_limits import TENANT_PATTERN, RateLimitsBody
@@ -71,6 +72,15 @@ def _matches(record: ApiKeyRecord, prefix: str | None, tenant: str | None) -> bo
 
 @router.post("/v1/keys", status_code=201)
 async def create_key(body: KeyCreate, caller: AdminDep, services: ServicesDep) -> dict:
+    tenants = {r.tenant for r in await services.state.list_api_keys()}
+    clash = tenancy.namespace_clash(body.tenant, tenants)
+    if clash is not None:
+        raise Conflict(
+            f"Tenant {body.tenant!r} would share deployment names with tenant {clash!r} "
+            f"(a tenant names its deployments '<tenant>-...', lowercased): pick a tenant name "
+            f"that neither starts with {tenancy.namespace(clash)!r} nor is a prefix of it.",
+            param="tenant",
+        )
     secret = new_secret(KEY_PREFIX)
     # The id is a random public handle, not a slice of the secret: listing keys must
     # reveal nothing of them.
@@ -116,6 +126,7 @@ async def revoke_key(key_id: str, caller: AdminDep, services: ServicesDep) -> di
 
 
 @router.get("/healthz")
+@router.get("/health")  # the path vLLM's server answers, which its tooling probes
 async def healthz() -> dict:
     return {"status": "ok"}
 

@@ -19,6 +19,8 @@ from pydantic.json_schema import models_json_schema
 from ebb.errors import NotFound
 from ebb.frontdoor.auth import authenticate, require_admin
 from ebb.frontdoor.openai_schema import ChatCompletionRequest, CompletionRequest
+from ebb.frontdoor.responses_schema import ResponsesRequest
+from ebb.frontdoor.routes_tokenize import DetokenizeRequest, TokenizeRequest
 from ebb.frontdoor.services import ServicesDep
 
 router = APIRouter(include_in_schema=False)
@@ -26,6 +28,9 @@ router = APIRouter(include_in_schema=False)
 _OWN_BODIES = {
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
+    "/v1/responses": ResponsesRequest,
+    "/tokenize": TokenizeRequest,
+    "/detokenize": DetokenizeRequest,
 }
 
 

@@ -1,4 +1,11 @@
-"""OpenAI-compatible inference endpoints: /v1/models, /v1/chat/completions, /v1/completions."""
+"""OpenAI-compatible inference endpoints: /v1/models, /v1/chat/completions, /v1/completions.
+
+`serve` is the one path every generative request takes (parse, route, admit, run, bill),
+whichever API it came through: an `Answer` says how its endpoint reads the request into a
+chat or completions request and writes the chat/completions result (or stream of chunks)
+as that endpoint's answer. Chat and completions pass their results through as they are;
+the Responses API (routes_responses) reshapes them.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -21,7 +30,12 @@ from ebb.frontdoor.execution import ClientGone, Running, unless_disconnected
 from ebb.frontdoor.hot_routes import RequestOnlyRoute
 from ebb.frontdoor.model_cards import model_card
 from ebb.frontdoor.observe import RequestObservation
-from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
+from ebb.frontdoor.openai_schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_chat_request,
+    parse_completion_request,
+)
 from ebb.frontdoor.ratelimit import Reservation
 from ebb.frontdoor.redis_down import unavailable
 from ebb.frontdoor.services import Services, ServicesDep
@@ -60,40 +74,91 @@ async def retrieve_model(model_id: str, caller: CallerDep, services: ServicesDep
     return await model_card(services.catalog, spec)
 
 
+class Answer(Protocol):
+    """One endpoint's side of `serve`: its request in, its answer out.
+
+    `serve` calls `new_request_id` first, then `parse` (the body as a chat or completions
+    request; InvalidRequest for a bad one) and `prepare` (translate.py's, for that request);
+    after the run, `whole` with the chat/completions result, or `stream` with its chunk
+    objects (it returns the SSE body), `stream_error` if the stream cannot go on, and
+    `stream_end` last."""
+
+    @property
+    def label(self) -> str:
+        """The endpoint as metrics and the access log name it."""
+        ...
+
+    def new_request_id(self) -> str: ...
+
+    async def parse(self, body: object) -> ChatCompletionRequest | CompletionRequest: ...
+
+    def prepare(self, parsed: Any, *args: Any, **kwargs: Any) -> Prepared: ...
+
+    async def whole(self, result: dict) -> dict: ...
+
+    def stream(self, chunks: AsyncIterator[dict]) -> AsyncGenerator[bytes, None]: ...
+
+    def stream_error(self, error: EbbError) -> bytes: ...
+
+    def stream_end(self) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class PassThrough:
+    """Chat completions and completions: the result and chunks are the answer as they are."""
+
+    kind: EndpointKind
+    parse_body: Callable[[object], ChatCompletionRequest | CompletionRequest]
+    prepare: Callable[..., Prepared]
+
+    @property
+    def label(self) -> str:
+        return self.kind.value
+
+    def new_request_id(self) -> str:
+        return new_request_id(self.kind)
+
+    async def parse(self, body: object) -> ChatCompletionRequest | CompletionRequest:
+        return self.parse_body(body)
+
+    async def whole(self, result: dict) -> dict:
+        return result
+
+    async def stream(self, chunks: AsyncIterator[dict]) -> AsyncGenerator[bytes, None]:
+        async for chunk in chunks:
+            yield sse_line(chunk)
+
+    def stream_error(self, error: EbbError) -> bytes:
+        return sse_line(error.to_body())
+
+    def stream_end(self) -> bytes:
+        return SSE_DONE
+
+
+_CHAT = PassThrough(EndpointKind.CHAT, parse_chat_request, prepare_chat)
+_COMPLETION = PassThrough(EndpointKind.COMPLETION, parse_completion_request, prepare_completion)
+
+
 @inference.post("/chat/completions")
 async def chat_completions(request: Request) -> Response:
     services, caller = await calling(request)
-    return await _serve(
-        request, services, caller, EndpointKind.CHAT, parse_chat_request, prepare_chat
-    )
+    return await serve(request, services, caller, _CHAT)
 
 
 @inference.post("/completions")
 async def completions(request: Request) -> Response:
     services, caller = await calling(request)
-    return await _serve(
-        request,
-        services,
-        caller,
-        EndpointKind.COMPLETION,
-        parse_completion_request,
-        prepare_completion,
-    )
+    return await serve(request, services, caller, _COMPLETION)
 
 
-async def _serve(
-    request: Request,
-    services: Services,
-    caller: Caller,
-    kind: EndpointKind,
-    parse: Callable,
-    prepare: Callable,
-) -> Response:
+async def serve(request: Request, services: Services, caller: Caller, answer: Answer) -> Response:
     """Serve one request, observed from arrival to its end (a stream ends in `_stream`)."""
-    request_id = new_request_id(kind)
-    observed = RequestObservation(services.metrics, request_id, caller, kind.value, request.headers)
+    request_id = answer.new_request_id()
+    observed = RequestObservation(
+        services.metrics, request_id, caller, answer.label, request.headers
+    )
     try:
-        response = await _serve_observed(request, services, caller, parse, prepare, observed)
+        response = await _serve_observed(request, services, caller, answer, observed)
     except EbbError as e:
         e.request_id = request_id
         e.version = observed.version
@@ -113,13 +178,12 @@ async def _serve_observed(
     request: Request,
     services: Services,
     caller: Caller,
-    parse: Callable,
-    prepare: Callable,
+    answer: Answer,
     observed: RequestObservation,
 ) -> Response:
     request_id = observed.request_id
     body = _json_body(request)
-    parsed = parse(body)
+    parsed = await answer.parse(body)
     route = await routed(services.state, caller, parsed.model, request.headers)
     spec = route.spec
     observed.deployment = parsed.model
@@ -132,7 +196,7 @@ async def _serve_observed(
     model = await services.catalog.info(spec, wait_s=window_s)
     prepared: Prepared = await _off_loop_if_long(
         _body_bytes(request),
-        prepare,
+        answer.prepare,
         parsed,
         model.tokenizer,
         max_model_len=model.max_model_len,
@@ -164,7 +228,7 @@ async def _serve_observed(
         if prepared.stream:
             streaming = True
             return StreamingResponse(
-                _stream(services, running, builder, reservation, observed),
+                _stream(services, running, builder, reservation, observed, answer),
                 media_type="text/event-stream",
                 headers={
                     "Cache-Control": "no-cache",
@@ -184,7 +248,10 @@ async def _serve_observed(
                 observed,
             ),
         )
-        return JSONResponse(result, headers={"X-Request-Id": request_id, **version_headers(spec)})
+        return JSONResponse(
+            await answer.whole(result),
+            headers={"X-Request-Id": request_id, **version_headers(spec)},
+        )
     except ClientGone:
         # Nobody is listening; 499 is what proxies log for a client that closed first.
         return Response(status_code=499)
@@ -222,25 +289,32 @@ async def _stream(
     builder: ResponseBuilder,
     reservation: Reservation,
     observed: RequestObservation,
+    answer: Answer,
 ) -> AsyncIterator[bytes]:
     """SSE body; if the client leaves mid-stream, the request is aborted in the engine.
 
     A stream that cannot go on (runner lost after output, Redis gone for longer than
-    EBB_REDIS_OUTAGE_S) ends with an error event and `data: [DONE]`, never silently."""
+    EBB_REDIS_OUTAGE_S) ends with the answer's error event and end, never silently."""
     finished = False
     try:
+        error: EbbError | None = None
+        chunks = _stream_chunks(services, running, builder, reservation, observed)
         try:
-            async for chunk in _stream_events(services, running, builder, reservation, observed):
-                yield chunk
+            async with contextlib.aclosing(answer.stream(chunks)) as lines:
+                async for line in lines:
+                    yield line
         except UNAVAILABLE_ERRORS as e:  # nothing to cancel through a Redis not there
             log.warning(
                 "frontdoor: %s cut short, Redis unavailable: %s", running.work.request_id, e
             )
-            yield sse_line(unavailable(services.settings.redis_retry_after_s).to_body())
-        except EbbError as e:  # a rerun that found no runner in time
-            yield sse_line(e.to_body())
+            error = unavailable(services.settings.redis_retry_after_s)
+        except EbbError as e:  # the request failed, or a rerun found no runner in time
+            error = e
+        if error is not None:
+            yield answer.stream_error(error)
         finished = True
-        yield SSE_DONE
+        if end := answer.stream_end():
+            yield end
     finally:
         if not finished:
             # Shielded: this runs while the response task is being cancelled.
@@ -250,14 +324,15 @@ async def _stream(
         await asyncio.shield(reservation.settle())
 
 
-async def _stream_events(
+async def _stream_chunks(
     services: Services,
     running: Running,
     builder: ResponseBuilder,
     reservation: Reservation,
     observed: RequestObservation,
-) -> AsyncIterator[bytes]:
-    """The SSE lines of a request's events; before any output, a lost runner means a rerun."""
+) -> AsyncIterator[dict[str, Any]]:
+    """The chunk objects of a request's events; before any output, a lost runner means a
+    rerun. Raises JobError when the request fails."""
     sent_output = False
     async for event in services.executor.events(running):
         reservation.observe(event)
@@ -265,17 +340,18 @@ async def _stream_events(
         if isinstance(event, Progress):
             sent_output = True
             for chunk in builder.chunks_for(event):
-                yield sse_line(chunk)
+                yield chunk
         elif isinstance(event, Finished):
             for chunk in builder.final_chunks(event):
-                yield sse_line(chunk)
+                yield chunk
         elif isinstance(event, Failed):
             if not sent_output and await services.executor.rerun(running, event):
-                async for line in _stream_events(services, running, builder, reservation, observed):
-                    yield line
+                async for chunk in _stream_chunks(
+                    services, running, builder, reservation, observed
+                ):
+                    yield chunk
                 return
-            error = JobError(f"The request failed while running: {event.message}", code=event.code)
-            yield sse_line(error.to_body())
+            raise JobError(f"The request failed while running: {event.message}", code=event.code)
 
 
 # Bodies up to this size are rendered and tokenized on the event loop: a short prompt

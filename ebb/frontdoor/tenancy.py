@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import msgspec
 
@@ -135,6 +135,18 @@ def namespace(tenant: str) -> str:
     """What the names of the deployments `tenant` creates start with: its name, lowercased
     (deployment names are), and '-'."""
     return f"{tenant.lower()}-"
+
+
+def namespace_clash(tenant: str, others: Iterable[str]) -> str | None:
+    """Another tenant whose namespace nests with `tenant`'s (`acme-` and `acme-eu-`, or
+    `Acme` and `acme`), if any: a tenant could then create names in the other's namespace
+    and learn from a 409 which of its private names exist."""
+    mine = namespace(tenant)
+    for other in others:
+        theirs = namespace(other)
+        if other != tenant and (mine.startswith(theirs) or theirs.startswith(mine)):
+            return other
+    return None
 
 
 def check_new_name(caller: Caller, name: str, existing: DeploymentSpec | None) -> None:

@@ -41,7 +41,13 @@ class PromptTokenizer(Protocol):
         """The template render_chat would use ("" if none): tool support is read from it."""
         ...
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """`add_special_tokens` off: the text's own ids only (POST /tokenize may ask)."""
+        ...
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of ids below vocab_size, special tokens included (POST /detokenize)."""
+        ...
 
     @property
     def vocab_size(self) -> int:
@@ -127,9 +133,13 @@ class HfPromptTokenizer:
                 template = self._overrides[source] = ChatTemplate(source, self._special_tokens)
             return template
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         with self._lock:
-            return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
+            return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, token_ids: list[int]) -> str:
+        with self._lock:
+            return str(self._tokenizer.decode(token_ids, skip_special_tokens=False))
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -159,8 +169,8 @@ class ByteTokenizer:
         rendered += "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages)
         return self.encode(rendered + "<|assistant|>")
 
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return list(text.encode("utf-8"))  # no special tokens to add
 
     @property
     def vocab_size(self) -> int:

@@ -40,6 +40,7 @@ class Prepared:
     include_usage: bool
     logprobs: bool
     tools: ToolCallFormat | None = None
+    continuous_usage: bool = False
 
     def builder(self, request_id: str, created_s: int) -> ResponseBuilder:
         return ResponseBuilder(
@@ -49,6 +50,9 @@ class Prepared:
             created_s=created_s,
             n=self.sampling.n,
             include_usage=self.include_usage,
+            continuous_usage_prompt_tokens=(
+                len(self.prompt_token_ids) if self.continuous_usage else None
+            ),
             logprobs=self.logprobs,
             tools=self.tools,
         )
@@ -176,6 +180,7 @@ def _prepare(
         sampling=sampling,
         stream=bool(req.stream),
         include_usage=req.include_usage,
+        continuous_usage=req.continuous_usage,
         logprobs=logprobs is not None,
         tools=plan.fmt,
     )

@@ -276,3 +276,12 @@ def deployment_versions(deployment: str) -> str:
 def traffic(deployment: str) -> str:
     """String: the deployment's TrafficSplit (json): weights per version and its rollout."""
     return f"{PREFIX}traffic:{deployment}"
+
+
+# --- the Responses API --------------------------------------------------------------------
+
+
+def stored_response(tenant: str, response_id: str) -> str:
+    """String: a StoredResponse (json), expiring after EBB_RESPONSES_RETENTION_S. Under its
+    tenant's name, so no other tenant's lookup can reach it."""
+    return f"{PREFIX}resp:{tenant}:{response_id}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 
+import httpx
 import openai
 import pytest
 from support import Platform, deploy, deployment, temp_home, wait_until
@@ -139,6 +140,47 @@ def test_forced_tool_calls(client, choice):
     assert reply.choices[0].finish_reason == ("tool_calls" if choice == "required" else "stop")
     chunks = list(client.chat.completions.create(**kwargs, stream=True))
     assert json.loads(_streamed_arguments(chunks)) == {"answer": "Paris"}
+
+
+def test_a_required_call_cut_off_by_max_tokens_is_a_tool_call(client):
+    kwargs = {"model": "fake", "messages": MESSAGES, "tools": [WEATHER], "max_tokens": 30}
+    reply = client.chat.completions.create(**kwargs, tool_choice="required")
+    choice = reply.choices[0]
+    assert choice.finish_reason == "length" and not choice.message.content
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    chunks = list(client.chat.completions.create(**kwargs, tool_choice="required", stream=True))
+    assert _streamed_arguments(chunks) == call.function.arguments
+    # Cut off inside the name: no call to show, and never the guided JSON as text.
+    kwargs["max_tokens"] = 12
+    reply = client.chat.completions.create(**kwargs, tool_choice="required")
+    assert not reply.choices[0].message.content and not reply.choices[0].message.tool_calls
+    chunks = list(client.chat.completions.create(**kwargs, tool_choice="required", stream=True))
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def test_fields_real_clients_send_are_accepted(client, platform):
+    """guidellm's continuous usage, OpenAI's documented fields with no meaning here, and
+    vLLM's health path: no 400, no 404."""
+    stream = client.chat.completions.create(
+        model="fake",
+        messages=MESSAGES,
+        max_tokens=5,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "prompt_cache_key": "conversation-1",
+            "safety_identifier": "user-1",
+            "verbosity": "low",
+        },
+    )
+    chunks = list(stream)
+    with_text = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert with_text and all(c.usage is not None for c in with_text)
+    counts = [c.usage.completion_tokens for c in with_text]
+    assert counts == sorted(counts) and chunks[-1].usage.completion_tokens == 5
+    assert httpx.get(platform.base_url + "/health").status_code == 200
 
 
 def test_tool_result_turn(client):

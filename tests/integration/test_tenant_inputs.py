@@ -271,3 +271,12 @@ def test_creating_a_name_tells_nothing_of_another_tenants_private_one(platform, 
     assert create("inputs-m").status_code == 409
     for client, name in ((hider, "hide-t-secret"), (prober, "probe-t-mine")):
         assert client.delete(f"/v1/deployments/{name}").status_code == 200
+    # A tenant whose namespace would nest with theirs gets no key: it could probe from
+    # inside "hide-t-" (and any spelling differing only in case is the same namespace).
+    for nested in ("hide-t-eu", "HIDE-T", "hide"):
+        refused = admin.post("/v1/keys", json={"tenant": nested, "name": "k"})
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["param"] == "tenant"
+        assert "'hide-t'" in refused.json()["error"]["message"]
+    assert admin.post("/v1/keys", json={"tenant": "hide-t", "name": "k2"}).status_code == 201
+    assert admin.post("/v1/keys", json={"tenant": "hidet", "name": "k"}).status_code == 201

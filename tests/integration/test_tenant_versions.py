@@ -71,48 +71,48 @@ def _versions(client: httpx.Client, name: str) -> list[int]:
 
 def test_a_new_version_and_its_rollout_count_against_the_gpu_quota(platform, admin):
     acme = _tenant(platform, admin, "gpu-t", max_replicas=4, max_gpus=2)
-    assert acme.post("/v1/deployments", json={"name": "gpu-m", "source": "fake://a"}).is_success
+    assert acme.post("/v1/deployments", json={"name": "gpu-t-m", "source": "fake://a"}).is_success
     # Finding 3: the same name with tensor_parallel_size 4 would run on 4 GPUs.
     big = acme.post(
         "/v1/deployments",
-        json={"name": "gpu-m", "source": "fake://a", "engine": {"tensor_parallel_size": 4}},
+        json={"name": "gpu-t-m", "source": "fake://a", "engine": {"tensor_parallel_size": 4}},
     )
     assert "up to 4 GPUs" in _refused(big, 403, "max_gpus")
-    assert _versions(acme, "gpu-m") == [1]
+    assert _versions(acme, "gpu-t-m") == [1]
     # Two GPUs alone fit; beside version 1 during a rollout they would hold 3.
     two = acme.post(
         "/v1/deployments",
-        json={"name": "gpu-m", "source": "fake://a", "engine": {"tensor_parallel_size": 2}},
+        json={"name": "gpu-t-m", "source": "fake://a", "engine": {"tensor_parallel_size": 2}},
     )
     assert two.status_code == 201, two.text
-    rollout = acme.post("/v1/deployments/gpu-m/rollout", json={"version": 2})
+    rollout = acme.post("/v1/deployments/gpu-t-m/rollout", json={"version": 2})
     assert "up to 3 GPUs" in _refused(rollout, 403, "max_gpus")
     one = acme.post(
         "/v1/deployments",
-        json={"name": "gpu-m", "source": "fake://b", "engine": {"tensor_parallel_size": 1}},
+        json={"name": "gpu-t-m", "source": "fake://b", "engine": {"tensor_parallel_size": 1}},
     )
     assert one.json()["deployed_version"] == 3
-    assert acme.post("/v1/deployments/gpu-m/rollout", json={"version": 3}).status_code == 200
+    assert acme.post("/v1/deployments/gpu-t-m/rollout", json={"version": 3}).status_code == 200
     # The quota view counts both ends of the rollout; replicas may not grow past it.
     assert acme.get("/v1/tenants/gpu-t/quota").json()["use"]["gpus"] == 2
-    more = acme.patch("/v1/deployments/gpu-m", json={"max_replicas": 2})
+    more = acme.patch("/v1/deployments/gpu-t-m", json={"max_replicas": 2})
     assert "up to 4 GPUs" in _refused(more, 403, "max_gpus")
 
 
 def test_versions_kept_are_bounded_for_tenants_and_the_admin(platform, admin):
     acme = _tenant(platform, admin, "ver-t", max_replicas=1, max_gpus=1, max_versions=3)
-    body = {"name": "ver-m", "source": "fake://a"}
+    body = {"name": "ver-t-m", "source": "fake://a"}
     assert acme.post("/v1/deployments", json=body).is_success
     for n in (2, 3):
         assert acme.post("/v1/deployments", json=body).json()["deployed_version"] == n
     fourth = _refused(acme.post("/v1/deployments", json=body), 403, "max_versions")
-    assert "DELETE /v1/deployments/ver-m/versions/N" in fourth
+    assert "DELETE /v1/deployments/ver-t-m/versions/N" in fourth
     # The serving version and the latest are kept; an old one without traffic goes.
-    assert acme.delete("/v1/deployments/ver-m/versions/1").status_code == 409
-    assert acme.delete("/v1/deployments/ver-m/versions/3").status_code == 409
-    assert acme.delete("/v1/deployments/ver-m/versions/2").status_code == 200
+    assert acme.delete("/v1/deployments/ver-t-m/versions/1").status_code == 409
+    assert acme.delete("/v1/deployments/ver-t-m/versions/3").status_code == 409
+    assert acme.delete("/v1/deployments/ver-t-m/versions/2").status_code == 200
     assert acme.post("/v1/deployments", json=body).json()["deployed_version"] == 4
-    assert _versions(acme, "ver-m") == [1, 3, 4]
+    assert _versions(acme, "ver-t-m") == [1, 3, 4]
 
     deploy(admin, "ver-admin", source="fake://a")
     for _ in range(MAX_VERSIONS_KEPT - 1):
@@ -124,15 +124,15 @@ def test_versions_kept_are_bounded_for_tenants_and_the_admin(platform, admin):
 
 def test_the_batch_discount_is_the_admins(platform, admin):
     acme = _tenant(platform, admin, "disc-t", max_replicas=1, max_gpus=1)
-    free = {"name": "disc-m", "source": "fake://a", "serving": {"batch_discount_pct": 100}}
+    free = {"name": "disc-t-m", "source": "fake://a", "serving": {"batch_discount_pct": 100}}
     assert "admin" in _refused(acme.post("/v1/deployments", json=free), 403,
                                "serving.batch_discount_pct")  # fmt: skip
-    assert acme.post("/v1/deployments", json={"name": "disc-m", "source": "fake://a"}).is_success
-    patched = acme.patch("/v1/deployments/disc-m", json={"serving": {"batch_discount_pct": 100}})
+    assert acme.post("/v1/deployments", json={"name": "disc-t-m", "source": "fake://a"}).is_success
+    patched = acme.patch("/v1/deployments/disc-t-m", json={"serving": {"batch_discount_pct": 100}})
     _refused(patched, 403, "serving.batch_discount_pct")
     again = acme.post("/v1/deployments", json=free)
     _refused(again, 403, "serving.batch_discount_pct")
-    assert _versions(acme, "disc-m") == [1]
+    assert _versions(acme, "disc-t-m") == [1]
 
 
 def _job(client: httpx.Client, model: str) -> str:

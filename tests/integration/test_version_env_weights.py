@@ -94,7 +94,7 @@ def test_a_tenants_uploaded_aws_config_is_data_and_never_a_config(stack, tmp_pat
         {"aws_config_file": str(stored)},
     ):
         refused = acme.post(
-            "/v1/deployments", json={"name": "m1", "source": "s3://private/m", "env": env}
+            "/v1/deployments", json={"name": "acme-m1", "source": "s3://private/m", "env": env}
         )
         assert refused.status_code == 400, (env, refused.text)
         error = refused.json()["error"]

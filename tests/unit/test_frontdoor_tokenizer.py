@@ -56,6 +56,28 @@ def test_chats_and_prompts_match_transformers(checkpoint):
         assert ours.encode(prompt) == _transformers_ids(checkpoint, prompt=prompt)
 
 
+def test_a_prompt_without_special_tokens_matches_transformers(checkpoint):
+    """POST /tokenize with add_special_tokens false (what vLLM's tokenizer gives then)."""
+    from transformers import AutoTokenizer
+
+    ours = HfPromptTokenizer.from_dir(checkpoint)
+    reference = AutoTokenizer.from_pretrained(str(checkpoint))
+    for prompt in PROMPTS:
+        plain = ours.encode(prompt, add_special_tokens=False)
+        assert plain == list(reference.encode(prompt, add_special_tokens=False))
+
+
+def test_decode_gives_transformers_text_special_tokens_included(checkpoint):
+    """What POST /detokenize answers: transformers' decode of the same ids."""
+    from transformers import AutoTokenizer
+
+    ours = HfPromptTokenizer.from_dir(checkpoint)
+    reference = AutoTokenizer.from_pretrained(str(checkpoint))
+    for chat in CHATS:
+        ids = ours.render_chat(chat)
+        assert ours.decode(ids) == reference.decode(ids, skip_special_tokens=False)
+
+
 def test_a_template_that_refuses_the_messages_is_the_callers_400(tmp_path):
     root = write_servable_dir(tmp_path / "ckpt", mib=1)
     (root / "chat_template.jinja").write_text(

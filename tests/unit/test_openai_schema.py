@@ -290,3 +290,29 @@ def test_nullable_fields_may_be_null():
     assert chat.stop is None and chat.max_tokens_param == (None, "max_tokens")
     completion = parse_completion_request({"model": "m", "prompt": "p", **_NULLS, "echo": None})
     assert completion.stop is None
+
+
+def test_fields_of_current_clients_are_accepted():
+    """Fields OpenAI's reference and vLLM's server document, which real clients send
+    (guidellm's continuous_usage_stats, the SDK's include_obfuscation, ...): accepted."""
+    streamed = parse_chat_request(
+        chat(
+            stream=True,
+            stream_options={
+                "include_usage": True,
+                "continuous_usage_stats": True,
+                "include_obfuscation": False,
+            },
+            verbosity="low",
+            prompt_cache_key="session-42",
+            safety_identifier="user-hash",
+        )
+    )
+    assert streamed.include_usage and streamed.continuous_usage
+    alone = parse_chat_request(chat(stream=True, stream_options={"continuous_usage_stats": True}))
+    assert not alone.continuous_usage  # as vLLM: only beside include_usage
+    completion_ok = parse_completion_request(
+        completion(prompt_cache_key="k", safety_identifier="u")
+    )
+    assert completion_ok.prompt == "Once upon a time"
+    assert refused(parse_chat_request, chat(verbosity="loud")).param == "verbosity"

@@ -15,7 +15,14 @@ from ebb.frontdoor.quotas import (
     live_versions,
     use_of,
 )
-from ebb.frontdoor.tenancy import can_see, check_fields, check_new_name, created_by, manages
+from ebb.frontdoor.tenancy import (
+    can_see,
+    check_fields,
+    check_new_name,
+    created_by,
+    manages,
+    namespace_clash,
+)
 from ebb.queue.quotas import TenantQuota
 from ebb.queue.schema import DeploymentSpec, EngineSpec
 from ebb.queue.versions import Rollout, TrafficSplit, VersionRecord
@@ -155,3 +162,10 @@ def test_a_tenant_names_new_deployments_within_its_namespace_whatever_exists():
     check_new_name(ADMIN, "anything", hidden)
     with pytest.raises(PermissionDenied):
         check_new_name(ACME, "acme-", None)
+
+
+def test_tenant_namespaces_never_nest():
+    assert namespace_clash("acme-eu", ["acme", "beta"]) == "acme"
+    assert namespace_clash("acme", ["acme-eu"]) == "acme-eu"
+    assert namespace_clash("Acme", ["acme"]) == "acme"  # one namespace, lowercased
+    assert namespace_clash("acme", ["acme", "acmeeu", "acme.eu"]) is None

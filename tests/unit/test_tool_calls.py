@@ -388,3 +388,33 @@ def test_a_call_cut_short_keeps_what_was_streamed():
     assert calls[0]["function"]["name"] == "get_weather"
     arguments = "".join(c["function"]["arguments"] for c in calls + more)
     assert arguments == '{"city": "Pa'
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text"),
+    [
+        (ToolCallFormat(mode="required"), '[{"name": "get_weather", "parameters": {"city": "Os'),
+        (AUTO, '<tool_call>{"name": "get_weather", "arguments": {"city": "Pa'),
+    ],
+)
+def test_a_call_cut_off_by_max_tokens_is_a_tool_call_streamed_or_not(fmt, text):
+    """A forced call that hits max_tokens answers as tool_calls with the arguments as far
+    as they got and finish_reason "length", never the guided-decoding JSON as content."""
+    whole = _builder(fmt)
+    whole.add(Progress([ChoiceDelta(index=0, text=text, token_count=9, finish_reason="length")]))
+    choice = ChatCompletion.model_validate(whole.response(Finished(3, 9))).choices[0]
+    assert choice.finish_reason == "length"
+    assert not (choice.message.content or "").strip()
+    assert [c.function.name for c in choice.message.tool_calls] == ["get_weather"]
+
+    streamed = _builder(fmt)
+    chunks = streamed.chunks_for(
+        Progress([ChoiceDelta(index=0, text=text, token_count=9, finish_reason="length")])
+    )
+    deltas = [
+        tc
+        for chunk in chunks
+        for tc in ChatCompletionChunk.model_validate(chunk).choices[0].delta.tool_calls or []
+    ]
+    arguments = "".join(d.function.arguments or "" for d in deltas)
+    assert arguments == choice.message.tool_calls[0].function.arguments

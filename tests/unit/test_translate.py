@@ -426,3 +426,13 @@ def test_several_greedy_choices_are_refused_with_a_way_out():
     with pytest.raises(InvalidRequest) as refused:
         prepare_chat(req, ByteTokenizer(), max_model_len=512, max_n=8)
     assert refused.value.param == "n" and "temperature" in refused.value.message
+
+
+def test_continuous_usage_puts_the_usage_so_far_on_every_chunk():
+    b = builder(EndpointKind.CHAT, include_usage=True, continuous_usage_prompt_tokens=12)
+    chunks = b.chunks_for(Progress([delta(0, "Hel")]))
+    chunks += b.chunks_for(Progress([delta(0, "lo", finish="stop")]))
+    chunks += b.final_chunks(FINISHED)
+    assert [c["usage"]["completion_tokens"] for c in chunks[:2]] == [3, 5]
+    assert all(c["usage"]["prompt_tokens"] == 12 for c in chunks)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == USAGE  # the engine's counts

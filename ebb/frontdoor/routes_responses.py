@@ -1,0 +1,264 @@
+"""OpenAI's Responses API: POST /v1/responses, and GET / DELETE / cancel / input_items of a
+stored response.
+
+A response is served as the chat completion `responses_translate` writes for it, through
+`routes_openai.serve` (the same admission, queue, runners, rate limits and billing as
+chat); `ResponsesAnswer` reads the Responses request in and writes the chat result or
+chunks out as a Response object or Responses events. `store` (the default) keeps it, per
+tenant, for EBB_RESPONSES_RETENTION_S: a tenant reads, continues (previous_response_id)
+and deletes only its own; any other id is 404. `background: true` runs it as a job
+(`responses_background`).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from ebb.errors import EbbError, InvalidRequest, NotFound
+from ebb.frontdoor import responses_background as background
+from ebb.frontdoor.auth import CallerDep, calling
+from ebb.frontdoor.body import decoded_json
+from ebb.frontdoor.caller import Caller
+from ebb.frontdoor.hot_routes import RequestOnlyRoute
+from ebb.frontdoor.openai_schema import ChatCompletionRequest, parse_chat_request
+from ebb.frontdoor.responses_schema import (
+    RESPONSE_ID_PATTERN,
+    ResponsesRequest,
+    parse_responses_request,
+)
+from ebb.frontdoor.responses_translate import (
+    chat_body,
+    echoed_fields,
+    in_responses_terms,
+    input_items,
+)
+from ebb.frontdoor.routes_openai import serve
+from ebb.frontdoor.services import Services, ServicesDep
+from ebb.frontdoor.translate import Prepared, prepare_chat
+from ebb.queue.response_store import ResponseStore, StoredResponse
+from ebb.responses_objects import (
+    ResponseFrame,
+    from_chat_completion,
+    new_response_id,
+    response_of_item,
+)
+from ebb.responses_stream import ResponseEvents, sse
+
+router = APIRouter(prefix="/v1/responses")
+# POST /v1/responses, handed the request without FastAPI's dependency solver (as chat).
+inference = APIRouter(prefix="/v1", route_class=RequestOnlyRoute)
+
+Turn = tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]
+
+
+def response_store(services: Services) -> ResponseStore:
+    return ResponseStore(services.redis, retention_s=services.settings.responses_retention_s)
+
+
+@inference.post("/responses")
+async def create_response(request: Request) -> Response:
+    services, caller = await calling(request)
+    body = decoded_json(request)
+    if isinstance(body, dict) and body.get("background") is True:
+        store = response_store(services)
+        req = parse_responses_request(body)
+        turn = await _turn(services, store, caller, req)
+        _check_chat(turn[2])
+        created = await background.submit(request, services, caller, store, req, turn)
+        return JSONResponse(created, headers={"X-Request-Id": created["id"]})
+    return await serve(request, services, caller, ResponsesAnswer(services, caller))
+
+
+@router.get("/{response_id}")
+async def retrieve_response(response_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+    store = response_store(services)
+    record = await background.refreshed(services, store, await _found(store, caller, response_id))
+    return record.response
+
+
+@router.delete("/{response_id}")
+async def delete_response(response_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+    """Forget a stored response (a background one still running is cancelled first)."""
+    store = response_store(services)
+    record = await _found(store, caller, response_id)
+    if record.job_id and record.response["status"] in background.UNSETTLED:
+        await background.cancel(services, caller, store, record)
+    await store.delete(caller.tenant, response_id)
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+@router.post("/{response_id}/cancel")
+async def cancel_response(response_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+    store = response_store(services)
+    record = await _found(store, caller, response_id)
+    return (await background.cancel(services, caller, store, record)).response
+
+
+@router.get("/{response_id}/input_items")
+async def list_input_items(
+    response_id: str,
+    caller: CallerDep,
+    services: ServicesDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+    after: str | None = None,
+) -> dict:
+    """The items the response was given (not the earlier turns'), as OpenAI pages them:
+    newest first unless `order` is "asc"; `after` is the last id of the previous page."""
+    record = await _found(response_store(services), caller, response_id)
+    items = list(record.input_items)
+    if order == "desc":
+        items.reverse()
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        items = items[ids.index(after) + 1 :] if after in ids else []
+    page = items[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(items) > limit,
+    }
+
+
+class ResponsesAnswer:
+    """The Responses API's side of `serve`: one request, so it keeps the request's state
+    (its Response frame, what to store, the stream's event state machine)."""
+
+    label = "responses"
+
+    def __init__(self, services: Services, caller: Caller):
+        self._services = services
+        self._store = response_store(services)
+        self._caller = caller
+        self._id = ""
+        self._frame: ResponseFrame | None = None
+        self._record: StoredResponse | None = None  # None: not stored
+        self._events: ResponseEvents | None = None
+
+    def new_request_id(self) -> str:
+        self._id = new_response_id()
+        return self._id
+
+    async def parse(self, body: object) -> ChatCompletionRequest:
+        req = parse_responses_request(body)
+        context, items, chat = await _turn(self._services, self._store, self._caller, req)
+        self._frame = ResponseFrame(self._id, req.model, int(time.time()), echoed_fields(req))
+        if req.stored:
+            self._record = StoredResponse(
+                tenant=self._caller.tenant, response={}, input_items=items, context_items=context
+            )
+        return _check_chat(chat)
+
+    def prepare(self, parsed: ChatCompletionRequest, *args: Any, **kwargs: Any) -> Prepared:
+        try:
+            return prepare_chat(parsed, *args, **kwargs)
+        except InvalidRequest as e:
+            raise in_responses_terms(e) from None
+
+    async def whole(self, result: dict) -> dict:
+        response = from_chat_completion(self._framed(), result)
+        await self._keep(response)
+        return response
+
+    async def stream(self, chunks: AsyncIterator[dict]) -> AsyncGenerator[bytes, None]:
+        events = self._events = ResponseEvents(self._framed())
+        for event in events.start():
+            yield sse(event)
+        async for chunk in chunks:
+            for event in events.feed(chunk):
+                yield sse(event)
+        final = events.finish()
+        # Stored before the client hears it ended: its next turn may name it at once.
+        if events.response is not None:
+            await self._keep(events.response)
+        for event in final:
+            yield sse(event)
+
+    def stream_error(self, error: EbbError) -> bytes:
+        events = self._events or ResponseEvents(self._framed())
+        return b"".join(sse(event) for event in events.fail(error.to_body()))
+
+    def stream_end(self) -> bytes:
+        return b""  # the Responses stream ends with its final event, no [DONE]
+
+    def _framed(self) -> ResponseFrame:
+        assert self._frame is not None, "parse runs first"
+        return self._frame
+
+    async def _keep(self, response: dict[str, Any]) -> None:
+        if self._record is not None:
+            self._record.response = response
+            await self._store.put(self._record)
+
+
+async def _turn(
+    services: Services, store: ResponseStore, caller: Caller, req: ResponsesRequest
+) -> Turn:
+    """(the conversation before this turn, its input items, the chat body serving it)."""
+    context: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        found = await _found(store, caller, req.previous_response_id, "previous_response_id")
+        previous = await background.refreshed(services, store, found)
+        if previous.response.get("status") in background.UNSETTLED:
+            raise InvalidRequest(
+                f"The response {req.previous_response_id!r} has not finished; continue from "
+                "it once GET /v1/responses/{id} shows it completed.",
+                param="previous_response_id",
+            )
+        context = previous.conversation()
+    items = await _resolved(store, caller, input_items(req))
+    return context, items, chat_body(req, context, items)
+
+
+async def _resolved(
+    store: ResponseStore, caller: Caller, items: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`items` with each item_reference replaced by the stored output item it names (a
+    404 naming the reference when the caller has no such item)."""
+    resolved = []
+    for index, item in enumerate(items):
+        if item["type"] != "item_reference":
+            resolved.append(item)
+            continue
+        response_id = response_of_item(item["id"])
+        record = await store.get(caller.tenant, response_id) if response_id else None
+        output = record.response.get("output", []) if record else []
+        found = next((o for o in output if o.get("id") == item["id"]), None)
+        if found is None:
+            raise NotFound(
+                f"No item {item['id']!r} in your stored responses: item_reference names an "
+                "output item of a stored response; send the item itself instead.",
+                param=f"input.{index}.id",
+            )
+        resolved.append(found)
+    return resolved
+
+
+def _check_chat(chat: dict[str, Any]) -> ChatCompletionRequest:
+    try:
+        return parse_chat_request(chat)
+    except InvalidRequest as e:
+        raise in_responses_terms(e) from None
+
+
+async def _found(
+    store: ResponseStore, caller: Caller, response_id: str, param: str = "response_id"
+) -> StoredResponse:
+    record = None
+    if re.fullmatch(RESPONSE_ID_PATTERN, response_id):
+        record = await store.get(caller.tenant, response_id)
+    if record is None:
+        raise NotFound(
+            f"No response {response_id!r}: it was not stored (store: false), has expired, "
+            "was deleted, or is another key's tenant's.",
+            param=param,
+        )
+    return record
