@@ -40,18 +40,38 @@ class LogLine:
     text: str
 
 
+# A cursor names at most this many files, in at most this many characters: far more than
+# any deployment's runners, far less than a body worth parsing.
+MAX_CURSOR_FILES = 4096
+MAX_CURSOR_CHARS = 256 * 1024
+# The log files a cursor may name: a platform process's or a runner's (`runner_log`).
+_CURSOR_FILE = re.compile(r"^(?:runner-[A-Za-z0-9_-]{1,64}|[a-z]{1,32})\.log$")
+_MAX_OFFSET = 1 << 62
+
+
 def encode_cursor(offsets: dict[str, int]) -> str:
     return base64.urlsafe_b64encode(json.dumps(offsets).encode()).decode()
 
 
 def decode_cursor(cursor: str) -> dict[str, int]:
-    """Offsets of an `encode_cursor` string; ValueError when it is not one."""
+    """Offsets of an `encode_cursor` string; ValueError, saying what is wrong, when it is
+    not one: not base64 of a JSON object, too long, a file name no log has, or an offset
+    that is not a non-negative integer."""
+    if len(cursor) > MAX_CURSOR_CHARS:
+        raise ValueError(f"cursor is longer than {MAX_CURSOR_CHARS} characters")
     try:
-        offsets = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-    except (ValueError, TypeError) as e:
-        raise ValueError("cursor is not one this API returned") from e
-    if not isinstance(offsets, dict) or not all(isinstance(v, int) for v in offsets.values()):
-        raise ValueError("cursor is not one this API returned")
+        raw = base64.b64decode(cursor.encode("ascii"), altchars=b"-_", validate=True)
+        offsets = json.loads(raw)
+    except (ValueError, TypeError, RecursionError) as e:
+        raise ValueError("cursor is not one this API returned (not base64 JSON)") from e
+    if not isinstance(offsets, dict) or len(offsets) > MAX_CURSOR_FILES:
+        raise ValueError("cursor is not one this API returned (not an object of offsets)")
+    for name, offset in offsets.items():
+        if not _CURSOR_FILE.match(name):
+            raise ValueError(f"cursor names no log file: {name[:80]!r}")
+        # bool is an int to Python, not an offset.
+        if type(offset) is not int or not 0 <= offset <= _MAX_OFFSET:
+            raise ValueError(f"cursor's offset of {name!r} is not a non-negative integer")
     return offsets
 
 

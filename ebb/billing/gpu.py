@@ -61,7 +61,9 @@ class RunnerMeter(threading.Thread):
     """Meters one runner process's GPU time (see the module docstring).
 
     `read_spec(name)` re-reads a deployment, so a price or owner change applies to the
-    next segment; it returns None for a deleted deployment (the last attribution stays).
+    next segment; it returns None for a deleted deployment (the last attribution stays),
+    and a deployment created again under the name (another uid) is not this runner's:
+    the last attribution stays too.
     """
 
     def __init__(
@@ -81,12 +83,14 @@ class RunnerMeter(threading.Thread):
         self._gpus = gpu_count() if gpus is None else gpus
         self._meter = meter_for(runner_id, None, self._gpus)
         self._unit = ""  # the serving unit (deployment version) whose spec it re-reads
+        self._uid = ""  # ... of this deployment only (DeploymentSpec.uid)
         self._done = threading.Event()
 
     def begin(self, spec: DeploymentSpec | None) -> None:
         """From launch on, bill to `spec`'s owner (None: the pre-warmed pool)."""
         self._meter = meter_for(self._runner_id, spec, self._gpus)
         self._unit = spec.name if spec else ""
+        self._uid = spec.uid if spec else ""
         self._script.switch(self._runner_id, self._meter, end="heartbeat_ms")
         self.start()
 
@@ -97,6 +101,7 @@ class RunnerMeter(threading.Thread):
             self._gpus = gpus
         self._meter = meter_for(self._runner_id, spec, self._gpus)
         self._unit = spec.name
+        self._uid = spec.uid
         self._script.switch(self._runner_id, self._meter, end="heartbeat_ms")
 
     def run(self) -> None:
@@ -122,7 +127,7 @@ class RunnerMeter(threading.Thread):
         if self._meter.deployment == POOL_DEPLOYMENT or not self._unit:
             return
         spec = self._read_spec(self._unit)
-        if spec is not None:
+        if spec is not None and spec.uid == self._uid:
             self._meter = meter_for(self._runner_id, spec, self._gpus)
 
 

@@ -225,7 +225,8 @@ class Controller:
             await self._gpus.recheck(specs)
             await self._gpus.enforce_sleep_budget()
         for spec in specs:
-            await self._scale(spec, [r for r in runners if r.deployment == spec.name])
+            # A runner of an earlier deployment of the same name is not this one's.
+            await self._scale(spec, [r for r in runners if _serves(r, spec)])
         await self._refill_pool(runners)
 
     async def _collect_exits(self, runners: list[RunnerRecord]) -> list[RunnerRecord]:
@@ -273,6 +274,8 @@ class Controller:
         if not self._settings.metering or self._gpu_meter is None:
             return
         spec = await self._state.serving_unit(r.deployment) if r.deployment else None
+        if spec is not None and spec.uid != r.deployment_uid:
+            spec = None  # another deployment of that name now: never billed to its owner
         gpus = await self._gpus.gpu_count(r.runner_id) if self._gpus is not None else 1
         await self._gpu_meter.close(
             r.runner_id, meter_for(r.runner_id, spec, gpus=gpus), end=LAST_SIGN_OF_LIFE
@@ -339,10 +342,10 @@ class Controller:
         # process forked from the fork server, a fresh process. Sleepers exist only where
         # engines support sleep mode (GPUs).
         deployment = spec.name
-        sleeper = await self._state.take_sleeper(deployment)
+        sleeper = await self._state.take_sleeper(deployment, spec.uid)
         if sleeper is not None:
             if self._gpus is None or await self._gpus.can_wake(sleeper):
-                await self._state.wake_sleeper(sleeper, deployment)
+                await self._state.wake_sleeper(sleeper, deployment, spec.uid)
                 log.info("coldstart: waking sleeping %s for %s", sleeper, deployment)
                 return True
             # Its device filled up while it slept: it stays asleep, another starts.
@@ -357,7 +360,7 @@ class Controller:
             if self._alive(stem):
                 if self._gpus is not None:
                     await self._gpus.commit(stem, placement)
-                await self._state.assign(stem, deployment)
+                await self._state.assign(stem, deployment, spec.uid)
                 log.info("coldstart: assigned pre-warmed %s to %s", stem, deployment)
                 return True
             # Died since the last reconcile: never hand work to a dead process.
@@ -368,7 +371,7 @@ class Controller:
                 exited_ms=self._now_ms(),
             )
         tier = launch_tier(self._warm.warm_state() is WarmState.READY)
-        await self._launch(deployment, tier, placement)
+        await self._launch(deployment, tier, placement, uid=spec.uid)
         return True
 
     async def _take_stem(self, spec: DeploymentSpec) -> str | None:
@@ -411,6 +414,7 @@ class Controller:
         placement: GpuPlacement | None = None,
         *,
         pool: StemPool | None = None,
+        uid: str = "",
     ) -> None:
         if not self._leader.leading():
             # The lease ran out during this pass: the next leader decides, from Redis.
@@ -423,6 +427,7 @@ class Controller:
                 runner_id=runner_id,
                 state=RunnerState.STARTING,
                 deployment=deployment or "",
+                deployment_uid=uid,
                 tier=tier,
                 launched_ms=self._now_ms(),
                 pool=pool.name if pool else "",
@@ -438,6 +443,11 @@ class Controller:
             self._launcher.launch_stem(runner_id, pool)
         else:
             self._launcher.launch(runner_id, deployment, tier)
+
+
+def _serves(runner: RunnerRecord, spec: DeploymentSpec) -> bool:
+    """Launched for this unit of this deployment: not an earlier one's of the same name."""
+    return runner.deployment == spec.name and runner.deployment_uid == spec.uid
 
 
 def default_runner_gpus(settings: Settings) -> int:

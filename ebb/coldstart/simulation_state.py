@@ -110,22 +110,26 @@ class InMemoryState:
     async def node_caches(self) -> dict[str, frozenset[str]]:
         return dict(self.cached)
 
-    async def take_sleeper(self, deployment: str) -> str | None:
+    async def take_sleeper(self, deployment: str, uid: str = "") -> str | None:
         sleepers = self._sleepers.get(deployment, {})
         while sleepers:
             runner_id = next(iter(sleepers))
             del sleepers[runner_id]
             record = self.records.get(runner_id)
-            if record is not None and record.state is RunnerState.SLEEPING:
+            if record is None or record.state is not RunnerState.SLEEPING:
+                continue
+            if record.deployment_uid == uid:
                 return runner_id
         return None
 
-    async def wake_sleeper(self, runner_id: str, deployment: str) -> None:
+    async def wake_sleeper(self, runner_id: str, deployment: str, uid: str = "") -> None:
         self.update_runner(runner_id, woken_ms=self.clock.ms())
-        await self.assign(runner_id, deployment)
+        await self.assign(runner_id, deployment, uid)
 
-    async def assign(self, runner_id: str, deployment: str) -> None:
-        self.update_runner(runner_id, deployment=deployment, assigned_ms=self.clock.ms())
+    async def assign(self, runner_id: str, deployment: str, uid: str = "") -> None:
+        self.update_runner(
+            runner_id, deployment=deployment, deployment_uid=uid, assigned_ms=self.clock.ms()
+        )
 
     async def set_fork_server_state(self, state: str) -> None:
         self.fork_server = state

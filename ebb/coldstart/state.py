@@ -66,14 +66,15 @@ class ControllerState(Protocol):
         """{node: the sources its weight cache holds}, nodes whose prefetcher is alive."""
         ...
 
-    async def take_sleeper(self, deployment: str) -> str | None:
-        """One of the deployment's sleeping runners to wake, never the same one twice."""
+    async def take_sleeper(self, deployment: str, uid: str = "") -> str | None:
+        """One of the deployment's sleeping runners to wake, never the same one twice;
+        only one launched for the deployment of uid `uid` (not an earlier one's)."""
         ...
 
-    async def wake_sleeper(self, runner_id: str, deployment: str) -> None: ...
+    async def wake_sleeper(self, runner_id: str, deployment: str, uid: str = "") -> None: ...
 
-    async def assign(self, runner_id: str, deployment: str) -> None:
-        """Give a stem its deployment; the stem starts loading it."""
+    async def assign(self, runner_id: str, deployment: str, uid: str = "") -> None:
+        """Give a stem its deployment (the one of uid `uid`); the stem starts loading it."""
         ...
 
     async def set_fork_server_state(self, state: str) -> None: ...

@@ -19,11 +19,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+import msgspec
 from starlette.requests import Request
 
 from ebb.coldstart.estimate import retry_after_for
 from ebb.config import Settings
-from ebb.errors import CapacityError, JobError
+from ebb.errors import CapacityError, JobError, NotFound
 from ebb.queue.connection import UNAVAILABLE_ERRORS
 from ebb.queue.platform import PlatformState
 from ebb.queue.requests import EventReader, QueueFull, RequestQueue
@@ -81,6 +82,8 @@ class Executor:
         window_s = spec.admission_timeout_s or self._settings.admission_timeout_s
         depth = spec.queue_depth_limit or self._settings.queue_depth_limit
         await self._refuse_if_failing(spec, status)
+        # Bound to this deployment: a runner of a later one of the same name refuses it.
+        work = msgspec.structs.replace(work, deployment_uid=spec.uid)
         started = time.monotonic()
         try:
             await self._queue.enqueue(work, admission_window_s=window_s, depth_limit=depth)
@@ -127,6 +130,8 @@ class Executor:
             # Claimed at the deadline: its Claimed event is already on the stream.
             event = await self._ride_out(reader.next, _EVENT_SILENCE_S)
         if isinstance(event, Failed):
+            if event.code == "deployment_deleted":
+                raise NotFound(event.message, param="model", code=event.code)
             raise JobError(event.message, code=event.code)
         if not isinstance(event, Claimed):
             raise JobError(f"unexpected first event {type(event).__name__}")

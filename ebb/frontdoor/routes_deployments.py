@@ -29,7 +29,13 @@ from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.version_quotas import check_version_quota, versions_limit, versions_refusal
 from ebb.queue.gpus import GpuState
 from ebb.queue.platform import PlatformState
-from ebb.queue.schema import DeploymentSpec, EngineSpec, RunnerState, ServingOptions
+from ebb.queue.schema import (
+    DeploymentSpec,
+    EngineSpec,
+    RunnerState,
+    ServingOptions,
+    new_deployment_uid,
+)
 from ebb.queue.version_store import TooManyVersions
 from ebb.queue.versions import public_name, split_unit
 from ebb.queue.weights_status import WeightsState, WeightsStatus
@@ -171,8 +177,13 @@ async def _check_engine(state: PlatformState, spec: DeploymentSpec) -> None:
 
 
 async def deployment_view(state: PlatformState, spec: DeploymentSpec) -> dict:
-    # Every version's runners (a version's serving unit is "NAME@vN").
-    runners = [r for r in await state.runners() if public_name(r.deployment) == spec.name]
+    # Every version's runners (a version's serving unit is "NAME@vN"), of this deployment
+    # only: not those of an earlier one of the same name, deleted (their logs, errors).
+    runners = [
+        r
+        for r in await state.runners()
+        if public_name(r.deployment) == spec.name and r.deployment_uid == spec.uid
+    ]
     counts = {s.value: 0 for s in RunnerState if s.is_live}
     for r in runners:
         if r.state.is_live:
@@ -258,7 +269,11 @@ async def create_deployment(
     ):
         return await _deploy_version(services, caller, existing, body)
     tenancy.check_new_name(caller, body.name, existing)  # before any answer on the name
-    spec = DeploymentSpec(**body.changes(EngineSpec(), ServingOptions()), created_at_s=time.time())
+    spec = DeploymentSpec(
+        **body.changes(EngineSpec(), ServingOptions()),
+        created_at_s=time.time(),
+        uid=new_deployment_uid(),
+    )
     spec = tenancy.created_by(caller, spec)
     _check_bounds(spec)
     await _check_engine(services.state, spec)

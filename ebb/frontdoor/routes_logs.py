@@ -27,6 +27,7 @@ from ebb.logtail import (
     read_new,
     runner_log,
 )
+from ebb.queue.versions import public_name
 
 router = APIRouter(prefix="/v1")
 
@@ -43,58 +44,79 @@ async def logs(
     cursor: str | None = None,
     tail: int = 100,
 ) -> dict:
-    """Lines of one runner (`runner`), of a deployment's runners (`deployment`), or of the
-    platform's processes (neither)."""
-    await _check_access(services, caller, deployment, runner)
-    logs_dir = services.settings.logs_dir
-    files = await _files(services, logs_dir, deployment, runner)
+    """Lines of one runner (`runner`), of a deployment's runners (`deployment`: every
+    version's, and only the runners of the deployment that has the name now, not of an
+    earlier one deleted), or of the platform's processes (neither)."""
     try:
         offsets = decode_cursor(cursor) if cursor else None
     except ValueError as e:
         raise InvalidRequest(f"{e}; omit it to start from the end", param="cursor") from e
     if not 1 <= tail <= 10_000:
         raise InvalidRequest("tail must be between 1 and 10000 lines", param="tail")
+    logs_dir = services.settings.logs_dir
+    files = await _files(services, caller, logs_dir, deployment, runner)
     lines, new_offsets = await asyncio.to_thread(
         read_new, files, offsets, tail_lines=tail, since_s=since_s
     )
+    # Offsets of the files read now only: a follower's cursor does not grow without bound.
+    names = {path.name for path in files}
+    kept = {name: offset for name, offset in (offsets or {}).items() if name in names}
     return {
         "object": "list",
         "data": [{"source": line.source, "line": line.text} for line in lines],
-        "cursor": encode_cursor({**(offsets or {}), **new_offsets}),
+        "cursor": encode_cursor({**kept, **new_offsets}),
     }
 
 
-async def _check_access(
-    services: Services, caller: Caller, deployment: str | None, runner: str | None
-) -> None:
-    """A tenant reads only the runners of a deployment it owns (404 for others' names)."""
-    if caller.is_admin:
-        return
-    if deployment is None:
-        raise PermissionDenied(
-            "A tenant key reads the logs of its own deployments only: pass deployment "
-            "('ebb logs DEPLOYMENT').",
-            param="deployment",
-        )
-    await tenancy.managed_deployment(services.state, caller, deployment)
-    if runner is not None:
-        runners = {
-            r.runner_id for r in await services.state.runners() if r.deployment == deployment
-        }
-        if runner not in runners:
-            raise NotFound(f"No runner {runner!r} of deployment {deployment!r}.", param="runner")
-
-
 async def _files(
-    services: Services, logs_dir: Path, deployment: str | None, runner: str | None
+    services: Services,
+    caller: Caller,
+    logs_dir: Path,
+    deployment: str | None,
+    runner: str | None,
 ) -> list[Path]:
-    if runner is not None:
-        if not _RUNNER_ID.match(runner) or not runner_log(logs_dir, runner).exists():
-            raise NotFound(f"No log of runner {runner!r}; 'ebb status' lists the runners.")
-        return [runner_log(logs_dir, runner)]
-    if deployment is not None:
-        runners = [r for r in await services.state.runners() if r.deployment == deployment]
-        if not runners and await services.state.get_deployment(deployment) is None:
-            raise NotFound(f"No deployment {deployment!r}; 'ebb deployments' lists them.")
-        return [runner_log(logs_dir, r.runner_id) for r in runners]
-    return [platform_log(logs_dir, name) for name in PLATFORM_LOGS]
+    """The log files the caller asked for and may read: a tenant only those of runners of
+    a deployment it manages (404 for others' names and runners)."""
+    if runner is not None and not _RUNNER_ID.match(runner):
+        raise NotFound(f"No log of runner {runner!r}; 'ebb status' lists the runners.")
+    if deployment is None:
+        if not caller.is_admin:
+            raise PermissionDenied(
+                "A tenant key reads the logs of its own deployments only: pass deployment "
+                "('ebb logs DEPLOYMENT').",
+                param="deployment",
+            )
+        if runner is None:
+            return [platform_log(logs_dir, name) for name in PLATFORM_LOGS]
+        return [_existing(logs_dir, runner)]
+    runners = await _deployment_runners(services, caller, deployment)
+    if runner is None:
+        return [runner_log(logs_dir, runner_id) for runner_id in runners]
+    if runner not in runners:
+        raise NotFound(f"No runner {runner!r} of deployment {deployment!r}.", param="runner")
+    return [_existing(logs_dir, runner)]
+
+
+async def _deployment_runners(services: Services, caller: Caller, deployment: str) -> list[str]:
+    """Runner ids of every version of `deployment`, launched for the deployment that has
+    the name now (its uid). The admin also reads a deleted deployment's, by name."""
+    if caller.is_admin:
+        spec = await services.state.get_deployment(deployment)
+    else:
+        spec = await tenancy.managed_deployment(services.state, caller, deployment)
+    runners = [
+        r.runner_id
+        for r in await services.state.runners()
+        if public_name(r.deployment) == deployment
+        and (spec is None or r.deployment_uid == spec.uid)
+    ]
+    if not runners and spec is None:
+        raise NotFound(f"No deployment {deployment!r}; 'ebb deployments' lists them.")
+    return runners
+
+
+def _existing(logs_dir: Path, runner: str) -> Path:
+    path = runner_log(logs_dir, runner)
+    if not path.exists():
+        raise NotFound(f"No log of runner {runner!r}; 'ebb status' lists the runners.")
+    return path

@@ -32,6 +32,9 @@ PROCESS_MEMORY_TTL_S = 30
 # hash: node -> NodeCache (json): the sources its weight cache holds, from its prefetcher
 NODE_CACHES = PREFIX + "node_caches"
 TENANT_QUOTAS = PREFIX + "tenant_quotas"  # hash: tenant -> TenantQuota (json), set by the admin
+# hash: deployment name -> its uid (DeploymentSpec.uid), written and removed with the
+# deployment's record: what a claim compares a runner's uid with, without decoding a spec
+DEPLOYMENT_UIDS = PREFIX + "deployment_uids"
 
 # Cold-start records kept for metrics scrapes; older ones have long been scraped.
 COLD_STARTS_MAX = 10_000

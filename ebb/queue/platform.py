@@ -7,6 +7,7 @@ reaping, cold-start statistics and API keys. Runner processes use `runner_side` 
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ import redis.asyncio as aioredis
 from ebb.queue import keys
 from ebb.queue.admission_reads import AdmissionReads
 from ebb.queue.connection import MAX_BLOCK_S
+from ebb.queue.deployment_scripts import DeploymentScripts
+from ebb.queue.gpus import SLEEPER_EXIT
 from ebb.queue.node_caches import read_node_caches_async
 from ebb.queue.records import decode_runner, encode_runner, parse_cold_start
 from ebb.queue.replies import reply_entries, reply_hash, reply_text, reply_texts
@@ -29,10 +32,19 @@ from ebb.queue.schema import (
     RunnerState,
     UsageRecord,
     encode,
+    new_deployment_uid,
 )
 from ebb.queue.scripts import QueueScripts
 from ebb.queue.version_store import VersionStore
 
+log = logging.getLogger(__name__)
+_DELETED = encode(
+    Failed(
+        message="The deployment was deleted while the request waited in its queue; it "
+        "never ran and costs nothing.",
+        code="deployment_deleted",
+    )
+)
 _LOST = encode(
     Failed(
         message="The runner serving this request stopped responding; the request was lost "
@@ -65,16 +77,20 @@ class PlatformState:
         # One per process, so that concurrent requests for one unit share its reads.
         self.admission_reads = AdmissionReads(self.short_redis)
         self._scripts = QueueScripts(client)
+        self._deployment_scripts = DeploymentScripts(client)
         self._result_ttl_s = result_ttl_s
 
     # --- deployments -----------------------------------------------------------------
 
     async def put_deployment(self, spec: DeploymentSpec, *, create_only: bool = False) -> bool:
-        data = msgspec.json.encode(spec)
-        if create_only:
-            return bool(await self.redis.hsetnx(keys.DEPLOYMENTS, spec.name, data))
-        await self.redis.hset(keys.DEPLOYMENTS, spec.name, data)
-        return True
+        """Store `spec` with its uid. False: `create_only` and the name is taken, or the
+        name now belongs to another deployment (another uid: the one `spec` was read from
+        was deleted and the name created again). A create without a uid gets one."""
+        if create_only and not spec.uid:
+            spec = msgspec.structs.replace(spec, uid=new_deployment_uid())
+        return await self._deployment_scripts.deployment_put(
+            spec.name, msgspec.json.encode(spec), spec.uid, create_only=create_only
+        )
 
     async def get_deployment(self, name: str) -> DeploymentSpec | None:
         raw = await self.redis.hget(keys.DEPLOYMENTS, name)
@@ -86,14 +102,20 @@ class PlatformState:
         return sorted(specs, key=lambda s: s.name)
 
     async def delete_deployment(self, name: str) -> bool:
-        store = VersionStore(self.redis)
-        numbers = set((await store.split(name)).weights) | set(await store.versions(name))
-        pipe = self.redis.pipeline()
-        pipe.hdel(keys.DEPLOYMENTS, name)
-        pipe.delete(keys.deployment_status(name), keys.coldstart(name))
-        removed, _ = await pipe.execute()
-        await store.forget(name, sorted(numbers))
-        return bool(removed)
+        """Delete a deployment and everything bound to its name, in one atomic step: its
+        uid goes with its record, so its runners claim nothing more (they drain), its
+        sleepers are told to exit, and what is still queued for any of its versions fails
+        with `deployment_deleted`; a deployment created later under the same name starts
+        from nothing. False when there was none."""
+        deleted, failed = await self._deployment_scripts.deployment_delete(
+            name,
+            failed_event=_DELETED,
+            result_ttl_s=self._result_ttl_s,
+            sleeper_exit=SLEEPER_EXIT,
+        )
+        if failed:
+            log.info("queue: %s deleted with %d queued requests, failed", name, failed)
+        return deleted
 
     async def serving_units(self) -> list[DeploymentSpec]:
         """What the controller scales: each version of each deployment that has traffic
@@ -237,25 +259,38 @@ class PlatformState:
         """{node: sources its weight cache holds}, as the nodes' prefetchers publish them."""
         return await read_node_caches_async(self.redis, now_ms=now_ms())
 
-    async def take_sleeper(self, deployment: str) -> str | None:
-        """Take one of the deployment's sleeping runners to wake (SPOP: once each)."""
+    async def take_sleeper(self, deployment: str, uid: str = "") -> str | None:
+        """Take one of the deployment's sleeping runners to wake (SPOP: once each), one
+        launched for the deployment of uid `uid` only: a sleeper of a deleted deployment
+        of the same name is told to exit instead."""
         while (popped := await self.redis.spop(keys.sleepers(deployment))) is not None:
             runner_id = reply_text(popped)
-            state = await self.redis.hget(keys.runner(runner_id), "state")
-            if state == RunnerState.SLEEPING.value.encode():
+            state, bound = await self.redis.hmget(
+                keys.runner(runner_id), ["state", "deployment_uid"]
+            )
+            if state != RunnerState.SLEEPING.value.encode():
+                continue
+            if reply_text(bound or b"") == uid:
                 return runner_id
+            await self.redis.rpush(keys.runner_assignment(runner_id), SLEEPER_EXIT)
         return None
 
-    async def wake_sleeper(self, runner_id: str, deployment: str) -> None:
+    async def wake_sleeper(self, runner_id: str, deployment: str, uid: str = "") -> None:
         """Hand a sleeping runner new work; until it is READY it counts as starting."""
         await self.redis.hset(keys.runner(runner_id), "woken_ms", int(time.time() * 1000))
-        await self.assign(runner_id, deployment)
+        await self.assign(runner_id, deployment, uid)
 
-    async def assign(self, runner_id: str, deployment: str) -> None:
+    async def assign(self, runner_id: str, deployment: str, uid: str = "") -> None:
+        """Give a stem (or a woken sleeper) `deployment`, the one of uid `uid`: the runner
+        serves that deployment only (it checks the uid when it reads the spec)."""
         pipe = self.redis.pipeline()
         pipe.hset(
             keys.runner(runner_id),
-            mapping={"deployment": deployment, "assigned_ms": int(time.time() * 1000)},
+            mapping={
+                "deployment": deployment,
+                "deployment_uid": uid,
+                "assigned_ms": int(time.time() * 1000),
+            },
         )
         pipe.rpush(keys.runner_assignment(runner_id), deployment)
         await pipe.execute()

@@ -88,13 +88,19 @@ class QuotaStore:
         self, tenant: str, spec: DeploymentSpec, check: QuotaCheck, *, create_only: bool
     ) -> bool:
         """Store `spec` if `check` passes on the state it replaces; False when
-        `create_only` and the name is taken. Retries when anything changed meanwhile."""
+        `create_only` and the name is taken, or when the name now belongs to another
+        deployment (another uid). Retries when anything changed meanwhile."""
         data = msgspec.json.encode(spec)
         async with self._redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
                     before, quota = await self._watch(pipe, tenant, spec.name)
-                    if create_only and spec.name in before.specs:
+                    current = before.specs.get(spec.name)
+                    if create_only:
+                        refused = current is not None
+                    else:  # never over another deployment of the name (another uid)
+                        refused = current is not None and current.uid != spec.uid
+                    if refused:
                         await pipe.unwatch()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
                         return False
                     after = Holdings(
@@ -103,6 +109,8 @@ class QuotaStore:
                     check(quota, before, after)
                     pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
                     pipe.hset(keys.DEPLOYMENTS, spec.name, data)
+                    if spec.uid:  # with its record: what claims compare runners' uids with
+                        pipe.hset(keys.DEPLOYMENT_UIDS, spec.name, spec.uid)
                     await pipe.execute()
                     return True
                 except WatchError:

@@ -38,7 +38,7 @@ from ebb.queue.schema import (
     encode,
 )
 from ebb.queue.scripts import RunnerScripts
-from ebb.queue.version_store import read_unit_env, read_unit_spec
+from ebb.queue.version_store import read_unit, read_unit_spec
 from ebb.queue.versions import split_unit
 from ebb.queue.work_news import WorkNews
 
@@ -66,6 +66,9 @@ class ClaimResult:
     sync_waiting: int = 0
     # Job attempts still queued after it (for slots synchronous traffic leaves).
     jobs_waiting: int = 0
+    # The deployment this runner was launched for is gone (deleted, perhaps created again
+    # by someone else under its name): nothing was claimed, and nothing will be.
+    deployment_gone: bool = False
 
     @property
     def queues_empty(self) -> bool:
@@ -134,9 +137,16 @@ class RunnerQueue:
         """The spec of the unit this runner serves (a deployment's version)."""
         return read_unit_spec(self._redis, name)
 
-    def sealed_env(self, name: str) -> str:
-        """The unit's version's environment, encrypted as stored ("" when none)."""
-        return read_unit_env(self._redis, name)
+    def unit(self, name: str) -> tuple[DeploymentSpec | None, str]:
+        """The unit's spec and its version's sealed environment, read in one snapshot (a
+        delete and re-create between two reads cannot pair one owner's spec with the
+        other's secrets)."""
+        return read_unit(self._redis, name)
+
+    def bound_uid(self) -> str:
+        """The uid of the deployment the controller launched or assigned this runner for
+        ("" when it did not say: a record from before uids)."""
+        return reply_text(self._redis.hget(keys.runner(self.runner_id), "deployment_uid") or b"")
 
     def append_log(self, line: str) -> None:
         pipe = self._redis.pipeline()
@@ -162,21 +172,25 @@ class RunnerQueue:
         channels = [keys.queue_signal(deployment), own, keys.runner_cancels(self.runner_id)]
         return WorkNews(self._redis, channels, own_channel=own, clock=clock)
 
-    def claim(self, deployment: str, max_count: int, max_jobs: int = 0) -> ClaimResult:
+    def claim(
+        self, deployment: str, max_count: int, max_jobs: int = 0, *, uid: str = ""
+    ) -> ClaimResult:
         """Claim up to `max_count` requests; async job attempts fill at most `max_jobs` of
-        those slots, and only when no synchronous request is waiting."""
-        claimed, cancelled, sync_waiting, jobs_waiting = self._scripts.claim(
+        those slots, and only when no synchronous request is waiting. Only while the
+        deployment's uid is still `uid`, the one this runner serves (see claim.lua)."""
+        claimed, cancelled, sync_waiting, jobs_waiting, gone = self._scripts.claim(
             runner_id=self.runner_id,
             deployment=deployment,
             max_count=max_count,
             max_jobs=max_jobs,
             lease_ttl_ms=self._lease_ttl_ms,
             claimed_event=self._claimed_event,
+            deployment_uid=uid,
             prefix_affinity_ms=self._prefix_affinity_ms,
             prefix_step_wait_ms=self._prefix_step_wait_ms,
         )
         works = [decode_work(work) for work in claimed]
-        return ClaimResult(works, cancelled, sync_waiting, jobs_waiting)
+        return ClaimResult(works, cancelled, sync_waiting, jobs_waiting, gone)
 
     def yield_job(self, deployment: str, request_id: str) -> bool:
         """Give back a job attempt this runner holds, for a synchronous request to have its

@@ -8,6 +8,7 @@ deltas, then exactly one terminal event, `Finished` or `Failed`.
 from __future__ import annotations
 
 import enum
+import secrets
 from typing import Any, Literal
 
 import msgspec
@@ -89,6 +90,9 @@ class WorkItem(msgspec.Struct, kw_only=True, frozen=True):
     # W3C trace context of the frontdoor's span for this request, when tracing is on: the
     # runner's spans join the client's trace under it.
     traceparent: str = ""
+    # The identity (DeploymentSpec.uid) of the deployment it was admitted for: a runner of
+    # another deployment of the same name refuses it ("": not stamped, any runner).
+    deployment_uid: str = ""
 
 
 class TopLogprob(msgspec.Struct, frozen=True):
@@ -196,11 +200,21 @@ class ServingOptions(msgspec.Struct, kw_only=True, frozen=True):
     batch_discount_pct: int = 0
 
 
+def new_deployment_uid() -> str:
+    """A deployment's identity, drawn once when it is created (`DeploymentSpec.uid`)."""
+    return "dep_" + secrets.token_hex(8)
+
+
 class DeploymentSpec(msgspec.Struct, kw_only=True):
     """What an operator asked for; runtime state (runners, queue) is derived, not stored."""
 
     name: str
     source: str
+    # Its identity: set once at creation, kept by every change and version. A name is
+    # reused after a delete; a uid never is, and runners, sleepers and logs are bound to
+    # it (see docs/ARCHITECTURE.md). "" for records written before uids: such a
+    # deployment is its own identity until it is deleted.
+    uid: str = ""
     min_replicas: int = 0
     max_replicas: int = 1
     idle_timeout_s: float = 60.0
@@ -251,6 +265,9 @@ class RunnerRecord(msgspec.Struct, kw_only=True):
     runner_id: str
     state: RunnerState
     deployment: str = ""  # "" while a pre-warmed stem has no assignment
+    # The uid of the deployment it was launched for or assigned to: it serves that
+    # deployment only, never a later one of the same name.
+    deployment_uid: str = ""
     pid: int = 0
     tier: str = ""  # the cold-start tier it came up through
     launched_ms: int = 0

@@ -25,6 +25,7 @@ from ebb.queue import keys
 from ebb.queue.prefix import prefix_key
 from ebb.queue.replies import reply_bytes, reply_int, reply_list, reply_text, reply_texts
 from ebb.queue.schema import WorkItem, encode
+from ebb.queue.versions import public_name
 
 # What Redis accepts as a script argument.
 Arg = str | bytes | int | float
@@ -185,16 +186,19 @@ class RunnerScripts:
         max_jobs: int,
         lease_ttl_ms: int,
         claimed_event: bytes,
+        deployment_uid: str,
         prefix_affinity_ms: int = 0,
         prefix_step_wait_ms: int = 0,
-    ) -> tuple[list[bytes], list[str], int, int]:
+    ) -> tuple[list[bytes], list[str], int, int, bool]:
         """Claim up to `max_count` requests (at most `max_jobs` job attempts): the encoded
-        work of each claimed one, the ids this runner was asked to abort, and how many
-        synchronous requests and job attempts are still queued. With
+        work of each claimed one, the ids this runner was asked to abort, how many
+        synchronous requests and job attempts are still queued, and whether the
+        deployment this runner was launched for (`deployment_uid`) is gone: then nothing
+        was claimed. With
         `prefix_affinity_ms`, a request another runner holds the prompt prefix of waits
         for it that long, or while that runner is inside the engine step it was in when
         the request came, up to `prefix_step_wait_ms` (see claim.lua)."""
-        claimed, cancelled, still_queued, jobs_queued = reply_list(
+        claimed, cancelled, still_queued, jobs_queued, gone = reply_list(
             self._claim(
                 keys=[
                     keys.queue(deployment),
@@ -206,6 +210,7 @@ class RunnerScripts:
                     keys.JOBS_WATCH,
                     keys.JOBS_SIGNAL,
                     keys.claiming(deployment),
+                    keys.DEPLOYMENT_UIDS,
                 ],
                 args=[
                     runner_id,
@@ -224,12 +229,20 @@ class RunnerScripts:
                     keys.RUNNER_SIGNAL_PREFIX,
                     prefix_step_wait_ms,
                     keys.CLAIMING_TTL_MS,
+                    public_name(deployment),
+                    deployment_uid,
                 ],
             )
         )
         ids_and_work = reply_list(claimed)
         works = [reply_bytes(work) for work in ids_and_work[1::2]]
-        return works, reply_texts(cancelled), reply_int(still_queued), reply_int(jobs_queued)
+        return (
+            works,
+            reply_texts(cancelled),
+            reply_int(still_queued),
+            reply_int(jobs_queued),
+            bool(reply_int(gone)),
+        )
 
     def job_yield(self, *, runner_id: str, deployment: str, request_id: str) -> bool:
         """Give a held job attempt back to the job queue (see job_yield.lua)."""

@@ -168,14 +168,6 @@ class VersionStore:
         _ask_units(pipe, specs)
         return _units(specs, await pipe.execute())
 
-    async def forget(self, deployment: str, numbers: list[int]) -> None:
-        """Drop a deleted deployment's versions, split and the units' own state."""
-        units = [unit_name(deployment, n) for n in numbers if n != 1]
-        doomed = [keys.deployment_versions(deployment), keys.traffic(deployment)]
-        for unit in units:
-            doomed += [keys.deployment_status(unit), keys.coldstart(unit)]
-        await self.redis.delete(*doomed)
-
 
 def _ask_units(pipe: Any, specs: list[DeploymentSpec]) -> None:
     """Queue the reads `_units` needs on `pipe` (an async or a blocking pipeline)."""
@@ -233,8 +225,15 @@ def read_unit_spec(client: redis.Redis, unit: str) -> DeploymentSpec | None:
     return decode_unit(raw_spec, raw_version, raw_split, number)
 
 
-def read_unit_env(client: redis.Redis, unit: str) -> str:
-    """The sealed environment of a unit's version ("" when it has none)."""
+def read_unit(client: redis.Redis, unit: str) -> tuple[DeploymentSpec | None, str]:
+    """A unit's spec and its version's sealed environment ("" when none), read in one
+    transaction: both belong to the same deployment (never one owner's spec with a later
+    owner's secrets of the same name)."""
     name, number = split_unit(unit)
-    raw = client.hget(keys.deployment_versions(name), str(number))
-    return _version_decoder.decode(reply_bytes(raw)).env_sealed if raw else ""
+    pipe = client.pipeline(transaction=True)
+    ask_unit(pipe, name, number)
+    raw_spec, raw_version, raw_split = pipe.execute()
+    spec = decode_unit(raw_spec, raw_version, raw_split, number)
+    if spec is None or not raw_version:
+        return spec, ""
+    return spec, _version_decoder.decode(reply_bytes(raw_version)).env_sealed

@@ -24,7 +24,7 @@ import msgspec
 from ebb.queue.schema import DeploymentSpec
 
 # "@" is not allowed in deployment names, so a unit name is never a deployment's name.
-_VERSION_SEP = "@v"
+VERSION_SEPARATOR = _VERSION_SEP = "@v"
 # The fields a version fixes; everything else in a DeploymentSpec is the deployment's.
 VERSION_FIELDS = (
     "source",

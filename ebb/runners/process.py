@@ -136,7 +136,7 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
     meter = runner_meter(settings, client, runner_id, queue.deployment, gpus=gpus)
     redis_gone = False
     try:
-        meter.begin(queue.deployment(deployment) if deployment else None)
+        meter.begin(_launched_for(queue, deployment) if deployment else None)
         return _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat, meter)
     except UNAVAILABLE_ERRORS:
         # Redis stayed away past EBB_REDIS_OUTAGE_S: nothing more can be written through
@@ -186,12 +186,18 @@ def _run(
         if deployment is None:
             lifecycle.to(RunnerState.EXITED)
             return 0
-    spec = queue.deployment(deployment)
-    if spec is None:
-        raise RuntimeError(f"deployment {deployment!r} does not exist")
+    spec, sealed_env = queue.unit(deployment)
+    bound = queue.bound_uid()
+    if spec is None or (bound and spec.uid != bound):
+        # Deleted since the controller chose this runner for it (and perhaps created again
+        # by another owner): it loads nothing, and no one's secrets, under that name.
+        lifecycle.to(RunnerState.EXITED, error=f"deployment {deployment!r} was deleted")
+        return 0
+    if spec.uid != bound:
+        queue.set_fields(deployment_uid=spec.uid)
     # The version's environment (secrets such as HF_TOKEN) before weights or the engine
     # read theirs; only names are logged.
-    env = usable_env(SecretBox(settings.secrets_key).open(queue.sealed_env(deployment)))
+    env = usable_env(SecretBox(settings.secrets_key).open(sealed_env))
     os.environ.update(env)
     if env:
         log.info("runner: %s set env %s", queue.runner_id, sorted(env))
@@ -226,6 +232,14 @@ def _run(
         engine.shutdown()
     lifecycle.to(RunnerState.EXITED)
     return 0
+
+
+def _launched_for(queue: RunnerQueue, deployment: str) -> DeploymentSpec | None:
+    """The spec of the deployment this runner was launched for; None when the name now
+    belongs to another deployment (another uid), which is never billed for this runner."""
+    spec = queue.deployment(deployment)
+    bound = queue.bound_uid()
+    return None if spec is None or (bound and spec.uid != bound) else spec
 
 
 def _become_ready(

@@ -63,6 +63,10 @@ _SPEC_REFRESH_S = 2.0
 _STATS_INTERVAL_S = 1.0
 
 
+_DELETED_MESSAGE = (
+    "The deployment this request was sent to was deleted before it ran; it never ran."
+)
+
 # With EBB_JOB_SLOTS_BESIDE_SYNC, jobs keep to it until synchronous traffic has been
 # quiet this long.
 _SYNC_QUIET_S = 1.0
@@ -129,6 +133,9 @@ class ServingLoop:
         self._queue = queue
         self._engine = engine
         self._spec = spec
+        # The deployment it serves, for good: one created later under the same name is
+        # another deployment (claims refuse, see claim.lua; so does a refreshed spec).
+        self._uid = spec.uid
         self._stop = stop
         self._lifecycle = lifecycle
         self._clock = clock
@@ -217,13 +224,15 @@ class ServingLoop:
         held_jobs = sum(1 for h in self.held.values() if h.work.job_id)
         max_jobs = min(free, self._job_limit() - held_jobs, job_claims_per_step(self._max_slots))
         began = self._news.claim_begins()
-        result = self._queue.claim(self._spec.name, max(free, 0), max(max_jobs, 0))
+        result = self._queue.claim(self._spec.name, max(free, 0), max(max_jobs, 0), uid=self._uid)
         self._news.claim_ended(began, queues_empty=result.queues_empty)
         claimed = self._take(result)
+        if result.deployment_gone and not self._draining:
+            self._start_draining("deployment deleted")
         if result.sync_waiting and not self._draining and len(self.held) >= self._max_slots:
             room = self._make_room(result.sync_waiting)
             if room:
-                claimed += self._take(self._queue.claim(self._spec.name, room, 0))
+                claimed += self._take(self._queue.claim(self._spec.name, room, 0, uid=self._uid))
         return claimed
 
     def _take(self, result: ClaimResult) -> int:
@@ -288,6 +297,12 @@ class ServingLoop:
         log.debug("runner: claimed %s", work.request_id)
         held = Held(work, prompt_tokens=len(work.prompt_token_ids), claimed_ns=time.time_ns())
         self.held[work.request_id] = held
+        if work.deployment_uid and work.deployment_uid != self._uid:
+            # Admitted for an earlier deployment of this name (deleted as it was queued):
+            # never run it on another owner's engine.
+            held.prompt_tokens = 0  # nothing ran, nothing is billed
+            self._end(held, "failed", Failed(message=_DELETED_MESSAGE, code="deployment_deleted"))
+            return
         if not work.job_id:
             self._sync_seen_at = self._clock()
         self._last_active = self._clock()
@@ -435,7 +450,7 @@ class ServingLoop:
         if now - self._spec_read_at >= _SPEC_REFRESH_S:
             self._spec_read_at = now
             spec = self._queue.deployment(self._spec.name)
-            if spec is None:
+            if spec is None or spec.uid != self._uid:
                 self._start_draining("deployment deleted")
                 return
             self._spec = spec

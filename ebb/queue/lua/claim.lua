@@ -17,25 +17,41 @@
 -- Each claimed prefix is recorded as this runner's (KEYS[5], capped, expiring). A claim
 -- that leaves the runner room sets the deployment's claiming marker (KEYS[9], for
 -- ARGV[16] ms): enqueue.lua wakes no controller for a request a runner will claim.
+-- Identity: a runner claims only while its deployment's current uid (KEYS[10], by the
+-- deployment's public name ARGV[17]; none: '') is the one it was launched for (ARGV[18];
+-- '' for a deployment from before uids, which has none). Otherwise the deployment was
+-- deleted, or deleted and created again by someone else: it claims nothing, only its
+-- cancellations, and the fifth reply tells it to drain. (A deleted deployment from before
+-- uids has nothing left queued, see deployment_delete.lua; its runners drain when they
+-- find its spec gone.)
 -- KEYS: 1 queue, 2 leases zset, 3 this runner's cancel set, 4 runner hash,
 --       5 prefix owners hash, 6 job queue, 7 job watch set, 8 collector signal list,
---       9 the deployment's claiming marker (6-9 optional)
+--       9 the deployment's claiming marker, 10 deployment uids hash (6-10 optional)
 -- ARGV: 1 runner id, 2 max to claim, 3 lease ttl ms, 4 request key prefix,
 --       5 events key prefix, 6 encoded Claimed event, 7 max job attempts to claim (0: none),
 --       8 signal list max, 9 prefix affinity wait ms (0: off), 10 extra requests looked at,
 --       11 runner key prefix, 12 prefix owners ttl s, 13 prefix owners max,
 --       14 runner signal list prefix, 15 prefix wait for an owner inside a step ms,
---       16 claiming marker ttl ms
+--       16 claiming marker ttl ms, 17 the deployment's public name, 18 the runner's
+--       deployment uid
 -- Returns {{id, work, id, work, ...}, {cancelled ids...}, synchronous requests still queued,
--- job attempts still queued} (the third tells a runner full of jobs to yield one of them,
--- see job_yield.lua; both, with none, that a busy runner may wait for news, see
--- work_news.py).
+-- job attempts still queued, 1 when the runner's deployment is gone else 0} (the third
+-- tells a runner full of jobs to yield one of them, see job_yield.lua; both, with none,
+-- that a busy runner may wait for news, see work_news.py).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cancels = redis.call('SMEMBERS', KEYS[3])
 if #cancels > 0 then redis.call('DEL', KEYS[3]) end
 local claimed = {}
 local got = 0
+
+if KEYS[10] then
+  local current = redis.call('HGET', KEYS[10], ARGV[17]) or ''
+  if current ~= (ARGV[18] or '') then
+    redis.call('HSET', KEYS[4], 'free_slots', 0, 'polled_ms', now)
+    return {claimed, cancels, 0, 0, 1}
+  end
+end
 
 local affinity_ms = tonumber(ARGV[9] or '0')
 local step_wait_ms = math.max(affinity_ms, tonumber(ARGV[15] or '0'))
@@ -137,4 +153,4 @@ if KEYS[9] and want > got then
 end
 local jobs_queued = 0
 if KEYS[6] then jobs_queued = redis.call('ZCARD', KEYS[6]) end
-return {claimed, cancels, redis.call('ZCARD', KEYS[1]), jobs_queued}
+return {claimed, cancels, redis.call('ZCARD', KEYS[1]), jobs_queued, 0}
