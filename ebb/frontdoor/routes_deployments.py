@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 from ebb.engine_options import DTYPES, GpuCapacity, check_engine
 from ebb.engines import EngineRegistry
-from ebb.errors import Conflict, InvalidRequest
+from ebb.errors import Conflict, InvalidRequest, NotFound
 from ebb.frontdoor import tenancy
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
@@ -388,7 +388,9 @@ async def patch_deployment(
     spec = msgspec.structs.replace(spec, **body.changes(spec.engine, spec.serving))
     _check_bounds(spec)
     await _check_engine(services.state, spec)
-    await tenancy.store(services, caller, spec, create_only=False)
+    if not await tenancy.store(services, caller, spec, create_only=False):
+        # Deleted (and perhaps created again by someone else) since it was read.
+        raise NotFound(f"No deployment {name!r}: it was deleted.", param="name")
     await services.state.wake(spec.name)
     return await deployment_view(services.state, spec)
 

@@ -415,6 +415,9 @@ def _new_record(
         price_per_1m_input_tokens_micros=spec.price_per_1m_input_tokens_micros,
         price_per_1m_output_tokens_micros=spec.price_per_1m_output_tokens_micros,
         traceparent=traceparent,
+        # Bound to this deployment, retries too: a runner of a later deployment of the
+        # same name fails the attempt instead of running it (ServingLoop._admit).
+        deployment_uid=spec.uid,
     )
     webhook = payload.webhook
     return JobRecord(

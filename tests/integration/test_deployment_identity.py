@@ -15,6 +15,7 @@ from billing_support import gpu_segments, new_key, raw_usage, tenant_client
 from support import Platform, deploy, deployment, wait_until
 
 from ebb.queue import keys
+from ebb.queue.schema import decode_work
 
 pytestmark = pytest.mark.integration
 
@@ -109,6 +110,12 @@ def test_deleting_a_deployment_fails_its_queued_job_with_the_reason(platform, ad
     submitted = admin.post("/v1/jobs", json=body)
     assert submitted.status_code == 202, submitted.text
     job_id = submitted.json()["id"]
+    # Its attempts carry the deployment's uid, so a retry after the name was created again
+    # is failed by the new deployment's runner instead of run there.
+    r = platform.redis()
+    request_id = r.hget(keys.job(job_id), "request_id").decode()
+    work = decode_work(r.hget(keys.request(request_id), "work"))
+    assert work.deployment_uid and work.deployment_uid == deployment(admin, "doomed-jobs")["uid"]
     assert admin.delete("/v1/deployments/doomed-jobs").status_code == 200
 
     def settled() -> dict | None:
