@@ -126,6 +126,9 @@ class Settings(BaseSettings):
     launcher: str = "local"
     k8s_namespace: str = "ebb"
     k8s_runner_image: str = "ebb:cpu"
+    # A PodTemplate whose "runner" container's image replaces k8s_runner_image: kustomize's
+    # `images:` rewrites it (infra/base/runner.yaml), where it leaves a ConfigMap alone.
+    k8s_runner_template: str = ""
     k8s_platform: str = "ebb"
     k8s_env_secret: str = "ebb-platform"
     k8s_weights_host_path: str = "/var/lib/ebb/weights"

@@ -59,6 +59,22 @@ HOME = "/home/ebb"  # writable (an emptyDir): the root filesystem is read-only
 # never the admin key, the metrics token or an API key: a runner reads tenant input.
 RUNNER_SECRET_KEYS = ("EBB_REDIS_URL", "EBB_SECRETS_KEY")
 FORBIDDEN_RUNNER_SECRETS = frozenset({"EBB_ADMIN_KEY", "EBB_METRICS_TOKEN", "EBB_API_KEY"})
+# The policy checks (checkov) a runner pod does not meet, each with its reason, on the
+# pod itself: a platform team scanning the cluster reads why.
+POLICY_SKIPS = {
+    "CKV_K8S_8": "a runner's liveness is its heartbeat in Redis: the controller ends a "
+    "runner whose heartbeat stops",
+    "CKV_K8S_15": "IfNotPresent: a node pulls the multi-GB runner image once",
+    "CKV_K8S_35": "ebb reads settings from the environment; only EBB_REDIS_URL and "
+    "EBB_SECRETS_KEY come from the Secret",
+    "CKV_K8S_43": "the runner image is the operator's (EBB_K8S_RUNNER_TEMPLATE): pin a "
+    "digest there",
+}
+NO_CPU_LIMIT_SKIP = (
+    "CKV_K8S_11",
+    "no CPU limit unless EBB_K8S_RUNNER_CPU_LIMIT: "
+    "throttling slows every request; the CPU request reserves what it needs",
+)
 
 
 @dataclass(frozen=True)
@@ -128,6 +144,17 @@ class RunnerShape:
     # The process's memory, /dev/shm excluded; None: the template's `memory_bytes`.
     memory_bytes: int | None = None
     accelerator: str = ""  # a value of the template's accelerator label; "": any node
+
+
+def runner_image_of(pod_template: dict[str, Any]) -> str:
+    """The image of the "runner" container of a PodTemplate object (infra/base/runner.yaml);
+    ValueError when it has none."""
+    spec = ((pod_template.get("template") or {}).get("spec")) or {}
+    for c in spec.get("containers") or []:
+        if c.get("name") == "runner" and c.get("image"):
+            return str(c["image"])
+    name = (pod_template.get("metadata") or {}).get("name")
+    raise ValueError(f"PodTemplate {name!r} has no container named 'runner' with an image")
 
 
 def pod_name(runner_id: str) -> str:
@@ -232,9 +259,22 @@ def runner_pod(
             "name": pod_name(runner_id),
             "namespace": template.namespace,
             "labels": labels,
-            "annotations": {ANNOTATION_DEPLOYMENT: deployment or ""},
+            "annotations": {
+                ANNOTATION_DEPLOYMENT: deployment or "",
+                **_policy_skips(template),
+            },
         },
         "spec": spec,
+    }
+
+
+def _policy_skips(template: PodTemplate) -> dict[str, str]:
+    skips = dict(POLICY_SKIPS)
+    if not template.cpu_limit:
+        skips.update([NO_CPU_LIMIT_SKIP])
+    return {
+        f"checkov.io/skip{i}": f"{check}={why}"
+        for i, (check, why) in enumerate(sorted(skips.items()), 1)
     }
 
 

@@ -13,7 +13,8 @@ platform (a new leader watches the old leader's runners), and `stop_all` leaves 
 running unless `stop_runners_on_exit` (the next leader takes them over).
 
 The verbs it needs, and no more (infra/base/rbac.yaml): pods create, get, list, watch,
-delete; pods/log get; events list; nodes list.
+delete; pods/log get; events list; nodes list; and get on the one PodTemplate that names
+the runner image (`read_runner_image`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from ebb.coldstart.k8s_pods import (
     pod_end,
     pod_name,
     runner_id_of,
+    runner_image_of,
     runner_pod,
     unschedulable,
 )
@@ -355,6 +357,12 @@ class KubernetesLauncher:
         except ApiException as e:
             if e.status != 404:
                 log.warning("coldstart: deleting pod of %s failed: %s", runner_id, _api_error(e))
+
+
+def read_runner_image(api: Any, namespace: str, template_name: str) -> str:
+    """The runner image the cluster's PodTemplate `template_name` names (k8s_pods)."""
+    raw = api.read_namespaced_pod_template(template_name, namespace, _preload_content=False)
+    return runner_image_of(_json(raw))
 
 
 def _json(response: Any) -> dict[str, Any]:

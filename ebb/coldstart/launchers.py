@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -44,7 +45,7 @@ def _kubernetes(settings: Settings) -> Launcher:
 
     from ebb.coldstart.k8s_pods import PodTemplate
     from ebb.coldstart.k8s_shapes import runner_shape
-    from ebb.coldstart.launch_k8s import KubernetesLauncher
+    from ebb.coldstart.launch_k8s import KubernetesLauncher, read_runner_image
     from ebb.engines import EngineRegistry
 
     config.load_incluster_config()
@@ -59,9 +60,14 @@ def _kubernetes(settings: Settings) -> Launcher:
         spec = None if deployment is None else read_deployment(specs, deployment)
         return runner_shape(settings, engines, spec)
 
+    api = client.CoreV1Api()
+    template = PodTemplate.from_settings(settings)
+    if settings.k8s_runner_template:
+        image = read_runner_image(api, settings.k8s_namespace, settings.k8s_runner_template)
+        template = dataclasses.replace(template, image=image)
     pods = KubernetesLauncher(
-        client.CoreV1Api(),
-        PodTemplate.from_settings(settings),
+        api,
+        template,
         shape_for=shape_for,
         unschedulable_after_s=settings.k8s_unschedulable_timeout_s,
     )

@@ -15,7 +15,11 @@ from launcher_contract import check_launch_exit_once, collect
 from support import wait_until
 
 from ebb.coldstart.k8s_pods import GIB, PodTemplate, RunnerShape, pod_name
-from ebb.coldstart.launch_k8s import CACHED_SOURCES_ANNOTATION, KubernetesLauncher
+from ebb.coldstart.launch_k8s import (
+    CACHED_SOURCES_ANNOTATION,
+    KubernetesLauncher,
+    read_runner_image,
+)
 from ebb.coldstart.placement import Placement
 from ebb.coldstart.placing import PreferringLauncher
 from ebb.coldstart.tiers import Tier
@@ -271,3 +275,23 @@ def test_nodes_report_free_gpus_and_cached_weights(k8s):
     preferred = pod.spec.affinity.node_affinity.preferred_during_scheduling_ignored_during_execution
     assert preferred[0].preference.match_expressions[0].values == ["a"]
     launcher.stop_all(grace_s=0)
+
+
+def test_the_runner_image_is_read_from_the_clusters_pod_template(k8s):
+    template = {
+        "metadata": {"name": "ebb-runner"},
+        "template": {
+            "spec": {"containers": [{"name": "runner", "image": "registry.example.com/ebb:cuda-2"}]}
+        },
+    }
+    k8s.create_namespaced_pod_template(NS, template)
+    assert read_runner_image(k8s, NS, "ebb-runner") == "registry.example.com/ebb:cuda-2"
+    k8s.create_namespaced_pod_template(
+        NS,
+        {
+            "metadata": {"name": "empty"},
+            "template": {"spec": {"containers": [{"name": "x", "image": "y"}]}},
+        },
+    )
+    with pytest.raises(ValueError, match="no container named 'runner'"):
+        read_runner_image(k8s, NS, "empty")
