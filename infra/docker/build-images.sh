@@ -53,30 +53,33 @@ build() {  # build NAME DOCKERFILE [extra buildah args]
   local name=$1 file=$2
   shift 2
   stamp "build $name ($file)"
-  buildah bud --isolation chroot --network host --layers --build-arg "BASE_IMAGE=$BASE" \
+  buildah bud --isolation chroot --network host --layers --format docker --build-arg "BASE_IMAGE=$BASE" \
     -f "$file" -t "$name" "$@" . 2>&1 | tee "$WORK/build-${name//[:\/]/-}.log" | grep -E '^(STEP|COMMIT|Error)' || true
   "${podman[@]}" image exists "$name" || { stamp "build of $name failed: $WORK/build-${name//[:\/]/-}.log"; exit 1; }
 }
 
+CID=""
+stop_container() { if [ -n "$CID" ]; then "${podman[@]}" stop -t 5 "$CID" >/dev/null 2>&1 || true; fi; }
+trap stop_container EXIT
+
 answer_paris() {
-  local key cid reply
+  local key reply
   key=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
   stamp "run ebb:cpu (ebb up) on 127.0.0.1:$PORT"
-  cid=$("${podman[@]}" run -d --rm -p "127.0.0.1:$PORT:8000" \
+  CID=$("${podman[@]}" run -d --rm -p "127.0.0.1:$PORT:8000" \
     -e EBB_HOST=0.0.0.0 -e EBB_ADMIN_KEY="$key" ebb:cpu ebb up)
-  trap '"${podman[@]}" stop -t 5 "$cid" >/dev/null 2>&1 || true' EXIT
   for _ in $(seq 1 180); do  # the model's conversion and first load: minutes on 2 cores
     reply=$(curl -sf -m 120 "http://127.0.0.1:$PORT/v1/chat/completions" \
       -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
       -d '{"model": "smollm2-135m-instruct", "temperature": 0, "max_tokens": 20,
            "messages": [{"role": "user", "content": "What is the capital of France?"}]}' || true)
     if [ -n "$reply" ]; then break; fi
-    "${podman[@]}" container exists "$cid" || { stamp "the container exited"; exit 1; }
+    "${podman[@]}" container exists "$CID" || { stamp "the container exited"; exit 1; }
     sleep 5
   done
   echo "$reply"
   if grep -q Paris <<<"$reply"; then stamp "ebb:cpu answered Paris"; else
-    "${podman[@]}" logs "$cid" 2>&1 | tail -40; stamp "no Paris"; exit 1
+    "${podman[@]}" logs "$CID" 2>&1 | tail -40; stamp "no Paris"; exit 1
   fi
 }
 
