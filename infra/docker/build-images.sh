@@ -91,7 +91,10 @@ fi
 if [ "$WHICH" != cpu ]; then
   build ebb-runner:cuda infra/docker/Dockerfile.cuda
   "${podman[@]}" run --rm ebb-runner:cuda python -c \
-    'import vllm, shutil; assert shutil.which("gcc"); print("vllm", vllm.__version__, "gcc ok")'
+    'import os, shutil, sysconfig, vllm
+assert shutil.which("gcc"), "Triton needs a C compiler"
+assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")), "and the headers"
+print("vllm", vllm.__version__, "imports without a GPU; gcc and Python.h present")'
 fi
 if [ "$WHICH" != cuda ]; then answer_paris; fi
 stamp "done"
