@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # Packages `make lint` type-checks (strict, see [tool.mypy] in pyproject.toml).
 MYPY_STRICT := ebb/queue ebb/coldstart ebb/runners ebb/billing ebb/engines.py ebb/testing
 
-.PHONY: install run test test-unit test-integration test-e2e lint format bench bench-metering clean redis-server chromium cluster-tools prometheus
+.PHONY: install policy-tools images run test test-unit test-integration test-e2e lint format bench bench-metering clean redis-server chromium cluster-tools prometheus
 
 install: $(STAMP) redis-server
 
@@ -53,6 +53,24 @@ cluster-tools:
 	  echo "installing util-linux and iproute2"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq util-linux iproute2; }
 
+# checkov (the policy checks over infra/ and the runner pods) in a venv of its own: its
+# pins (packaging<24, boto3==1.35.49) conflict with pytest's and ebb's.
+POLICY_VENV ?= .venv-policy
+CHECKOV_VERSION := 3.3.30
+export EBB_CHECKOV ?= $(abspath $(POLICY_VENV))/bin/checkov
+policy-tools: $(POLICY_VENV)/.installed
+
+$(POLICY_VENV)/.installed: Makefile
+	test -x $(POLICY_VENV)/bin/python || $(PYTHON) -m venv $(POLICY_VENV)
+	$(POLICY_VENV)/bin/pip install -q "checkov>=$(CHECKOV_VERSION)"
+	touch $@
+
+# Both images, built with buildah on a base made from Debian packages (no registry is
+# reachable here), then the CPU image run with podman: `ebb up` inside answers "Paris"
+# through a published port on 127.0.0.1. Slow (GBs of packages): not part of `make test`.
+images:
+	nice -n 19 infra/docker/build-images.sh
+
 run: install
 	$(VENV)/bin/ebb up
 
@@ -66,7 +84,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format ebb tests bench
 	$(VENV)/bin/ruff check --fix ebb tests bench
 
-test: install chromium prometheus cluster-tools lint
+test: install chromium prometheus cluster-tools policy-tools lint
 	$(PY) -m pytest -ra $(PYTEST_ARGS) tests
 
 test-unit: install

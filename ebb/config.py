@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -35,6 +35,10 @@ _BYTE_UNITS = {
     "tib": 2**40,
 }
 _BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+# Byte settings an empty value unsets (no limit); the others need a number.
+_OPTIONAL_BYTES = frozenset({"weights_cache_bytes", "sleep_host_ram_bytes"})
 
 
 def parse_bytes(text: str, name: str) -> int:
@@ -122,11 +126,39 @@ class Settings(BaseSettings):
     launcher: str = "local"
     k8s_namespace: str = "ebb"
     k8s_runner_image: str = "ebb:cpu"
+    # A PodTemplate whose "runner" container's image replaces k8s_runner_image: kustomize's
+    # `images:` rewrites it (infra/base/runner.yaml), where it leaves a ConfigMap alone.
+    k8s_runner_template: str = ""
     k8s_platform: str = "ebb"
     k8s_env_secret: str = "ebb-platform"
     k8s_weights_host_path: str = "/var/lib/ebb/weights"
     k8s_gpu_resource: str = "nvidia.com/gpu"
     k8s_gpus_per_runner: int = 0
+    # What a runner pod asks of its node. CPU as a Kubernetes quantity ("" limit: none).
+    # Memory (request = limit) is sized per deployment: EBB_K8S_RUNNER_MEMORY_BASE_BYTES
+    # for the process (Python, torch, the engine) plus the weights a sleeping runner holds
+    # in host RAM plus its /dev/shm; a deployment's engine.host_memory_gib replaces it. A
+    # stem's model is not known when its pod is made: EBB_K8S_STEM_MEMORY_BYTES.
+    k8s_runner_cpu: str = "2"
+    k8s_runner_cpu_limit: str = ""
+    k8s_runner_memory_base_bytes: int = 4 * 2**30
+    k8s_stem_memory_bytes: int = 16 * 2**30
+    # A memory-backed /dev/shm per GPU (NCCL and vLLM's workers exchange through it).
+    k8s_runner_shm_bytes_per_gpu: int = 2**30
+    # Where runner pods may go (JSON): tolerations, a nodeSelector, a nodeAffinity, and
+    # the runtime class and priority class they run with ("": the cluster's default).
+    k8s_runner_tolerations: list[dict[str, Any]] = []
+    k8s_runner_node_selector: dict[str, str] = {}
+    k8s_runner_node_affinity: dict[str, Any] = {}
+    k8s_runner_runtime_class: str = ""
+    k8s_runner_priority_class: str = ""
+    # The node label a deployment's engine.accelerator is matched against.
+    k8s_accelerator_label: str = "nvidia.com/gpu.product"
+    # The ConfigMap whose settings runner pods read (the platform's EBB_ settings).
+    k8s_config_map: str = "ebb-config"
+    # A runner pod no node can take ends after this long; a cluster-autoscaler scale-up
+    # for it (a TriggeredScaleUp event) restarts the wait: a GPU node takes minutes.
+    k8s_unschedulable_timeout_s: float = 900.0
     # EBB_LAUNCHER=ray: the cluster's address and what every runner actor asks of a node.
     ray_address: str = "auto"
     ray_runner_resources: str = "{}"  # JSON, e.g. {"gpu_pool_a": 1}
@@ -335,11 +367,19 @@ class Settings(BaseSettings):
             raise ValueError("EBB_PORT must be between 1 and 65535")
         return value
 
-    @field_validator("weights_cache_bytes", "sleep_host_ram_bytes", "max_body_bytes", mode="before")
+    @field_validator(
+        "weights_cache_bytes",
+        "sleep_host_ram_bytes",
+        "max_body_bytes",
+        "k8s_runner_memory_base_bytes",
+        "k8s_stem_memory_bytes",
+        "k8s_runner_shm_bytes_per_gpu",
+        mode="before",
+    )
     @classmethod
     def _parse_bytes(cls, value: object, info: ValidationInfo) -> object:
         if isinstance(value, str):
-            if not value.strip() and info.field_name != "max_body_bytes":
+            if not value.strip() and info.field_name in _OPTIONAL_BYTES:
                 return None
             return parse_bytes(value, f"EBB_{info.field_name.upper()}")
         return value

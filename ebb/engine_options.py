@@ -8,6 +8,7 @@ option as the API spells it (`engine.dtype`, ...).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -18,6 +19,9 @@ from ebb.queue.schema import EngineSpec
 GIB = 1024**3
 DTYPES = ("auto", "float16", "bfloat16", "float32")
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
+# A Kubernetes label value: what engine.accelerator is matched against on nodes.
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
+MAX_HOST_MEMORY_GIB = 4096
 # The quantization methods of vLLM 0.32 that run on each platform: on CUDA its GPU
 # kernels (Marlin, FP8, ...); on CPU only the weight-only integer formats its CPU build
 # has kernels for.
@@ -67,6 +71,7 @@ def check_engine(engine: EngineSpec, *, max_concurrency: int, capacity: GpuCapac
     _check_quantization(engine, capacity)
     _check_parallelism(engine, capacity)
     _check_memory(engine, capacity)
+    _check_cluster_shape(engine)
     if engine.max_num_seqs is not None and engine.max_num_seqs < max_concurrency:
         raise _invalid(
             f"engine.max_num_seqs ({engine.max_num_seqs}) is below max_concurrency "
@@ -142,6 +147,23 @@ def _check_memory(engine: EngineSpec, capacity: GpuCapacity) -> None:
             f"{per_device / GIB:.1f} GiB per GPU, more than the largest GPU "
             f"({largest / GIB:.1f} GiB): lower it or raise tensor_parallel_size.",
             "gpu_memory_gib",
+        )
+
+
+def _check_cluster_shape(engine: EngineSpec) -> None:
+    accelerator = engine.accelerator
+    if accelerator is not None and not _LABEL_VALUE.fullmatch(accelerator):
+        raise _invalid(
+            f"engine.accelerator {accelerator[:80]!r} is not a node label value: at most 63 "
+            "letters, digits, '-', '_' or '.', starting and ending with a letter or digit "
+            "(e.g. NVIDIA-A100-SXM4-80GB).",
+            "accelerator",
+        )
+    memory = engine.host_memory_gib
+    if memory is not None and not 0 < memory <= MAX_HOST_MEMORY_GIB:
+        raise _invalid(
+            f"engine.host_memory_gib must be more than 0 and at most {MAX_HOST_MEMORY_GIB}.",
+            "host_memory_gib",
         )
 
 

@@ -3,7 +3,8 @@
 A `Launcher` and the placement contract (`placement.py`): `launch_on` creates the runner's
 Pod (`k8s_pods.runner_pod`), preferring the node placement chose; `poll` reports each
 runner's end exactly once — a container that exited, or a pod that will never start
-(an image that cannot be pulled, no node that fits it for `unschedulable_after_s`, an
+(an image that cannot be pulled, no node that fits it for `unschedulable_after_s` —
+a cluster-autoscaler scale-up for it, a TriggeredScaleUp event, restarts that wait —, an
 OOM kill, an eviction) — with the pod's events and last log lines as the reason, and
 deletes the pod. Pods are watched (list, then watch, re-listing on every reconnect).
 
@@ -12,7 +13,8 @@ platform (a new leader watches the old leader's runners), and `stop_all` leaves 
 running unless `stop_runners_on_exit` (the next leader takes them over).
 
 The verbs it needs, and no more (infra/base/rbac.yaml): pods create, get, list, watch,
-delete; pods/log get; events list; nodes list.
+delete; pods/log get; events list; nodes list; and get on the one PodTemplate that names
+the runner image (`read_runner_image`).
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ from ebb.coldstart.k8s_pods import (
     LABEL_APP,
     LABEL_PLATFORM,
     PodTemplate,
+    RunnerShape,
     platform_selector,
     pod_end,
     pod_name,
     runner_id_of,
+    runner_image_of,
     runner_pod,
     unschedulable,
 )
@@ -49,6 +53,7 @@ log = logging.getLogger(__name__)
 
 _LOG_TAIL_LINES = 20
 _DETAIL_MAX_CHARS = 2000
+SCALE_UP_REASON = "TriggeredScaleUp"  # cluster-autoscaler: a node for this pod is coming
 
 
 class KubernetesLauncher:
@@ -58,22 +63,24 @@ class KubernetesLauncher:
         template: PodTemplate,
         *,
         gpus_for: Callable[[str | None], int] = lambda deployment: 0,
-        unschedulable_after_s: float = 120.0,
+        shape_for: Callable[[str | None], RunnerShape] | None = None,
+        unschedulable_after_s: float = 900.0,
         stop_runners_on_exit: bool = False,
         watch_pods: bool = True,
         watch_timeout_s: float = 60.0,
     ):
-        """`api`: a `kubernetes.client.CoreV1Api`; `gpus_for(deployment)`: the GPUs a
-        runner of it requests (a stem: None)."""
+        """`api`: a `kubernetes.client.CoreV1Api`; `shape_for(deployment)`: what a runner
+        of it asks of its node (a stem: None), else only `gpus_for(deployment)` GPUs."""
         self._api = api
         self._t = template
-        self._gpus_for = gpus_for
+        self._shape_for = shape_for or (lambda deployment: RunnerShape(gpus=gpus_for(deployment)))
         self._unschedulable_after_s = unschedulable_after_s
         self._stop_on_exit = stop_runners_on_exit
         self._lock = threading.Lock()
         self._pods: dict[str, dict[str, Any]] = {}  # runner id -> last seen pod
         self._mine: set[str] = set()  # launched or adopted, end not reported yet
-        self._stuck_since: dict[str, float] = {}  # runner id -> first seen unschedulable
+        self._stuck_since: dict[str, float] = {}  # runner id -> unschedulable since
+        self._scale_ups: dict[str, set[tuple[str, int]]] = {}  # runner id -> events seen
         self._exits: list[Exit] = []
         self._closing = threading.Event()
         self._watch_timeout_s = watch_timeout_s
@@ -98,7 +105,7 @@ class KubernetesLauncher:
             runner_id,
             deployment,
             tier,
-            gpus=self._gpus_for(deployment),
+            shape=self._shape_for(deployment),
             placement=placement,
         )
         self._create(runner_id, pod, f"{deployment or ''!r} ({tier})", placement.node or "any node")
@@ -124,7 +131,7 @@ class KubernetesLauncher:
             runner_id,
             None,
             Tier.PREWARMED,
-            gpus=pool.gpus,
+            shape=RunnerShape(gpus=pool.gpus),
             placement=Placement(),
             pool=pool.name,
         )
@@ -133,19 +140,59 @@ class KubernetesLauncher:
     def poll(self) -> list[Exit]:
         if self._watcher is None:
             self.refresh()
-        ended: list[tuple[str, str, int]] = []
+        ended: list[tuple[str, str, int, bool]] = []
         with self._lock:
             for runner_id in list(self._mine):
                 pod = self._pods.get(runner_id)
                 end = self._end_of(runner_id, pod)
                 if end is not None:
-                    self._mine.discard(runner_id)
                     ended.append((runner_id, *end))
             exits, self._exits = self._exits, []
-        for runner_id, reason, code in ended:
+        for runner_id, reason, code, unplaced in ended:
+            if unplaced and self._scaling_up(runner_id):
+                continue
+            with self._lock:
+                self._mine.discard(runner_id)
+                self._stuck_since.pop(runner_id, None)
+                self._scale_ups.pop(runner_id, None)
             exits.append(Exit(runner_id, code, self._detail(runner_id, reason)))
             self._delete(runner_id, grace_s=0)
         return exits
+
+    def _scaling_up(self, runner_id: str) -> bool:
+        """Whether the cluster autoscaler started a node for this pod since we last
+        looked (a TriggeredScaleUp event not seen before): then its wait starts over."""
+        try:
+            events = self._events(pod_name(runner_id))
+        except ApiException as e:
+            log.warning("coldstart: events of %s unreadable: %s", runner_id, _api_error(e))
+            return False
+        fresh = {
+            (str((e.get("metadata") or {}).get("name", "")), int(e.get("count") or 1))
+            for e in events
+            if e.get("reason") == SCALE_UP_REASON
+        }
+        with self._lock:
+            seen = self._scale_ups.setdefault(runner_id, set())
+            if not fresh - seen:
+                return False
+            seen |= fresh
+            self._stuck_since[runner_id] = time.monotonic()
+        log.info("coldstart: pod of %s waits for a node the autoscaler adds", runner_id)
+        return True
+
+    def _events(self, name: str) -> list[dict[str, Any]]:
+        """The events of one pod (checked here too: a field selector may be ignored)."""
+        raw = _json(
+            self._api.list_namespaced_event(
+                self._t.namespace,
+                field_selector=f"involvedObject.name={name}",
+                _preload_content=False,
+            )
+        )
+        return [
+            e for e in raw.get("items", []) if (e.get("involvedObject") or {}).get("name") == name
+        ]
 
     def alive(self, runner_id: str) -> bool:
         with self._lock:
@@ -218,6 +265,7 @@ class KubernetesLauncher:
             self._pods = pods
             for runner_id in gone:
                 self._stuck_since.pop(runner_id, None)
+                self._scale_ups.pop(runner_id, None)
 
     def _watch(self) -> None:
         while not self._closing.is_set():
@@ -266,20 +314,21 @@ class KubernetesLauncher:
             return None
         return runner_id_of(pod)
 
-    def _end_of(self, runner_id: str, pod: dict[str, Any] | None) -> tuple[str, int] | None:
-        """(reason, code) if the runner's pod is over; called with the lock held."""
+    def _end_of(self, runner_id: str, pod: dict[str, Any] | None) -> tuple[str, int, bool] | None:
+        """(reason, code, unschedulable) if the runner's pod is over, or has waited for a
+        node longer than it may; called with the lock held."""
         if pod is None:
-            return "the pod was deleted", -1
+            return "the pod was deleted", -1, False
         end = pod_end(pod)
         if end is not None:
-            return end.reason, end.code
+            return end.reason, end.code, False
         stuck = unschedulable(pod)
         if stuck is None:
             self._stuck_since.pop(runner_id, None)
             return None
         since = self._stuck_since.setdefault(runner_id, time.monotonic())
         if time.monotonic() - since >= self._unschedulable_after_s:
-            return stuck, -1
+            return stuck, -1, True
         return None
 
     def _detail(self, runner_id: str, reason: str) -> str:
@@ -287,16 +336,8 @@ class KubernetesLauncher:
         name = pod_name(runner_id)
         lines = [f"pod {name}: {reason}"]
         try:
-            events = _json(
-                self._api.list_namespaced_event(
-                    self._t.namespace,
-                    field_selector=f"involvedObject.name={name}",
-                    _preload_content=False,
-                )
-            )
-            for e in events.get("items", []):
-                if (e.get("involvedObject") or {}).get("name") == name:
-                    lines.append(f"event {e.get('reason', '')}: {e.get('message', '')}")
+            for e in self._events(name):
+                lines.append(f"event {e.get('reason', '')}: {e.get('message', '')}")
         except ApiException as e:
             lines.append(f"(events unavailable: {_api_error(e)})")
         try:
@@ -316,6 +357,12 @@ class KubernetesLauncher:
         except ApiException as e:
             if e.status != 404:
                 log.warning("coldstart: deleting pod of %s failed: %s", runner_id, _api_error(e))
+
+
+def read_runner_image(api: Any, namespace: str, template_name: str) -> str:
+    """The runner image the cluster's PodTemplate `template_name` names (k8s_pods)."""
+    raw = api.read_namespaced_pod_template(template_name, namespace, _preload_content=False)
+    return runner_image_of(_json(raw))
 
 
 def _json(response: Any) -> dict[str, Any]:

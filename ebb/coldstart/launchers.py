@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -17,6 +19,9 @@ from ebb.config import Settings
 from ebb.queue.connection import sync_client
 from ebb.queue.deployment_lookup import read_deployment
 from ebb.queue.node_caches import read_node_caches
+
+if TYPE_CHECKING:
+    from ebb.coldstart.k8s_pods import RunnerShape
 
 
 def make_launcher(settings: Settings) -> tuple[Launcher, WarmStarts]:
@@ -34,25 +39,33 @@ def _kubernetes(settings: Settings) -> Launcher:
     from kubernetes import client, config
 
     from ebb.coldstart.k8s_pods import PodTemplate
-    from ebb.coldstart.launch_k8s import KubernetesLauncher
+    from ebb.coldstart.k8s_shapes import runner_shape
+    from ebb.coldstart.launch_k8s import KubernetesLauncher, read_runner_image
+    from ebb.engines import EngineRegistry
 
     config.load_incluster_config()
-    template = PodTemplate(
-        namespace=settings.k8s_namespace,
-        image=settings.k8s_runner_image,
-        platform=settings.k8s_platform,
-        env_secret=settings.k8s_env_secret,
-        weights_host_path=settings.k8s_weights_host_path,
-        gpu_resource=settings.k8s_gpu_resource,
-        pool_label=settings.pool_label,
-    )
     specs = sync_client(settings.platform_redis_url("ebb coldstart"))
     per_runner = gpus_for_deployments(specs, settings.k8s_gpus_per_runner)
+    engines = EngineRegistry.from_settings(settings)
 
     def gpus_for(deployment: str | None) -> int:
         return math.ceil(per_runner(deployment))  # a pod asks for whole devices
 
-    pods = KubernetesLauncher(client.CoreV1Api(), template, gpus_for=gpus_for)
+    def shape_for(deployment: str | None) -> RunnerShape:
+        spec = None if deployment is None else read_deployment(specs, deployment)
+        return runner_shape(settings, engines, spec)
+
+    api = client.CoreV1Api()
+    template = PodTemplate.from_settings(settings)
+    if settings.k8s_runner_template:
+        image = read_runner_image(api, settings.k8s_namespace, settings.k8s_runner_template)
+        template = dataclasses.replace(template, image=image)
+    pods = KubernetesLauncher(
+        api,
+        template,
+        shape_for=shape_for,
+        unschedulable_after_s=settings.k8s_unschedulable_timeout_s,
+    )
 
     def source_of(deployment: str) -> str | None:
         spec = read_deployment(specs, deployment)

@@ -153,6 +153,19 @@ class Metrics:
         try:
             families = await self._scraped.read(state, ObservationReader(state.redis))
             families.append(_gauge("ebb_redis_up", "1 when /metrics could read Redis", 1))
+            memory = await state.memory()
+            families += [
+                _gauge(
+                    "ebb_redis_used_memory_bytes",
+                    "Redis's used memory",
+                    memory["used_memory_bytes"],
+                ),
+                _gauge(
+                    "ebb_redis_maxmemory_bytes",
+                    "Redis's maxmemory (0: none)",
+                    memory["maxmemory_bytes"],
+                ),
+            ]
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
             families = [_gauge("ebb_redis_up", "1 when /metrics could read Redis", 0)]
         if self.weights_dir is not None:

@@ -183,6 +183,11 @@ class EngineSpec(msgspec.Struct, kw_only=True, frozen=True):
     enable_prefix_caching: bool | None = None
     gpu_memory_gib: float | None = None
     enforce_eager: bool | None = None  # None: eager on CPU, CUDA graphs on GPUs
+    # On a cluster: the GPU model its runner pods need (a node label's value, e.g.
+    # "NVIDIA-A100-SXM4-80GB" for nvidia.com/gpu.product); None: any node with GPUs.
+    accelerator: str | None = None
+    # On a cluster: a runner pod's host memory; None: sized from the model's weights.
+    host_memory_gib: float | None = None
 
 
 class ServingOptions(msgspec.Struct, kw_only=True, frozen=True):

@@ -94,6 +94,8 @@ def test_deploy_takes_every_field_and_show_prints_them_all(platform: Platform, t
         "enable_prefix_caching": False,
         "gpu_memory_gib": 3.0,
         "enforce_eager": True,
+        "accelerator": None,
+        "host_memory_gib": None,
     }
     assert created["serving"] == {
         "tool_parser": "hermes",

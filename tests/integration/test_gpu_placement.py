@@ -177,6 +177,8 @@ def test_engine_options_through_the_cli_and_api(admin, platform):
         "enable_prefix_caching": True,
         "gpu_memory_gib": 12.0,
         "enforce_eager": None,
+        "accelerator": None,
+        "host_memory_gib": None,
     }
     shown = platform.cli("deployments", "show", "opts")
     assert shown.returncode == 0, shown.stderr

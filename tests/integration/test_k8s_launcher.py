@@ -1,7 +1,9 @@
 """KubernetesLauncher against kmock's emulator with the official client: pods created with
 the runner's labels, GPU requests, node cache and readiness; status patches standing in
 for the kubelet (Pending -> Running -> Failed) reach it through the watch; failures end as
-exits with the pod's events and last log lines, once; a new launcher adopts live pods."""
+exits with the pod's events and last log lines, once; a pod no node takes ends after its
+wait unless the cluster autoscaler is adding a node for it; a new launcher adopts live
+pods."""
 
 from __future__ import annotations
 
@@ -12,8 +14,12 @@ from k8s_emulator import emulator
 from launcher_contract import check_launch_exit_once, collect
 from support import wait_until
 
-from ebb.coldstart.k8s_pods import PodTemplate, pod_name
-from ebb.coldstart.launch_k8s import CACHED_SOURCES_ANNOTATION, KubernetesLauncher
+from ebb.coldstart.k8s_pods import GIB, PodTemplate, RunnerShape, pod_name
+from ebb.coldstart.launch_k8s import (
+    CACHED_SOURCES_ANNOTATION,
+    KubernetesLauncher,
+    read_runner_image,
+)
 from ebb.coldstart.placement import Placement
 from ebb.coldstart.placing import PreferringLauncher
 from ebb.coldstart.tiers import Tier
@@ -100,6 +106,26 @@ def test_the_pod_carries_gpus_node_cache_readiness_and_no_parent_tie(k8s):
     launcher.stop_all(grace_s=0)
 
 
+def test_a_deployments_shape_reaches_its_pod_and_a_stem_keeps_the_templates(k8s):
+    shapes = {"big": RunnerShape(gpus=2, memory_bytes=60 * GIB, accelerator="NVIDIA-H100")}
+    launcher = launcher_on(k8s, shape_for=lambda d: shapes.get(d or "", RunnerShape()))
+    launcher.launch("r-big", "big", Tier.FRESH)
+    launcher.launch("r-stem", None, Tier.PREWARMED)
+    [pod] = pods_of(k8s, "r-big")
+    c = pod.spec.containers[0]
+    assert c.resources.limits == {"memory": f"{62 * 1024}Mi", "nvidia.com/gpu": "2"}
+    assert pod.spec.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100"}
+    assert [f.config_map_ref.name for f in c.env_from] == ["ebb-config"]
+    secrets = {e.name for e in c.env if e.value_from and e.value_from.secret_key_ref}
+    assert secrets == {"EBB_REDIS_URL", "EBB_SECRETS_KEY"}
+    assert pod.spec.security_context.seccomp_profile.type == "RuntimeDefault"
+    assert c.security_context.capabilities.drop == ["ALL"]
+    [stem] = pods_of(k8s, "r-stem")
+    assert stem.spec.containers[0].resources.limits == {"memory": f"{5 * 1024}Mi"}
+    assert stem.spec.node_selector is None
+    launcher.stop_all(grace_s=0)
+
+
 def test_oom_kill_fails_with_the_pods_events_and_last_log_lines(k8s):
     launcher = launcher_on(k8s)
     launcher.launch("r-oom", "m", Tier.FRESH)
@@ -147,6 +173,41 @@ def test_an_image_that_cannot_be_pulled_and_an_unschedulable_pod_end_as_failures
     assert "ImagePullBackOff" in by_id["r-image"].detail
     assert "Insufficient nvidia.com/gpu" in by_id["r-nogpu"].detail
     wait_until(lambda: not k8s.list_namespaced_pod(NS).items, 10, "both pods deleted")
+    launcher.stop_all(grace_s=0)
+
+
+def test_a_cluster_autoscaler_scale_up_restarts_the_wait_of_an_unschedulable_pod(k8s):
+    launcher = launcher_on(k8s, unschedulable_after_s=0, watch_pods=False)
+    launcher.launch("r-wait", "m", Tier.FRESH)
+    unschedulable = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.",
+    }
+    kubelet(k8s, "r-wait", {"phase": "Pending", "conditions": [unschedulable]})
+
+    def scale_up(count: int) -> None:
+        event = {
+            "metadata": {"name": "scale-up-1"},
+            "involvedObject": {"kind": "Pod", "name": pod_name("r-wait")},
+            "reason": "TriggeredScaleUp",
+            "message": "pod triggered scale-up: [{gpu-pool 0->1 (max: 4)}]",
+            "count": count,
+        }
+        if count == 1:
+            k8s.create_namespaced_event(NS, event)
+        else:
+            k8s.patch_namespaced_event("scale-up-1", NS, {"count": count})
+
+    scale_up(1)
+    assert launcher.poll() == [], "a node is on its way: the wait starts over"
+    assert launcher.alive("r-wait")
+    scale_up(2)
+    assert launcher.poll() == [], "the autoscaler tried again: progress too"
+    [exit_] = launcher.poll()  # nothing new since: the wait is over
+    assert exit_.runner_id == "r-wait" and "Insufficient nvidia.com/gpu" in exit_.detail
+    assert "event TriggeredScaleUp" in exit_.detail
     launcher.stop_all(grace_s=0)
 
 
@@ -214,3 +275,23 @@ def test_nodes_report_free_gpus_and_cached_weights(k8s):
     preferred = pod.spec.affinity.node_affinity.preferred_during_scheduling_ignored_during_execution
     assert preferred[0].preference.match_expressions[0].values == ["a"]
     launcher.stop_all(grace_s=0)
+
+
+def test_the_runner_image_is_read_from_the_clusters_pod_template(k8s):
+    template = {
+        "metadata": {"name": "ebb-runner"},
+        "template": {
+            "spec": {"containers": [{"name": "runner", "image": "registry.example.com/ebb:cuda-2"}]}
+        },
+    }
+    k8s.create_namespaced_pod_template(NS, template)
+    assert read_runner_image(k8s, NS, "ebb-runner") == "registry.example.com/ebb:cuda-2"
+    k8s.create_namespaced_pod_template(
+        NS,
+        {
+            "metadata": {"name": "empty"},
+            "template": {"spec": {"containers": [{"name": "x", "image": "y"}]}},
+        },
+    )
+    with pytest.raises(ValueError, match="no container named 'runner'"):
+        read_runner_image(k8s, NS, "empty")

@@ -138,6 +138,8 @@ def test_gpu_seconds_and_cold_starts_reach_metrics(admin, served):
     s = scrape(admin)
     assert s.value("ebb_cold_start_seconds_count", deployment=served, phase="total") >= 1
     assert s.value("ebb_redis_up") == 1
+    assert s.value("ebb_redis_used_memory_bytes") > 0
+    assert s.value("ebb_redis_maxmemory_bytes") >= 0
 
 
 def test_tenants_beyond_the_cap_are_counted_as_other(platform, admin, served):

@@ -94,3 +94,16 @@ def test_max_num_seqs_below_max_concurrency() -> None:
 def test_compiled_mode_is_refused_on_cpu() -> None:
     error = refusal(EngineSpec(enforce_eager=False), CPU)
     assert error.param == "engine.enforce_eager"
+
+
+def test_a_cluster_shape_is_a_node_label_value_and_a_sane_host_memory() -> None:
+    check_engine(
+        EngineSpec(accelerator="NVIDIA-A100-SXM4-80GB", host_memory_gib=64),
+        max_concurrency=1,
+        capacity=TWO_H100,
+    )
+    for hostile in ("a100\nx", "-a100", "a" * 64, "NVIDIA A100", "a100/80"):
+        assert refusal(EngineSpec(accelerator=hostile), CPU).param == "engine.accelerator"
+    for memory in (0, -1, 5000):
+        error = refusal(EngineSpec(host_memory_gib=memory), CPU)
+        assert error.param == "engine.host_memory_gib"
