@@ -91,7 +91,9 @@ async def add_version_2(state: PlatformState, name: str, *, share_pct: int) -> N
     """Version 2 with `share_pct` of the traffic (version 1 has the rest)."""
     store = VersionStore(state.redis)
     v2 = DeploymentSpec(name=name, source="fake://m?ctx=64")
-    await store.add(name, lambda n: VersionRecord(version=n, created_at_s=1.0, spec=v2))
+    await store.add(
+        name, lambda n: VersionRecord(version=n, created_at_s=1.0, spec=v2), max_versions=10
+    )
     weights = {1: 100 - share_pct, 2: share_pct}
     await store.update_split(name, lambda _: TrafficSplit(weights=weights))
 
