@@ -1,8 +1,9 @@
 // The Vercel AI SDK's default OpenAI provider, `openai(model)` (the Responses API),
-// pointed at ebb. Usage: node client.mjs text|stream|tool
+// pointed at ebb; `chat` uses its Chat Completions model instead (`openai.chat(model)`).
+// Usage: node client.mjs text|stream|tool|chat|object
 // Reads EBB_BASE_URL (…/v1), EBB_API_KEY, EBB_MODEL and EBB_PROMPT; prints one JSON object.
 import { createOpenAI } from "@ai-sdk/openai";
-import { generateText, jsonSchema, stepCountIs, streamText, tool } from "ai";
+import { generateObject, generateText, jsonSchema, stepCountIs, streamText, tool } from "ai";
 
 const openai = createOpenAI({
   baseURL: process.env.EBB_BASE_URL,
@@ -12,14 +13,15 @@ const model = openai(process.env.EBB_MODEL);
 const prompt = process.env.EBB_PROMPT ?? "What is the capital of France?";
 const weatherPrompt = "What is the weather in Paris?";
 const calls = [];
+const city = jsonSchema({
+  type: "object",
+  properties: { city: { type: "string" } },
+  required: ["city"],
+  additionalProperties: false,
+});
 const getWeather = tool({
   description: "Current weather of a city",
-  inputSchema: jsonSchema({
-    type: "object",
-    properties: { city: { type: "string" } },
-    required: ["city"],
-    additionalProperties: false,
-  }),
+  inputSchema: city,
   execute: async ({ city }) => {
     calls.push(city);
     return "Sunny, 21 degrees celsius.";
@@ -31,6 +33,15 @@ async function run(kind) {
   if (kind === "text") {
     const r = await generateText(common);
     return { text: r.text, finishReason: r.finishReason, usage: r.usage };
+  }
+  if (kind === "chat") {
+    const r = await generateText({ ...common, model: openai.chat(process.env.EBB_MODEL) });
+    return { text: r.text, finishReason: r.finishReason, usage: r.usage };
+  }
+  if (kind === "object") {
+    // Structured output: the Responses API's text.format json_schema.
+    const r = await generateObject({ ...common, schema: city });
+    return { object: r.object, finishReason: r.finishReason };
   }
   if (kind === "stream") {
     const r = streamText(common);
