@@ -69,7 +69,10 @@ def openai_checks(t: Target) -> dict[str, Check]:
 
     def chat() -> None:
         reply = c.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": FRANCE}], temperature=0
+            model=model,
+            messages=[{"role": "user", "content": FRANCE}],
+            temperature=0,
+            max_tokens=48,
         )
         assert "Paris" in (reply.choices[0].message.content or ""), reply
 
@@ -79,6 +82,7 @@ def openai_checks(t: Target) -> dict[str, Check]:
                 model=model,
                 messages=[{"role": "user", "content": FRANCE}],
                 temperature=0,
+                max_tokens=48,
                 stream=True,
                 stream_options={"include_usage": True},
             )
@@ -110,11 +114,13 @@ def openai_checks(t: Target) -> dict[str, Check]:
         assert "city" in json.loads(reply.choices[0].message.content or "")
 
     def responses() -> None:
-        reply = c.responses.create(model=model, input=FRANCE, temperature=0)
+        reply = c.responses.create(model=model, input=FRANCE, temperature=0, max_output_tokens=48)
         assert reply.status == "completed" and "Paris" in reply.output_text, reply
 
     def responses_stream() -> None:
-        with c.responses.stream(model=model, input=FRANCE, temperature=0) as stream:
+        with c.responses.stream(
+            model=model, input=FRANCE, temperature=0, max_output_tokens=48
+        ) as stream:
             types = [e.type for e in stream]
             final = stream.get_final_response()
         assert types[-1] == "response.completed" and "Paris" in final.output_text
@@ -122,14 +128,23 @@ def openai_checks(t: Target) -> dict[str, Check]:
     def responses_tool() -> None:
         forced = {"type": "function", "name": "get_weather"}
         first = c.responses.create(
-            model=model, input=WEATHER_QUESTION, tools=[RESPONSES_TOOL], tool_choice=forced
+            model=model,
+            input=WEATHER_QUESTION,
+            tools=[RESPONSES_TOOL],
+            tool_choice=forced,
+            max_output_tokens=100,
         )
         (call,) = first.output
         output = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"}
+        # The model may answer or call again (tool_choice "auto"); either is a second turn.
         second = c.responses.create(
-            model=model, previous_response_id=first.id, input=[output], tools=[RESPONSES_TOOL]
+            model=model,
+            previous_response_id=first.id,
+            input=[output],
+            tools=[RESPONSES_TOOL],
+            max_output_tokens=64,
         )
-        assert second.status == "completed" and second.output, second
+        assert second.previous_response_id == first.id and second.output, second
 
     return {
         "chat": chat,
