@@ -550,6 +550,46 @@ EMBEDDING_PACKED_ON_FIRST_GEMM = Patch(
 )
 
 
+def _sampler_module() -> Any:
+    import vllm.v1.sample.sampler as sampler
+
+    return sampler
+
+
+def _count_at_least(x: Any, values: Any) -> Any:
+    # vLLM's compiled batched_count_greater_than, eagerly: each row's count of entries at
+    # least its value (a sampled token's rank among the logprobs).
+    return (x >= values).sum(-1)
+
+
+def _logprob_ranks_check() -> str | None:
+    sampler = _sampler_module()
+    problem = callable_with(sampler, "batched_count_greater_than", ("x", "values"))
+    compiled = hasattr(sampler.batched_count_greater_than, "_torchdynamo_orig_callable")
+    if problem is None and not compiled:
+        problem = "sampler.batched_count_greater_than is no longer a torch.compile'd function"
+    return problem
+
+
+def _logprob_ranks_eager() -> None:
+    _sampler_module().batched_count_greater_than = _count_at_least
+
+
+# The sampler ranks each sampled token among the logprobs with a torch.compile'd function
+# (`batched_count_greater_than`), compiled by Inductor on the first request that asks for
+# logprobs: that request waited ~4 s (2 cores) for its first token against ~0.2 s for the
+# next. On CPU the eager comparison costs a (batch x vocab) bool tensor, a few MB, and
+# nothing to compile; warming the compiled one at load would move the 4 s into every cold
+# start. Optional: without it, a runner's first logprobs request pays the compile.
+LOGPROB_RANKS_EAGER = Patch(
+    name="logprob-ranks-eager",
+    required=False,
+    check=_logprob_ranks_check,
+    install=_logprob_ranks_eager,
+    without="a runner's first request with logprobs waits for Inductor to compile (~4 s)",
+)
+
+
 def apply_preload(*, cuda: bool) -> None:
     """Patch vLLM once its modules are imported (by the caller), while a stem waits.
 
@@ -561,6 +601,8 @@ def apply_preload(*, cuda: bool) -> None:
         apply(KV_CACHE_PAGES_ON_DEMAND)
         # Only vLLM's CPU platform packs embedding tables for a GEMM.
         apply(EMBEDDING_PACKED_ON_FIRST_GEMM)
+        # On a GPU the compiled kernel spares a (batch x vocab) copy of the logprobs.
+        apply(LOGPROB_RANKS_EAGER)
     apply(LOGGING_CONFIGURED_EARLY)
     apply(RENDERER_TOKENIZER_COPIES_ON_DEMAND)
 

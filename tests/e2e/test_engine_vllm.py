@@ -136,6 +136,19 @@ def test_n_choices_arrive_under_one_request(engine, prompt_ids):
     assert outputs[-1].completion_tokens == sum(per_choice)
 
 
+def test_the_first_logprobs_request_compiles_nothing(engine, prompt_ids):
+    # vLLM ranks sampled tokens with a torch.compile'd function that Inductor compiled on a
+    # runner's first logprobs request (~4 s to its first token on 2 cores, then ~0.2 s).
+    # Placed before every other logprobs request of this module: it is the engine's first.
+    from torch._dynamo.utils import counters
+
+    compiled_before = sum(counters["frames"].values())
+    sampling = SamplingSpec(max_tokens=2, temperature=0.0, logprobs=1)
+    deltas = choices(run(engine, prompt_ids(QUESTION), sampling, "first-logprobs"))[0]
+    assert all(d.logprobs for d in deltas)
+    assert sum(counters["frames"].values()) == compiled_before, dict(counters["frames"])
+
+
 def test_logprobs_have_top_alternatives(engine, prompt_ids):
     prompt = prompt_ids(QUESTION)
     sampling = SamplingSpec(max_tokens=4, temperature=0.0, logprobs=2)
@@ -248,6 +261,7 @@ def test_every_vllm_patch_applied_to_the_installed_vllm(engine):
             "embedding-packed-on-first-gemm",
             "cpu-kv-cache-space",
             "in-process-model-inspection",
+            "logprob-ranks-eager",
         }
     # omp-threads is left out: it applies only if torch was not imported before the engine,
     # and this test session may have imported it first.

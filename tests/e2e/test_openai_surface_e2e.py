@@ -1,9 +1,15 @@
 """The OpenAI surface beyond plain chat on the real vLLM engine and the default model,
-through the official `openai` client: vLLM's sampling extras, model facts, tool calls."""
+through the official `openai` client: vLLM's sampling extras, model facts, tool calls, the
+Responses API; and the clients that speak the Responses API by default (openai-agents, the
+Vercel AI SDK's `openai(model)`)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -269,3 +275,141 @@ def test_a_three_line_batch_to_completion(client):
         body = item["response"]["body"]
         assert item["response"]["status_code"] == 200 and body["object"] == "chat.completion"
         assert body["choices"][0]["message"]["content"] and body["usage"]["completion_tokens"] > 0
+
+
+# --- the Responses API and the clients that speak it by default --------------------------
+
+FRANCE = "What is the capital of France?"
+RESPONSES_WEATHER = {"type": "function", **WEATHER["function"], "strict": True}
+
+
+def test_responses_answer_paris(client):
+    reply = client.responses.create(
+        model=DEFAULT_MODEL_NAME, input=FRANCE, temperature=0, max_output_tokens=32
+    )
+    assert reply.status == "completed" and "Paris" in reply.output_text
+    assert reply.usage.output_tokens > 0 and reply.usage.input_tokens > 0
+
+
+def test_responses_streamed_with_its_event_types(client):
+    with client.responses.stream(
+        model=DEFAULT_MODEL_NAME, input=FRANCE, temperature=0, max_output_tokens=32
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    types = [e.type for e in events]
+    assert types[:2] == ["response.created", "response.in_progress"]
+    assert types[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) > 1 and "".join(deltas) == final.output_text
+    assert "Paris" in final.output_text
+
+
+def test_responses_function_tool_round_trip_by_previous_response_id(client):
+    first = client.responses.create(
+        model=DEFAULT_MODEL_NAME,
+        input="What is the weather in Paris?",
+        tools=[RESPONSES_WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"},
+        temperature=0,
+        max_output_tokens=100,
+    )
+    (call,) = first.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), SCHEMA)
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C."}
+    second = client.responses.create(
+        model=DEFAULT_MODEL_NAME,
+        previous_response_id=first.id,
+        input=[output],
+        tools=[RESPONSES_WEATHER],
+        tool_choice="none",
+        temperature=0,
+        max_output_tokens=48,
+    )
+    assert second.previous_response_id == first.id
+    assert [item.type for item in second.output] == ["message"] and second.output_text
+    # The question, the call and its output all went into the second prompt (which renders
+    # no tools: tool_choice is "none").
+    alone = client.responses.create(
+        model=DEFAULT_MODEL_NAME, input="What is the weather in Paris?", max_output_tokens=16
+    )
+    assert second.usage.input_tokens > alone.usage.input_tokens + len(output["output"].split())
+
+
+def test_an_openai_agents_agent_on_its_default_model(platform):
+    """openai-agents' default model (OpenAIResponsesModel) drives the real engine: a plain
+    answer, and a forced function tool whose result ends the run."""
+    import openai
+    from agents import Agent, ModelSettings, RunConfig, Runner, function_tool
+    from agents.models.openai_provider import OpenAIProvider
+
+    calls: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Current weather of a city."""
+        calls.append(city)
+        return "Sunny, 21 C."
+
+    api = openai.AsyncOpenAI(
+        base_url=platform.base_url + "/v1", api_key=platform.admin_key, timeout=300
+    )
+    config = RunConfig(model_provider=OpenAIProvider(openai_client=api), tracing_disabled=True)
+    settings = ModelSettings(temperature=0, max_tokens=64)
+    plain = Agent(name="geo", model=DEFAULT_MODEL_NAME, model_settings=settings)
+    assert "Paris" in Runner.run_sync(plain, FRANCE, run_config=config, max_turns=1).final_output
+
+    forced = ModelSettings(temperature=0, max_tokens=100, tool_choice="get_weather")
+    weather = plain.clone(
+        tools=[get_weather], model_settings=forced, tool_use_behavior="stop_on_first_tool"
+    )
+    result = Runner.run_sync(weather, "What is the weather in Paris?", run_config=config)
+    assert calls == ["Paris"] and result.final_output == "Sunny, 21 C."
+
+
+AI_SDK = Path(__file__).parent / "ai_sdk"
+
+
+@pytest.fixture(scope="module")
+def ai_sdk(platform):
+    """Runs tests/e2e/ai_sdk/client.mjs (the Vercel AI SDK's default `openai(model)`
+    provider) against the platform; installs its locked packages with `npm ci` first."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("the AI SDK check needs node and npm on PATH")
+    lock = AI_SDK / "package-lock.json"
+    installed = AI_SDK / "node_modules" / ".package-lock.json"
+    if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
+        subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund", "--prefer-offline"],
+            cwd=AI_SDK,
+            check=True,
+            timeout=300,
+        )
+    env = {
+        **os.environ,
+        "EBB_BASE_URL": platform.base_url + "/v1",
+        "EBB_API_KEY": platform.admin_key,
+        "EBB_MODEL": DEFAULT_MODEL_NAME,
+    }
+
+    def run(kind: str) -> dict:
+        done = subprocess.run(
+            ["node", "client.mjs", kind], cwd=AI_SDK, env=env, capture_output=True, timeout=300
+        )
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        return json.loads(done.stdout)
+
+    return run
+
+
+def test_the_ai_sdk_default_provider_answers_streams_and_calls_a_tool(ai_sdk):
+    text = ai_sdk("text")
+    assert "Paris" in text["text"] and text["finishReason"] == "stop"
+    assert text["usage"]["outputTokens"] > 0
+    streamed = ai_sdk("stream")
+    assert "Paris" in streamed["text"] and streamed["parts"] > 1
+    tool = ai_sdk("tool")
+    # Step one called the tool, step two answered after its result.
+    assert tool["calls"] == ["Paris"] and tool["steps"] == 2 and tool["text"]

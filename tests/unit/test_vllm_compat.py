@@ -35,6 +35,7 @@ def vllm():
     import vllm.platforms
     import vllm.renderers.base
     import vllm.renderers.hf
+    import vllm.v1.sample.sampler
     import vllm.v1.worker.utils
     from vllm.model_executor.layers import vocab_parallel_embedding
     from vllm.model_executor.models import registry
@@ -48,6 +49,7 @@ def vllm():
         worker_utils=vllm.v1.worker.utils,
         embedding=vocab_parallel_embedding,
         registry=registry,
+        sampler=vllm.v1.sample.sampler,
     )
 
 
@@ -63,6 +65,7 @@ def isolated(vllm, monkeypatch):
         (vllm.renderer_base.BaseRenderer, "get_eos_token_id"),
         (vllm.worker_utils, "torch"),
         (vllm.embedding.UnquantizedEmbeddingMethod, "process_weights_after_loading"),
+        (vllm.sampler, "batched_count_greater_than"),
     ):
         monkeypatch.setattr(host, attribute, getattr(host, attribute))
     for variable in ENV_VARIABLES:
@@ -268,6 +271,31 @@ def test_kv_cache_allocated_otherwise_only_warns(isolated, monkeypatch, caplog):
 
     monkeypatch.setattr(isolated.worker_utils, "allocate_kv_cache", allocate_kv_cache)
     assert_warns_once(caplog, vllm_compat.KV_CACHE_PAGES_ON_DEMAND, "no longer makes its buffer")
+
+
+def test_logprob_ranks_are_counted_eagerly_as_the_sampler_ranks_them(isolated):
+    import torch
+
+    patch = vllm_compat.LOGPROB_RANKS_EAGER
+    assert patch.check() is None  # the real target fits: a torch.compile'd function
+    assert vllm_compat.apply(patch)
+    assert not hasattr(isolated.sampler.batched_count_greater_than, "_torchdynamo_orig_callable")
+    logprobs = torch.tensor([[-0.1, -2.0, -3.0, -2.0], [-5.0, -0.5, -1.0, -0.7]])
+    sampled = torch.tensor([0, 2])
+    # The sampler's own gather (top-2 and the sampled token's rank: 1 is the most likely).
+    gathered = isolated.sampler.Sampler.gather_logprobs(logprobs, 2, sampled)
+    assert gathered.selected_token_ranks.tolist() == [1, 3]
+    assert gathered.logprob_token_ids.tolist() == [[0, 0, 1], [2, 1, 3]]
+    tied = isolated.sampler.batched_count_greater_than(logprobs, torch.tensor([[-2.0], [-9.0]]))
+    assert tied.tolist() == [3, 4]  # ties count, as in vLLM's `>=`
+
+
+def test_logprob_ranks_no_longer_compiled_only_warns(isolated, monkeypatch, caplog):
+    def batched_count_greater_than(x, values):
+        return (x >= values).sum(-1)
+
+    monkeypatch.setattr(isolated.sampler, "batched_count_greater_than", batched_count_greater_than)
+    assert_warns_once(caplog, vllm_compat.LOGPROB_RANKS_EAGER, "no longer a torch.compile'd")
 
 
 def embedding_layer(layer_class, vocab: int = 64, hidden: int = 32):
