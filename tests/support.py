@@ -223,6 +223,27 @@ def temp_home(prefix: str) -> Path:
     return home
 
 
+def fake_gpu_inventory(home: Path, count: int, gib: int = 24) -> Path:
+    """A GPU inventory file (EBB_GPU_INVENTORY_FILE) of `count` idle `gib` GiB devices, for
+    a platform that places runners on GPUs it does not have."""
+    home.mkdir(parents=True, exist_ok=True)
+    inventory = home / "gpus.json"
+    devices = [
+        {
+            "index": i,
+            "uuid": f"GPU-fake-{i}",
+            "name": f"Fake {gib}G",
+            "total_bytes": gib * 1024**3,
+            "free_bytes": gib * 1024**3,
+            "utilization_pct": 0,
+            "temperature_c": 30,
+        }
+        for i in range(count)
+    ]
+    inventory.write_text(json.dumps(devices))
+    return inventory
+
+
 @contextmanager
 def real_engine_platform(
     home_prefix: str, *, default_model: bool = False, **env: str

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import Platform, deploy, deployment, temp_home, wait_until
+from support import Platform, deploy, deployment, fake_gpu_inventory, temp_home, wait_until
 
 from ebb.queue import keys
 from ebb.queue.metering import decode_gpu_entry
@@ -22,21 +22,7 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def platform():
     home = temp_home("ebb-it-gpu-")
-    home.mkdir(parents=True, exist_ok=True)
-    inventory = home / "gpus.json"
-    devices = [
-        {
-            "index": i,
-            "uuid": f"GPU-fake-{i}",
-            "name": "Fake 24G",
-            "total_bytes": 24 * GIB,
-            "free_bytes": 24 * GIB,
-            "utilization_pct": 0,
-            "temperature_c": 30,
-        }
-        for i in range(3)
-    ]
-    inventory.write_text(json.dumps(devices))
+    inventory = fake_gpu_inventory(home, 3)
     p = Platform(home=home, redis_url=None, env_extra={"EBB_GPU_INVENTORY_FILE": str(inventory)})
     p.start()
     yield p

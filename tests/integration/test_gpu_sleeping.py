@@ -6,10 +6,8 @@ exit, oldest first."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from support import Platform, deploy, deployment, temp_home, wait_until
+from support import Platform, deploy, deployment, fake_gpu_inventory, temp_home, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -20,10 +18,7 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def platform():
     home = temp_home("ebb-it-gpu-sleep-")
-    home.mkdir(parents=True, exist_ok=True)
-    inventory = home / "gpus.json"
-    device = {"index": 0, "uuid": "GPU-fake-0", "name": "Fake 24G"}
-    inventory.write_text(json.dumps([{**device, "total_bytes": 24 * GIB, "free_bytes": 24 * GIB}]))
+    inventory = fake_gpu_inventory(home, 1)
     env = {"EBB_GPU_INVENTORY_FILE": str(inventory), "EBB_SLEEP_HOST_RAM_BYTES": "20GiB"}
     p = Platform(home=home, redis_url=None, env_extra=env)
     p.start()

@@ -12,7 +12,7 @@ import httpx
 import msgspec
 import pytest
 from billing_support import new_key, tenant_client
-from support import Platform, deploy, temp_home, wait_until
+from support import Platform, deploy, fake_gpu_inventory, temp_home, wait_until
 
 from ebb.queue import keys
 from ebb.queue.schema import UsageRecord
@@ -21,28 +21,13 @@ from ebb.queue.versions import split_unit
 
 pytestmark = pytest.mark.integration
 
-GIB = 1024**3
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
 def platform():
     home = temp_home("ebb-it-tenant-versions-")
-    home.mkdir(parents=True, exist_ok=True)
-    inventory = home / "gpus.json"
-    devices = [
-        {
-            "index": i,
-            "uuid": f"GPU-fake-{i}",
-            "name": "Fake 24G",
-            "total_bytes": 24 * GIB,
-            "free_bytes": 24 * GIB,
-            "utilization_pct": 0,
-            "temperature_c": 30,
-        }
-        for i in range(4)
-    ]
-    inventory.write_text(json.dumps(devices))
+    inventory = fake_gpu_inventory(home, 4)
     p = Platform(home=home, redis_url=None, env_extra={"EBB_GPU_INVENTORY_FILE": str(inventory)})
     p.start()
     yield p
