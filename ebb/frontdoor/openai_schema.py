@@ -240,7 +240,18 @@ class ChatMessage(_Strict):
         return self
 
 
-class _SamplingRequest(SamplingExtras):
+class IgnoredHints(_Strict):
+    """Fields accepted and ignored, as OpenAI's reference allows a server without their
+    meaning to: ebb identifies callers by API key (`user`, `safety_identifier`) and its
+    engines cache every shared prompt prefix on their own (`prompt_cache_key`). Chat,
+    completions and the Responses API take them alike."""
+
+    user: str | None = None
+    safety_identifier: str | None = Field(default=None, max_length=256)
+    prompt_cache_key: str | None = Field(default=None, max_length=1024)
+
+
+class _SamplingRequest(SamplingExtras, IgnoredHints):
     """Fields both endpoints share (vLLM's extras come from SamplingExtras)."""
 
     _unsupported: ClassVar[dict[str, tuple[str, tuple[Any, ...]]]] = {}
@@ -257,12 +268,6 @@ class _SamplingRequest(SamplingExtras):
     response_format: ResponseFormat | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    # Accepted and ignored, as OpenAI's reference allows them to be by a server without
-    # their meaning here: ebb identifies callers by API key (`user`, `safety_identifier`)
-    # and its engines cache every shared prompt prefix on their own (`prompt_cache_key`).
-    user: str | None = None
-    safety_identifier: str | None = Field(default=None, max_length=256)
-    prompt_cache_key: str | None = Field(default=None, max_length=1024)
 
     @model_validator(mode="before")
     @classmethod

@@ -29,7 +29,13 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ebb.errors import InvalidRequest
-from ebb.frontdoor.openai_schema import _describe, _drop_neutral, _show, parse_body
+from ebb.frontdoor.openai_schema import (
+    IgnoredHints,
+    _describe,
+    _drop_neutral,
+    _show,
+    parse_body,
+)
 from ebb.frontdoor.openai_tools import FUNCTION_NAME_PATTERN, MAX_TOOLS
 
 MAX_METADATA_KEYS = 16
@@ -187,7 +193,7 @@ MetadataKey = Annotated[str, StringConstraints(max_length=64)]
 MetadataValue = Annotated[str, StringConstraints(max_length=512)]
 
 
-class ResponsesRequest(_Strict):
+class ResponsesRequest(_Strict, IgnoredHints):
     model: str = Field(min_length=1)
     input: str | list[InputItem]
     instructions: str | None = None
@@ -206,10 +212,6 @@ class ResponsesRequest(_Strict):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     background: bool | None = None
-    # Accepted and ignored as in chat (openai_schema.py says why).
-    user: str | None = None
-    safety_identifier: str | None = Field(default=None, max_length=256)
-    prompt_cache_key: str | None = Field(default=None, max_length=1024)
 
     @model_validator(mode="before")
     @classmethod
