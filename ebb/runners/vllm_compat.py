@@ -564,6 +564,8 @@ def _count_at_least(x: Any, values: Any) -> Any:
 
 def _logprob_ranks_check() -> str | None:
     sampler = _sampler_module()
+    if sampler.batched_count_greater_than is _count_at_least:
+        return None  # ours already: an engine preloaded earlier in this same process
     problem = callable_with(sampler, "batched_count_greater_than", ("x", "values"))
     compiled = hasattr(sampler.batched_count_greater_than, "_torchdynamo_orig_callable")
     if problem is None and not compiled:
