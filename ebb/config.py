@@ -1,7 +1,13 @@
 """Settings: every `EBB_` environment variable, read once at process start and passed down.
 
 Nothing reads the environment at import time; `Settings()` is built by the process entry
-points (CLI commands) and handed to the components they start.
+points (CLI commands) and handed to the components they start. Every code path reads a
+setting flat (`settings.lease_ttl_s`); the fields are declared in groups, one class each
+(an operator's concern, with its own validators), that `Settings` combines. The
+configuration reference, docs/CONFIGURATION.md, is generated from these classes
+(`make docs`, `ebb/config_reference.py`): each field's description is its documentation.
+`TestingSettings` holds the knobs only the test session sets; the reference lists them
+apart from the operators'.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ebb.secrets import SecretBox
@@ -50,232 +56,117 @@ def parse_bytes(text: str, name: str) -> int:
     return int(float(match.group(1)) * _BYTE_UNITS[unit])
 
 
-class Settings(BaseSettings):
-    # Inputs stay out of validation errors: one of them may be a key (EBB_SECRETS_KEY).
-    model_config = SettingsConfigDict(env_prefix="EBB_", extra="ignore", hide_input_in_errors=True)
+def _bytes_or_none(value: object, info: ValidationInfo) -> object:
+    """A byte setting's text ("4GiB") as a number; empty unsets the optional ones."""
+    if isinstance(value, str):
+        if not value.strip() and info.field_name in _OPTIONAL_BYTES:
+            return None
+        return parse_bytes(value, f"EBB_{info.field_name.upper()}")
+    return value
 
-    home: Path = Path(".ebb")
-    redis_url: str | None = None
-    # The embedded Redis's fsync policy: "always" (nothing acknowledged is lost to a
-    # crash), "everysec" (up to a second of writes may be) or "no".
-    redis_appendfsync: Literal["always", "everysec", "no"] = "always"
-    # How long a process rides out an unreachable Redis (retrying with backoff) before
-    # the work at hand fails cleanly: a runner's output, a frontdoor's open streams.
-    redis_outage_s: float = 30.0
-    # Seconds a client refused while Redis is unreachable is told to wait (Retry-After).
-    redis_retry_after_s: int = 2
-    host: str = "127.0.0.1"
-    port: int = 8000
-    # Frontdoor processes serving that one port (they share its listening socket). The
-    # frontdoor keeps no state of its own, so where one process's core is the limit on
-    # admissions, more processes admit more; each holds its own memory (`ebb status`).
-    frontdoor_workers: int = Field(default=1, ge=1, le=64)
-    admin_key: str | None = None
-    # Encrypts deployment versions' environments (secrets such as HF_TOKEN) at rest: a
-    # Fernet key (`ebb.secrets.new_key()`). Unset: versions cannot carry an environment.
-    secrets_key: str | None = Field(default=None, repr=False)
 
-    # Admission: how long a synchronous request may wait for a runner to claim it.
-    admission_timeout_s: float = 10.0
-    # Requests waiting per deployment before new ones are refused at once with 503.
-    queue_depth_limit: int = 256
-    # A claimed request's lease; runners refresh it every heartbeat_interval_s.
-    lease_ttl_s: float = 5.0
-    # Prefix-aware claiming: how long a request may wait for the runner that served its
-    # prompt prefix last (its KV cache likely holds it) before any runner takes it.
-    prefix_affinity_ms: int = Field(default=500, ge=0, le=10_000)
-    # ... and, past that, while that runner is still inside the engine step it was in when
-    # the request came (it claims only between steps; a prefill step on CPU can take
-    # seconds), up to this in all. Below prefix_affinity_ms it changes nothing.
-    prefix_step_wait_ms: int = Field(default=5_000, ge=0, le=10_000)
-    heartbeat_interval_s: float = 1.0
-    # Pre-warmed runner processes (libraries imported, no model) kept by the controller.
-    prewarm: int = 1
-    # Memory each stem on a host without GPUs writes before it joins the pool and frees as
-    # its load begins, so that the load writes pages the host already backs
-    # (`runners/load_reserve`); 0: none.
-    stem_load_reserve_gib: float = Field(default=1.5, ge=0, le=1024)
-    # Pre-warmed stems per node pool on a cluster (replaces EBB_PREWARM when set), JSON:
-    # {"a100": {"stems": 2, "gpus": 1}, "cpu": 1}; a stem of a pool lands only on nodes
-    # labelled EBB_POOL_LABEL=<pool> (Kubernetes) or having the resource <pool> (Ray).
-    stem_pools: str = ""
-    pool_label: str = "ebb.io/pool"
-    # The node this process runs on, as placement names it (a pod's spec.nodeName through
-    # the downward API); unset: the host name.
-    node_name: str = ""
-    # `ebb prefetch` (one per node): how often it re-reads the deployments, and whether it
-    # also keeps the node's ebb.io/cached-sources annotation (in-cluster credentials).
-    prefetch_interval_s: float = 10.0
-    prefetch_annotate_node: bool = False
-    # Fork runners from one process that imported the engine once (else each imports it).
-    fork_server: bool = True
-    # Upper bound on `n` (choices per request).
-    max_n: int = 8
-    # The controller reconciles at least this often; queued work wakes it sooner.
-    controller_poll_s: float = 0.5
-    # The controllers' leader lease: one acts, the others stand by and take over once the
-    # leader has not renewed it for this long.
-    controller_lease_s: float = 5.0
-    # A runner drains once the process that launched it dies: set for local launches (no
-    # runner outlives `ebb up`); runners of a remote launcher belong to the cluster.
-    runner_follows_parent: bool = False
-    # A file the runner keeps exactly while it is READY (a pod's readiness probe); unset: none.
-    runner_ready_file: Path | None = None
-    # Where the controller runs runners: "local" processes, or "kubernetes" pods (in-cluster
-    # credentials; the k8s_ settings below describe the pods).
-    launcher: str = "local"
-    k8s_namespace: str = "ebb"
-    k8s_runner_image: str = "ebb:cpu"
-    # A PodTemplate whose "runner" container's image replaces k8s_runner_image: kustomize's
-    # `images:` rewrites it (infra/base/runner.yaml), where it leaves a ConfigMap alone.
-    k8s_runner_template: str = ""
-    k8s_platform: str = "ebb"
-    k8s_env_secret: str = "ebb-platform"
-    k8s_weights_host_path: str = "/var/lib/ebb/weights"
-    k8s_gpu_resource: str = "nvidia.com/gpu"
-    k8s_gpus_per_runner: int = 0
-    # What a runner pod asks of its node. CPU as a Kubernetes quantity ("" limit: none).
-    # Memory (request = limit) is sized per deployment: EBB_K8S_RUNNER_MEMORY_BASE_BYTES
-    # for the process (Python, torch, the engine) plus the weights a sleeping runner holds
-    # in host RAM plus its /dev/shm; a deployment's engine.host_memory_gib replaces it. A
-    # stem's model is not known when its pod is made: EBB_K8S_STEM_MEMORY_BYTES.
-    k8s_runner_cpu: str = "2"
-    k8s_runner_cpu_limit: str = ""
-    k8s_runner_memory_base_bytes: int = 4 * 2**30
-    k8s_stem_memory_bytes: int = 16 * 2**30
-    # A memory-backed /dev/shm per GPU (NCCL and vLLM's workers exchange through it).
-    k8s_runner_shm_bytes_per_gpu: int = 2**30
-    # Where runner pods may go (JSON): tolerations, a nodeSelector, a nodeAffinity, and
-    # the runtime class and priority class they run with ("": the cluster's default).
-    k8s_runner_tolerations: list[dict[str, Any]] = []
-    k8s_runner_node_selector: dict[str, str] = {}
-    k8s_runner_node_affinity: dict[str, Any] = {}
-    k8s_runner_runtime_class: str = ""
-    k8s_runner_priority_class: str = ""
-    # The node label a deployment's engine.accelerator is matched against.
-    k8s_accelerator_label: str = "nvidia.com/gpu.product"
-    # The ConfigMap whose settings runner pods read (the platform's EBB_ settings).
-    k8s_config_map: str = "ebb-config"
-    # A runner pod no node can take ends after this long; a cluster-autoscaler scale-up
-    # for it (a TriggeredScaleUp event) restarts the wait: a GPU node takes minutes.
-    k8s_unschedulable_timeout_s: float = 900.0
-    # EBB_LAUNCHER=ray: the cluster's address and what every runner actor asks of a node.
-    ray_address: str = "auto"
-    ray_runner_resources: str = "{}"  # JSON, e.g. {"gpu_pool_a": 1}
-    ray_gpus_per_runner: float = 0
-    # vLLM's CPU KV cache, in GiB (VLLM_CPU_KVCACHE_SPACE); ignored on GPUs.
-    kv_cache_gib: int = 1
-    # A runner whose engine sleeps (GPU sleep mode) exits after sleeping this long.
-    sleep_timeout_s: float = 600.0
-    # How often the controller re-reads its host's GPUs (NVML) into the inventory.
-    gpu_inventory_interval_s: float = 5.0
-    # Host RAM the sleeping runners of this host may hold with their offloaded weights
-    # (vLLM sleep level 1); beyond it the oldest sleepers exit. Unset: no limit.
-    sleep_host_ram_bytes: int | None = None
-    # Tests only (with test_engines): a JSON file of fake GPUs read instead of NVML.
-    gpu_inventory_file: Path | None = None
-    # Where the weight cache lives; default EBB_HOME/weights. Put it on the fastest disk.
-    weights_cache_dir: Path | None = None
-    # How long a request's output stream and record are kept after it finished.
-    result_ttl_s: int = 600
-    # The weight cache's byte budget (least recently used models not in use are evicted
-    # to stay under it); unset means no limit. Accepts 50000000000, "50GB" or "40GiB".
-    weights_cache_bytes: int | None = None
-    # Parallel ranged GETs per fetch from S3 (and parallel files from the Hub).
-    weights_fetch_concurrency: int = 8
-    # Objects larger than this are fetched in ranges of this size (and resume by range).
-    weights_fetch_part_bytes: int = 16 * 1024 * 1024
-    # Attempts per request on transient fetch errors, with exponential backoff.
-    weights_fetch_attempts: int = 5
-    # The key the CLI calls the API with (a tenant's); unset means the admin key.
-    api_key: str | None = None
-    # Request bodies larger than this are refused with 413 while they are read (any route).
-    max_body_bytes: int = 4 * 2**20
-    # A connection whose request head (request line and headers) is not complete this long
-    # after it opened, or after the request's first byte, is closed (slowloris).
-    header_timeout_s: float = Field(default=10.0, gt=0)
-    # Serve /openapi.json and /docs to anyone; off, the schema needs the admin key.
-    api_docs: bool = False
-    # /metrics needs this bearer token or the admin key (unset: the admin key only).
-    metrics_token: str | None = None
-    # Tests only: accept the test engines' sources (`fake://`, see `ebb.engines`). The test
-    # session sets EBB_TEST_ENGINES=1 for every process it starts; off, they get a 400.
-    test_engines: bool = False
+def _budget_positive(value: int | None, info: ValidationInfo) -> int | None:
+    if value is not None and value <= 0:
+        raise ValueError(f"{_env(info)} must be positive (unset it for no limit)")
+    return value
 
-    # Async jobs: how long a job may wait to start (default and most a client may ask),
-    # how long a settled job stays retrievable, attempts before a job fails for lost runners.
-    job_ttl_s: int = 86400
-    job_max_ttl_s: int = 7 * 86400
-    job_retention_s: int = 7 * 86400
-    job_max_attempts: int = 3
-    # The Responses API: how long a stored response (`store`, the default; background ones
-    # too) stays retrievable and continuable by previous_response_id. Each is a Redis key
-    # holding its conversation so far, so this bounds the memory responses take.
-    responses_retention_s: int = Field(default=30 * 86400, ge=60)
-    # Batch slots jobs (and Batch API lines) may hold on a runner while it serves a
-    # synchronous request (with none around they may fill every slot, and give one back
-    # when a synchronous request finds none). Unset: 0 on a runner without GPUs (no new
-    # job beside a synchronous request: on CPUs jobs in the batch slow it down), three
-    # quarters of max_concurrency on one with GPUs.
-    job_slots_beside_sync: int | None = Field(default=None, ge=0)
-    # A CPU runner whose engine computes on one thread serves from a core of its own
-    # (`runners/core_pinning`: one runner per host and platform, the last core). Off: the
-    # kernel places it, as it does the others (for an operator who pins processes).
-    engine_core_pin: bool = True
-    # The Batch API: the largest input file accepted, and its discount is per deployment.
-    batch_file_max_bytes: int = 64 * 1024 * 1024
-    # Where Batch API files (inputs, outputs, error files) are kept: this bucket of the
-    # object store (boto3 credentials as usual; the endpoint from AWS_ENDPOINT_URL(_S3) or
-    # the URL here), under the prefix; no bucket: EBB_HOME/files.
-    files_s3_bucket: str | None = None
-    files_s3_prefix: str = "files"
-    files_s3_endpoint_url: str | None = None
-    # A batch still validating after this long was interrupted while its lines were
-    # queued (the frontdoor died): the frontdoor's batch watcher queues the rest.
-    batch_resume_after_s: float = 30.0
-    # The webhooks worker looks at claimed and settled jobs this often.
-    job_poll_s: float = 0.25
-    # Webhook URLs may resolve into these networks (comma-separated CIDRs, e.g.
-    # "127.0.0.0/8"); loopback, private, link-local and other non-public ones are refused.
-    webhook_allowed_cidrs: str = ""
-    webhook_timeout_s: float = 10.0
-    # Retries: delays double from base_s up to max_delay_s, jittered; the delivery is
-    # given up give_up_s after its event.
-    webhook_retry_base_s: float = 5.0
-    webhook_retry_max_delay_s: float = 3600.0
-    webhook_give_up_s: float = 86400.0
-    # Attempts in flight at once per receiving endpoint (scheme, host, port), per worker.
-    webhook_endpoint_concurrency: int = 4
-    # After a rotation, deliveries are signed with the old secret too for this long.
-    webhook_secret_overlap_s: float = 86400.0
 
-    # Billing. EBB_METERING=0 records no usage and no GPU time (to measure its overhead).
-    metering: bool = True
-    # A live runner's GPU time reaches the ledger at least this often.
-    gpu_meter_interval_s: float = 30.0
-    # A ledger hour closes (final, exported) this long after it ends: room for GPU
-    # segments still on their way; anything later is booked into the next open hour.
-    billing_close_grace_s: float = 120.0
-    # Hourly JSONL export of the ledger to S3 (boto3 credentials as usual); no bucket: none.
-    billing_s3_bucket: str | None = None
-    billing_s3_prefix: str = "usage"
-    billing_s3_endpoint_url: str | None = None
-    # Raw token-usage records stay in Redis at least this long, and until their hour is
-    # closed and (with an S3 bucket) exported; the hourly aggregates stay for good.
-    usage_retention_s: float = 86400
-    # What one GPU-second costs the operator (micros), for unit economics; 0: not shown.
-    gpu_second_cost_micros: int = 0
+def _env(info: ValidationInfo) -> str:
+    return f"EBB_{info.field_name.upper()}" if info.field_name else "EBB_?"
 
-    # Observability. Distinct tenants labelled on token metrics (the rest count as "other").
-    metrics_max_tenants: int = 50
-    # Log lines as "text" (human) or "json" (one object a line, for log shippers).
-    log_format: str = "text"
-    # OpenTelemetry traces go to this OTLP/HTTP endpoint (e.g. http://127.0.0.1:4318);
-    # unset: no tracing at all.
-    otlp_endpoint: str | None = None
-    # The share of new traces recorded (a client's sampled traceparent is always followed):
-    # below 1 it bounds tracing's cost on a busy platform.
-    otlp_sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
+
+class PlatformSettings(BaseModel):
+    """Platform: where state lives, Redis, and the frontdoor's address.
+
+    `ebb up` runs its own `redis-server` unless `EBB_REDIS_URL` names one, and hands the
+    URL (with its password) to every process it starts.
+    """
+
+    home: Path = Field(
+        default=Path(".ebb"),
+        description="State: Redis data, the weight cache, logs, the admin key.",
+    )
+    redis_url: str | None = Field(
+        default=None, description="An external Redis; unset: `ebb up` runs its own."
+    )
+    redis_appendfsync: Literal["always", "everysec", "no"] = Field(
+        default="always",
+        description="The embedded Redis's fsync policy: `always` (nothing acknowledged is "
+        "lost to a crash), `everysec` (up to a second of writes may be) or `no`.",
+    )
+    redis_outage_s: float = Field(
+        default=30.0,
+        description="How long a process rides out an unreachable Redis (retrying with "
+        "backoff) before the work at hand fails cleanly: a runner's output, a frontdoor's "
+        "open streams.",
+    )
+    redis_retry_after_s: int = Field(
+        default=2,
+        description="The `Retry-After` of the `503` every route answers while Redis is "
+        "unreachable.",
+    )
+    host: str = Field(default="127.0.0.1", description="The frontdoor's address.")
+    port: int = Field(default=8000, description="The frontdoor's port (1-65535).")
+    node_name: str = Field(
+        default="",
+        description="The node this process runs on, as placement names it (runner and "
+        "prefetcher pods: `spec.nodeName` through the downward API); unset: the host name.",
+    )
+
+    @field_validator("port")
+    @classmethod
+    def _port_range(cls, value: int) -> int:
+        if not 0 < value < 65536:
+            raise ValueError("EBB_PORT must be between 1 and 65535")
+        return value
+
+
+class SecuritySettings(BaseModel):
+    """Keys, secrets and exposure: who may call what, and the limits on what they send.
+
+    No platform key reaches a process that reads tenant input (docs/SECURITY.md).
+    """
+
+    admin_key: str | None = Field(
+        default=None,
+        description="The admin bearer key; unset: generated once and saved in "
+        "`EBB_HOME/admin_key`.",
+    )
+    api_key: str | None = Field(
+        default=None,
+        description="The key the CLI calls the API with (a tenant's); unset: the admin key.",
+    )
+    # Encrypts deployment versions' environments (secrets such as HF_TOKEN) at rest.
+    secrets_key: str | None = Field(
+        default=None,
+        repr=False,
+        description="A Fernet key that encrypts versions' `env` at rest (make one with "
+        "`python -c 'import ebb.secrets as s; print(s.new_key())'`); unset: a version "
+        "cannot carry an `env`. The frontdoor, the controller and the runners need the "
+        "same key.",
+    )
+    metrics_token: str | None = Field(
+        default=None,
+        description="A bearer token that may read `/metrics` (the admin key always may; "
+        "unset: only it).",
+    )
+    api_docs: bool = Field(
+        default=False,
+        description="`1` serves `/openapi.json` and `/docs` to anyone; `0`: no `/docs`, "
+        "the schema to the admin key only.",
+    )
+    max_body_bytes: int = Field(
+        default=4 * 2**20,
+        description="Request bodies larger than this are refused with `413` while they "
+        "are read (any route); at least 64KiB, e.g. `8MiB`.",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A connection whose request head (request line and headers) is not "
+        "complete this long after it opened, or after the request's first byte, is closed "
+        "(slowloris).",
+    )
 
     @field_validator("secrets_key")
     @classmethod
@@ -284,12 +175,49 @@ class Settings(BaseSettings):
             SecretBox(v)  # raises ValueError that says how to make one
         return v
 
-    @field_validator("log_format")
+    @field_validator("max_body_bytes", mode="before")
     @classmethod
-    def _log_format(cls, value: str) -> str:
-        if value not in ("text", "json"):
-            raise ValueError("EBB_LOG_FORMAT must be 'text' or 'json'")
+    def _parse_body_bytes(cls, value: object, info: ValidationInfo) -> object:
+        return _bytes_or_none(value, info)
+
+    @field_validator("max_body_bytes")
+    @classmethod
+    def _body_limit(cls, value: int) -> int:
+        if value < 64 * 1024:
+            raise ValueError("EBB_MAX_BODY_BYTES must be at least 64KiB (65536)")
         return value
+
+
+class FrontdoorSettings(BaseModel):
+    """Frontdoor and admission: how requests wait for a runner, and for how long.
+
+    The frontdoor keeps no state of its own (everything is in Redis), so any number of
+    its processes or replicas serve one platform.
+    """
+
+    frontdoor_workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Frontdoor processes serving the one port (they share its listening "
+        "socket). Where one process's core is the limit on admissions, more processes "
+        "admit more; each holds its own memory and its own request metrics.",
+    )
+    admission_timeout_s: float = Field(
+        default=10.0,
+        description="How long a synchronous request may wait for a runner to claim it "
+        "(0-600 s); then it is withdrawn and answered `503` with a `Retry-After`.",
+    )
+    queue_depth_limit: int = Field(
+        default=256,
+        description="Requests waiting per deployment before new ones are refused at once "
+        "with `503`.",
+    )
+    max_n: int = Field(default=8, description="The largest `n` (choices per request).")
+    result_ttl_s: int = Field(
+        default=600,
+        description="How long a request's output stream and record are kept after it finished.",
+    )
 
     @field_validator("admission_timeout_s")
     @classmethod
@@ -298,12 +226,127 @@ class Settings(BaseSettings):
             raise ValueError("EBB_ADMISSION_TIMEOUT_S must be in (0, 600] seconds")
         return value
 
+
+class RunnerSettings(BaseModel):
+    """Runners: leases, heartbeats, claiming and the engine's share of the host.
+
+    A runner is one engine process; it claims requests between engine steps and renews
+    their leases with its heartbeat.
+    """
+
+    lease_ttl_s: float = Field(
+        default=5.0,
+        description="A claimed request's lease (at least 1 s); runners refresh it every "
+        "`EBB_HEARTBEAT_INTERVAL_S`. A request whose lease lapses is its runner's loss.",
+    )
+    heartbeat_interval_s: float = Field(
+        default=1.0,
+        description="How often a runner renews its leases and its own liveness.",
+    )
+    prefix_affinity_ms: int = Field(
+        default=500,
+        ge=0,
+        le=10_000,
+        description="Prefix-aware claiming: how long a request may wait for the runner "
+        "that served its prompt prefix last (its KV cache likely holds it) before any "
+        "runner takes it; `0`: oldest first.",
+    )
+    prefix_step_wait_ms: int = Field(
+        default=5_000,
+        ge=0,
+        le=10_000,
+        description="Past `EBB_PREFIX_AFFINITY_MS`, how long in all a request may wait "
+        "while that runner is still inside the engine step it was in when the request came "
+        "(it claims only between steps; a prefill step on CPU can take seconds). Below "
+        "`EBB_PREFIX_AFFINITY_MS` it changes nothing.",
+    )
+    kv_cache_gib: int = Field(
+        default=1,
+        description="vLLM's KV cache on CPU, per runner, in GiB (`VLLM_CPU_KVCACHE_SPACE`; "
+        "its pages are committed as the cache fills, not at start); ignored on GPUs.",
+    )
+    job_slots_beside_sync: int | None = Field(
+        default=None,
+        ge=0,
+        description="Batch slots jobs (and Batch API lines) may hold on a runner while it "
+        "serves a synchronous request, and for a second after one; with none around they "
+        "may fill every slot. Unset: `0` on a runner without GPUs (jobs in the batch slow "
+        "every step on CPUs), three quarters of `max_concurrency` on one with GPUs.",
+    )
+    engine_core_pin: bool = Field(
+        default=True,
+        description="A CPU runner whose engine computes on one thread serves from a core "
+        "of its own, the host's last (one runner per host and platform, a lock under "
+        "`EBB_HOME`; the others are left to the kernel). `0`: none is pinned (for an "
+        "operator who pins processes).",
+    )
+    runner_follows_parent: bool = Field(
+        default=False,
+        description="A runner drains once the process that launched it dies; the local "
+        "launcher sets it for its runners (no runner outlives `ebb up`); runners of a "
+        "remote launcher belong to the cluster.",
+    )
+    runner_ready_file: Path | None = Field(
+        default=None,
+        description="A file the runner keeps exactly while it is ready (a runner pod's "
+        "readiness probe); unset: none.",
+    )
+    sleep_timeout_s: float = Field(
+        default=600.0,
+        description="A runner whose engine sleeps (GPU sleep mode) exits after sleeping "
+        "this long without being woken.",
+    )
+
     @field_validator("lease_ttl_s")
     @classmethod
     def _lease_positive(cls, value: float) -> float:
         if value < 1:
             raise ValueError("EBB_LEASE_TTL_S must be at least 1 second")
         return value
+
+
+class ColdstartSettings(BaseModel):
+    """Controller and cold starts: reconciling, leadership and the warm tiers.
+
+    The controller decides where runners start; the tiers (sleeping, pre-warmed stems,
+    forked, fresh) are in docs/COLDSTART.md.
+    """
+
+    controller_poll_s: float = Field(
+        default=0.5,
+        description="The controller reconciles at least this often; work queued where no "
+        "runner claims wakes it at once.",
+    )
+    controller_lease_s: float = Field(
+        default=5.0,
+        description="The controllers' leader lease (at least 1 s): one acts, the others "
+        "stand by and take over once the leader has not renewed it for this long.",
+    )
+    launcher: str = Field(
+        default="local",
+        description="Where the controller runs runners: `local` processes, `kubernetes` "
+        "pods (in-cluster credentials; the `EBB_K8S_` settings describe the pods) or "
+        "`ray` actors.",
+    )
+    prewarm: int = Field(
+        default=1,
+        description="Pre-warmed runner processes (stems: the engine imported, no model) "
+        "the controller keeps.",
+    )
+    stem_load_reserve_gib: float = Field(
+        default=1.5,
+        ge=0,
+        le=1024,
+        description="Memory each stem on a host without GPUs writes before it joins the "
+        "pool and frees as its load begins, so that the load writes pages the host already "
+        "backs (on a VM whose host takes free memory back, up to half of the engine build); "
+        "held while the stem waits, at most a quarter of the memory available; `0`: none.",
+    )
+    fork_server: bool = Field(
+        default=True,
+        description="Fork runners from one process that imported the engine once (else "
+        "each imports it).",
+    )
 
     @field_validator("controller_lease_s")
     @classmethod
@@ -319,6 +362,116 @@ class Settings(BaseSettings):
             raise ValueError("EBB_LAUNCHER must be local, kubernetes or ray")
         return value
 
+
+class GpuSettings(BaseModel):
+    """GPUs: the controller's view of its host's devices, and sleeping runners.
+
+    Placement and the memory estimate are in docs/GPUS.md.
+    """
+
+    gpu_inventory_interval_s: float = Field(
+        default=5.0,
+        description="How often the controller re-reads its host's GPUs (NVML) into the inventory.",
+    )
+    sleep_host_ram_bytes: int | None = Field(
+        default=None,
+        description="Host RAM the sleeping runners of this host may hold with their "
+        "offloaded weights (vLLM sleep level 1), e.g. `64GiB`; beyond it the oldest "
+        "sleepers exit. Unset: no limit.",
+    )
+
+    @field_validator("sleep_host_ram_bytes", mode="before")
+    @classmethod
+    def _parse_ram_bytes(cls, value: object, info: ValidationInfo) -> object:
+        return _bytes_or_none(value, info)
+
+    @field_validator("sleep_host_ram_bytes")
+    @classmethod
+    def _ram_budget(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return _budget_positive(value, info)
+
+
+class WeightsSettings(BaseModel):
+    """Weight cache: where fetched and converted weights live, and how they are fetched."""
+
+    weights_cache_dir: Path | None = Field(
+        default=None,
+        description="Where the weight cache lives; unset: `EBB_HOME/weights`. Put it on "
+        "the fastest disk.",
+    )
+    weights_cache_bytes: int | None = Field(
+        default=None,
+        description="The weight cache's byte budget, e.g. `50GB` or `40GiB`: least "
+        "recently used models no live runner holds are evicted to stay under it. Unset: "
+        "no limit.",
+    )
+    weights_fetch_concurrency: int = Field(
+        default=8,
+        description="Parallel ranged GETs per fetch from S3 (and parallel files from the "
+        "Hub), 1-256.",
+    )
+    weights_fetch_part_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        description="Objects larger than this are fetched in ranges of this size (and "
+        "resume by range); at least 1 MiB.",
+    )
+    weights_fetch_attempts: int = Field(
+        default=5,
+        description="Attempts per request on transient fetch errors, with exponential "
+        "backoff, 1-256.",
+    )
+
+    @field_validator("weights_cache_bytes", mode="before")
+    @classmethod
+    def _parse_cache_bytes(cls, value: object, info: ValidationInfo) -> object:
+        return _bytes_or_none(value, info)
+
+    @field_validator("weights_cache_bytes")
+    @classmethod
+    def _cache_budget(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return _budget_positive(value, info)
+
+    @field_validator("weights_fetch_concurrency", "weights_fetch_attempts")
+    @classmethod
+    def _fetch_counts(cls, value: int, info: ValidationInfo) -> int:
+        if not 1 <= value <= 256:
+            raise ValueError(f"{_env(info)} must be in [1, 256]")
+        return value
+
+    @field_validator("weights_fetch_part_bytes")
+    @classmethod
+    def _part_size(cls, value: int) -> int:
+        if value < 1024 * 1024:
+            raise ValueError("EBB_WEIGHTS_FETCH_PART_BYTES must be at least 1 MiB (1048576)")
+        return value
+
+
+class ClusterSettings(BaseModel):
+    """Cluster: pre-warmed pools per node pool and the per-node weight prefetcher.
+
+    Both launchers (Kubernetes, Ray) read these; docs/CLUSTER.md has the set-up.
+    """
+
+    stem_pools: str = Field(
+        default="",
+        description='Pre-warmed stems per node pool on a cluster, JSON: `{"a100": '
+        '{"stems": 2, "gpus": 1}, "cpu": 1}`; replaces `EBB_PREWARM` when set. A stem of '
+        "a pool lands only on nodes labelled `EBB_POOL_LABEL=<pool>` (Kubernetes) or "
+        "having the resource `<pool>` (Ray).",
+    )
+    pool_label: str = Field(
+        default="ebb.io/pool", description="The node label naming a Kubernetes node's pool."
+    )
+    prefetch_interval_s: float = Field(
+        default=10.0,
+        description="`ebb prefetch` (one per node): how often it re-reads the deployments.",
+    )
+    prefetch_annotate_node: bool = Field(
+        default=False,
+        description="`ebb prefetch` also keeps the node's `ebb.io/cached-sources` "
+        "annotation (in-cluster credentials).",
+    )
+
     @field_validator("stem_pools")
     @classmethod
     def _stem_pools_parse(cls, value: str) -> str:
@@ -326,6 +479,216 @@ class Settings(BaseSettings):
 
         parse_stem_pools(value, prewarm=0)  # raises ValueError saying what to change
         return value
+
+
+class KubernetesSettings(BaseModel):
+    """Kubernetes (`EBB_LAUNCHER=kubernetes`): the runner pods the controller makes.
+
+    A runner pod's memory (request = limit) is sized per deployment:
+    `EBB_K8S_RUNNER_MEMORY_BASE_BYTES` for the process plus the weights a sleeping runner
+    holds in host RAM plus its `/dev/shm`; a deployment's `engine.host_memory_gib`
+    replaces the estimate.
+    """
+
+    k8s_namespace: str = Field(default="ebb", description="Runner pods' namespace.")
+    k8s_runner_image: str = Field(default="ebb:cpu", description="Runner pods' image.")
+    k8s_runner_template: str = Field(
+        default="",
+        description="A PodTemplate whose `runner` container's image replaces "
+        "`EBB_K8S_RUNNER_IMAGE` (the manifests: `ebb-runner`): kustomize's `images:` "
+        "rewrites it, where it would leave a ConfigMap string alone.",
+    )
+    k8s_platform: str = Field(default="ebb", description="Runner pods' instance label.")
+    k8s_env_secret: str = Field(
+        default="ebb-platform",
+        description="The Secret runner pods read `EBB_REDIS_URL` and `EBB_SECRETS_KEY` "
+        "from (key by key: never the admin key).",
+    )
+    k8s_weights_host_path: str = Field(
+        default="/var/lib/ebb/weights",
+        description="The node-local weight cache runner pods mount.",
+    )
+    k8s_gpu_resource: str = Field(
+        default="nvidia.com/gpu", description="The resource a runner pod's GPUs are asked as."
+    )
+    k8s_gpus_per_runner: int = Field(
+        default=0,
+        description="The GPUs a runner pod requests and limits when its deployment's "
+        "`engine.tensor_parallel_size` does not say (stems: their pool's).",
+    )
+    k8s_runner_cpu: str = Field(
+        default="2", description="A runner pod's CPU request (a Kubernetes quantity)."
+    )
+    k8s_runner_cpu_limit: str = Field(
+        default="", description="A runner pod's CPU limit (a Kubernetes quantity); unset: none."
+    )
+    k8s_runner_memory_base_bytes: int = Field(
+        default=4 * 2**30,
+        description="A runner pod's memory for the process (Python, torch, the engine), to "
+        "which its model's weights (plus the KV cache on CPU) and its `/dev/shm` are added.",
+    )
+    k8s_stem_memory_bytes: int = Field(
+        default=16 * 2**30,
+        description="A stem pod's memory: its model is not known when the pod is made, so "
+        "size it for the pool's largest model.",
+    )
+    k8s_runner_shm_bytes_per_gpu: int = Field(
+        default=2**30,
+        description="A memory-backed `/dev/shm` per GPU of a runner pod (NCCL and vLLM's "
+        "workers exchange through it).",
+    )
+    k8s_runner_tolerations: list[dict[str, Any]] = Field(
+        default=[], description="Runner pods' tolerations, JSON as in a Pod spec."
+    )
+    k8s_runner_node_selector: dict[str, str] = Field(
+        default={}, description="Runner pods' nodeSelector, JSON as in a Pod spec."
+    )
+    k8s_runner_node_affinity: dict[str, Any] = Field(
+        default={}, description="Runner pods' node affinity, JSON (a `nodeAffinity` object)."
+    )
+    k8s_runner_runtime_class: str = Field(
+        default="", description="Runner pods' `runtimeClassName`; unset: the cluster's default."
+    )
+    k8s_runner_priority_class: str = Field(
+        default="", description="Runner pods' `priorityClassName`; unset: the cluster's default."
+    )
+    k8s_accelerator_label: str = Field(
+        default="nvidia.com/gpu.product",
+        description="The node label a deployment's `engine.accelerator` must equal.",
+    )
+    k8s_config_map: str = Field(
+        default="ebb-config",
+        description="The ConfigMap whose settings (the platform's `EBB_` variables) runner "
+        "pods read.",
+    )
+    k8s_unschedulable_timeout_s: float = Field(
+        default=900.0,
+        description="A runner pod no node can take fails after this long; a "
+        "cluster-autoscaler scale-up for it (a `TriggeredScaleUp` event) restarts the "
+        "wait: a GPU node takes minutes.",
+    )
+
+    @field_validator(
+        "k8s_runner_memory_base_bytes",
+        "k8s_stem_memory_bytes",
+        "k8s_runner_shm_bytes_per_gpu",
+        mode="before",
+    )
+    @classmethod
+    def _parse_pod_bytes(cls, value: object, info: ValidationInfo) -> object:
+        return _bytes_or_none(value, info)
+
+
+class RaySettings(BaseModel):
+    """Ray (`EBB_LAUNCHER=ray`): the cluster, and what every runner actor asks of a node."""
+
+    ray_address: str = Field(default="auto", description="The Ray cluster's address.")
+    ray_runner_resources: str = Field(
+        default="{}",
+        description='Custom resources every runner actor asks for, JSON, e.g. `{"gpu_pool_a": 1}`.',
+    )
+    ray_gpus_per_runner: float = Field(
+        default=0,
+        description="The GPUs (`num_gpus`) a runner actor asks for when its deployment's "
+        "`engine.tensor_parallel_size` does not say.",
+    )
+
+
+class JobSettings(BaseModel):
+    """Jobs, batches and stored responses: work nobody waits for, and how long it is kept."""
+
+    job_ttl_s: int = Field(
+        default=86400,
+        description="How long a job may wait to start when its submission does not say.",
+    )
+    job_max_ttl_s: int = Field(
+        default=7 * 86400, description="The longest `ttl_s` a job submission may ask for."
+    )
+    job_retention_s: int = Field(
+        default=7 * 86400,
+        description="How long a settled job (result, webhook deliveries) stays retrievable.",
+    )
+    job_max_attempts: int = Field(
+        default=3,
+        description="Attempts of a job whose runner was lost before it fails (at least 1).",
+    )
+    job_poll_s: float = Field(
+        default=0.25,
+        description="How often the webhooks worker looks at claimed and settled jobs.",
+    )
+    responses_retention_s: int = Field(
+        default=30 * 86400,
+        ge=60,
+        description="How long a stored response of the Responses API (`store`, the "
+        "default; background ones too) stays retrievable and continuable by "
+        "`previous_response_id`. Each is a Redis key holding its conversation so far, so "
+        "this bounds the memory responses take.",
+    )
+    batch_file_max_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        description="The largest Batch API input file `POST /v1/files` accepts.",
+    )
+    batch_resume_after_s: float = Field(
+        default=30.0,
+        description="A batch still validating after this long was interrupted while its "
+        "lines were queued (the frontdoor died): the frontdoor's batch watcher queues the "
+        "rest (idempotently).",
+    )
+    files_s3_bucket: str | None = Field(
+        default=None,
+        description="Keep Batch API files (inputs, outputs, error files) in this "
+        "object-store bucket (boto3's usual credentials); unset: under `EBB_HOME/files`.",
+    )
+    files_s3_prefix: str = Field(
+        default="files", description="The key prefix of those files in the bucket."
+    )
+    files_s3_endpoint_url: str | None = Field(
+        default=None,
+        description="The object store's endpoint; unset: boto3's (`AWS_ENDPOINT_URL_S3`, "
+        "`AWS_ENDPOINT_URL`).",
+    )
+
+    @field_validator("job_max_attempts")
+    @classmethod
+    def _attempts_at_least_one(cls, value: int, info: ValidationInfo) -> int:
+        if value < 1:
+            raise ValueError(f"{_env(info)} must be at least 1")
+        return value
+
+
+class WebhookSettings(BaseModel):
+    """Webhooks: where deliveries may go, and how they are retried."""
+
+    webhook_allowed_cidrs: str = Field(
+        default="",
+        description="Networks webhook URLs may resolve into beyond public addresses "
+        "(comma-separated CIDRs, e.g. `127.0.0.0/8`); loopback, private, link-local and "
+        "other non-public ones are refused otherwise.",
+    )
+    webhook_timeout_s: float = Field(
+        default=10.0, description="One delivery attempt, start to status line."
+    )
+    webhook_retry_base_s: float = Field(
+        default=5.0,
+        description="The first retry's delay; delays double up to "
+        "`EBB_WEBHOOK_RETRY_MAX_DELAY_S`, jittered.",
+    )
+    webhook_retry_max_delay_s: float = Field(
+        default=3600.0, description="The longest delay between two attempts."
+    )
+    webhook_give_up_s: float = Field(
+        default=86400.0, description="A delivery is given up this long after its event."
+    )
+    webhook_endpoint_concurrency: int = Field(
+        default=4,
+        description="Attempts in flight at once per receiving endpoint (scheme, host, "
+        "port), per worker; at least 1.",
+    )
+    webhook_secret_overlap_s: float = Field(
+        default=86400.0,
+        description="After a secret rotation, deliveries are signed with the old secret "
+        "too for this long (unless the rotation says otherwise).",
+    )
 
     @field_validator("webhook_allowed_cidrs")
     @classmethod
@@ -339,12 +702,59 @@ class Settings(BaseSettings):
                 ) from e
         return value
 
-    @field_validator("webhook_endpoint_concurrency", "job_max_attempts")
+    @field_validator("webhook_endpoint_concurrency")
     @classmethod
-    def _at_least_one(cls, value: int, info: ValidationInfo) -> int:
+    def _concurrency_at_least_one(cls, value: int, info: ValidationInfo) -> int:
         if value < 1:
-            raise ValueError(f"EBB_{info.field_name.upper()} must be at least 1")
+            raise ValueError(f"{_env(info)} must be at least 1")
         return value
+
+    @property
+    def webhook_allowed_networks(self) -> list[IPNetwork]:
+        cidrs = (c.strip() for c in self.webhook_allowed_cidrs.split(","))
+        return [ipaddress.ip_network(c, strict=False) for c in cidrs if c]
+
+
+class BillingSettings(BaseModel):
+    """Billing: metering, the ledger's hours and their export."""
+
+    metering: bool = Field(
+        default=True,
+        description="`0` records no usage and no GPU time at all (to measure metering's overhead).",
+    )
+    gpu_meter_interval_s: float = Field(
+        default=30.0,
+        description="A live runner's GPU time reaches the ledger at least this often "
+        "(at least 1 s).",
+    )
+    billing_close_grace_s: float = Field(
+        default=120.0,
+        description="A ledger hour closes (final, exported) this long after it ends: room "
+        "for GPU segments still on their way; anything later is booked into the next open "
+        "hour.",
+    )
+    billing_s3_bucket: str | None = Field(
+        default=None,
+        description="Hourly JSONL export of the ledger to this bucket (boto3's usual "
+        "credentials); unset: no export.",
+    )
+    billing_s3_prefix: str = Field(
+        default="usage", description="The key prefix of the exported hours in the bucket."
+    )
+    billing_s3_endpoint_url: str | None = Field(
+        default=None, description="The object store's endpoint for the export; unset: boto3's."
+    )
+    usage_retention_s: float = Field(
+        default=86400,
+        description="Raw token-usage records stay in Redis at least this long, and until "
+        "their hour is closed and (with a bucket) exported; the hourly aggregates stay "
+        "for good.",
+    )
+    gpu_second_cost_micros: int = Field(
+        default=0,
+        description="What one GPU-second costs the operator (micros), for the unit "
+        "economics in `ebb usage`; `0`: not shown.",
+    )
 
     @field_validator("gpu_meter_interval_s")
     @classmethod
@@ -357,66 +767,107 @@ class Settings(BaseSettings):
     @classmethod
     def _not_negative(cls, value: float, info: ValidationInfo) -> float:
         if value < 0:
-            raise ValueError(f"EBB_{info.field_name.upper()} must not be negative")
+            raise ValueError(f"{_env(info)} must not be negative")
         return value
 
-    @field_validator("port")
-    @classmethod
-    def _port_range(cls, value: int) -> int:
-        if not 0 < value < 65536:
-            raise ValueError("EBB_PORT must be between 1 and 65535")
-        return value
 
-    @field_validator(
-        "weights_cache_bytes",
-        "sleep_host_ram_bytes",
-        "max_body_bytes",
-        "k8s_runner_memory_base_bytes",
-        "k8s_stem_memory_bytes",
-        "k8s_runner_shm_bytes_per_gpu",
-        mode="before",
+class ObservabilitySettings(BaseModel):
+    """Observability: logs, metrics labels and traces."""
+
+    log_format: str = Field(
+        default="text",
+        description="Log lines as `text` (human) or `json` (one object a line: `ts`, "
+        "`level`, `logger`, `message`, `request_id`, fields; for log shippers).",
     )
+    metrics_max_tenants: int = Field(
+        default=50,
+        description="Distinct tenants labelled on token metrics; the rest count as `other`.",
+    )
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="OpenTelemetry traces go to this OTLP/HTTP endpoint (e.g. "
+        "`http://127.0.0.1:4318`); unset: no tracing at all.",
+    )
+    otlp_sample_ratio: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="The share of new traces recorded (a client's sampled `traceparent` is "
+        "always followed; a trace is recorded whole in every process, or not at all): "
+        "below 1 it bounds tracing's cost on a busy platform.",
+    )
+
+    @field_validator("log_format")
     @classmethod
-    def _parse_bytes(cls, value: object, info: ValidationInfo) -> object:
-        if isinstance(value, str):
-            if not value.strip() and info.field_name in _OPTIONAL_BYTES:
-                return None
-            return parse_bytes(value, f"EBB_{info.field_name.upper()}")
+    def _log_format(cls, value: str) -> str:
+        if value not in ("text", "json"):
+            raise ValueError("EBB_LOG_FORMAT must be 'text' or 'json'")
         return value
 
-    @field_validator("max_body_bytes")
-    @classmethod
-    def _body_limit(cls, value: int) -> int:
-        if value < 64 * 1024:
-            raise ValueError("EBB_MAX_BODY_BYTES must be at least 64KiB (65536)")
-        return value
 
-    @field_validator("weights_cache_bytes", "sleep_host_ram_bytes")
-    @classmethod
-    def _budget_positive(cls, value: int | None, info: ValidationInfo) -> int | None:
-        if value is not None and value <= 0:
-            name = f"EBB_{info.field_name.upper()}"
-            raise ValueError(f"{name} must be positive (unset it for no limit)")
-        return value
+class TestingSettings(BaseModel):
+    """For tests, not for operators: knobs only the test session sets.
 
-    @field_validator("weights_fetch_concurrency", "weights_fetch_attempts")
-    @classmethod
-    def _fetch_counts(cls, value: int, info: ValidationInfo) -> int:
-        if not 1 <= value <= 256:
-            raise ValueError(f"EBB_{info.field_name.upper()} must be in [1, 256]")
-        return value
+    Production never needs them; they let tests run the platform without a GPU or vLLM.
+    """
 
-    @field_validator("weights_fetch_part_bytes")
-    @classmethod
-    def _part_size(cls, value: int) -> int:
-        if value < 1024 * 1024:
-            raise ValueError("EBB_WEIGHTS_FETCH_PART_BYTES must be at least 1 MiB (1048576)")
-        return value
+    __test__ = False  # a settings group, not a pytest test class
 
-    @property
-    def webhook_allowed_networks(self) -> list[IPNetwork]:
-        cidrs = (c.strip() for c in self.webhook_allowed_cidrs.split(","))
-        return [ipaddress.ip_network(c, strict=False) for c in cidrs if c]
+    test_engines: bool = Field(
+        default=False,
+        description="Accept the test engines' sources (`fake://`, see `ebb.engines`). The "
+        "test session sets `EBB_TEST_ENGINES=1` for every process it starts; off, such a "
+        "source is a `400`.",
+    )
+    gpu_inventory_file: Path | None = Field(
+        default=None,
+        description="With `EBB_TEST_ENGINES=1`: a JSON list of fake GPUs the controller "
+        "reads instead of NVML.",
+    )
+
+
+# The groups in the order the configuration reference lists them.
+SETTINGS_GROUPS: tuple[type[BaseModel], ...] = (
+    PlatformSettings,
+    SecuritySettings,
+    FrontdoorSettings,
+    RunnerSettings,
+    ColdstartSettings,
+    GpuSettings,
+    WeightsSettings,
+    JobSettings,
+    WebhookSettings,
+    BillingSettings,
+    ObservabilitySettings,
+    ClusterSettings,
+    KubernetesSettings,
+    RaySettings,
+    TestingSettings,
+)
+
+
+class Settings(
+    PlatformSettings,
+    SecuritySettings,
+    FrontdoorSettings,
+    RunnerSettings,
+    ColdstartSettings,
+    GpuSettings,
+    WeightsSettings,
+    JobSettings,
+    WebhookSettings,
+    BillingSettings,
+    ObservabilitySettings,
+    ClusterSettings,
+    KubernetesSettings,
+    RaySettings,
+    TestingSettings,
+    BaseSettings,
+):
+    """Every setting, read flat (`settings.port`); each group above declares its own."""
+
+    # Inputs stay out of validation errors: one of them may be a key (EBB_SECRETS_KEY).
+    model_config = SettingsConfigDict(env_prefix="EBB_", extra="ignore", hide_input_in_errors=True)
 
     def platform_redis_url(self, process: str) -> str:
         """The Redis a platform process connects to; `ebb up` sets it for every child."""
