@@ -61,7 +61,7 @@ def _bytes_or_none(value: object, info: ValidationInfo) -> object:
     if isinstance(value, str):
         if not value.strip() and info.field_name in _OPTIONAL_BYTES:
             return None
-        return parse_bytes(value, f"EBB_{info.field_name.upper()}")
+        return parse_bytes(value, _env(info))
     return value
 
 
@@ -482,7 +482,7 @@ class ClusterSettings(BaseModel):
 
 
 class KubernetesSettings(BaseModel):
-    """Kubernetes (`EBB_LAUNCHER=kubernetes`): the runner pods the controller makes.
+    """Kubernetes: the runner pods the controller makes with `EBB_LAUNCHER=kubernetes`.
 
     A runner pod's memory (request = limit) is sized per deployment:
     `EBB_K8S_RUNNER_MEMORY_BASE_BYTES` for the process plus the weights a sleeping runner
@@ -580,7 +580,7 @@ class KubernetesSettings(BaseModel):
 
 
 class RaySettings(BaseModel):
-    """Ray (`EBB_LAUNCHER=ray`): the cluster, and what every runner actor asks of a node."""
+    """Ray: the cluster, and what each runner actor asks of a node, with `EBB_LAUNCHER=ray`."""
 
     ray_address: str = Field(default="auto", description="The Ray cluster's address.")
     ray_runner_resources: str = Field(
