@@ -206,12 +206,13 @@ class FrontdoorSettings(BaseModel):
     admission_timeout_s: float = Field(
         default=10.0,
         description="How long a synchronous request may wait for a runner to claim it "
-        "(0-600 s); then it is withdrawn and answered `503` with a `Retry-After`.",
+        "(0-600 s); then it is withdrawn and answered `503` with a `Retry-After`. A "
+        "deployment's own `admission_timeout_s` replaces it.",
     )
     queue_depth_limit: int = Field(
         default=256,
         description="Requests waiting per deployment before new ones are refused at once "
-        "with `503`.",
+        "with `503`; a deployment's own `queue_depth_limit` replaces it.",
     )
     max_n: int = Field(default=8, description="The largest `n` (choices per request).")
     result_ttl_s: int = Field(
@@ -237,11 +238,13 @@ class RunnerSettings(BaseModel):
     lease_ttl_s: float = Field(
         default=5.0,
         description="A claimed request's lease (at least 1 s); runners refresh it every "
-        "`EBB_HEARTBEAT_INTERVAL_S`. A request whose lease lapses is its runner's loss.",
+        "`EBB_HEARTBEAT_INTERVAL_S`. The controller reaps expired leases, and takes a "
+        "runner with no sign of life for a few lease periods for gone.",
     )
     heartbeat_interval_s: float = Field(
         default=1.0,
-        description="How often a runner renews its leases and its own liveness.",
+        description="How often a runner heartbeats: its liveness and the leases of the "
+        "requests it holds.",
     )
     prefix_affinity_ms: int = Field(
         default=500,
@@ -614,7 +617,8 @@ class JobSettings(BaseModel):
     )
     job_poll_s: float = Field(
         default=0.25,
-        description="How often the webhooks worker looks at claimed and settled jobs.",
+        description="How often the webhooks worker looks at claimed and settled jobs; the "
+        "frontdoor's batch watcher looks at unsettled batches every four times this.",
     )
     responses_retention_s: int = Field(
         default=30 * 86400,
