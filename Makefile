@@ -83,7 +83,7 @@ lint: $(STAMP)
 # The fast loop before a commit: lint and the unit tests (about two minutes), no platform.
 check: lint test-unit
 
-# docs/CONFIGURATION.md from the settings' descriptions in ebb/config.py (a unit test
+# docs/CONFIGURATION.md from the settings' descriptions in ebb/config_groups/ (a unit test
 # fails when the two differ).
 docs: $(STAMP)
 	$(PY) -m ebb.config_reference --write docs/CONFIGURATION.md

@@ -10,7 +10,7 @@ REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "CONFIGURATION.md"
 
 def test_the_reference_is_generated_from_the_settings():
     assert REFERENCE.read_text() == render(), (
-        "docs/CONFIGURATION.md differs from ebb/config.py's settings: run `make docs`"
+        "docs/CONFIGURATION.md differs from the settings in ebb/config_groups/: run `make docs`"
     )
 
 
