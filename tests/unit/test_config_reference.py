@@ -1,5 +1,6 @@
 """docs/CONFIGURATION.md is what the settings declare, and every setting is declared once."""
 
+import re
 from pathlib import Path
 
 from ebb.config import SETTINGS_GROUPS, Settings, TestingSettings
@@ -42,3 +43,17 @@ def test_every_setting_is_in_the_reference_with_its_default():
     assert "| `EBB_PORT` | integer | `8000` |" in text
     assert "| `EBB_MAX_BODY_BYTES` | bytes | `4194304` (4 MiB) |" in text
     assert "| `EBB_FORK_SERVER` | boolean | `1` |" in text
+
+
+def test_the_docs_name_only_settings_that_exist():
+    """A renamed or removed setting leaves no page telling operators to set it."""
+    root = REFERENCE.parents[1]
+    settings = {f"EBB_{name.upper()}" for name in Settings.model_fields}
+    shell_variables = {"EBB_KEY"}  # the tour's variable holding the admin key
+    unknown = {}
+    for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for name in set(re.findall(r"EBB_[A-Z0-9_]+", page.read_text())):
+            prefix = name.endswith("_") and any(s.startswith(name) for s in settings)
+            if name not in settings | shell_variables and not prefix:
+                unknown.setdefault(page.name, []).append(name)
+    assert unknown == {}
