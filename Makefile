@@ -95,7 +95,7 @@ format: $(STAMP)
 test: install chromium prometheus cluster-tools policy-tools lint
 	$(PY) -m pytest -ra $(PYTEST_ARGS) tests
 
-test-unit: install
+test-unit: install policy-tools cluster-tools
 	$(PY) -m pytest -ra tests/unit
 
 test-integration: install prometheus
