@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import types
 
+import msgspec
 import pytest
 
 from ebb.billing.gpu import meter_for
@@ -15,6 +16,7 @@ from ebb.config import Settings
 from ebb.gpus import count, nvml
 from ebb.gpus.visible import visible_devices, visible_indices
 from ebb.queue.gpu_records import GpuDevice, GpuPlacement
+from ebb.queue.observations import RunnerStats
 
 GIB = 2**30
 
@@ -163,3 +165,24 @@ async def test_billing_and_the_runner_count_the_same_gpus(placement: GpuPlacemen
     by_runner = meter_for("r-1", None, count.held_gpus(placement, {}))
     by_controller = meter_for("r-1", None, await placer.gpu_count("r-1"))
     assert by_runner.gpu_count == by_controller.gpu_count == (2 if placement else 1)
+
+
+def test_a_runners_gpu_records_reach_metrics_in_the_metrics_units(fake_nvml: FakeNvml) -> None:
+    """The runner publishes its GPUs as `GpuDevice` records through Redis (JSON); /metrics
+    renders them as a ratio, bytes and degrees."""
+    from ebb.frontdoor.metrics_scraped import _runner_families
+
+    [gpu] = nvml.reader({"CUDA_VISIBLE_DEVICES": "1"})()
+    sent = RunnerStats(runner_id="r-1", deployment="m", batch_size=0, gpus=[gpu])
+    stats = msgspec.json.decode(msgspec.json.encode(sent), type=RunnerStats)
+    samples = {
+        s.name: (s.labels["gpu"], s.value)
+        for family in _runner_families([stats])
+        for s in family.samples
+        if s.name.startswith("ebb_gpu_")
+    }
+    assert samples == {
+        "ebb_gpu_utilization_ratio": ("1", 0.41),
+        "ebb_gpu_memory_used_bytes": ("1", 2 * GIB),
+        "ebb_gpu_temperature_celsius": ("1", 61),
+    }
