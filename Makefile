@@ -83,10 +83,10 @@ lint: $(STAMP)
 # The fast loop before a commit: lint and the unit tests (about two minutes), no platform.
 check: lint test-unit
 
-# docs/CONFIGURATION.md from the settings' descriptions in ebb/config_groups/ (a unit test
+# docs/CONFIGURATION.md from the settings' descriptions in ebb/config/ (a unit test
 # fails when the two differ).
 docs: $(STAMP)
-	$(PY) -m ebb.config_reference --write docs/CONFIGURATION.md
+	$(PY) -m ebb.config.reference --write docs/CONFIGURATION.md
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format ebb tests bench

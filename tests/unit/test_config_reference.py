@@ -4,14 +4,14 @@ import re
 from pathlib import Path
 
 from ebb.config import SETTINGS_GROUPS, Settings, TestingSettings
-from ebb.config_reference import render
+from ebb.config.reference import render
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "CONFIGURATION.md"
 
 
 def test_the_reference_is_generated_from_the_settings():
     assert REFERENCE.read_text() == render(), (
-        "docs/CONFIGURATION.md differs from the settings in ebb/config_groups/: run `make docs`"
+        "docs/CONFIGURATION.md differs from the settings in ebb/config/: run `make docs`"
     )
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
-from ebb.config_groups.values import budget_positive, bytes_or_none, env_name
+from ebb.config.values import budget_positive, bytes_or_none, env_name
 
 
 class RunnerSettings(BaseModel):

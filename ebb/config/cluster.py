@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
-from ebb.config_groups.values import bytes_or_none
+from ebb.config.values import bytes_or_none
 
 
 class ClusterSettings(BaseModel):

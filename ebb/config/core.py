@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
-from ebb.config_groups.values import bytes_or_none
+from ebb.config.values import bytes_or_none
 from ebb.secrets import SecretBox
 
 

@@ -2,10 +2,11 @@
 
 Nothing reads the environment at import time; `Settings()` is built by the process entry
 points (CLI commands) and handed to the components they start. Every code path reads a
-setting flat (`settings.lease_ttl_s`); the fields are declared in groups (`ebb.config_groups`,
-one class per operator's concern, each with its own validators) that `Settings` combines.
-The configuration reference, docs/CONFIGURATION.md, is generated from those classes
-(`make docs`, `ebb/config_reference.py`): each field's description is its documentation.
+setting flat (`settings.lease_ttl_s`); the fields are declared in groups, one class per
+operator's concern with its own validators, in this package's modules by area (`core`,
+`serving`, `work`, `cluster`, `testing`), and `Settings` combines them. The configuration
+reference, docs/CONFIGURATION.md, is generated from those classes (`make docs`,
+`ebb.config.reference`): each field's description is its documentation.
 `TestingSettings` holds the knobs only the test session sets; the reference lists them
 apart from the operators'.
 """
@@ -17,17 +18,17 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ebb.config_groups.cluster import ClusterSettings, KubernetesSettings, RaySettings
-from ebb.config_groups.platform import FrontdoorSettings, PlatformSettings, SecuritySettings
-from ebb.config_groups.serving import (
+from ebb.config.cluster import ClusterSettings, KubernetesSettings, RaySettings
+from ebb.config.core import FrontdoorSettings, PlatformSettings, SecuritySettings
+from ebb.config.serving import (
     ColdstartSettings,
     GpuSettings,
     RunnerSettings,
     WeightsSettings,
 )
-from ebb.config_groups.testing import TestingSettings
-from ebb.config_groups.values import IPNetwork, parse_bytes
-from ebb.config_groups.work import (
+from ebb.config.testing import TestingSettings
+from ebb.config.values import IPNetwork, parse_bytes
+from ebb.config.work import (
     BillingSettings,
     JobSettings,
     ObservabilitySettings,

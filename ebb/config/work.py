@@ -6,7 +6,7 @@ import ipaddress
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
-from ebb.config_groups.values import IPNetwork, env_name
+from ebb.config.values import IPNetwork, env_name
 
 
 class JobSettings(BaseModel):
