@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -93,8 +93,8 @@ class Settings(BaseSettings):
     prewarm: int = 1
     # Memory each stem on a host without GPUs writes before it joins the pool and frees as
     # its load begins, so that the load writes pages the host already backs
-    # (`runners/load_reserve`); 0: none.
-    stem_load_reserve_gib: float = Field(default=1.5, ge=0, le=1024)
+    # (`runners/load_reserve`); 0: none; "auto": 1.5 where the guest reports free pages.
+    stem_load_reserve_gib: Annotated[float, Field(ge=0, le=1024)] | Literal["auto"] = "auto"
     # Pre-warmed stems per node pool on a cluster (replaces EBB_PREWARM when set), JSON:
     # {"a100": {"stems": 2, "gpus": 1}, "cpu": 1}; a stem of a pool lands only on nodes
     # labelled EBB_POOL_LABEL=<pool> (Kubernetes) or having the resource <pool> (Ray).
@@ -220,8 +220,9 @@ class Settings(BaseSettings):
     job_slots_beside_sync: int | None = Field(default=None, ge=0)
     # A CPU runner whose engine computes on one thread serves from a core of its own
     # (`runners/core_pinning`: one runner per host and platform, the last core). Off: the
-    # kernel places it, as it does the others (for an operator who pins processes).
-    engine_core_pin: bool = True
+    # kernel places it, as it does the others (for an operator who pins processes); "auto":
+    # on where the process may use exactly 2 cores (where it was measured to help).
+    engine_core_pin: bool | Literal["auto"] = "auto"
     # The Batch API: the largest input file accepted, and its discount is per deployment.
     batch_file_max_bytes: int = 64 * 1024 * 1024
     # Where Batch API files (inputs, outputs, error files) are kept: this bucket of the
