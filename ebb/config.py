@@ -323,7 +323,7 @@ class Settings(BaseSettings):
     @field_validator("stem_pools")
     @classmethod
     def _stem_pools_parse(cls, value: str) -> str:
-        from ebb.coldstart.stem_pools import parse_stem_pools
+        from ebb.launching.stem_pools import parse_stem_pools
 
         parse_stem_pools(value, prewarm=0)  # raises ValueError saying what to change
         return value

@@ -28,10 +28,10 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn
 
 from ebb import backoff
 from ebb.coldstart.environments import service_environment
-from ebb.coldstart.stem_pools import stems_wanted
-from ebb.coldstart.tiers import WarmState
 from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE, Settings
 from ebb.home import resolve_admin_key, write_run_info
+from ebb.launching.stem_pools import stems_wanted
+from ebb.launching.tiers import WarmState
 from ebb.process_memory import start_memory_reporter
 from ebb.queue.connection import async_client
 from ebb.queue.platform import PlatformState

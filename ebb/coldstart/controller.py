@@ -43,9 +43,9 @@ from ebb.coldstart.leader import AlwaysLeader, Leadership
 from ebb.coldstart.placement import rank_stems
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
 from ebb.coldstart.state import ControllerState
-from ebb.coldstart.stem_pools import DEFAULT_POOL, StemPool, parse_stem_pools, runner_gpus
-from ebb.coldstart.tiers import Tier, WarmState, launch_tier
 from ebb.config import Settings
+from ebb.launching.stem_pools import DEFAULT_POOL, StemPool, parse_stem_pools, runner_gpus
+from ebb.launching.tiers import Tier, WarmState, launch_tier
 from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.metering import LAST_SIGN_OF_LIFE, EndField, GpuMeter
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState

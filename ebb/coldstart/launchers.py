@@ -14,8 +14,8 @@ import redis
 from ebb.coldstart.environments import child_environment
 from ebb.coldstart.launcher import Launcher, LocalProcessLauncher, NoWarmStarts, WarmStarts
 from ebb.coldstart.placing import PreferringLauncher
-from ebb.coldstart.stem_pools import runner_gpus
 from ebb.config import Settings
+from ebb.launching.stem_pools import runner_gpus
 from ebb.queue.connection import sync_client
 from ebb.queue.deployment_lookup import read_deployment
 from ebb.queue.node_caches import read_node_caches

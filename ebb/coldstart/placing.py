@@ -16,8 +16,8 @@ from typing import Protocol
 
 from ebb.coldstart.fork_client import Exit
 from ebb.coldstart.placement import NodeCapacity, Placement, choose_placement
-from ebb.coldstart.stem_pools import StemPool
-from ebb.coldstart.tiers import Tier
+from ebb.launching.stem_pools import StemPool
+from ebb.launching.tiers import Tier
 
 log = logging.getLogger(__name__)
 

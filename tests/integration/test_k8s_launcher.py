@@ -22,7 +22,7 @@ from ebb.coldstart.launch_k8s import (
 )
 from ebb.coldstart.placement import Placement
 from ebb.coldstart.placing import PreferringLauncher
-from ebb.coldstart.tiers import Tier
+from ebb.launching.tiers import Tier
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ebb.coldstart.fork_client import Exit
 from ebb.coldstart.placement import NodeCapacity, Placement
 from ebb.coldstart.placing import PreferringLauncher
-from ebb.coldstart.tiers import Tier
+from ebb.launching.tiers import Tier
 
 SRC = "s3://models/llama"
 
