@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import os
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ebb.gpus.count import visible_gpu_count
 from ebb.queue.schema import ChoiceDelta, FinishReason, SamplingSpec, TokenLogprob, TopLogprob
 from ebb.runners import vllm_compat
+from ebb.runners.core_pinning import usable_core_count
 from ebb.runners.engine import EngineOptions, EngineRequestError, EngineStats, StepOutput
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def _every_core_while_loading(cuda: bool) -> Iterator[None]:
     # binds threads itself in its multiprocess executor); torch._C's is the function.
     set_num_threads = torch._C.set_num_threads
     serving = torch.get_num_threads()
-    set_num_threads(max(serving, os.cpu_count() or 1))
+    set_num_threads(max(serving, usable_core_count()))
     try:
         yield
     finally:

@@ -212,7 +212,7 @@ def _run(
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
     loop.read_gpus = nvml.reader()
     loop.jobs_beside_sync = jobs_beside_sync(settings.job_slots_beside_sync, visible_gpu_count())
-    if settings.engine_core_pin:
+    if core_pinning.pin_wanted(settings.engine_core_pin):
         loop.engine_thread_placement = functools.partial(
             core_pinning.own_core, settings.home, engine.cpu_threads
         )
