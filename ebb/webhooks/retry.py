@@ -21,7 +21,7 @@ class RetryPolicy:
 
     def delay_s(self, failed_attempts: int, rand: Callable[[], float] = random.random) -> float:
         """Wait after the `failed_attempts`-th failed attempt (1 for the first)."""
-        ceiling = min(self.base_s * 2 ** max(failed_attempts - 1, 0), self.max_delay_s)
+        ceiling = min(self.base_s * 2.0 ** max(failed_attempts - 1, 0), self.max_delay_s)
         return ceiling / 2 + rand() * ceiling / 2
 
     def next_attempt_ms(
