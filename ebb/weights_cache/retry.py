@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -25,7 +24,9 @@ def with_retries(call: Callable[[], T], what: str, attempts: int, backoff_s: flo
     Any other error propagates at once: retrying bad credentials or a missing object only
     delays the answer. The last transient error propagates with the attempt count added.
     """
-    for attempt in itertools.count(1):
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             return call()
         except WeightsTransientError as e:
