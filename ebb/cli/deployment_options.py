@@ -53,8 +53,16 @@ class DeploymentOption:
         return decls[0].split("/")[0] if decls else "--" + self.param.replace("_", "-")
 
 
-def _money(option: str) -> Callable[[str], int]:
-    return lambda text: parse_money(text, option)
+def _price(param: str, help: str, field: str) -> DeploymentOption:
+    """A price option: a decimal amount, sent as integer micros."""
+    flag = "--" + param.replace("_", "-")
+    return DeploymentOption(
+        param,
+        str | None,
+        typer.Option(None, flag, help=help),
+        field,
+        read=lambda text: parse_money(text, flag),
+    )
 
 
 # Scaling, queue and admission limits, engine and serving options: what a deployment is
@@ -222,27 +230,9 @@ ADMIN = (
         typer.Option(None, help="The tenant that owns it and is billed its GPU time."),
         "owner",
     ),
-    DeploymentOption(
-        "input_price",
-        str | None,
-        typer.Option(None, "--input-price", help="Per 1M input tokens, e.g. 0.15."),
-        "price_per_1m_input_tokens_micros",
-        read=_money("--input-price"),
-    ),
-    DeploymentOption(
-        "output_price",
-        str | None,
-        typer.Option(None, "--output-price", help="Per 1M output tokens, e.g. 0.60."),
-        "price_per_1m_output_tokens_micros",
-        read=_money("--output-price"),
-    ),
-    DeploymentOption(
-        "gpu_second_price",
-        str | None,
-        typer.Option(None, "--gpu-second-price", help="Per GPU-second (the owner)."),
-        "price_per_gpu_second_micros",
-        read=_money("--gpu-second-price"),
-    ),
+    _price("input_price", "Per 1M input tokens, e.g. 0.15.", "price_per_1m_input_tokens_micros"),
+    _price("output_price", "Per 1M output tokens, e.g. 0.60.", "price_per_1m_output_tokens_micros"),
+    _price("gpu_second_price", "Per GPU-second (the owner).", "price_per_gpu_second_micros"),
     DeploymentOption(
         "visibility",
         str | None,

@@ -114,34 +114,19 @@ def test_unset_options_stay_out_of_the_body(bodies: list[dict[str, Any]]) -> Non
 
 
 def test_deploy_sends_the_admins_options_as_their_fields(bodies: list[dict[str, Any]]) -> None:
-    result = CliRunner().invoke(
-        app,
-        [
-            "deploy",
-            "m",
-            "--source",
-            "fake://m",
-            "--no-wait",
-            "--batch-discount",
-            "25",
-            "--owner",
-            "acme",
-            "--input-price",
-            "0.15",
-            "--output-price",
-            "0.6",
-            "--gpu-second-price",
-            "0.000278",
-            "--visibility",
-            "private",
-            "--share-with",
-            "beta",
-            "--share-with",
-            "gamma",
-            "--task",
-            "generate",
-        ],  # fmt: skip
-    )
+    given = [
+        ("--batch-discount", "25"),
+        ("--owner", "acme"),
+        ("--input-price", "0.15"),
+        ("--output-price", "0.6"),
+        ("--gpu-second-price", "0.000278"),
+        ("--visibility", "private"),
+        ("--share-with", "beta"),
+        ("--share-with", "gamma"),
+        ("--task", "generate"),
+    ]
+    args = [word for pair in given for word in pair]
+    result = CliRunner().invoke(app, ["deploy", "m", "--source", "fake://m", "--no-wait", *args])
     assert result.exit_code == 0, result.output
     assert bodies == [
         {
