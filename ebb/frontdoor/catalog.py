@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ebb.engines import EngineRegistry
 from ebb.errors import CapacityError, WeightsError
-from ebb.frontdoor.tokenizer import HfPromptTokenizer, PromptTokenizer
+from ebb.openai.tokenizer import HfPromptTokenizer, PromptTokenizer
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec
 from ebb.queue.weights_status import WeightsState, WeightsStatus

@@ -18,10 +18,10 @@ from pydantic.json_schema import models_json_schema
 
 from ebb.errors import NotFound
 from ebb.frontdoor.auth import authenticate, require_admin
-from ebb.frontdoor.openai_schema import ChatCompletionRequest, CompletionRequest
-from ebb.frontdoor.responses_schema import ResponsesRequest
 from ebb.frontdoor.routes_tokenize import DetokenizeRequest, TokenizeRequest
 from ebb.frontdoor.services import ServicesDep
+from ebb.openai.responses_schema import ResponsesRequest
+from ebb.openai.schema import ChatCompletionRequest, CompletionRequest
 
 router = APIRouter(include_in_schema=False)
 

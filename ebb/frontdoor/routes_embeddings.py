@@ -28,11 +28,11 @@ from ebb.frontdoor.auth import calling
 from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.hot_routes import RequestOnlyRoute
-from ebb.frontdoor.openai_schema import _to_invalid
 from ebb.frontdoor.services import Services
-from ebb.frontdoor.tokenizer import PromptTokenizer
 from ebb.frontdoor.version_routing import Routed, routed, version_headers
-from ebb.openai_responses import embedding_response, embedding_vectors
+from ebb.openai.response_builder import embedding_response, embedding_vectors
+from ebb.openai.schema import _to_invalid
+from ebb.openai.tokenizer import PromptTokenizer
 from ebb.queue.schema import DeploymentSpec, Failed, Finished, Progress, SamplingSpec, WorkItem
 
 router = APIRouter(prefix="/v1", route_class=RequestOnlyRoute)

@@ -26,7 +26,6 @@ from ebb import tracing
 from ebb.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
-from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
 from ebb.frontdoor.routes_embeddings import (
     job_work,
     parse_embedding_request,
@@ -35,9 +34,10 @@ from ebb.frontdoor.routes_embeddings import (
 )
 from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.frontdoor.services import Services, ServicesDep
-from ebb.frontdoor.translate import prepare_chat, prepare_completion, require_generative
 from ebb.frontdoor.version_routing import routed
-from ebb.openai_responses import CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT
+from ebb.openai.response_builder import CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT
+from ebb.openai.schema import parse_chat_request, parse_completion_request
+from ebb.openai.translate import prepare_chat, prepare_completion, require_generative
 from ebb.queue.job_schema import JobEvent, JobRecord, JobStatus, attempt_request_id
 from ebb.queue.job_store import IdempotencyConflict, JobStore
 from ebb.queue.schema import DeploymentSpec, SamplingSpec, ToolCallFormat, WorkItem

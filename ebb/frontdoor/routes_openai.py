@@ -30,28 +30,28 @@ from ebb.frontdoor.execution import ClientGone, Running, unless_disconnected
 from ebb.frontdoor.hot_routes import RequestOnlyRoute
 from ebb.frontdoor.model_cards import model_card
 from ebb.frontdoor.observe import RequestObservation
-from ebb.frontdoor.openai_schema import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    parse_chat_request,
-    parse_completion_request,
-)
 from ebb.frontdoor.ratelimit import Reservation
 from ebb.frontdoor.redis_down import unavailable
 from ebb.frontdoor.services import Services, ServicesDep
-from ebb.frontdoor.translate import (
-    Prepared,
-    prepare_chat,
-    prepare_completion,
-    require_generative,
-)
 from ebb.frontdoor.version_routing import routed, version_headers, version_of
-from ebb.openai_responses import (
+from ebb.openai.response_builder import (
     SSE_DONE,
     EndpointKind,
     ResponseBuilder,
     new_request_id,
     sse_line,
+)
+from ebb.openai.schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_chat_request,
+    parse_completion_request,
+)
+from ebb.openai.translate import (
+    Prepared,
+    prepare_chat,
+    prepare_completion,
+    require_generative,
 )
 from ebb.queue.connection import UNAVAILABLE_ERRORS
 from ebb.queue.schema import Failed, Finished, Progress, WorkItem
@@ -78,7 +78,8 @@ class Answer(Protocol):
     """One endpoint's side of `serve`: its request in, its answer out.
 
     `serve` calls `new_request_id` first, then `parse` (the body as a chat or completions
-    request; InvalidRequest for a bad one) and `prepare` (translate.py's, for that request);
+    request; InvalidRequest for a bad one) and `prepare` (ebb.openai.translate's, for that
+    request);
     after the run, `whole` with the chat/completions result, or `stream` with its chunk
     objects (it returns the SSE body), `stream_error` if the stream cannot go on, and
     `stream_end` last."""

@@ -1,8 +1,8 @@
 """OpenAI's Responses API: POST /v1/responses, and GET / DELETE / cancel / input_items of a
 stored response.
 
-A response is served as the chat completion `responses_translate` writes for it, through
-`routes_openai.serve` (the same admission, queue, runners, rate limits and billing as
+A response is served as the chat completion `ebb.openai.responses_translate` writes for
+it, through `routes_openai.serve` (the same admission, queue, runners, rate limits and billing as
 chat); `ResponsesAnswer` reads the Responses request in and writes the chat result or
 chunks out as a Response object or Responses events. `store` (the default) keeps it, per
 tenant, for EBB_RESPONSES_RETENTION_S: a tenant reads, continues (previous_response_id)
@@ -26,29 +26,29 @@ from ebb.frontdoor.auth import CallerDep, calling
 from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.hot_routes import RequestOnlyRoute
-from ebb.frontdoor.openai_schema import ChatCompletionRequest, parse_chat_request
-from ebb.frontdoor.responses_schema import (
-    RESPONSE_ID_PATTERN,
-    ResponsesRequest,
-    parse_responses_request,
-)
-from ebb.frontdoor.responses_translate import (
-    chat_body,
-    echoed_fields,
-    in_responses_terms,
-    input_items,
-)
 from ebb.frontdoor.routes_openai import serve
 from ebb.frontdoor.services import Services, ServicesDep
-from ebb.frontdoor.translate import Prepared, prepare_chat
-from ebb.queue.response_store import ResponseStore, StoredResponse
-from ebb.responses_objects import (
+from ebb.openai.responses_objects import (
     ResponseFrame,
     from_chat_completion,
     new_response_id,
     response_of_item,
 )
-from ebb.responses_stream import ResponseEvents, sse
+from ebb.openai.responses_schema import (
+    RESPONSE_ID_PATTERN,
+    ResponsesRequest,
+    parse_responses_request,
+)
+from ebb.openai.responses_stream import ResponseEvents, sse
+from ebb.openai.responses_translate import (
+    chat_body,
+    echoed_fields,
+    in_responses_terms,
+    input_items,
+)
+from ebb.openai.schema import ChatCompletionRequest, parse_chat_request
+from ebb.openai.translate import Prepared, prepare_chat
+from ebb.queue.response_store import ResponseStore, StoredResponse
 
 router = APIRouter(prefix="/v1/responses")
 # POST /v1/responses, handed the request without FastAPI's dependency solver (as chat).

@@ -20,8 +20,8 @@ from typing import Any
 
 import msgspec
 
+from ebb.openai.tool_calls import ToolStream, parse_reply
 from ebb.queue.schema import ChoiceDelta, Finished, Progress, TokenLogprob, ToolCallFormat
-from ebb.tool_calls import ToolStream, parse_reply
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class ResponseBuilder:
     SSE chunk objects to send) or `add` otherwise; then, on `Finished`, take
     `final_chunks` (streaming) or `response` (not). Chunks carry one choice each, as
     OpenAI's do; a chat choice's first chunk carries `delta.role`, its last `finish_reason`.
-    With `tools` (chat only), the text becomes `tool_calls` as `ebb.tool_calls` parses it,
+    With `tools` (chat only), the text becomes `tool_calls` as `ebb.openai.tool_calls` parses it,
     and a choice that called tools (auto or required) finishes with "tool_calls".
     """
 

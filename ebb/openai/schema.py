@@ -28,8 +28,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ebb.errors import InvalidRequest
-from ebb.frontdoor.openai_extras import BEAM_ONLY, SamplingExtras
-from ebb.frontdoor.openai_tools import ToolCallMessagePart, ToolFields
+from ebb.openai.sampling_extras import BEAM_ONLY, SamplingExtras
+from ebb.openai.tool_fields import ToolCallMessagePart, ToolFields
 
 MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS = 20
