@@ -13,13 +13,13 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ebb.config import Settings
+from ebb.console import routes as console_routes
 from ebb.errors import EbbError
 from ebb.frontdoor import (
     redis_down,
     routes_admin,
     routes_apidocs,
     routes_batches,
-    routes_console,
     routes_deployments,
     routes_embeddings,
     routes_files,
@@ -99,7 +99,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_jobs.router)
     app.include_router(routes_webhooks.router)
     app.include_router(routes_status.router)
-    app.include_router(routes_console.router)
+    app.include_router(console_routes.router)
     app.include_router(routes_weights.router)
     app.include_router(routes_logs.router)
     app.include_router(routes_apidocs.router)
