@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from weights_support import MotoS3, upload_dir, write_servable_dir
+from support.weights import MotoS3, upload_dir, write_servable_dir
 
 from ebb.coldstart.clock import ManualClock
 from ebb.coldstart.preparer import RETRY_FIRST_S, Preparer

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from weights_support import write_servable_dir
+from support.weights import write_servable_dir
 
 from ebb.errors import InvalidRequest
 from ebb.openai.tokenizer import HfPromptTokenizer

@@ -9,7 +9,7 @@ import sys
 import time
 import types
 
-from metrics_support import Scrape
+from support.metrics import Scrape
 
 from ebb import logs
 from ebb.frontdoor.metrics import BoundedLabel, Metrics
