@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services = build_services(settings)
         app.state.services = services
         start_memory_reporter(settings.redis_url or "", "frontdoor")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -88,7 +88,7 @@ def tokenize_inputs(
 ) -> list[list[int]]:
     """Each input's token ids, checked against the vocabulary and the context."""
     inputs: list[list[int]] = []
-    for i, item in enumerate(req.input):
+    for i, item in enumerate(cast("list[str | list[int]]", req.input)):
         ids = tokenizer.encode(item) if isinstance(item, str) else list(item)
         if not ids or (isinstance(item, str) and not item):
             raise InvalidRequest(f"input {i} is empty; send some text.", param=f"input.{i}")

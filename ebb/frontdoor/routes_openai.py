@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -57,19 +57,20 @@ from ebb.queue.connection import UNAVAILABLE_ERRORS
 from ebb.queue.schema import Failed, Finished, Progress, WorkItem
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 router = APIRouter(prefix="/v1")
 # The inference endpoints, handed the request without FastAPI's dependency solver.
 inference = APIRouter(prefix="/v1", route_class=RequestOnlyRoute)
 
 
 @router.get("/models")
-async def list_models(caller: CallerDep, services: ServicesDep) -> dict:
+async def list_models(caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     specs = await tenancy.visible_deployments(services.state, caller)
     return {"object": "list", "data": [await model_card(services.catalog, s) for s in specs]}
 
 
 @router.get("/models/{model_id}")
-async def retrieve_model(model_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+async def retrieve_model(model_id: str, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     spec = await tenancy.visible_deployment(services.state, caller, model_id)
     return await model_card(services.catalog, spec)
 
@@ -95,9 +96,9 @@ class Answer(Protocol):
 
     def prepare(self, parsed: Any, *args: Any, **kwargs: Any) -> Prepared: ...
 
-    async def whole(self, result: dict) -> dict: ...
+    async def whole(self, result: dict[str, Any]) -> dict[str, Any]: ...
 
-    def stream(self, chunks: AsyncIterator[dict]) -> AsyncGenerator[bytes, None]: ...
+    def stream(self, chunks: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[bytes, None]: ...
 
     def stream_error(self, error: EbbError) -> bytes: ...
 
@@ -122,10 +123,10 @@ class PassThrough:
     async def parse(self, body: object) -> ChatCompletionRequest | CompletionRequest:
         return self.parse_body(body)
 
-    async def whole(self, result: dict) -> dict:
+    async def whole(self, result: dict[str, Any]) -> dict[str, Any]:
         return result
 
-    async def stream(self, chunks: AsyncIterator[dict]) -> AsyncGenerator[bytes, None]:
+    async def stream(self, chunks: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[bytes, None]:
         async for chunk in chunks:
             yield sse_line(chunk)
 
@@ -267,7 +268,7 @@ async def _collect(
     new_builder: Callable[[], ResponseBuilder],
     reservation: Reservation,
     observed: RequestObservation,
-) -> dict:
+) -> dict[str, Any]:
     """The whole answer; a request whose runner was lost runs again (nothing was sent)."""
     builder = new_builder()
     async for event in services.executor.events(running):
@@ -361,7 +362,9 @@ async def _stream_chunks(
 _INLINE_PREPARE_MAX_BYTES = 8 * 1024
 
 
-async def _off_loop_if_long(body_bytes: int, prepare: Callable, *args, **kwargs):
+async def _off_loop_if_long(
+    body_bytes: int, prepare: Callable[..., T], *args: Any, **kwargs: Any
+) -> T:
     """`prepare(*args, **kwargs)`; in a worker thread when the body is long (rendering and
     tokenizing a long prompt is CPU work that must not stall the event loop)."""
     if body_bytes <= _INLINE_PREPARE_MAX_BYTES:

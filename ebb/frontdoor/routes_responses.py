@@ -76,14 +76,18 @@ async def create_response(request: Request) -> Response:
 
 
 @router.get("/{response_id}")
-async def retrieve_response(response_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+async def retrieve_response(
+    response_id: str, caller: CallerDep, services: ServicesDep
+) -> dict[str, Any]:
     store = response_store(services)
     record = await background.refreshed(services, store, await _found(store, caller, response_id))
     return record.response
 
 
 @router.delete("/{response_id}")
-async def delete_response(response_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+async def delete_response(
+    response_id: str, caller: CallerDep, services: ServicesDep
+) -> dict[str, Any]:
     """Forget a stored response (a background one still running is cancelled first)."""
     store = response_store(services)
     record = await _found(store, caller, response_id)
@@ -94,7 +98,9 @@ async def delete_response(response_id: str, caller: CallerDep, services: Service
 
 
 @router.post("/{response_id}/cancel")
-async def cancel_response(response_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+async def cancel_response(
+    response_id: str, caller: CallerDep, services: ServicesDep
+) -> dict[str, Any]:
     store = response_store(services)
     record = await _found(store, caller, response_id)
     return (await background.cancel(services, caller, store, record)).response
@@ -108,7 +114,7 @@ async def list_input_items(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
     after: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The items the response was given (not the earlier turns'), as OpenAI pages them:
     newest first unless `order` is "asc"; `after` is the last id of the previous page."""
     record = await _found(response_store(services), caller, response_id)
@@ -163,12 +169,12 @@ class ResponsesAnswer:
         except InvalidRequest as e:
             raise in_responses_terms(e) from None
 
-    async def whole(self, result: dict) -> dict:
+    async def whole(self, result: dict[str, Any]) -> dict[str, Any]:
         response = from_chat_completion(self._framed(), result)
         await self._keep(response)
         return response
 
-    async def stream(self, chunks: AsyncIterator[dict]) -> AsyncGenerator[bytes, None]:
+    async def stream(self, chunks: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[bytes, None]:
         events = self._events = ResponseEvents(self._framed())
         for event in events.start():
             yield sse(event)

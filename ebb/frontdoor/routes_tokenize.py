@@ -89,7 +89,7 @@ class DetokenizeRequest(_Strict):
 
 
 @router.post("/tokenize")
-async def tokenize(request: Request, caller: CallerDep, services: ServicesDep) -> dict:
+async def tokenize(request: Request, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     req = parse_body(TokenizeRequest, decoded_json(request))
     spec, tokenizer, max_model_len = await _model(services, caller, req.model)
     if req.prompt is not None:
@@ -101,7 +101,7 @@ async def tokenize(request: Request, caller: CallerDep, services: ServicesDep) -
 
 
 @router.post("/detokenize")
-async def detokenize(request: Request, caller: CallerDep, services: ServicesDep) -> dict:
+async def detokenize(request: Request, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     req = parse_body(DetokenizeRequest, decoded_json(request))
     _, tokenizer, _ = await _model(services, caller, req.model)
     vocab_size = tokenizer.vocab_size

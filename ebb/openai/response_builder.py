@@ -16,7 +16,7 @@ import struct
 import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -30,9 +30,9 @@ _MIN_LOGPROB = -9999.0
 SSE_DONE = b"data: [DONE]\n\n"
 
 # The endpoint a job was submitted for, as its record stores it (and the API shows it).
-CHAT_ENDPOINT = "chat.completions"
-COMPLETIONS_ENDPOINT = "completions"
-EMBEDDINGS_ENDPOINT = "embeddings"
+CHAT_ENDPOINT: Final = "chat.completions"
+COMPLETIONS_ENDPOINT: Final = "completions"
+EMBEDDINGS_ENDPOINT: Final = "embeddings"
 
 
 class EndpointKind(StrEnum):

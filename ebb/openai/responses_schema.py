@@ -136,7 +136,8 @@ class ItemReference(_Strict):
 
 def _item_type(value: Any) -> str | None:
     if isinstance(value, dict):
-        return value.get("type", "message")  # an "easy" message has no type
+        kind: str | None = value.get("type", "message")  # an "easy" message has no type
+        return kind
     return getattr(value, "type", None)
 
 

@@ -434,7 +434,8 @@ _KINDS = {
 def _describe(error: Any, param: str, ctx: dict[str, Any]) -> str:
     kind, value = error["type"], error.get("input")
     if kind == "ebb_invalid":
-        return ctx["ebb_message"]
+        message: str = ctx["ebb_message"]
+        return message
     if kind == "missing":
         return f"Missing required parameter: '{param}'."
     if kind == "extra_forbidden":
