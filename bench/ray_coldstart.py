@@ -31,7 +31,6 @@ from bench.serving import KV_CACHE_GIB, MAX_MODEL_LEN, REPO
 
 sys.path.insert(0, str(REPO / "tests"))
 
-from ray_two_nodes import _sid, start_node, stop_node  # noqa: E402
 from support import (  # noqa: E402
     TEST_WEIGHTS_DIR,
     Platform,
@@ -40,6 +39,7 @@ from support import (  # noqa: E402
     wait_for_weights,
     wait_until,
 )
+from support.ray_two_nodes import _sid, start_node, stop_node  # noqa: E402
 
 from ebb.config import DEFAULT_MODEL_SOURCE  # noqa: E402
 from ebb.weights_cache import ensure  # noqa: E402

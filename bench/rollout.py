@@ -24,8 +24,8 @@ from bench.serving import REPO
 
 sys.path.insert(0, str(REPO / "tests"))
 
-from steady_load import Outcome, SteadyLoad  # noqa: E402
 from support import Platform, deploy, temp_home, wait_until  # noqa: E402
+from support.steady_load import Outcome, SteadyLoad  # noqa: E402
 
 SOURCE = "fake://m?step_ms=5&prefill_ms=5"
 

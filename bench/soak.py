@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 from support import Platform, temp_home, wait_until  # noqa: E402
-from webhook_receiver import Receiver  # noqa: E402
+from support.webhook_receiver import Receiver  # noqa: E402
 
 from bench.loadgen import save_results  # noqa: E402
 from ebb.queue import keys  # noqa: E402

@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 from support import TEST_WEIGHTS_DIR, free_port, temp_home, wait_until  # noqa: E402
-from weights_support import CountingProxy  # noqa: E402
+from support.weights import CountingProxy  # noqa: E402
 
 from bench.loadgen import save_results  # noqa: E402
 from bench.page_cache import drop, read_ahead_in_background, resident_fraction  # noqa: E402

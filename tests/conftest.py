@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from support import TEMP_HOMES, TEST_WEIGHTS_DIR
-from webhook_receiver import Receiver
+from support.webhook_receiver import Receiver
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -13,13 +14,13 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ebb.config import Settings
+from ebb.console import routes as console_routes
 from ebb.errors import EbbError
 from ebb.frontdoor import (
     redis_down,
     routes_admin,
     routes_apidocs,
     routes_batches,
-    routes_console,
     routes_deployments,
     routes_embeddings,
     routes_files,
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services = build_services(settings)
         app.state.services = services
         start_memory_reporter(settings.redis_url or "", "frontdoor")
@@ -99,7 +100,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_jobs.router)
     app.include_router(routes_webhooks.router)
     app.include_router(routes_status.router)
-    app.include_router(routes_console.router)
+    app.include_router(console_routes.router)
     app.include_router(routes_weights.router)
     app.include_router(routes_logs.router)
     app.include_router(routes_apidocs.router)

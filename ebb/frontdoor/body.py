@@ -185,7 +185,7 @@ class BodyGuard:
 def _is_file_upload(scope: Scope) -> bool:
     if scope.get("path") != "/v1/files":
         return False
-    headers = dict(scope.get("headers") or [])
+    headers: dict[bytes, bytes] = dict(scope.get("headers") or [])
     return headers.get(b"content-type", b"").startswith(b"multipart/form-data")
 
 

@@ -13,12 +13,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ebb.engines import EngineRegistry
 from ebb.errors import CapacityError, WeightsError
-from ebb.frontdoor.tokenizer import HfPromptTokenizer, PromptTokenizer
+from ebb.openai.tokenizer import HfPromptTokenizer, PromptTokenizer
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec
 from ebb.queue.weights_status import WeightsState, WeightsStatus
@@ -66,11 +67,11 @@ class ModelCatalog:
             if weights.state is WeightsState.FAILED:
                 raise WeightsError(weights.error, code=weights.error_code or None)
             if weights.state is WeightsState.READY and weights.path:
-                tokenizer = await self._ready_tokenizer(spec, weights.path)
-                if tokenizer is not None:
-                    ready = ModelInfo(tokenizer, weights.max_model_len)
+                loaded = await self._ready_tokenizer(spec, weights.path)
+                if loaded is not None:
+                    ready = ModelInfo(loaded, weights.max_model_len)
                     self._ready[(spec.name, spec.created_at_s)] = ready
-                    return ModelInfo(tokenizer, spec.max_model_len or ready.max_model_len)
+                    return ModelInfo(loaded, spec.max_model_len or ready.max_model_len)
             remaining_s = deadline_s - time.monotonic()
             if remaining_s <= 0:
                 raise CapacityError(
@@ -102,7 +103,7 @@ class ModelCatalog:
         )
         return None
 
-    async def _tokenizer(self, key: str, load) -> PromptTokenizer:
+    async def _tokenizer(self, key: str, load: Callable[[], PromptTokenizer]) -> PromptTokenizer:
         task = self._tokenizers.get(key)
         if task is None or (task.done() and task.exception() is not None):
             task = asyncio.create_task(asyncio.to_thread(load))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 
@@ -40,7 +41,9 @@ def seal_env(services: Services, env: dict[str, str] | None) -> tuple[list[str],
     return sorted(env), SecretBox(services.settings.secrets_key).seal(env)
 
 
-async def keep_first_env(services: Services, spec: DeploymentSpec, env: dict | None) -> None:
+async def keep_first_env(
+    services: Services, spec: DeploymentSpec, env: dict[str, Any] | None
+) -> None:
     """A new deployment created with an env: version 1 is stored to hold it."""
     names, sealed = seal_env(services, env)
     if sealed:
@@ -60,7 +63,7 @@ async def latest_version(store: VersionStore, existing: DeploymentSpec) -> Versi
 async def deploy_version(
     services: Services,
     existing: DeploymentSpec,
-    changes: Callable[[DeploymentSpec], dict],
+    changes: Callable[[DeploymentSpec], dict[str, Any]],
     env: dict[str, str] | None,
     check: Callable[[DeploymentSpec], Awaitable[None]],
     *,
@@ -110,7 +113,7 @@ async def refuse_version_fields(state: PlatformState, name: str, given: set[str]
         )
 
 
-async def version_summary(state: PlatformState, spec: DeploymentSpec) -> dict:
+async def version_summary(state: PlatformState, spec: DeploymentSpec) -> dict[str, Any]:
     """What a deployment's view says of its versions: the serving (primary) version's
     fields, the traffic split and the rollout in progress."""
     store = VersionStore(state.redis)
@@ -128,7 +131,7 @@ async def version_summary(state: PlatformState, spec: DeploymentSpec) -> dict:
     }
 
 
-async def versions_view(state: PlatformState, existing: DeploymentSpec) -> dict:
+async def versions_view(state: PlatformState, existing: DeploymentSpec) -> dict[str, Any]:
     """`GET /v1/deployments/NAME/versions`: each version, its traffic and its runners."""
     store = VersionStore(state.redis)
     split = await store.split(existing.name)

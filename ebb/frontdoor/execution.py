@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -39,6 +40,7 @@ from ebb.queue.schema import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # While a claimed request is running, how long to wait for an event before re-checking
 # its recorded state (a safety net under the lease reaper, which normally reports loss).
@@ -158,7 +160,7 @@ class Executor:
         await self._await_claim(running.work, running.spec, running.reader, window_s)
         return True
 
-    async def _ride_out(self, read, timeout_s: float):
+    async def _ride_out(self, read: Callable[[float], Awaitable[T]], timeout_s: float) -> T:
         """`read(timeout_s)`, retried with backoff while Redis is unreachable, for at most
         EBB_REDIS_OUTAGE_S; then the unavailability propagates."""
         deadline = time.monotonic() + self._settings.redis_outage_s
@@ -261,8 +263,8 @@ class RetryAfterCache:
 
 
 async def unless_disconnected(
-    request: Request, work: WorkItem, executor: Executor, task: Awaitable
-):
+    request: Request, work: WorkItem, executor: Executor, task: Awaitable[T]
+) -> T:
     """Await `task`, cancelling the request in the queue if the client disconnects first."""
     job = asyncio.ensure_future(task)
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))

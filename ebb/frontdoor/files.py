@@ -30,7 +30,7 @@ class FileInfo:
     bytes: int
     created_at_s: int
 
-    def view(self) -> dict:
+    def view(self) -> dict[str, Any]:
         """OpenAI's file object."""
         return {
             "id": self.file_id,

@@ -22,7 +22,8 @@ handlers exactly as before: they live in the `ExceptionMiddleware` around it.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.routing import APIRoute, APIRouter
@@ -33,7 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 class RequestOnlyRoute(APIRoute):
     """An `APIRoute` whose endpoint is `async def endpoint(request: Request) -> Response`."""
 
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         parameters = list(inspect.signature(self.endpoint).parameters.values())
         if len(parameters) != 1 or self.dependencies:
             # Anything more would need the solver this class skips.

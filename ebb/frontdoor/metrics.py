@@ -19,7 +19,7 @@ from pathlib import Path
 
 import redis.exceptions
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ebb.frontdoor.metrics_scraped import ScrapedFamilies, weights_families
 from ebb.queue.observations import ObservationReader
@@ -191,8 +191,8 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 class _Families:
     """A collector that yields metric families read once, for one scrape."""
 
-    def __init__(self, families: list):
+    def __init__(self, families: list[Metric]):
         self._families = families
 
-    def collect(self):
+    def collect(self) -> list[Metric]:
         return self._families

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ebb.queue import observations
 from ebb.queue.observations import ObservationReader, RunnerStats
@@ -75,7 +75,7 @@ class ScrapedFamilies:
             registry=registry,
         )
 
-    async def read(self, state: PlatformState, reader: ObservationReader) -> list:
+    async def read(self, state: PlatformState, reader: ObservationReader) -> list[Metric]:
         await self._fold_streams(state, reader)
         families = await _platform_families(state)
         families += _shared_counter_families(await reader.counters())
@@ -107,8 +107,10 @@ class ScrapedFamilies:
             self.gpu_seconds.labels(segment.meter.deployment).inc(max(0.0, gpu_s))
 
 
-def _shared_counter_families(counters: dict[str, list[tuple[tuple[str, ...], float]]]) -> list:
-    families = []
+def _shared_counter_families(
+    counters: dict[str, list[tuple[tuple[str, ...], float]]],
+) -> list[Metric]:
+    families: list[Metric] = []
     for name, (metric, doc, labels) in _SHARED_COUNTERS.items():
         family = CounterMetricFamily(metric, doc, labels=labels)
         for values, total in sorted(counters.get(name, [])):
@@ -118,7 +120,7 @@ def _shared_counter_families(counters: dict[str, list[tuple[tuple[str, ...], flo
     return families
 
 
-def _runner_families(stats: list[RunnerStats]) -> list:
+def _runner_families(stats: list[RunnerStats]) -> list[Metric]:
     labels = ["deployment", "runner"]
     kv = GaugeMetricFamily(
         "ebb_kv_cache_usage_ratio", "Share of the engine's KV cache in use", labels=labels
@@ -160,7 +162,7 @@ def _runner_families(stats: list[RunnerStats]) -> list:
     return [kv, hit, queried, hits, batch, util, mem, temp]
 
 
-async def _platform_families(state: PlatformState) -> list:
+async def _platform_families(state: PlatformState) -> list[Metric]:
     runners = GaugeMetricFamily(
         "ebb_runners", "Runners by deployment and state", labels=["deployment", "state"]
     )
@@ -209,7 +211,7 @@ async def _platform_families(state: PlatformState) -> list:
     return [runners, depth, oldest, failing, cold, decisions]
 
 
-def weights_families(weights_dir: Path, budget_bytes: int | None) -> list:
+def weights_families(weights_dir: Path, budget_bytes: int | None) -> list[Metric]:
     """The local weight cache: bytes held, models by state, evictions so far."""
     from ebb.weights_cache import cache_report
 

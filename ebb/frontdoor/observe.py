@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Mapping
 
+from opentelemetry import trace
 from opentelemetry.trace import INVALID_SPAN, SpanKind
 
 from ebb import logs, tracing
@@ -95,7 +96,7 @@ class RequestObservation:
         self._queued_s = queued_s
         self._metrics.observe_admitted(self.deployment, queued_s)
         if self._traced:
-            parent = tracing.trace.set_span_in_context(self._span)
+            parent = trace.set_span_in_context(self._span)
             end_ns = int(enqueued_at_s * 1e9)
             tracing.record_span("ebb.admission", parent, self._started_ns, end_ns)
 

@@ -8,11 +8,12 @@ loading its append-only file) answers "unavailable, retry shortly" instead of 50
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from ebb.errors import CapacityError
+from ebb.errors import CapacityError, EbbError
 from ebb.queue.connection import UNAVAILABLE_ERRORS
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ def unavailable(retry_after_s: float) -> RedisUnavailable:
     )
 
 
-def install(app: FastAPI, retry_after_s: float, render) -> None:
+def install(app: FastAPI, retry_after_s: float, render: Callable[[EbbError], JSONResponse]) -> None:
     """Register the handler; `render` turns an EbbError into the app's JSON response."""
 
     async def redis_down(request: Request, exc: Exception) -> JSONResponse:

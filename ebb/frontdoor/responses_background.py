@@ -19,14 +19,14 @@ from fastapi import Request
 
 from ebb.errors import Conflict, InvalidRequest, NotFound
 from ebb.frontdoor.caller import Caller
-from ebb.frontdoor.responses_schema import ResponsesRequest
-from ebb.frontdoor.responses_translate import echoed_fields, in_responses_terms
 from ebb.frontdoor.routes_jobs import JobCreate, cancel_job, submit_job
 from ebb.frontdoor.services import Services
-from ebb.openai_responses import CHAT_ENDPOINT
+from ebb.openai.response_builder import CHAT_ENDPOINT
+from ebb.openai.responses_objects import ResponseFrame, from_chat_completion, new_response_id
+from ebb.openai.responses_schema import ResponsesRequest
+from ebb.openai.responses_translate import echoed_fields, in_responses_terms
 from ebb.queue.job_schema import JobStatus
 from ebb.queue.response_store import ResponseStore, StoredResponse
-from ebb.responses_objects import ResponseFrame, from_chat_completion, new_response_id
 from ebb.webhooks.views import current_status
 
 UNSETTLED = ("queued", "in_progress")

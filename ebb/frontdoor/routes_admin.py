@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import secrets
 import time
+from typing import Any
 
 import msgspec
 from fastapi import APIRouter, Request
@@ -45,7 +46,7 @@ class KeyCreate(RateLimitsBody):
         return tenant
 
 
-def _key_view(record: ApiKeyRecord, limits: RateLimits | None = None) -> dict:
+def _key_view(record: ApiKeyRecord, limits: RateLimits | None = None) -> dict[str, Any]:
     return {
         "object": "api_key",
         "id": record.key_id,
@@ -71,7 +72,7 @@ def _matches(record: ApiKeyRecord, prefix: str | None, tenant: str | None) -> bo
 
 
 @router.post("/v1/keys", status_code=201)
-async def create_key(body: KeyCreate, caller: AdminDep, services: ServicesDep) -> dict:
+async def create_key(body: KeyCreate, caller: AdminDep, services: ServicesDep) -> dict[str, Any]:
     tenants = {r.tenant for r in await services.state.list_api_keys()}
     clash = tenancy.namespace_clash(body.tenant, tenants)
     if clash is not None:
@@ -104,7 +105,7 @@ async def list_keys(
     services: ServicesDep,
     prefix: str | None = None,
     tenant: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Keys, optionally those whose id or shown secret starts with `prefix`, or a tenant's."""
     records = await services.state.list_api_keys()
     limits = await services.ratelimits.all_limits()
@@ -119,7 +120,7 @@ async def list_keys(
 
 
 @router.delete("/v1/keys/{key_id}")
-async def revoke_key(key_id: str, caller: AdminDep, services: ServicesDep) -> dict:
+async def revoke_key(key_id: str, caller: AdminDep, services: ServicesDep) -> dict[str, Any]:
     if not await services.state.revoke_api_key(key_id):
         raise NotFound(f"No active key with id {key_id!r}. 'ebb keys list' shows them.")
     return {"object": "api_key", "id": key_id, "revoked": True}
@@ -127,7 +128,7 @@ async def revoke_key(key_id: str, caller: AdminDep, services: ServicesDep) -> di
 
 @router.get("/healthz")
 @router.get("/health")  # the path vLLM's server answers, which its tooling probes
-async def healthz() -> dict:
+async def healthz() -> dict[str, Any]:
     return {"status": "ok"}
 
 

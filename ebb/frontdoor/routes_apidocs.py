@@ -14,18 +14,19 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from ebb.errors import NotFound
 from ebb.frontdoor.auth import authenticate, require_admin
-from ebb.frontdoor.openai_schema import ChatCompletionRequest, CompletionRequest
-from ebb.frontdoor.responses_schema import ResponsesRequest
 from ebb.frontdoor.routes_tokenize import DetokenizeRequest, TokenizeRequest
 from ebb.frontdoor.services import ServicesDep
+from ebb.openai.responses_schema import ResponsesRequest
+from ebb.openai.schema import ChatCompletionRequest, CompletionRequest
 
 router = APIRouter(include_in_schema=False)
 
-_OWN_BODIES = {
+_OWN_BODIES: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
     "/v1/responses": ResponsesRequest,

@@ -75,7 +75,9 @@ class BatchCreate(BaseModel):
 
 
 @router.post("")
-async def create_batch(payload: BatchCreate, caller: CallerDep, services: ServicesDep) -> dict:
+async def create_batch(
+    payload: BatchCreate, caller: CallerDep, services: ServicesDep
+) -> dict[str, Any]:
     info = await owned_file(services.files, payload.input_file_id, caller)
     if info.purpose != "batch":
         raise InvalidRequest("input_file_id must name a file uploaded with purpose batch.")
@@ -216,7 +218,7 @@ async def _give_up(services: Services, record: BatchRecord, error: dict[str, Any
 
 
 @router.get("/{batch_id}")
-async def retrieve_batch(batch_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+async def retrieve_batch(batch_id: str, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     return await _refreshed_view(services, await _owned(services, batch_id, caller))
 
 
@@ -226,7 +228,7 @@ async def list_batches(
     services: ServicesDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The caller's batches, newest first; `after` is the previous page's last id."""
     ids = await services.batches.tenant_batch_ids(caller.tenant, before=after, count=limit + 1)
     found = []
@@ -245,7 +247,7 @@ async def list_batches(
 
 
 @router.post("/{batch_id}/cancel")
-async def cancel_batch(batch_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+async def cancel_batch(batch_id: str, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     """Queued lines never run; running ones are aborted (billed for what they made)."""
     record = await _owned(services, batch_id, caller)
     if not record.status.is_terminal and record.status is not BatchStatus.CANCELLING:
@@ -265,7 +267,7 @@ async def _owned(services: Services, batch_id: str, caller: Caller) -> BatchReco
     return record
 
 
-async def _refreshed_view(services: Services, record: BatchRecord) -> dict:
+async def _refreshed_view(services: Services, record: BatchRecord) -> dict[str, Any]:
     jobs = await _jobs(services, record)
     # In progress, it settles once every line is queued; cancelling, its pending lines
     # never will be.
@@ -335,7 +337,7 @@ async def _finalize(
         log.info("batches: %s %s, batch.completed announced", record.batch_id, record.status)
 
 
-def _json(body: dict) -> str:
+def _json(body: dict[str, Any]) -> str:
     return msgspec.json.encode(body).decode()
 
 

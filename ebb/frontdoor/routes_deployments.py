@@ -4,7 +4,7 @@ see `ebb.frontdoor.tenancy`)."""
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from fastapi import APIRouter, Header
@@ -123,7 +123,7 @@ class DeploymentPatch(BaseModel):
     serving: ServingBody | None = None
     engine: EngineBody | None = None
 
-    def changes(self, engine: EngineSpec, serving: ServingOptions) -> dict:
+    def changes(self, engine: EngineSpec, serving: ServingOptions) -> dict[str, Any]:
         """The fields given, `engine` and `serving` merged over the current options."""
         fields = self.model_dump(exclude_none=True, exclude={"engine", "serving", "env"})
         if self.engine is not None:
@@ -176,7 +176,7 @@ async def _check_engine(state: PlatformState, spec: DeploymentSpec) -> None:
     check_engine(spec.engine, max_concurrency=spec.max_concurrency, capacity=capacity)
 
 
-async def deployment_view(state: PlatformState, spec: DeploymentSpec) -> dict:
+async def deployment_view(state: PlatformState, spec: DeploymentSpec) -> dict[str, Any]:
     # Every version's runners (a version's serving unit is "NAME@vN"), of this deployment
     # only: not those of an earlier one of the same name, deleted (their logs, errors).
     runners = [
@@ -223,7 +223,7 @@ async def deployment_view(state: PlatformState, spec: DeploymentSpec) -> dict:
     }
 
 
-def _weights_progress(status: dict[str, str]) -> dict | None:
+def _weights_progress(status: dict[str, str]) -> dict[str, Any] | None:
     """While weights are prepared: the phase (download, convert, hash, verify, publish,
     tokenizer) and the fraction of it done."""
     if status.get("weights") != "preparing":
@@ -257,7 +257,7 @@ async def create_deployment(
     caller: CallerDep,
     services: ServicesDep,
     if_none_match: Annotated[str | None, Header()] = None,
-) -> dict:
+) -> dict[str, Any]:
     tenancy.check_fields(caller, body.model_dump())
     body.source = _checked_source(services.engines, caller, body.source)
     create_only = if_none_match == "*"  # the client wants a new deployment or a 409
@@ -299,7 +299,7 @@ async def create_deployment(
 
 async def _deploy_version(
     services: Services, caller: Caller, existing: DeploymentSpec, body: DeploymentCreate
-) -> dict:
+) -> dict[str, Any]:
     """An existing name its caller manages: the body is its next version
     (`ebb.frontdoor.deploy_versions`). A tenant's stays within its quota: its source, the
     versions it keeps, and the deployment serving only it (its GPUs once rolled out; the
@@ -314,7 +314,7 @@ async def _deploy_version(
         if not caller.is_admin:
             await check_version_quota(services, caller.tenant, quota, existing, spec)
 
-    def changes(latest: DeploymentSpec) -> dict:
+    def changes(latest: DeploymentSpec) -> dict[str, Any]:
         return body.changes(latest.engine, latest.serving)
 
     limit = versions_limit(quota, admin=caller.is_admin)
@@ -353,7 +353,7 @@ _TENANT_FIELDS = (
 )
 
 
-def visible_to(caller: Caller, view: dict) -> dict:
+def visible_to(caller: Caller, view: dict[str, Any]) -> dict[str, Any]:
     """`view` as `caller` may see it (the admin and the owner: all of it)."""
     if tenancy.manages(caller, view):
         return view
@@ -361,14 +361,14 @@ def visible_to(caller: Caller, view: dict) -> dict:
 
 
 @router.get("")
-async def list_deployments(caller: CallerDep, services: ServicesDep) -> dict:
+async def list_deployments(caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     specs = await tenancy.visible_deployments(services.state, caller)
     views = [visible_to(caller, await deployment_view(services.state, s)) for s in specs]
     return {"object": "list", "data": views}
 
 
 @router.get("/{name}")
-async def get_deployment(name: str, caller: CallerDep, services: ServicesDep) -> dict:
+async def get_deployment(name: str, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     state = services.state
     spec = await tenancy.visible_deployment(state, caller, name, as_model=False)
     view = visible_to(caller, await deployment_view(state, spec))
@@ -381,7 +381,7 @@ async def get_deployment(name: str, caller: CallerDep, services: ServicesDep) ->
 @router.patch("/{name}")
 async def patch_deployment(
     name: str, body: DeploymentPatch, caller: CallerDep, services: ServicesDep
-) -> dict:
+) -> dict[str, Any]:
     spec = await tenancy.managed_deployment(services.state, caller, name)
     tenancy.check_fields(caller, body.model_dump())
     await refuse_version_fields(services.state, name, body.model_fields_set)
@@ -396,7 +396,7 @@ async def patch_deployment(
 
 
 @router.delete("/{name}")
-async def delete_deployment(name: str, caller: CallerDep, services: ServicesDep) -> dict:
+async def delete_deployment(name: str, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     await tenancy.managed_deployment(services.state, caller, name)
     await services.state.delete_deployment(name)
     return {"object": "deployment.deleted", "name": name, "deleted": True}

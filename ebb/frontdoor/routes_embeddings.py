@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -28,11 +28,11 @@ from ebb.frontdoor.auth import calling
 from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.hot_routes import RequestOnlyRoute
-from ebb.frontdoor.openai_schema import _to_invalid
 from ebb.frontdoor.services import Services
-from ebb.frontdoor.tokenizer import PromptTokenizer
 from ebb.frontdoor.version_routing import Routed, routed, version_headers
-from ebb.openai_responses import embedding_response, embedding_vectors
+from ebb.openai.response_builder import embedding_response, embedding_vectors
+from ebb.openai.schema import _to_invalid
+from ebb.openai.tokenizer import PromptTokenizer
 from ebb.queue.schema import DeploymentSpec, Failed, Finished, Progress, SamplingSpec, WorkItem
 
 router = APIRouter(prefix="/v1", route_class=RequestOnlyRoute)
@@ -88,7 +88,7 @@ def tokenize_inputs(
 ) -> list[list[int]]:
     """Each input's token ids, checked against the vocabulary and the context."""
     inputs: list[list[int]] = []
-    for i, item in enumerate(req.input):
+    for i, item in enumerate(cast("list[str | list[int]]", req.input)):
         ids = tokenizer.encode(item) if isinstance(item, str) else list(item)
         if not ids or (isinstance(item, str) and not item):
             raise InvalidRequest(f"input {i} is empty; send some text.", param=f"input.{i}")

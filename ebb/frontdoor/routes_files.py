@@ -4,7 +4,7 @@ the object store or EBB_HOME, see ebb.frontdoor.files)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, UploadFile
 from fastapi.responses import Response
@@ -26,7 +26,7 @@ async def upload_file(
     services: ServicesDep,
     file: Annotated[UploadFile, File()],
     purpose: Annotated[str, Form()],
-) -> dict:
+) -> dict[str, Any]:
     if purpose != "batch":
         raise InvalidRequest(
             f'purpose must be "batch" (the only use of files here); got {purpose!r}.',
@@ -55,14 +55,14 @@ async def upload_file(
 
 
 @router.get("")
-async def list_files(caller: CallerDep, services: ServicesDep) -> dict:
+async def list_files(caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     tenant = None if caller.is_admin else caller.tenant
     found = await asyncio.to_thread(services.files.list, tenant)
     return {"object": "list", "data": [i.view() for i in found], "has_more": False}
 
 
 @router.get("/{file_id}")
-async def retrieve_file(file_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+async def retrieve_file(file_id: str, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     return (await owned_file(services.files, file_id, caller)).view()
 
 

@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -26,7 +27,6 @@ from ebb import tracing
 from ebb.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
-from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
 from ebb.frontdoor.routes_embeddings import (
     job_work,
     parse_embedding_request,
@@ -35,9 +35,10 @@ from ebb.frontdoor.routes_embeddings import (
 )
 from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.frontdoor.services import Services, ServicesDep
-from ebb.frontdoor.translate import prepare_chat, prepare_completion, require_generative
 from ebb.frontdoor.version_routing import routed
-from ebb.openai_responses import CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT
+from ebb.openai.response_builder import CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT
+from ebb.openai.schema import parse_chat_request, parse_completion_request
+from ebb.openai.translate import Prepared, prepare_chat, prepare_completion, require_generative
 from ebb.queue.job_schema import JobEvent, JobRecord, JobStatus, attempt_request_id
 from ebb.queue.job_store import IdempotencyConflict, JobStore
 from ebb.queue.schema import DeploymentSpec, SamplingSpec, ToolCallFormat, WorkItem
@@ -80,7 +81,7 @@ class JobCreate(BaseModel):
     metadata: dict[Annotated[str, StringConstraints(max_length=64)], MetadataValue] | None = Field(
         default_factory=dict, max_length=16
     )
-    ttl_s: int | None = Field(None, ge=1)
+    ttl_s: int | None = Field(default=None, ge=1)
 
 
 def new_job_id() -> str:
@@ -237,7 +238,7 @@ async def list_jobs(
     after: str | None = None,
     model: str | None = None,
     tenant: Annotated[str | None, Query(pattern=TENANT_PATTERN)] = None,
-) -> dict:
+) -> dict[str, Any]:
     """The caller's jobs (the admin: `tenant`'s), newest first, optionally only those of
     one `model` or `status`; `after` is the last id of the previous page."""
     if status is not None and status not in JobStatus.__members__.values():
@@ -248,7 +249,7 @@ async def list_jobs(
         raise PermissionDenied("A tenant key lists its own jobs only; leave tenant out.")
     whose = tenant or caller.tenant
     jobs = services.jobs
-    found: list[dict] = []
+    found: list[dict[str, Any]] = []
     cursor = after
     while len(found) <= limit:
         ids = await jobs.tenant_job_ids(whose, before=cursor, count=_LIST_SCAN_BATCH)
@@ -275,13 +276,13 @@ async def list_jobs(
 
 
 @router.get("/{job_id}")
-async def get_job(job_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+async def get_job(job_id: str, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     await _owned(services.jobs, job_id, caller)
     return await _view(services, job_id)
 
 
 @router.delete("/{job_id}")
-async def cancel_job(job_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+async def cancel_job(job_id: str, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     """Queued: removed, never runs. Running: aborted in the engine, billed for what it
     generated (the answer shows it settled unless that takes over 5 s). Settled: 409."""
     record = await _owned(services.jobs, job_id, caller)
@@ -308,7 +309,7 @@ async def _owned(jobs: JobStore, job_id: str, caller: Caller) -> JobRecord:
     return record
 
 
-async def _view(services: Services, job_id: str) -> dict:
+async def _view(services: Services, job_id: str) -> dict[str, Any]:
     record = await services.jobs.get(job_id)
     if record is None:
         raise NotFound(f"No job {job_id!r}; it has expired.", param="job_id")
@@ -363,9 +364,10 @@ async def _prepare(services: Services, spec: DeploymentSpec, payload: JobCreate)
         raise
     require_generative(spec)
     model = await services.catalog.info(spec, wait_s=window_s)
+    prepare: Callable[..., Prepared] = prepare_chat if chat else prepare_completion
     try:
         prepared = await asyncio.to_thread(
-            prepare_chat if chat else prepare_completion,
+            prepare,
             parsed,
             model.tokenizer,
             max_model_len=model.max_model_len,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 from fastapi import APIRouter, Path
@@ -35,12 +35,12 @@ class RateLimitsBody(BaseModel):
         )
 
 
-def _limits_view(subject_kind: str, name: str, limits: RateLimits) -> dict:
+def _limits_view(subject_kind: str, name: str, limits: RateLimits) -> dict[str, Any]:
     return {"object": "rate_limits", subject_kind: name, **msgspec.structs.asdict(limits)}
 
 
 @router.get("/tenants")
-async def list_tenants(caller: AdminDep, services: ServicesDep) -> dict:
+async def list_tenants(caller: AdminDep, services: ServicesDep) -> dict[str, Any]:
     """Every tenant that has keys or limits, with its active keys and limits."""
     active: dict[str, int] = {}
     for record in await services.state.list_api_keys():
@@ -71,19 +71,21 @@ async def list_tenants(caller: AdminDep, services: ServicesDep) -> dict:
 @router.put("/tenants/{tenant}/limits")
 async def set_tenant_limits(
     tenant: TenantName, body: RateLimitsBody, caller: AdminDep, services: ServicesDep
-) -> dict:
+) -> dict[str, Any]:
     """A tenant's limits, shared by all its keys (each key may have its own as well)."""
     await services.ratelimits.set_limits(tenant_subject(tenant), body.limits())
     return _limits_view("tenant", tenant, body.limits())
 
 
 @router.get("/tenants/{tenant}/limits")
-async def get_tenant_limits(tenant: TenantName, caller: AdminDep, services: ServicesDep) -> dict:
+async def get_tenant_limits(
+    tenant: TenantName, caller: AdminDep, services: ServicesDep
+) -> dict[str, Any]:
     return _limits_view("tenant", tenant, await services.ratelimits.limits(tenant_subject(tenant)))
 
 
 @router.get("/keys/{key_id}/limits")
-async def get_key_limits(key_id: str, caller: AdminDep, services: ServicesDep) -> dict:
+async def get_key_limits(key_id: str, caller: AdminDep, services: ServicesDep) -> dict[str, Any]:
     await _known_key(services, key_id)
     return _limits_view("key", key_id, await services.ratelimits.limits(key_subject(key_id)))
 
@@ -96,7 +98,7 @@ async def _known_key(services: ServicesDep, key_id: str) -> None:
 @router.put("/keys/{key_id}/limits")
 async def set_key_limits(
     key_id: str, body: RateLimitsBody, caller: AdminDep, services: ServicesDep
-) -> dict:
+) -> dict[str, Any]:
     await _known_key(services, key_id)
     await services.ratelimits.set_limits(key_subject(key_id), body.limits())
     return _limits_view("key", key_id, body.limits())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter
 
@@ -43,7 +44,7 @@ async def logs(
     since_s: float | None = None,
     cursor: str | None = None,
     tail: int = 100,
-) -> dict:
+) -> dict[str, Any]:
     """Lines of one runner (`runner`), of a deployment's runners (`deployment`: every
     version's, and only the runners of the deployment that has the name now, not of an
     earlier one deleted), or of the platform's processes (neither)."""

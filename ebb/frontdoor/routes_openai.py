@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -30,46 +30,47 @@ from ebb.frontdoor.execution import ClientGone, Running, unless_disconnected
 from ebb.frontdoor.hot_routes import RequestOnlyRoute
 from ebb.frontdoor.model_cards import model_card
 from ebb.frontdoor.observe import RequestObservation
-from ebb.frontdoor.openai_schema import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    parse_chat_request,
-    parse_completion_request,
-)
 from ebb.frontdoor.ratelimit import Reservation
 from ebb.frontdoor.redis_down import unavailable
 from ebb.frontdoor.services import Services, ServicesDep
-from ebb.frontdoor.translate import (
-    Prepared,
-    prepare_chat,
-    prepare_completion,
-    require_generative,
-)
 from ebb.frontdoor.version_routing import routed, version_headers, version_of
-from ebb.openai_responses import (
+from ebb.openai.response_builder import (
     SSE_DONE,
     EndpointKind,
     ResponseBuilder,
     new_request_id,
     sse_line,
 )
+from ebb.openai.schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_chat_request,
+    parse_completion_request,
+)
+from ebb.openai.translate import (
+    Prepared,
+    prepare_chat,
+    prepare_completion,
+    require_generative,
+)
 from ebb.queue.connection import UNAVAILABLE_ERRORS
 from ebb.queue.schema import Failed, Finished, Progress, WorkItem
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 router = APIRouter(prefix="/v1")
 # The inference endpoints, handed the request without FastAPI's dependency solver.
 inference = APIRouter(prefix="/v1", route_class=RequestOnlyRoute)
 
 
 @router.get("/models")
-async def list_models(caller: CallerDep, services: ServicesDep) -> dict:
+async def list_models(caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     specs = await tenancy.visible_deployments(services.state, caller)
     return {"object": "list", "data": [await model_card(services.catalog, s) for s in specs]}
 
 
 @router.get("/models/{model_id}")
-async def retrieve_model(model_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+async def retrieve_model(model_id: str, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     spec = await tenancy.visible_deployment(services.state, caller, model_id)
     return await model_card(services.catalog, spec)
 
@@ -78,7 +79,8 @@ class Answer(Protocol):
     """One endpoint's side of `serve`: its request in, its answer out.
 
     `serve` calls `new_request_id` first, then `parse` (the body as a chat or completions
-    request; InvalidRequest for a bad one) and `prepare` (translate.py's, for that request);
+    request; InvalidRequest for a bad one) and `prepare` (ebb.openai.translate's, for that
+    request);
     after the run, `whole` with the chat/completions result, or `stream` with its chunk
     objects (it returns the SSE body), `stream_error` if the stream cannot go on, and
     `stream_end` last."""
@@ -94,9 +96,9 @@ class Answer(Protocol):
 
     def prepare(self, parsed: Any, *args: Any, **kwargs: Any) -> Prepared: ...
 
-    async def whole(self, result: dict) -> dict: ...
+    async def whole(self, result: dict[str, Any]) -> dict[str, Any]: ...
 
-    def stream(self, chunks: AsyncIterator[dict]) -> AsyncGenerator[bytes, None]: ...
+    def stream(self, chunks: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[bytes, None]: ...
 
     def stream_error(self, error: EbbError) -> bytes: ...
 
@@ -121,10 +123,10 @@ class PassThrough:
     async def parse(self, body: object) -> ChatCompletionRequest | CompletionRequest:
         return self.parse_body(body)
 
-    async def whole(self, result: dict) -> dict:
+    async def whole(self, result: dict[str, Any]) -> dict[str, Any]:
         return result
 
-    async def stream(self, chunks: AsyncIterator[dict]) -> AsyncGenerator[bytes, None]:
+    async def stream(self, chunks: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[bytes, None]:
         async for chunk in chunks:
             yield sse_line(chunk)
 
@@ -266,7 +268,7 @@ async def _collect(
     new_builder: Callable[[], ResponseBuilder],
     reservation: Reservation,
     observed: RequestObservation,
-) -> dict:
+) -> dict[str, Any]:
     """The whole answer; a request whose runner was lost runs again (nothing was sent)."""
     builder = new_builder()
     async for event in services.executor.events(running):
@@ -360,7 +362,9 @@ async def _stream_chunks(
 _INLINE_PREPARE_MAX_BYTES = 8 * 1024
 
 
-async def _off_loop_if_long(body_bytes: int, prepare: Callable, *args, **kwargs):
+async def _off_loop_if_long(
+    body_bytes: int, prepare: Callable[..., T], *args: Any, **kwargs: Any
+) -> T:
     """`prepare(*args, **kwargs)`; in a worker thread when the body is long (rendering and
     tokenizing a long prompt is CPU work that must not stall the event loop)."""
     if body_bytes <= _INLINE_PREPARE_MAX_BYTES:

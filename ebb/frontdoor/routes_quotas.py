@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 from fastapi import APIRouter
@@ -55,7 +55,7 @@ class QuotaBody(BaseModel):
     )
 
 
-async def quota_view(services: Services, tenant: str, quota: TenantQuota | None) -> dict:
+async def quota_view(services: Services, tenant: str, quota: TenantQuota | None) -> dict[str, Any]:
     holdings, _ = await services.quotas.holdings(tenant, "")
     use = use_of(footprints(tenant, holdings).values())
     return {
@@ -72,7 +72,7 @@ def _own_or_admin(caller: Caller, tenant: str) -> None:
 
 
 @router.get("/{tenant}/quota")
-async def get_quota(tenant: TenantName, caller: CallerDep, services: ServicesDep) -> dict:
+async def get_quota(tenant: TenantName, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     """The quota and what the tenant's deployments use of it (the admin, or the tenant)."""
     _own_or_admin(caller, tenant)
     return await quota_view(services, tenant, await services.quotas.get(tenant))
@@ -81,7 +81,7 @@ async def get_quota(tenant: TenantName, caller: CallerDep, services: ServicesDep
 @router.put("/{tenant}/quota")
 async def set_quota(
     tenant: TenantName, body: QuotaBody, caller: AdminDep, services: ServicesDep
-) -> dict:
+) -> dict[str, Any]:
     """Replace the tenant's quota. Lowering it below what it uses removes nothing: the
     tenant may then only scale down or delete until it fits."""
     quota = TenantQuota(**body.model_dump())

@@ -1,8 +1,8 @@
 """OpenAI's Responses API: POST /v1/responses, and GET / DELETE / cancel / input_items of a
 stored response.
 
-A response is served as the chat completion `responses_translate` writes for it, through
-`routes_openai.serve` (the same admission, queue, runners, rate limits and billing as
+A response is served as the chat completion `ebb.openai.responses_translate` writes for
+it, through `routes_openai.serve` (the same admission, queue, runners, rate limits and billing as
 chat); `ResponsesAnswer` reads the Responses request in and writes the chat result or
 chunks out as a Response object or Responses events. `store` (the default) keeps it, per
 tenant, for EBB_RESPONSES_RETENTION_S: a tenant reads, continues (previous_response_id)
@@ -26,29 +26,29 @@ from ebb.frontdoor.auth import CallerDep, calling
 from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.hot_routes import RequestOnlyRoute
-from ebb.frontdoor.openai_schema import ChatCompletionRequest, parse_chat_request
-from ebb.frontdoor.responses_schema import (
-    RESPONSE_ID_PATTERN,
-    ResponsesRequest,
-    parse_responses_request,
-)
-from ebb.frontdoor.responses_translate import (
-    chat_body,
-    echoed_fields,
-    in_responses_terms,
-    input_items,
-)
 from ebb.frontdoor.routes_openai import serve
 from ebb.frontdoor.services import Services, ServicesDep
-from ebb.frontdoor.translate import Prepared, prepare_chat
-from ebb.queue.response_store import ResponseStore, StoredResponse
-from ebb.responses_objects import (
+from ebb.openai.responses_objects import (
     ResponseFrame,
     from_chat_completion,
     new_response_id,
     response_of_item,
 )
-from ebb.responses_stream import ResponseEvents, sse
+from ebb.openai.responses_schema import (
+    RESPONSE_ID_PATTERN,
+    ResponsesRequest,
+    parse_responses_request,
+)
+from ebb.openai.responses_stream import ResponseEvents, sse
+from ebb.openai.responses_translate import (
+    chat_body,
+    echoed_fields,
+    in_responses_terms,
+    input_items,
+)
+from ebb.openai.schema import ChatCompletionRequest, parse_chat_request
+from ebb.openai.translate import Prepared, prepare_chat
+from ebb.queue.response_store import ResponseStore, StoredResponse
 
 router = APIRouter(prefix="/v1/responses")
 # POST /v1/responses, handed the request without FastAPI's dependency solver (as chat).
@@ -76,14 +76,18 @@ async def create_response(request: Request) -> Response:
 
 
 @router.get("/{response_id}")
-async def retrieve_response(response_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+async def retrieve_response(
+    response_id: str, caller: CallerDep, services: ServicesDep
+) -> dict[str, Any]:
     store = response_store(services)
     record = await background.refreshed(services, store, await _found(store, caller, response_id))
     return record.response
 
 
 @router.delete("/{response_id}")
-async def delete_response(response_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+async def delete_response(
+    response_id: str, caller: CallerDep, services: ServicesDep
+) -> dict[str, Any]:
     """Forget a stored response (a background one still running is cancelled first)."""
     store = response_store(services)
     record = await _found(store, caller, response_id)
@@ -94,7 +98,9 @@ async def delete_response(response_id: str, caller: CallerDep, services: Service
 
 
 @router.post("/{response_id}/cancel")
-async def cancel_response(response_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+async def cancel_response(
+    response_id: str, caller: CallerDep, services: ServicesDep
+) -> dict[str, Any]:
     store = response_store(services)
     record = await _found(store, caller, response_id)
     return (await background.cancel(services, caller, store, record)).response
@@ -108,7 +114,7 @@ async def list_input_items(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
     after: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The items the response was given (not the earlier turns'), as OpenAI pages them:
     newest first unless `order` is "asc"; `after` is the last id of the previous page."""
     record = await _found(response_store(services), caller, response_id)
@@ -163,12 +169,12 @@ class ResponsesAnswer:
         except InvalidRequest as e:
             raise in_responses_terms(e) from None
 
-    async def whole(self, result: dict) -> dict:
+    async def whole(self, result: dict[str, Any]) -> dict[str, Any]:
         response = from_chat_completion(self._framed(), result)
         await self._keep(response)
         return response
 
-    async def stream(self, chunks: AsyncIterator[dict]) -> AsyncGenerator[bytes, None]:
+    async def stream(self, chunks: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[bytes, None]:
         events = self._events = ResponseEvents(self._framed())
         for event in events.start():
             yield sse(event)

@@ -4,6 +4,8 @@ PSS) of every platform process."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
 
 from ebb.coldstart.placement import ASLEEP_RESIDUAL_BYTES
@@ -19,7 +21,7 @@ router = APIRouter(prefix="/v1")
 
 
 @router.get("/status")
-async def platform_status(caller: AdminDep, services: ServicesDep) -> dict:
+async def platform_status(caller: AdminDep, services: ServicesDep) -> dict[str, Any]:
     state = services.state
     settings = services.settings
     runners = [r for r in await state.runners() if r.state.is_live]
@@ -57,7 +59,9 @@ async def platform_status(caller: AdminDep, services: ServicesDep) -> dict:
     }
 
 
-def _process_view(records: list[ProcessMemory], runners: list[RunnerRecord]) -> list[dict]:
+def _process_view(
+    records: list[ProcessMemory], runners: list[RunnerRecord]
+) -> list[dict[str, Any]]:
     """One row per process; a runner without a deployment yet is a pre-warmed stem."""
     stems = {r.runner_id for r in runners if not r.deployment}
     return [
@@ -76,7 +80,7 @@ def _process_view(records: list[ProcessMemory], runners: list[RunnerRecord]) -> 
 
 def _host_view(
     inventory: HostInventory, placements: dict[str, GpuPlacement], asleep: set[str]
-) -> dict:
+) -> dict[str, Any]:
     """One host's devices; a sleeping runner holds only its CUDA context of its device."""
     here = {k: p for k, p in placements.items() if p.host == inventory.host}
 

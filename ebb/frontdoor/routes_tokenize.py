@@ -24,18 +24,18 @@ from pydantic_core import PydanticCustomError
 from ebb.errors import InvalidRequest
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.body import decoded_json
-from ebb.frontdoor.openai_schema import parse_body, parse_chat_request
 from ebb.frontdoor.services import Services, ServicesDep
-from ebb.frontdoor.tokenizer import PromptTokenizer
-from ebb.frontdoor.tool_prompt import plan_tools, template_messages
 from ebb.frontdoor.version_routing import routed
+from ebb.openai.schema import parse_body, parse_chat_request
+from ebb.openai.tokenizer import PromptTokenizer
+from ebb.openai.tool_prompt import plan_tools, template_messages
 from ebb.queue.schema import DeploymentSpec
 
 router = APIRouter()
 
 
 def _invalid(message: str, *, at: str) -> PydanticCustomError:
-    # The error type openai_schema renders: `ebb_message` is the whole message.
+    # The error type ebb.openai.schema renders: `ebb_message` is the whole message.
     return PydanticCustomError("ebb_invalid", "{ebb_message}", {"ebb_message": message, "at": at})
 
 
@@ -89,7 +89,7 @@ class DetokenizeRequest(_Strict):
 
 
 @router.post("/tokenize")
-async def tokenize(request: Request, caller: CallerDep, services: ServicesDep) -> dict:
+async def tokenize(request: Request, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     req = parse_body(TokenizeRequest, decoded_json(request))
     spec, tokenizer, max_model_len = await _model(services, caller, req.model)
     if req.prompt is not None:
@@ -101,7 +101,7 @@ async def tokenize(request: Request, caller: CallerDep, services: ServicesDep) -
 
 
 @router.post("/detokenize")
-async def detokenize(request: Request, caller: CallerDep, services: ServicesDep) -> dict:
+async def detokenize(request: Request, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     req = parse_body(DetokenizeRequest, decoded_json(request))
     _, tokenizer, _ = await _model(services, caller, req.model)
     vocab_size = tokenizer.vocab_size

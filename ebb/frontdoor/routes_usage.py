@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 from fastapi import APIRouter
 
-from ebb.billing.entries import HOUR_MS, hour_floor, hour_iso
+from ebb.billing.entries import hour_floor, hour_iso
 from ebb.billing.export import exporter_from
 from ebb.billing.reconcile import reconcile
 from ebb.billing.usage import GROUP_KEYS, UsageQuery, report, with_unfolded
@@ -20,6 +21,7 @@ from ebb.errors import InvalidRequest, NotFound
 from ebb.frontdoor.auth import AdminDep, CallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.services import ServicesDep
+from ebb.queue.ledger import HOUR_MS
 
 router = APIRouter(prefix="/v1")
 
@@ -35,7 +37,7 @@ async def usage(
     end: str | None = None,
     group_by: str = "deployment",
     tenant: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Usage in [start, end), whole hours (unix seconds or ISO 8601 dates/times, UTC)."""
     query = UsageQuery(
         start_ms=hour_floor(parse_time(start, "start")) if start else 0,
@@ -61,7 +63,7 @@ async def usage(
 
 
 @router.get("/usage/reconcile")
-async def reconcile_usage(caller: AdminDep, services: ServicesDep) -> dict:
+async def reconcile_usage(caller: AdminDep, services: ServicesDep) -> dict[str, Any]:
     """Recompute the aggregates (and exported hour files) from the raw records."""
     result = await reconcile(services.ledger, exporter_from(services.settings))
     return {"object": "usage.reconcile", **result.to_dict()}

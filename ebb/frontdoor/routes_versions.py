@@ -9,7 +9,8 @@ the controller carries out what waits on runners or a schedule (`ebb.coldstart.r
 from __future__ import annotations
 
 import time
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -73,7 +74,12 @@ async def _owned(services: Services, caller: Caller, name: str) -> DeploymentSpe
 
 
 async def _change(
-    services: Services, caller: Caller, spec: DeploymentSpec, change, *, quota: bool = False
+    services: Services,
+    caller: Caller,
+    spec: DeploymentSpec,
+    change: Callable[[TrafficSplit], TrafficSplit],
+    *,
+    quota: bool = False,
 ) -> TrafficSplit:
     """Apply `change` to the split; with `quota`, a tenant's change is checked against its
     quota atomically with the write (starting a rollout, rolling back)."""
@@ -86,18 +92,18 @@ async def _change(
 
 
 @router.get("/{name}/versions")
-async def list_versions(name: str, caller: CallerDep, services: ServicesDep) -> dict:
+async def list_versions(name: str, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     return await versions_view(services.state, await _owned(services, caller, name))
 
 
 @router.post("/{name}/rollout")
 async def start_rollout(
     name: str, body: RolloutBody, caller: CallerDep, services: ServicesDep
-) -> dict:
+) -> dict[str, Any]:
     spec = await _owned(services, caller, name)
     store = VersionStore(services.state.redis)
     versions = await store.versions(name)
-    target = body.version or max(versions or {1: None})
+    target = body.version or max(versions, default=1)
     if target != 1 and target not in versions:
         raise InvalidRequest(
             f"{name!r} has no version {target}; GET /v1/deployments/{name}/versions lists them.",
@@ -127,7 +133,7 @@ async def start_rollout(
 
 
 @router.post("/{name}/rollout/promote")
-async def promote_rollout(name: str, caller: CallerDep, services: ServicesDep) -> dict:
+async def promote_rollout(name: str, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     spec = await _owned(services, caller, name)
     now = time.time()
     await _change(services, caller, spec, lambda split: promote(split, now))
@@ -135,7 +141,7 @@ async def promote_rollout(name: str, caller: CallerDep, services: ServicesDep) -
 
 
 @router.post("/{name}/rollback")
-async def rollback_rollout(name: str, caller: CallerDep, services: ServicesDep) -> dict:
+async def rollback_rollout(name: str, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     spec = await _owned(services, caller, name)
     now = time.time()
     split = await _change(
@@ -147,7 +153,9 @@ async def rollback_rollout(name: str, caller: CallerDep, services: ServicesDep) 
 
 
 @router.delete("/{name}/versions/{version}")
-async def delete_version(name: str, version: int, caller: CallerDep, services: ServicesDep) -> dict:
+async def delete_version(
+    name: str, version: int, caller: CallerDep, services: ServicesDep
+) -> dict[str, Any]:
     """Forget a version that takes no traffic and is in no rollout (to stay under the
     versions kept per deployment); its queued jobs move to the serving version."""
     spec = await _owned(services, caller, name)

@@ -8,7 +8,7 @@ switch secrets without rejecting a single delivery. The admin may name a tenant
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,7 +34,7 @@ class Rotation(BaseModel):
     )
 
 
-def _secret_view(tenant: str, secrets: SecretSet) -> dict:
+def _secret_view(tenant: str, secrets: SecretSet) -> dict[str, Any]:
     return {
         "object": "webhook_secret",
         "tenant": tenant,
@@ -62,7 +62,9 @@ TenantQuery = Annotated[str | None, Query(pattern=TENANT_PATTERN)]
 
 
 @router.get("/secret")
-async def get_secret(caller: CallerDep, services: ServicesDep, tenant: TenantQuery = None) -> dict:
+async def get_secret(
+    caller: CallerDep, services: ServicesDep, tenant: TenantQuery = None
+) -> dict[str, Any]:
     whose = _whose(caller, tenant)
     secrets = await services.webhook_secrets.ensure(whose, new_secret())
     return _secret_view(whose, secrets)
@@ -74,7 +76,7 @@ async def rotate_secret(
     services: ServicesDep,
     body: Rotation | None = None,
     tenant: TenantQuery = None,
-) -> dict:
+) -> dict[str, Any]:
     whose = _whose(caller, tenant)
     overlap_s = services.settings.webhook_secret_overlap_s
     if body is not None and body.overlap_s is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from fastapi import APIRouter
 
@@ -14,7 +15,7 @@ router = APIRouter()
 
 
 @router.get("/v1/weights")
-async def weights_cache(caller: AdminDep, services: ServicesDep) -> dict:
+async def weights_cache(caller: AdminDep, services: ServicesDep) -> dict[str, Any]:
     settings = services.settings
     report = await asyncio.to_thread(
         cache_report, settings.weights_dir, settings.weights_cache_bytes

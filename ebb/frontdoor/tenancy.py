@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import msgspec
 
@@ -49,7 +50,7 @@ def can_see(caller: Caller, spec: DeploymentSpec) -> bool:
     )
 
 
-def manages(caller: Caller, view: dict) -> bool:
+def manages(caller: Caller, view: dict[str, Any]) -> bool:
     """May change it, and sees all of it (a deployment's view or spec as builtins)."""
     return caller.is_admin or view.get("owner") == caller.tenant
 
@@ -97,7 +98,7 @@ async def managed_deployment(state: PlatformState, caller: Caller, name: str) ->
     return spec
 
 
-def check_fields(caller: Caller, given: dict) -> None:
+def check_fields(caller: Caller, given: dict[str, Any]) -> None:
     """Refuse, for a tenant, body fields that are the admin's (`given`: the fields sent)."""
     if caller.is_admin:
         return

@@ -33,7 +33,7 @@ class SamplingSpec(msgspec.Struct, kw_only=True, frozen=True):
     # Structured output once triggered (JSON text of xgrammar's structural tag): strict
     # functions' arguments in a reply that may also be text.
     structural_tag: str | None = None
-    # vLLM's extra sampling parameters (see ebb.frontdoor.openai_extras); the defaults are
+    # vLLM's extra sampling parameters (see ebb.openai.sampling_extras); the defaults are
     # vLLM's, so older messages without them mean what they meant before.
     top_k: int = 0
     min_p: float = 0.0
@@ -61,7 +61,7 @@ ToolMode = Literal["auto", "required", "named"]
 
 
 class ToolCallFormat(msgspec.Struct, kw_only=True, frozen=True):
-    """How a chat reply's text becomes OpenAI tool calls (see ebb.tool_calls).
+    """How a chat reply's text becomes OpenAI tool calls (see ebb.openai.tool_calls).
 
     auto: the model may call tools in `parser`'s syntax (hermes, llama3_json, mistral);
     required: the text is a JSON array of {"name", "parameters"} (guided decoding);

@@ -93,7 +93,7 @@ FAKE_ENTRY = EngineEntry(
     validate="ebb.testing.fake_model:validate",
     engine="ebb.testing.fake_engine:FakeEngine.load",
     prepares_weights=False,
-    tokenizer="ebb.frontdoor.tokenizer:ByteTokenizer",
+    tokenizer="ebb.openai.tokenizer:ByteTokenizer",
     context_len="ebb.testing.fake_model:max_model_len",
     memory_need="ebb.testing.fake_model:gpu_memory_need",
 )

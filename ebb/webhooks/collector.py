@@ -28,7 +28,7 @@ import msgspec
 from redis.exceptions import RedisError
 
 from ebb.config import Settings
-from ebb.openai_responses import (
+from ebb.openai.response_builder import (
     EMBEDDINGS_ENDPOINT,
     EndpointKind,
     ResponseBuilder,

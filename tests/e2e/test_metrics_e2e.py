@@ -4,8 +4,8 @@ and a repeated long prompt shows up in the runner's prefix-cache figures."""
 from __future__ import annotations
 
 import pytest
-from metrics_support import scrape
 from support import real_engine_platform, wait_until
+from support.metrics import scrape
 
 from ebb.config import DEFAULT_MODEL_NAME
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from platform_processes import pid_of, processes
 from support import real_engine_platform, wait_for_weights, wait_until
+from support.platform_processes import pid_of, processes
 
 from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE
 from ebb.queue import keys

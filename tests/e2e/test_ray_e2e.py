@@ -5,7 +5,7 @@ the runner, answers through the frontdoor on the head, then drains to zero."""
 from __future__ import annotations
 
 import pytest
-from ray_namespace import run_in_namespace
+from support.ray_namespace import run_in_namespace
 
 pytestmark = pytest.mark.e2e
 

@@ -71,7 +71,7 @@ def test_tokenizer_keeps_the_chat_template(default_local_model):
 def test_the_frontdoors_tokenizer_gives_the_ids_transformers_gives(default_local_model):
     from transformers import AutoTokenizer
 
-    from ebb.frontdoor.tokenizer import HfPromptTokenizer
+    from ebb.openai.tokenizer import HfPromptTokenizer
 
     reference = AutoTokenizer.from_pretrained(default_local_model.path)
     ours = HfPromptTokenizer.from_dir(default_local_model.path)

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 from support import Platform, temp_home, wait_until
-from weights_support import MotoS3, upload_dir
+from support.weights import MotoS3, upload_dir
 
 pytestmark = pytest.mark.e2e
 

@@ -10,9 +10,9 @@ import json
 import httpx
 import msgspec
 import pytest
-from chaos import Chaos
 from support import Platform, deploy, temp_home, wait_until
-from weights_support import MotoS3
+from support.chaos import Chaos
+from support.weights import MotoS3
 
 from ebb.frontdoor.files import S3FileStore
 from ebb.queue import keys

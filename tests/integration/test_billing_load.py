@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from billing_support import (
+from support import wait_until
+from support.billing import (
     MESSAGES,
     PRICES,
     deploy,
@@ -24,7 +25,6 @@ from billing_support import (
     run_cli,
     usage_total,
 )
-from support import wait_until
 
 from ebb.queue import keys
 from ebb.queue.schema import UsageRecord

@@ -8,7 +8,8 @@ import json
 import httpx
 import pytest
 import redis
-from billing_support import (
+from support import wait_until
+from support.billing import (
     deploy,
     ensure_deployment,
     gpu_segments,
@@ -17,7 +18,6 @@ from billing_support import (
     tenant_client,
     usage_total,
 )
-from support import wait_until
 
 from ebb.queue import keys
 

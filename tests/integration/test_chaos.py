@@ -1,5 +1,5 @@
 """The chaos suite: `ebb up` (fake engine, its own supervised Redis) under steady mixed
-load while each of its processes and Redis is SIGKILLed in turn (tests/chaos.py). Then:
+load while each of its processes and Redis is SIGKILLed in turn (tests/support/chaos.py). Then:
 no 500s and no stream cut silently; every job finished once, billed once, delivered
 under one webhook id; the ledger says what the clients were told; reconcile is clean."""
 
@@ -10,12 +10,12 @@ import time
 from collections import Counter
 
 import pytest
-from billing_support import ledger_caught_up, raw_usage
-from chaos import Chaos, Load, SyncLoad, run_chaos, summary
-from reliability import SETTLED, Figure, Submitter, _count_receptions
 from support import Platform, deploy, temp_home, wait_until
+from support.billing import ledger_caught_up, raw_usage
+from support.chaos import Chaos, Load, SyncLoad, run_chaos, summary
+from support.reliability import SETTLED, Figure, Submitter, _count_receptions
+from support.webhook_receiver import Receiver
 from test_jobs import FAST_RETRIES, job_body
-from webhook_receiver import Receiver
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from billing_support import gpu_segments, new_key, raw_usage, tenant_client
 from support import Platform, deploy, deployment, wait_until
+from support.billing import gpu_segments, new_key, raw_usage, tenant_client
 
 from ebb.queue import keys
 from ebb.queue.schema import decode_work

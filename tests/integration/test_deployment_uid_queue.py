@@ -9,7 +9,7 @@ import asyncio
 import msgspec
 import pytest
 import redis
-from serving_harness import serving_harness
+from support.serving_harness import serving_harness
 
 from ebb.queue import keys
 from ebb.queue.connection import async_client, sync_client

@@ -10,8 +10,8 @@ import sys
 
 import httpx
 import pytest
-from billing_support import new_key
 from support import REPO_ROOT, Platform, deploy, free_port, temp_home, wait_until
+from support.billing import new_key
 
 pytestmark = pytest.mark.integration
 

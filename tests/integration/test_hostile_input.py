@@ -15,8 +15,8 @@ import socket
 
 import httpx
 import pytest
-from platform_processes import processes
 from support import Platform, deploy, temp_home, wait_until
+from support.platform_processes import processes
 
 pytestmark = pytest.mark.integration
 

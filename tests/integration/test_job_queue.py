@@ -14,8 +14,8 @@ import redis
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 from support import wait_until
+from support.webhook_receiver import Receiver
 from test_queue import runner_queue, work
-from webhook_receiver import Receiver
 
 from ebb.config import Settings
 from ebb.queue import keys

@@ -8,8 +8,8 @@ import pytest
 import redis
 from standardwebhooks import Webhook
 from support import Platform, temp_home, wait_until
+from support.webhook_receiver import Receiver
 from test_cli import ebb, ok_json
-from webhook_receiver import Receiver
 
 from ebb.queue import keys
 from ebb.testing.fake_model import FAKE_REPLY

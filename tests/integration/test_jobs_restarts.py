@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import redis
-from platform_processes import crash, pid_of, wait_replaced
-from reliability import run_restart_scenario
 from support import Platform, RedisServer, free_port, temp_home, wait_until
+from support.platform_processes import crash, pid_of, wait_replaced
+from support.reliability import run_restart_scenario
+from support.webhook_receiver import Receiver
 from test_jobs import FAST_RETRIES, delivered, deploy, job_body, settled, submit
-from webhook_receiver import Receiver
 
 from ebb.queue import keys
 

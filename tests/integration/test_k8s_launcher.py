@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from k8s_emulator import emulator
-from launcher_contract import check_launch_exit_once, collect
 from support import wait_until
+from support.k8s_emulator import emulator
+from support.launcher_contract import check_launch_exit_once, collect
 
 from ebb.coldstart.k8s_pods import GIB, PodTemplate, RunnerShape, pod_name
 from ebb.coldstart.launch_k8s import (

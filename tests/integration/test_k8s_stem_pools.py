@@ -12,8 +12,8 @@ import time
 import msgspec
 import pytest
 import redis
-from k8s_emulator import emulator
 from support import wait_until
+from support.k8s_emulator import emulator
 
 from ebb.coldstart.controller import Controller
 from ebb.coldstart.k8s_pods import LABEL_POOL, PodTemplate, pod_name

@@ -15,8 +15,8 @@ import time
 import openai
 import pytest
 import redis
-from platform_processes import processes
 from support import REPO_ROOT, Platform, deploy, deployment, temp_home, wait_until
+from support.platform_processes import processes
 
 pytestmark = pytest.mark.integration
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from launcher_contract import check_launch_exit_once
 from support import temp_home
+from support.launcher_contract import check_launch_exit_once
 
 from ebb.coldstart.launcher import LocalProcessLauncher
 from ebb.config import Settings

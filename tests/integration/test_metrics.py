@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from billing_support import new_key, tenant_client
-from metrics_support import scrape
 from support import Platform, deploy, sigkill_runner_mid_stream, temp_home, wait_until
+from support.billing import new_key, tenant_client
+from support.metrics import scrape
 
 pytestmark = pytest.mark.integration
 

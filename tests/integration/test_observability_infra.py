@@ -12,8 +12,8 @@ import subprocess
 import httpx
 import pytest
 import yaml
-from billing_support import new_key, tenant_client
 from support import REPO_ROOT, Platform, deploy, free_port, temp_home, wait_until
+from support.billing import new_key, tenant_client
 
 pytestmark = pytest.mark.integration
 

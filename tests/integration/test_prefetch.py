@@ -10,8 +10,8 @@ import time
 import msgspec
 import pytest
 import redis
-from k8s_emulator import emulator
-from weights_support import write_servable_dir
+from support.k8s_emulator import emulator
+from support.weights import write_servable_dir
 
 from ebb.coldstart.k8s_pods import PodTemplate
 from ebb.coldstart.launch_k8s import KubernetesLauncher

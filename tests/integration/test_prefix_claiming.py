@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import redis
-from metrics_support import scrape
 from support import Platform, deploy, deployment, temp_home, wait_until
+from support.metrics import scrape
 
 from ebb.queue import keys
 from ebb.queue.connection import async_client, sync_client

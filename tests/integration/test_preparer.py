@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from weights_support import MotoS3, upload_dir, write_servable_dir
+from support.weights import MotoS3, upload_dir, write_servable_dir
 
 from ebb.coldstart.clock import ManualClock
 from ebb.coldstart.preparer import RETRY_FIRST_S, Preparer
@@ -21,7 +21,7 @@ from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.errors import CapacityError, WeightsError
 from ebb.frontdoor.catalog import ModelCatalog
-from ebb.frontdoor.tokenizer import HfPromptTokenizer
+from ebb.openai.tokenizer import HfPromptTokenizer
 from ebb.queue.connection import async_client
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec

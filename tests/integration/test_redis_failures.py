@@ -14,8 +14,8 @@ import httpx
 import psutil
 import pytest
 import redis
-from platform_processes import pid_of
 from support import Platform, RedisServer, deploy, free_port, temp_home, wait_until
+from support.platform_processes import pid_of
 
 from ebb.queue import keys
 from ebb.testing.fake_model import FAKE_REPLY

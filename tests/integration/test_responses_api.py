@@ -10,8 +10,8 @@ import json
 import httpx
 import openai
 import pytest
-from billing_support import new_key, tenant_client, usage_total
 from support import Platform, deploy, temp_home, wait_until
+from support.billing import new_key, tenant_client, usage_total
 
 from ebb.testing.fake_model import FAKE_JSON_REPLY, FAKE_REPLY
 

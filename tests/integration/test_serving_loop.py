@@ -11,8 +11,8 @@ import threading
 import time
 
 import pytest
-from serving_harness import DEP, FAKE_REPLY, serving_harness, text_of
 from support import wait_until
+from support.serving_harness import DEP, FAKE_REPLY, serving_harness, text_of
 
 from ebb.config import Settings
 from ebb.queue import keys

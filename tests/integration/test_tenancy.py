@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from billing_support import new_key, tenant_client, usage_total
 from support import Platform, wait_until
+from support.billing import new_key, tenant_client, usage_total
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ import time
 
 import httpx
 import pytest
-from billing_support import new_key, tenant_client
 from redis import asyncio as aioredis
 from support import Platform, deploy, temp_home, wait_until
+from support.billing import new_key, tenant_client
 
 from ebb.queue import keys
 from ebb.queue.batch_store import BatchRecord, BatchStatus, BatchStore

@@ -11,8 +11,8 @@ import json
 import httpx
 import msgspec
 import pytest
-from billing_support import new_key, tenant_client
 from support import Platform, deploy, fake_gpu_inventory, temp_home, wait_until
+from support.billing import new_key, tenant_client
 
 from ebb.queue import keys
 from ebb.queue.schema import UsageRecord

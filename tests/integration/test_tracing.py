@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from support import temp_home, wait_until
-from webhook_receiver import Receiver
+from support.webhook_receiver import Receiver
 
 from ebb.config import Settings
 from ebb.frontdoor.app import create_app

@@ -6,8 +6,8 @@ import signal
 
 import psutil
 import pytest
-from metrics_support import scrape
 from support import Platform, temp_home
+from support.metrics import scrape
 
 pytestmark = pytest.mark.integration
 

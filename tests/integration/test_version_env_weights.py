@@ -7,10 +7,10 @@ platform's user) is refused."""
 from __future__ import annotations
 
 import pytest
-from billing_support import new_key as new_tenant_key
-from billing_support import tenant_client
 from support import Platform, temp_home, wait_until
-from weights_support import MotoS3, upload_dir, write_servable_dir
+from support.billing import new_key as new_tenant_key
+from support.billing import tenant_client
+from support.weights import MotoS3, upload_dir, write_servable_dir
 
 from ebb.secrets import new_key
 

@@ -11,9 +11,9 @@ import msgspec
 import psutil
 import pytest
 import redis
-from billing_support import new_key, tenant_client
-from steady_load import MESSAGES, SteadyLoad
 from support import Platform, deploy, temp_home, wait_until
+from support.billing import new_key, tenant_client
+from support.steady_load import MESSAGES, SteadyLoad
 
 from ebb.queue import keys
 from ebb.queue.deployment_lookup import read_deployment, read_serving_units

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from weights_support import write_hf_dir
+from support.weights import write_hf_dir
 
 from ebb.weights_cache import CacheOptions, cache_report, ensure, gguf_source, release, verify
 

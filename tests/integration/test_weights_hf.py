@@ -1,5 +1,5 @@
 """hf:// sources through the real huggingface_hub client against a local Hub endpoint
-(tests/hub_server.py says why an endpoint rather than a prepared directory):
+(tests/support/hub_server.py says why an endpoint rather than a prepared directory):
 revision resolution, allow-patterns, HF_TOKEN, error codes, retries, offline fallback.
 """
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hub_server import HubServer
 from safetensors.numpy import save_file
 from support import free_port
-from weights_support import leftovers, published
+from support.hub_server import HubServer
+from support.weights import leftovers, published
 
 from ebb.errors import WeightsAuthError, WeightsNotFound
 from ebb.weights_cache import CacheOptions, ensure, verify

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 from support import Platform, temp_home, wait_until
-from weights_support import CountingProxy, MotoS3, upload_dir, write_servable_dir
+from support.weights import CountingProxy, MotoS3, upload_dir, write_servable_dir
 
 pytestmark = pytest.mark.integration
 

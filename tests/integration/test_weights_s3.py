@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 from support import free_port, wait_until
-from weights_support import (
+from support.weights import (
     CountingProxy,
     MotoS3,
     leftovers,

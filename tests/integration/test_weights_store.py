@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.numpy import load_file
-from weights_support import CONTEXT_LEN, leftovers, published, run_in_processes, write_hf_dir
+from support.weights import CONTEXT_LEN, leftovers, published, run_in_processes, write_hf_dir
 
 from ebb.errors import InvalidRequest, WeightsCorrupt, WeightsError, WeightsNotFound
 from ebb.weights_cache import LocalModel, ensure, gguf_source, verify

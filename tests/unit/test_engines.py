@@ -16,8 +16,8 @@ from ebb.errors import InvalidRequest
 from ebb.frontdoor.app import create_app
 from ebb.frontdoor.catalog import ModelCatalog
 from ebb.frontdoor.services import build_services
-from ebb.frontdoor.tokenizer import ByteTokenizer
 from ebb.launching.tiers import Tier
+from ebb.openai.tokenizer import ByteTokenizer
 from ebb.queue.schema import DeploymentSpec
 from ebb.testing.fake_engine import FakeEngine
 from ebb.testing.fake_model import FAKE_ENTRY

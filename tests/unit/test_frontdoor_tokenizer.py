@@ -10,10 +10,10 @@ import subprocess
 import sys
 
 import pytest
-from weights_support import write_servable_dir
+from support.weights import write_servable_dir
 
 from ebb.errors import InvalidRequest
-from ebb.frontdoor.tokenizer import HfPromptTokenizer
+from ebb.openai.tokenizer import HfPromptTokenizer
 
 CHATS = [
     [{"role": "user", "content": "the capital of france"}],
@@ -110,7 +110,7 @@ def test_tokenizing_imports_neither_transformers_nor_torch(tmp_path):
     code = (
         "import sys\n"
         "from ebb.frontdoor.app import create_app\n"
-        "from ebb.frontdoor.tokenizer import HfPromptTokenizer\n"
+        "from ebb.openai.tokenizer import HfPromptTokenizer\n"
         f"t = HfPromptTokenizer.from_dir({str(root)!r})\n"
         "t.render_chat([{'role': 'user', 'content': 'the capital'}]); t.encode('is')\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"

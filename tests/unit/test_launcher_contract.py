@@ -4,7 +4,7 @@ checks in tests/integration (local processes, Kubernetes pods on kmock)."""
 
 from __future__ import annotations
 
-from launcher_contract import check_launch_exit_once
+from support.launcher_contract import check_launch_exit_once
 
 from ebb.coldstart.clock import ManualClock
 from ebb.coldstart.simulation_runners import RunnerModel, SimulatedLauncher

@@ -7,7 +7,7 @@ import json
 import logging
 import time
 
-from metrics_support import Scrape
+from support.metrics import Scrape
 
 from ebb import logs
 from ebb.frontdoor.metrics import BoundedLabel, Metrics

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ebb.errors import InvalidRequest
-from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
-from ebb.frontdoor.tokenizer import ByteTokenizer
-from ebb.frontdoor.translate import prepare_chat, prepare_completion
+from ebb.openai.schema import parse_chat_request, parse_completion_request
+from ebb.openai.tokenizer import ByteTokenizer
+from ebb.openai.translate import prepare_chat, prepare_completion
 
 TOK = ByteTokenizer()
 LIMITS = {"max_model_len": 64, "max_n": 4}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ebb.errors import InvalidRequest
-from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
+from ebb.openai.schema import parse_chat_request, parse_completion_request
 
 
 def chat(**overrides):

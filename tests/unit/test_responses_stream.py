@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from ebb.responses_objects import ResponseFrame
-from ebb.responses_stream import ResponseEvents, sse
+from ebb.openai.responses_objects import ResponseFrame
+from ebb.openai.responses_stream import ResponseEvents, sse
 
 
 def _chunk(content=None, tool_calls=None, finish_reason=None, usage=None, choices=True):

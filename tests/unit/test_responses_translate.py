@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 
 from ebb.errors import InvalidRequest
-from ebb.frontdoor.openai_schema import parse_chat_request
-from ebb.frontdoor.responses_schema import parse_responses_request
-from ebb.frontdoor.responses_translate import (
+from ebb.openai.responses_objects import ResponseFrame, from_chat_completion
+from ebb.openai.responses_schema import parse_responses_request
+from ebb.openai.responses_translate import (
     chat_body,
     echoed_fields,
     in_responses_terms,
     input_items,
     to_messages,
 )
-from ebb.responses_objects import ResponseFrame, from_chat_completion
+from ebb.openai.schema import parse_chat_request
 
 TOOL = {
     "type": "function",
@@ -193,7 +193,7 @@ def test_the_response_from_a_chat_completion():
 
 
 def test_an_output_items_id_names_its_response():
-    from ebb.responses_objects import output_item_id, response_of_item
+    from ebb.openai.responses_objects import output_item_id, response_of_item
 
     response_id = "resp_" + "ab" * 16
     assert response_of_item(output_item_id("fc", response_id, 3)) == response_id

@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ebb.config import Settings
+from ebb.console.routes import CONSOLE_DIR
 from ebb.frontdoor.app import create_app
-from ebb.frontdoor.routes_console import CONSOLE_DIR
 
 ASSETS = sorted(p for p in CONSOLE_DIR.rglob("*") if p.is_file())
 # The one absolute URL the page may spell: SVG's namespace, an identifier never fetched.
@@ -61,7 +61,7 @@ def test_no_asset_reaches_outside_the_platform(path):
 
 
 def test_paths_outside_the_console_are_not_served(client):
-    for path in ("/console/../pyproject.toml", "/console/%2e%2e/routes_console.py", "/console/x"):
+    for path in ("/console/../pyproject.toml", "/console/%2e%2e/routes.py", "/console/x"):
         response = client.get(path)
         assert response.status_code == 404, path
         assert "error" in response.json()

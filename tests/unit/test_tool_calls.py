@@ -8,12 +8,12 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from ebb.errors import InvalidRequest
-from ebb.frontdoor.openai_schema import parse_chat_request
-from ebb.frontdoor.tokenizer import ByteTokenizer
-from ebb.frontdoor.translate import prepare_chat
-from ebb.openai_responses import EndpointKind, ResponseBuilder
+from ebb.openai.response_builder import EndpointKind, ResponseBuilder
+from ebb.openai.schema import parse_chat_request
+from ebb.openai.tokenizer import ByteTokenizer
+from ebb.openai.tool_calls import ToolStream, parse, parser_for_template
+from ebb.openai.translate import prepare_chat
 from ebb.queue.schema import ChoiceDelta, Finished, Progress, ServingOptions, ToolCallFormat
-from ebb.tool_calls import ToolStream, parse, parser_for_template
 
 WEATHER = {
     "type": "function",

@@ -11,10 +11,16 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from ebb.errors import InvalidRequest
-from ebb.frontdoor.openai_schema import parse_chat_request, parse_completion_request
-from ebb.frontdoor.tokenizer import ByteTokenizer, HfPromptTokenizer
-from ebb.frontdoor.translate import COMPLETION_DEFAULT_MAX_TOKENS, prepare_chat, prepare_completion
-from ebb.openai_responses import SSE_DONE, EndpointKind, ResponseBuilder, new_request_id, sse_line
+from ebb.openai.response_builder import (
+    SSE_DONE,
+    EndpointKind,
+    ResponseBuilder,
+    new_request_id,
+    sse_line,
+)
+from ebb.openai.schema import parse_chat_request, parse_completion_request
+from ebb.openai.tokenizer import ByteTokenizer, HfPromptTokenizer
+from ebb.openai.translate import COMPLETION_DEFAULT_MAX_TOKENS, prepare_chat, prepare_completion
 from ebb.queue.schema import ChoiceDelta, Finished, Progress, TokenLogprob, TopLogprob
 
 TOK = ByteTokenizer()
@@ -416,9 +422,9 @@ def test_openai_client_reads_a_completion_stream_and_responses():
 
 
 def test_several_greedy_choices_are_refused_with_a_way_out():
-    from ebb.frontdoor.openai_schema import parse_chat_request
-    from ebb.frontdoor.tokenizer import ByteTokenizer
-    from ebb.frontdoor.translate import prepare_chat
+    from ebb.openai.schema import parse_chat_request
+    from ebb.openai.tokenizer import ByteTokenizer
+    from ebb.openai.translate import prepare_chat
 
     req = parse_chat_request(
         {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2, "temperature": 0}

@@ -3,7 +3,7 @@ and the message fields that carry a conversation's calls and their results.
 
 Contract: the models here only check shape and consistency (a named choice names a
 declared function, a tool message answers a call id); what the model can render and how
-its replies are parsed is `translate.py`'s and `ebb.tool_calls`'.
+its replies are parsed is `translate.py`'s and `ebb.openai.tool_calls`'.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 
 
 def _invalid(message: str, *, at: str | int | None = None) -> PydanticCustomError:
-    # The same error type openai_schema renders: `ebb_message` is the whole message.
+    # The same error type schema.py renders: `ebb_message` is the whole message.
     return PydanticCustomError("ebb_invalid", "{ebb_message}", {"ebb_message": message, "at": at})
 
 

@@ -1,7 +1,7 @@
 """The Responses API's streamed events, from a chat completion's streamed chunks.
 
 `ResponseEvents` is a small state machine fed the chat.completion.chunk objects of one
-request (`ebb.openai_responses.ResponseBuilder`'s, with include_usage on) and returning the
+request (`ebb.openai.response_builder.ResponseBuilder`'s, with include_usage on) and returning the
 Responses events each one makes: `start` (response.created, response.in_progress), then
 `feed` per chunk, then `finish` (every open item closed, then response.completed or
 response.incomplete) or `fail` (error, response.failed). Text opens an assistant message
@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from ebb.responses_objects import (
+from ebb.openai.responses_objects import (
     ResponseFrame,
     function_call_item,
     message_item,

@@ -3,7 +3,7 @@
 `prepare_chat` / `prepare_completion` turn a validated request into the prompt's token ids
 and an engine-neutral `SamplingSpec`, refusing with InvalidRequest (400) what the deployed
 model cannot do. The way back (queue events to OpenAI's response objects) is
-`ebb.openai_responses`, shared with the jobs collector. Nothing here does I/O; the routes
+`ebb.openai.response_builder`, shared with the jobs collector. Nothing here does I/O; the routes
 own HTTP, the queue and admission.
 """
 
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ebb.errors import InvalidRequest
-from ebb.frontdoor.openai_schema import ChatCompletionRequest, CompletionRequest
-from ebb.frontdoor.tokenizer import PromptTokenizer
-from ebb.frontdoor.tool_prompt import ToolPlan, plan_tools, template_messages
-from ebb.openai_responses import EndpointKind, ResponseBuilder
+from ebb.openai.response_builder import EndpointKind, ResponseBuilder
+from ebb.openai.schema import ChatCompletionRequest, CompletionRequest
+from ebb.openai.tokenizer import PromptTokenizer
+from ebb.openai.tool_prompt import ToolPlan, plan_tools, template_messages
 from ebb.queue.schema import DeploymentSpec, SamplingSpec, ServingOptions, ToolCallFormat
 
 # OpenAI's documented default for the legacy completions endpoint; chat defaults to the

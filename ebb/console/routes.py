@@ -1,6 +1,6 @@
 """The web console: a static single-page app shipped inside the package, served at /console.
 
-Everything the page needs is in `ebb/frontdoor/console/`; nothing is fetched from
+Everything the page needs is in `ebb/console/static/`; nothing is fetched from
 elsewhere, and the Content-Security-Policy says so to the browser. The page signs in
 with a bearer key kept in the tab's sessionStorage and calls the same /v1 API as
 everyone else, so this module only serves files.
@@ -16,7 +16,7 @@ from fastapi.responses import FileResponse, RedirectResponse
 
 from ebb.errors import NotFound
 
-CONSOLE_DIR = Path(__file__).parent / "console"
+CONSOLE_DIR = Path(__file__).parent / "static"
 _SERVED_SUFFIXES = {".html", ".css", ".js", ".svg"}
 
 # Only our own files may run, style or be called; nothing may frame the page (clickjacking).

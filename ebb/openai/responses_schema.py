@@ -2,7 +2,7 @@
 
 Contract: `parse_responses_request` takes the decoded JSON body and returns a
 `ResponsesRequest`, or raises InvalidRequest naming the offending field ("input.2.type")
-with what to change. Validation is strict as for chat (openai_schema.py): unknown fields
+with what to change. Validation is strict as for chat (schema.py): unknown fields
 are refused by name. Supported: text input (a string, or message, function_call,
 function_call_output and item_reference items), `instructions`, function tools,
 `tool_choice`, `text.format` (text, json_object, json_schema), `max_output_tokens`,
@@ -29,14 +29,14 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ebb.errors import InvalidRequest
-from ebb.frontdoor.openai_schema import (
+from ebb.openai.schema import (
     IgnoredHints,
     _describe,
     _drop_neutral,
     _show,
     parse_body,
 )
-from ebb.frontdoor.openai_tools import FUNCTION_NAME_PATTERN, MAX_TOOLS
+from ebb.openai.tool_fields import FUNCTION_NAME_PATTERN, MAX_TOOLS
 
 MAX_METADATA_KEYS = 16
 RESPONSE_ID_PATTERN = r"^resp_[0-9a-f]{32}$"
@@ -60,7 +60,7 @@ _PART_TYPES = ("input_text", "output_text")
 
 
 def _invalid(message: str, *, at: str | int | None = None) -> PydanticCustomError:
-    # The error type openai_schema renders: `ebb_message` is the whole message.
+    # The error type schema.py renders: `ebb_message` is the whole message.
     return PydanticCustomError("ebb_invalid", "{ebb_message}", {"ebb_message": message, "at": at})
 
 
@@ -136,7 +136,8 @@ class ItemReference(_Strict):
 
 def _item_type(value: Any) -> str | None:
     if isinstance(value, dict):
-        return value.get("type", "message")  # an "easy" message has no type
+        kind: str | None = value.get("type", "message")  # an "easy" message has no type
+        return kind
     return getattr(value, "type", None)
 
 

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ebb.errors import InvalidRequest
-from ebb.frontdoor.openai_schema import ChatCompletionRequest, ChatMessage
-from ebb.queue.schema import ServingOptions, ToolCallFormat
-from ebb.tool_calls import (
+from ebb.openai.schema import ChatCompletionRequest, ChatMessage
+from ebb.openai.tool_calls import (
     parser_for_template,
     render_calls_as_text,
     system_prompt_for_tools,
 )
+from ebb.queue.schema import ServingOptions, ToolCallFormat
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,12 @@ import struct
 import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
+from ebb.openai.tool_calls import ToolStream, parse_reply
 from ebb.queue.schema import ChoiceDelta, Finished, Progress, TokenLogprob, ToolCallFormat
-from ebb.tool_calls import ToolStream, parse_reply
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +30,9 @@ _MIN_LOGPROB = -9999.0
 SSE_DONE = b"data: [DONE]\n\n"
 
 # The endpoint a job was submitted for, as its record stores it (and the API shows it).
-CHAT_ENDPOINT = "chat.completions"
-COMPLETIONS_ENDPOINT = "completions"
-EMBEDDINGS_ENDPOINT = "embeddings"
+CHAT_ENDPOINT: Final = "chat.completions"
+COMPLETIONS_ENDPOINT: Final = "completions"
+EMBEDDINGS_ENDPOINT: Final = "embeddings"
 
 
 class EndpointKind(StrEnum):
@@ -86,7 +86,7 @@ class ResponseBuilder:
     SSE chunk objects to send) or `add` otherwise; then, on `Finished`, take
     `final_chunks` (streaming) or `response` (not). Chunks carry one choice each, as
     OpenAI's do; a chat choice's first chunk carries `delta.role`, its last `finish_reason`.
-    With `tools` (chat only), the text becomes `tool_calls` as `ebb.tool_calls` parses it,
+    With `tools` (chat only), the text becomes `tool_calls` as `ebb.openai.tool_calls` parses it,
     and a choice that called tools (auto or required) finishes with "tool_calls".
     """
 

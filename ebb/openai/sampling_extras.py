@@ -32,7 +32,7 @@ BEAM_ONLY: dict[str, tuple[str, tuple[Any, ...]]] = {
 
 
 def _invalid(message: str, *, at: str | int | None = None) -> PydanticCustomError:
-    # The same error type openai_schema renders: `ebb_message` is the whole message.
+    # The same error type schema.py renders: `ebb_message` is the whole message.
     return PydanticCustomError("ebb_invalid", "{ebb_message}", {"ebb_message": message, "at": at})
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ebb.errors import InvalidRequest
-from ebb.frontdoor.chat_template import ChatTemplate, special_tokens_of, template_source
+from ebb.openai.chat_template import ChatTemplate, special_tokens_of, template_source
 
 
 class PromptTokenizer(Protocol):

@@ -17,8 +17,8 @@ import re
 from typing import Any
 
 from ebb.errors import InvalidRequest
-from ebb.frontdoor.responses_schema import ResponsesRequest
-from ebb.responses_objects import new_item_id
+from ebb.openai.responses_objects import new_item_id
+from ebb.openai.responses_schema import ResponsesRequest
 
 # Chat field -> the Responses field the caller set it with (longest names first).
 _RENAMED = (

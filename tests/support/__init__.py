@@ -1,4 +1,8 @@
-"""Test support: real redis-server and real platform processes on free loopback ports."""
+"""Test support: real redis-server and real platform processes on free loopback ports.
+
+The narrower helpers are this package's modules (`support.billing`, `support.weights`,
+`support.webhook_receiver`, `support.chaos`, ...); `tests/` is on the path (pytest's
+`pythonpath`, and each bench script's own), so tests import them as `support.<module>`."""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from pathlib import Path
 import httpx
 import redis
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # Converted weights survive between local runs (the directory is git-ignored), so only the
 # first run on a machine pays for the GGUF -> safetensors conversion.
 TEST_WEIGHTS_DIR = REPO_ROOT / ".ebb" / "test-weights"

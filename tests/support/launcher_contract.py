@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from support import wait_until
-
 from ebb.coldstart.fork_client import Exit
 from ebb.coldstart.launcher import Launcher
 from ebb.launching.tiers import Tier
+from support import wait_until
 
 
 def collect(launcher: Launcher, runner_id: str, timeout_s: float = 10) -> list[Exit]:

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import httpx
 import redis
-from platform_processes import crash, wait_replaced
-from support import Platform, RedisServer, wait_until
-from webhook_receiver import Receiver
 
 from ebb.queue import keys
+from support import Platform, RedisServer, wait_until
+from support.platform_processes import crash, wait_replaced
+from support.webhook_receiver import Receiver
 
 SETTLED = ("succeeded", "failed", "cancelled", "expired")
 RESTART_ORDER = ("frontdoor", "coldstart", "webhooks", "redis")

@@ -1,5 +1,5 @@
-"""Running tests/ray_two_nodes.py inside a network namespace of its own (`unshare -n`,
-only `lo`, up), so that Ray binds nothing but 127.0.0.1."""
+"""Running tests/support/ray_two_nodes.py inside a network namespace of its own (`unshare
+-n`, only `lo`, up), so that Ray binds nothing but 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from support import REPO_ROOT
 
 
 def run_in_namespace(*args: str) -> None:
-    """tests/ray_two_nodes.py in a new network namespace with only `lo`, up."""
+    """tests/support/ray_two_nodes.py in a new network namespace with only `lo`, up."""
     assert shutil.which("unshare") and shutil.which("ip"), "util-linux and iproute2"
-    script = f"ip link set lo up && exec {sys.executable} tests/ray_two_nodes.py {' '.join(args)}"
+    script = f"ip link set lo up && exec {sys.executable} -m support.ray_two_nodes {' '.join(args)}"
     done = subprocess.run(
         ["unshare", "-n", "--", "sh", "-c", script],
         cwd=REPO_ROOT,

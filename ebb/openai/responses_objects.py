@@ -3,7 +3,7 @@
 The Responses API is served as a chat completion underneath; `ResponseFrame` holds what a
 Response object repeats of its request, and `from_chat_completion` turns the chat answer
 into the Response (its output items, status and usage). The streamed events are
-`ebb.responses_stream`'s. Nothing here does I/O or imports the frontdoor.
+`ebb.openai.responses_stream`'s. Nothing here does I/O or imports the frontdoor.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 import psutil
+
+from ebb.config import DEFAULT_MODEL_SOURCE
 from support import (
     TEST_WEIGHTS_DIR,
     Platform,
@@ -26,8 +28,6 @@ from support import (
     wait_for_weights,
     wait_until,
 )
-
-from ebb.config import DEFAULT_MODEL_SOURCE
 
 RAY = str(Path(sys.executable).with_name("ray"))
 NODE_MEMORY = str(1024**3)

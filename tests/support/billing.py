@@ -7,11 +7,11 @@ import subprocess
 
 import httpx
 import msgspec
-from support import Platform
 
 from ebb.queue import keys
 from ebb.queue.metering import GpuSegment, decode_gpu_entry
 from ebb.queue.schema import UsageRecord
+from support import Platform
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 PRICES = {

@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 
 import psutil
+
 from support import wait_until
 
 ROLES = ("frontdoor", "coldstart", "webhooks", "runner")

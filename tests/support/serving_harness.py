@@ -26,7 +26,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import redis
-from support import wait_until
 
 from ebb.queue import keys
 from ebb.queue.connection import async_client, sync_client
@@ -56,6 +55,7 @@ from ebb.runners.serve import Outcome, ServingLoop
 # The one place the tests' harness names the fake engine's module.
 from ebb.testing.fake_engine import FakeEngine
 from ebb.testing.fake_model import FAKE_REPLY
+from support import wait_until
 
 __all__ = ["FAKE_REPLY", "DEP", "ManualClock", "ServingHarness", "serving_harness", "text_of"]
 

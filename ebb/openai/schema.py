@@ -28,8 +28,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ebb.errors import InvalidRequest
-from ebb.frontdoor.openai_extras import BEAM_ONLY, SamplingExtras
-from ebb.frontdoor.openai_tools import ToolCallMessagePart, ToolFields
+from ebb.openai.sampling_extras import BEAM_ONLY, SamplingExtras
+from ebb.openai.tool_fields import ToolCallMessagePart, ToolFields
 
 MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS = 20
@@ -434,7 +434,8 @@ _KINDS = {
 def _describe(error: Any, param: str, ctx: dict[str, Any]) -> str:
     kind, value = error["type"], error.get("input")
     if kind == "ebb_invalid":
-        return ctx["ebb_message"]
+        message: str = ctx["ebb_message"]
+        return message
     if kind == "missing":
         return f"Missing required parameter: '{param}'."
     if kind == "extra_forbidden":

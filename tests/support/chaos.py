@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 
 import httpx
 import psutil
-from platform_processes import crash, pid_of, wait_replaced
-from reliability import Submitter
+
 from support import Platform, wait_until
+from support.platform_processes import crash, pid_of, wait_replaced
+from support.reliability import Submitter
 
 KILL_ORDER = ("runner", "frontdoor", "coldstart", "billing", "webhooks", "redis")
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
