@@ -1,18 +1,40 @@
--- Expire the leases of runners that stopped heartbeating: each request they held ends
--- with a 'runner_lost' error event, so no synchronous client waits forever.
--- KEYS: 1 leases zset
--- ARGV: 1 request key prefix, 2 events key prefix, 3 encoded Failed event, 4 result ttl s
+-- Expire the leases of runners that stopped heartbeating. A synchronous request they held
+-- is queued again as a continuation (a 'continued' event on its stream, at its first
+-- place in line, with a fresh admission deadline): the next runner that claims it replays
+-- the output so far after the prompt and goes on (see ebb/queue/continuation.py). Past
+-- ARGV[5] continuations, a job attempt (the webhooks collector retries those), or one
+-- whose client already left, it ends with a 'runner_lost' error event instead, so no
+-- synchronous client waits forever.
+-- KEYS: 1 leases zset, 2 controller wake list
+-- ARGV: 1 request key prefix, 2 events key prefix, 3 encoded Failed event, 4 result ttl s,
+--       5 continuations allowed, 6 admission window ms, 7 queue key prefix,
+--       8 queue signal key prefix, 9 signal list max
 -- Returns the ids whose leases expired.
 local now = now_ms()
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+local max = tonumber(ARGV[9])
 for _, id in ipairs(expired) do
   redis.call('ZREM', KEYS[1], id)
   local rkey = ARGV[1] .. id
-  if redis.call('HGET', rkey, 'state') == 'claimed' then
-    redis.call('HSET', rkey, 'state', 'failed', 'error', 'runner_lost')
-    local ekey = ARGV[2] .. id
-    redis.call('XADD', ekey, '*', 'e', ARGV[3])
-    redis.call('EXPIRE', ekey, tonumber(ARGV[4]))
+  local ekey = ARGV[2] .. id
+  local f = redis.call('HMGET', rkey, 'state', 'job', 'cancel_requested', 'continuations',
+    'deployment', 'enqueued_ms')
+  if f[1] == 'claimed' then
+    local attempt = (tonumber(f[4]) or 0) + 1
+    if not f[2] and f[3] ~= '1' and f[5] and attempt <= tonumber(ARGV[5]) then
+      redis.call('HDEL', rkey, 'runner', 'claimed_ms')
+      redis.call('HSET', rkey, 'state', 'queued', 'continuations', attempt, 'continued', '1',
+        'deadline_ms', now + tonumber(ARGV[6]))
+      -- msgspec's encoding of Continued(attempt): tag field 'type', then the attempt.
+      redis.call('XADD', ekey, '*', 'e', '{"type":"continued","attempt":' .. attempt .. '}')
+      redis.call('ZADD', ARGV[7] .. f[5], tonumber(f[6]) or now, id)
+      wake_runners(ARGV[8] .. f[5], max)
+      wake_controller(KEYS[2], f[5], max)
+    else
+      redis.call('HSET', rkey, 'state', 'failed', 'error', 'runner_lost')
+      redis.call('XADD', ekey, '*', 'e', ARGV[3])
+      redis.call('EXPIRE', ekey, tonumber(ARGV[4]))
+    end
   end
 end
 return expired
