@@ -146,4 +146,7 @@ def test_a_non_streamed_answer_whose_runner_is_sigkilled_goes_on(platform, admin
     assert choice["finish_reason"] == "length"
     assert len(choice["logprobs"]["content"]) == TOKENS
     assert body["usage"] == baseline["usage"]
+    # Continued from its output, not run again from the start (a rerun says the same).
+    fields = r.hgetall(keys.request(request_id))
+    assert fields[b"continuations"] == b"1" and b"reruns" not in fields
     wait_until(lambda: len(_ready(admin)) == 2, 60, "the lost runner to be replaced")
