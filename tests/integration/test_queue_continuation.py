@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 import redis
 from support import wait_until
@@ -22,6 +23,7 @@ from ebb.queue.schema import (
     Continued,
     Failed,
     Progress,
+    SamplingSpec,
 )
 
 pytestmark = pytest.mark.integration
@@ -101,4 +103,18 @@ async def test_a_dead_runners_leases_expire_at_once(redis_url):
     assert holder is None, "queued again, nobody's yet"
     taken = wait_until(lambda: alive.claim(DEP, 1), 5, "the survivor to claim it")
     assert taken.continued == {lost.request_id}
+    await client.aclose()
+
+
+async def test_output_no_continuation_can_replay_ends_with_runner_lost(redis_url):
+    client = async_client(redis_url)
+    queue = RequestQueue(client, request_ttl_s=60)
+    state = PlatformState(client, continuations=3, continuation_window_s=10)
+    two = msgspec.structs.replace(work("two"), sampling=SamplingSpec(max_tokens=4, n=2))
+    await queue.enqueue(two, admission_window_s=10, depth_limit=10)
+    runner_queue(redis_url, "r-lost", lease_ttl_s=0.05).claim(DEP, 1)
+    await _reap_until(state, two.request_id)
+    reader = queue.events(two.request_id)
+    seen = [await reader.next(1) for _ in range(2)]
+    assert isinstance(seen[-1], Failed) and seen[-1].code == "runner_lost"
     await client.aclose()

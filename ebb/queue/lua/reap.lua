@@ -2,14 +2,25 @@
 -- is queued again as a continuation (a 'continued' event on its stream, at its first
 -- place in line, with a fresh admission deadline): the next runner that claims it replays
 -- the output so far after the prompt and goes on (see ebb/queue/continuation.py). Past
--- ARGV[5] continuations, a job attempt (the webhooks collector retries those), or one
--- whose client already left, it ends with a 'runner_lost' error event instead, so no
--- synchronous client waits forever.
+-- ARGV[5] continuations, a job attempt (the webhooks collector retries those), one whose
+-- client already left, or one whose output no continuation can replay (several choices,
+-- an embedding: the frontdoor runs those again if their client saw nothing yet), it ends
+-- with a 'runner_lost' error event instead, so no synchronous client waits forever.
 -- KEYS: 1 leases zset, 2 controller wake list
 -- ARGV: 1 request key prefix, 2 events key prefix, 3 encoded Failed event, 4 result ttl s,
 --       5 continuations allowed, 6 admission window ms, 7 queue key prefix,
 --       8 queue signal key prefix, 9 signal list max
 -- Returns the ids whose leases expired.
+-- A single-choice generation (read only: the work is never re-encoded here).
+local function replayable(work)
+  local ok, decoded = pcall(cjson.decode, work or '')
+  if not ok or type(decoded) ~= 'table' or type(decoded.sampling) ~= 'table' then
+    return false
+  end
+  local s = decoded.sampling
+  return (s.n == nil or s.n == 1) and s.embed ~= true
+end
+
 local now = now_ms()
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 local max = tonumber(ARGV[9])
@@ -18,10 +29,11 @@ for _, id in ipairs(expired) do
   local rkey = ARGV[1] .. id
   local ekey = ARGV[2] .. id
   local f = redis.call('HMGET', rkey, 'state', 'job', 'cancel_requested', 'continuations',
-    'deployment', 'enqueued_ms')
+    'deployment', 'enqueued_ms', 'work')
   if f[1] == 'claimed' then
     local attempt = (tonumber(f[4]) or 0) + 1
-    if not f[2] and f[3] ~= '1' and f[5] and attempt <= tonumber(ARGV[5]) then
+    if not f[2] and f[3] ~= '1' and f[5] and attempt <= tonumber(ARGV[5])
+        and replayable(f[7]) then
       redis.call('HDEL', rkey, 'runner', 'claimed_ms')
       redis.call('HSET', rkey, 'state', 'queued', 'continuations', attempt, 'continued', '1',
         'deadline_ms', now + tonumber(ARGV[6]))
