@@ -13,6 +13,9 @@ import redis
 from support import wait_until
 from test_queue import runner_queue, work
 
+from ebb.config import Settings
+from ebb.frontdoor import execution
+from ebb.frontdoor.execution import Executor
 from ebb.queue import keys
 from ebb.queue.connection import async_client
 from ebb.queue.platform import PlatformState
@@ -21,6 +24,7 @@ from ebb.queue.schema import (
     ChoiceDelta,
     Claimed,
     Continued,
+    DeploymentSpec,
     Failed,
     Progress,
     SamplingSpec,
@@ -117,4 +121,31 @@ async def test_output_no_continuation_can_replay_ends_with_runner_lost(redis_url
     reader = queue.events(two.request_id)
     seen = [await reader.next(1) for _ in range(2)]
     assert isinstance(seen[-1], Failed) and seen[-1].code == "runner_lost"
+    await client.aclose()
+
+
+async def test_a_continuation_no_runner_claims_in_time_ends_with_the_honest_error(
+    redis_url, monkeypatch
+):
+    monkeypatch.setattr(execution, "_EVENT_SILENCE_S", 0.3)
+    client = async_client(redis_url)
+    state = PlatformState(client, continuations=3, continuation_window_s=0.5)
+    executor = Executor(
+        Settings(redis_url=redis_url), RequestQueue(client, request_ttl_s=60), state
+    )
+    item = work("orphan")
+    rq = runner_queue(redis_url, "r-only", lease_ttl_s=0.05)
+    admitting = asyncio.ensure_future(executor.admit(item, DeploymentSpec(name=DEP, source="x")))
+    await asyncio.to_thread(wait_until, lambda: rq.claim(DEP, 1).claimed, 5, "the claim")
+    running = await admitting
+    rq.publish({item.request_id: Progress(choices=[delta("Pa")], seq=1)})
+    events = executor.events(running)
+    first = await anext(events)
+    assert isinstance(first, Progress)
+    await _reap_until(state, item.request_id)  # continued, but no runner is left
+    last = await asyncio.wait_for(anext(events), 10)
+    assert isinstance(last, Failed) and last.code == "runner_lost"
+    assert "in time" in last.message
+    fields = redis.Redis.from_url(redis_url).hgetall(keys.request(item.request_id))
+    assert fields[b"state"] == b"withdrawn", "it never runs after the client was told"
     await client.aclose()
