@@ -173,12 +173,12 @@ class QueueScripts:
         continuations: int = 0,
         admission_window_ms: int = 0,
     ) -> list[str]:
-        """Every request whose lease expired: a synchronous one with fewer than
-        `continuations` behind it is queued again as a continuation (claimable within
+        """Every request whose lease expired: one with fewer than `continuations` behind
+        it is queued again as a continuation (a synchronous one claimable within
         `admission_window_ms`), the others fail with `lost_event`; their ids."""
         return reply_texts(
             await self._reap(
-                keys=[keys.LEASES, keys.WAKE],
+                keys=[keys.LEASES, keys.WAKE, keys.JOBS_WAITING],
                 args=[
                     keys.REQUEST_PREFIX,
                     keys.EVENTS_PREFIX,
@@ -189,6 +189,7 @@ class QueueScripts:
                     keys.QUEUE_PREFIX,
                     keys.QUEUE_SIGNAL_PREFIX,
                     keys.SIGNAL_LIST_MAX,
+                    keys.JOB_QUEUE_PREFIX,
                 ],
             )
         )

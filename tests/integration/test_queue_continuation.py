@@ -11,6 +11,7 @@ import msgspec
 import pytest
 import redis
 from support import wait_until
+from test_job_queue import job, submit
 from test_queue import runner_queue, work
 
 from ebb.config import Settings
@@ -18,6 +19,7 @@ from ebb.frontdoor import execution
 from ebb.frontdoor.execution import Executor
 from ebb.queue import keys
 from ebb.queue.connection import async_client
+from ebb.queue.job_store import JobStore
 from ebb.queue.platform import PlatformState
 from ebb.queue.requests import RequestQueue
 from ebb.queue.schema import (
@@ -148,4 +150,23 @@ async def test_a_continuation_no_runner_claims_in_time_ends_with_the_honest_erro
     assert "in time" in last.message
     fields = redis.Redis.from_url(redis_url).hgetall(keys.request(item.request_id))
     assert fields[b"state"] == b"withdrawn", "it never runs after the client was told"
+    await client.aclose()
+
+
+async def test_a_lost_job_attempt_keeps_its_output_and_is_continued_in_its_queue(redis_url):
+    client = async_client(redis_url)
+    jobs = JobStore(client, retention_s=3600, result_ttl_s=60)
+    state = PlatformState(client, continuations=3, continuation_window_s=10)
+    await submit(jobs, job("job_lost"))
+    lost = runner_queue(redis_url, "r-lost", lease_ttl_s=0.05)
+    [attempt] = lost.claim(DEP, 1, max_jobs=1).claimed
+    lost.publish({attempt.request_id: Progress(choices=[delta("Pa")], seq=1)})
+    await _reap_until(state, attempt.request_id)
+    r = redis.Redis.from_url(redis_url)
+    assert r.zrange(keys.job_queue(DEP), 0, -1) == [attempt.request_id.encode()]
+    assert r.zcard(keys.queue(DEP)) == 0, "not among the synchronous requests"
+    nxt = runner_queue(redis_url, "r-next")
+    taken = nxt.claim(DEP, 1, max_jobs=1)
+    assert taken.continued == {attempt.request_id}, "the same attempt, continued"
+    assert nxt.output_so_far(attempt.request_id).token_ids == list(b"Pa")
     await client.aclose()

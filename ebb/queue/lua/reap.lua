@@ -1,15 +1,17 @@
--- Expire the leases of runners that stopped heartbeating. A synchronous request they held
--- is queued again as a continuation (a 'continued' event on its stream, at its first
--- place in line, with a fresh admission deadline): the next runner that claims it replays
--- the output so far after the prompt and goes on (see ebb/queue/continuation.py). Past
--- ARGV[5] continuations, a job attempt (the webhooks collector retries those), one whose
--- client already left, or one whose output no continuation can replay (several choices,
--- an embedding: the frontdoor runs those again if their client saw nothing yet), it ends
--- with a 'runner_lost' error event instead, so no synchronous client waits forever.
--- KEYS: 1 leases zset, 2 controller wake list
+-- Expire the leases of runners that stopped heartbeating. A request they held is queued
+-- again as a continuation (a 'continued' event on its stream, at its first place in
+-- line): the next runner that claims it replays the output so far after the prompt and
+-- goes on (see ebb/queue/continuation.py). A synchronous request goes back to its queue
+-- with a fresh admission deadline; a job attempt to its job queue, with none (it started
+-- within its TTL, as in job_yield.lua). Past ARGV[5] continuations, one whose client
+-- already left, or one whose output no continuation can replay (several choices, an
+-- embedding: the frontdoor runs those again if their client saw nothing yet, the
+-- collector retries such jobs), it ends with a 'runner_lost' error event instead, so no
+-- client waits forever.
+-- KEYS: 1 leases zset, 2 controller wake list, 3 waiting jobs zset
 -- ARGV: 1 request key prefix, 2 events key prefix, 3 encoded Failed event, 4 result ttl s,
 --       5 continuations allowed, 6 admission window ms, 7 queue key prefix,
---       8 queue signal key prefix, 9 signal list max
+--       8 queue signal key prefix, 9 signal list max, 10 job queue key prefix
 -- Returns the ids whose leases expired.
 -- A single-choice generation (read only: the work is never re-encoded here).
 local function replayable(work)
@@ -32,14 +34,18 @@ for _, id in ipairs(expired) do
     'deployment', 'enqueued_ms', 'work')
   if f[1] == 'claimed' then
     local attempt = (tonumber(f[4]) or 0) + 1
-    if not f[2] and f[3] ~= '1' and f[5] and attempt <= tonumber(ARGV[5])
-        and replayable(f[7]) then
+    if f[3] ~= '1' and f[5] and attempt <= tonumber(ARGV[5]) and replayable(f[7]) then
+      local deadline, queue = now + tonumber(ARGV[6]), ARGV[7] .. f[5]
+      if f[2] then
+        deadline, queue = 0, ARGV[10] .. f[5]
+        redis.call('ZREM', KEYS[3], f[2])
+      end
       redis.call('HDEL', rkey, 'runner', 'claimed_ms')
       redis.call('HSET', rkey, 'state', 'queued', 'continuations', attempt, 'continued', '1',
-        'deadline_ms', now + tonumber(ARGV[6]))
+        'deadline_ms', deadline)
       -- msgspec's encoding of Continued(attempt): tag field 'type', then the attempt.
       redis.call('XADD', ekey, '*', 'e', '{"type":"continued","attempt":' .. attempt .. '}')
-      redis.call('ZADD', ARGV[7] .. f[5], tonumber(f[6]) or now, id)
+      redis.call('ZADD', queue, tonumber(f[6]) or now, id)
       wake_runners(ARGV[8] .. f[5], max)
       wake_controller(KEYS[2], f[5], max)
     else
