@@ -214,8 +214,9 @@ def check_killing_the_worker_mid_request_ends_cleanly(platform, admin, worker) -
     thread.start()
     wait_until(lambda: len(events) >= 3 or done.is_set(), 180, "the stream to start")
     assert not events[0].startswith("refused"), events[0]
-    # A job on the same runner: lost with it, it must go back to the queue, not vanish.
-    body = {"messages": MESSAGES, "max_tokens": 1500}
+    # A job on the same runner: lost with it, it must go back to the queue, not vanish
+    # (as a new attempt: with two choices no continuation replays it).
+    body = {"messages": MESSAGES, "max_tokens": 1500, "n": 2}
     accepted = admin.post(
         "/v1/jobs", json={"model": "doomed", "endpoint": "chat.completions", "body": body}
     )
