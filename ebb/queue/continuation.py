@@ -6,7 +6,9 @@ that claims it reads the stream as every other reader does (`RepeatFilter`), rep
 token ids of the output so far after the prompt, and generates only the rest: its Progress
 events carry on from the next token, and its usage counts the prompt once and every token
 delivered. Only a single-choice generation whose deltas all carry their token ids can be
-replayed; any other output so far makes the loss the request's answer.
+replayed, and only without structured output (guided decoding would start its grammar
+over at the replayed tokens); any other output so far makes the loss the request's answer.
+reap.lua and job_yield's caller apply the same rule (`replayable`) before queueing one.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ class OutputSoFar:
     attempt: int = 0  # the last Continued event's: the attempt the next output belongs to
     finish_reason: FinishReason | None = None  # the output already ended (with this reason)
     replayable: bool = True
+
+
+def replayable(sampling: SamplingSpec) -> bool:
+    """Whether a continuation can go on with this request's output (see reap.lua)."""
+    guided = sampling.json_schema is not None or sampling.json_object or sampling.structural_tag
+    return sampling.n == 1 and not sampling.embed and not guided
 
 
 def output_so_far(events: Iterable[RequestEvent]) -> OutputSoFar:

@@ -37,7 +37,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from ebb import tracing
-from ebb.queue.continuation import remaining_sampling
+from ebb.queue.continuation import remaining_sampling, replayable
 from ebb.queue.gpu_records import GpuDevice
 from ebb.queue.observations import RunnerStats
 from ebb.queue.runner_side import ClaimResult, Ending, RunnerQueue
@@ -294,9 +294,8 @@ class ServingLoop:
         freed = 0
         for held in jobs[:waiting]:
             request_id = held.work.request_id
-            sampling = held.work.sampling
-            replayable = sampling.n == 1 and not sampling.embed
-            if not self._queue.yield_job(self._spec.name, request_id, keep_output=replayable):
+            keep = replayable(held.work.sampling)
+            if not self._queue.yield_job(self._spec.name, request_id, keep_output=keep):
                 continue  # no longer ours, or being cancelled: that path ends it
             del self.held[request_id]
             self._engine.abort([request_id])
@@ -353,7 +352,7 @@ class ServingLoop:
             ending = (held, "finished", Finished(held.prompt_tokens, held.completion_tokens))
             self._end_all([ending], progress)
             return
-        if not so_far.replayable:
+        if so_far.completion_tokens and not (so_far.replayable and replayable(work.sampling)):
             held.prompt_tokens = held.completion_tokens = 0  # nothing of it is billed
             self._end(held, "failed", _LOST_UNREPLAYABLE)
             return

@@ -112,20 +112,6 @@ async def test_a_dead_runners_leases_expire_at_once(redis_url):
     await client.aclose()
 
 
-async def test_output_no_continuation_can_replay_ends_with_runner_lost(redis_url):
-    client = async_client(redis_url)
-    queue = RequestQueue(client, request_ttl_s=60)
-    state = PlatformState(client, continuations=3, continuation_window_s=10)
-    two = msgspec.structs.replace(work("two"), sampling=SamplingSpec(max_tokens=4, n=2))
-    await queue.enqueue(two, admission_window_s=10, depth_limit=10)
-    runner_queue(redis_url, "r-lost", lease_ttl_s=0.05).claim(DEP, 1)
-    await _reap_until(state, two.request_id)
-    reader = queue.events(two.request_id)
-    seen = [await reader.next(1) for _ in range(2)]
-    assert isinstance(seen[-1], Failed) and seen[-1].code == "runner_lost"
-    await client.aclose()
-
-
 async def test_a_continuation_no_runner_claims_in_time_ends_with_the_honest_error(
     redis_url, monkeypatch
 ):
@@ -169,4 +155,27 @@ async def test_a_lost_job_attempt_keeps_its_output_and_is_continued_in_its_queue
     taken = nxt.claim(DEP, 1, max_jobs=1)
     assert taken.continued == {attempt.request_id}, "the same attempt, continued"
     assert nxt.output_so_far(attempt.request_id).token_ids == list(b"Pa")
+    await client.aclose()
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingSpec(max_tokens=4, n=2),
+        SamplingSpec(max_tokens=4, json_object=True),
+        SamplingSpec(max_tokens=4, json_schema={"type": "object"}),
+    ],
+    ids=["two-choices", "json-object", "json-schema"],
+)
+async def test_output_no_continuation_can_go_on_with_ends_with_runner_lost(redis_url, sampling):
+    client = async_client(redis_url)
+    queue = RequestQueue(client, request_ttl_s=60)
+    state = PlatformState(client, continuations=3, continuation_window_s=10)
+    item = msgspec.structs.replace(work(f"guided-{sampling.n}"), sampling=sampling)
+    await queue.enqueue(item, admission_window_s=10, depth_limit=10)
+    runner_queue(redis_url, "r-lost", lease_ttl_s=0.05).claim(DEP, 1)
+    await _reap_until(state, item.request_id)
+    reader = queue.events(item.request_id)
+    seen = [await reader.next(1) for _ in range(2)]
+    assert isinstance(seen[-1], Failed) and seen[-1].code == "runner_lost"
     await client.aclose()

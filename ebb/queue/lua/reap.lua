@@ -13,14 +13,17 @@
 --       5 continuations allowed, 6 admission window ms, 7 queue key prefix,
 --       8 queue signal key prefix, 9 signal list max, 10 job queue key prefix
 -- Returns the ids whose leases expired.
--- A single-choice generation (read only: the work is never re-encoded here).
+-- A single-choice generation without structured output, as `continuation.replayable`
+-- says (read only: the work is never re-encoded here; JSON null decodes to cjson.null).
+local function unset(v) return v == nil or v == cjson.null end
 local function replayable(work)
   local ok, decoded = pcall(cjson.decode, work or '')
   if not ok or type(decoded) ~= 'table' or type(decoded.sampling) ~= 'table' then
     return false
   end
   local s = decoded.sampling
-  return (s.n == nil or s.n == 1) and s.embed ~= true
+  return (unset(s.n) or s.n == 1) and s.embed ~= true and s.json_object ~= true
+    and unset(s.json_schema) and (unset(s.structural_tag) or s.structural_tag == '')
 end
 
 local now = now_ms()
