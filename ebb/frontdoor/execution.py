@@ -5,9 +5,12 @@ withdrawn by this module and refused with 503. Both are single atomic scripts on
 request's state, so a request is never both run and refused. A client that goes away is
 withdrawn if still queued, or aborted in the engine if running.
 
-A request whose runner was lost before its client saw any output runs again (`rerun`,
-same id: billed once). Following a request rides out a Redis restart (retrying with
-backoff for EBB_REDIS_OUTAGE_S) before the unavailability reaches the caller.
+A request whose runner was lost goes on as a continuation (the reaper queues it again,
+see reap.lua; `events` follows it through, the caller sees one output). One the reaper
+could not continue (several choices, past EBB_CONTINUATIONS) runs again if its client saw
+no output yet (`rerun`, same id: billed once). Following a request rides out a Redis
+restart (retrying with backoff for EBB_REDIS_OUTAGE_S) before the unavailability reaches
+the caller.
 """
 
 from __future__ import annotations
