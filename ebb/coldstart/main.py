@@ -10,7 +10,7 @@ import asyncio
 import signal
 
 from ebb.coldstart.controller import Controller
-from ebb.coldstart.gpu_placer import GpuPlacer
+from ebb.coldstart.gpu_reader import GpuReader
 from ebb.coldstart.launchers import make_launcher
 from ebb.coldstart.leader import LeaderElection
 from ebb.coldstart.preparer import Preparer
@@ -47,7 +47,7 @@ async def _main(settings: Settings) -> None:
         launcher,
         warm=warm,
         gpu_meter=GpuMeterScript(client),
-        gpus=GpuPlacer(settings, state, GpuState(client)),
+        gpus=GpuReader(settings, GpuState(client)),
         leader=election,
     )
     preparer = Preparer(settings, state, EngineRegistry.from_settings(settings))
