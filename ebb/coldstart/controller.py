@@ -38,7 +38,7 @@ from ebb.backoff import delay_s
 from ebb.billing.gpu import meter_for
 from ebb.coldstart.clock import SYSTEM_CLOCK, Clock
 from ebb.coldstart.decision_log import DecisionLog
-from ebb.coldstart.executor import Executor
+from ebb.coldstart.executor import DecidedSpecs, Executor
 from ebb.coldstart.fork_client import Exit
 from ebb.coldstart.gpu_reader import GpuReader
 from ebb.coldstart.launcher import Launcher, NoWarmStarts, PoolLauncher, WarmStarts
@@ -91,12 +91,14 @@ class Controller:
         gpu_meter: GpuMeterCloser | None = None,
         gpus: GpuReader | None = None,
         leader: Leadership | None = None,
+        specs: DecidedSpecs | None = None,
     ):
         """`warm`: where forked starts come from (none: every launch is fresh);
         `gpu_meter`: closes dead runners' GPU metering when `settings.metering` is on;
         `gpus`: this platform's GPUs, for placing runners on (none: every runner starts
         as on a CPU host);
-        `leader`: whether this controller may act (none: it is the only one)."""
+        `leader`: whether this controller may act (none: it is the only one);
+        `specs`: where the launcher reads the specs of the runners it is told to start."""
         self._settings = settings
         self._state = state
         self._launcher = launcher
@@ -136,6 +138,7 @@ class Controller:
             clock,
             gpus=gpus.records if gpus is not None else None,
             leading=self._leader.leading,
+            specs=specs,
         )
         self._decisions = DecisionLog(settings.logs_dir)
 
@@ -246,7 +249,7 @@ class Controller:
         for action in actions:
             if isinstance(action, ClearBackoff):
                 self._backoff.pop(action.deployment, None)
-        made = await self._executor.apply(actions)
+        made = await self._executor.apply(actions, [d.spec for d in world.demands])
         for deployment, count in Counter(
             a.deployment for a in made if isinstance(a, STARTS) and a.deployment
         ).items():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 from ebb.coldstart.clock import Clock
@@ -33,7 +33,7 @@ from ebb.coldstart.state import ControllerState
 from ebb.coldstart.stem_pools import DEFAULT_POOL
 from ebb.coldstart.tiers import Tier
 from ebb.queue.gpu_records import GpuPlacement
-from ebb.queue.schema import RunnerRecord, RunnerState
+from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,21 @@ def new_runner_id() -> str:
     return "r-" + uuid.uuid4().hex[:10]
 
 
+class DecidedSpecs:
+    """The specs of the deployments the last plan decided for, as its world read them:
+    what a cluster launcher shapes a runner's pod or actor from (its GPUs, memory,
+    accelerator), so that it reads nothing of the platform's state itself."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, DeploymentSpec] = {}
+
+    def update(self, specs: Iterable[DeploymentSpec]) -> None:
+        self._specs = {s.name: s for s in specs}
+
+    def get(self, deployment: str) -> DeploymentSpec | None:
+        return self._specs.get(deployment)
+
+
 class Executor:
     def __init__(
         self,
@@ -70,18 +85,25 @@ class Executor:
         *,
         gpus: GpuRecords | None = None,
         leading: Callable[[], bool] = lambda: True,
+        specs: DecidedSpecs | None = None,
     ):
         """`gpus`: where placements are recorded (None: no GPUs are placed here);
-        `leading()`: whether this controller still may start runners."""
+        `leading()`: whether this controller still may start runners; `specs`: kept
+        current for the launcher (`DecidedSpecs`)."""
         self._state = state
         self._launcher = launcher
         self._clock = clock
         self._gpus = gpus
         self._leading = leading
+        self._specs = specs
 
-    async def apply(self, actions: Sequence[Action]) -> list[Action]:
-        """Apply `actions` in order; the starts that were made (wakes, assignments and
-        launches whose claim held), for the scale-up counts."""
+    async def apply(
+        self, actions: Sequence[Action], specs: Iterable[DeploymentSpec] = ()
+    ) -> list[Action]:
+        """Apply `actions`, decided for `specs`, in order; the starts that were made
+        (wakes, assignments and launches whose claim held), for the scale-up counts."""
+        if self._specs is not None:
+            self._specs.update(specs)
         made: list[Action] = []
         for action in actions:
             if await self._apply(action):

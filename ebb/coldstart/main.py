@@ -10,6 +10,7 @@ import asyncio
 import signal
 
 from ebb.coldstart.controller import Controller
+from ebb.coldstart.executor import DecidedSpecs
 from ebb.coldstart.gpu_reader import GpuReader
 from ebb.coldstart.launchers import make_launcher
 from ebb.coldstart.leader import LeaderElection
@@ -34,7 +35,8 @@ def run_controller(settings: Settings) -> None:
 async def _main(settings: Settings) -> None:
     client = async_client(settings.platform_redis_url("ebb coldstart"))
     state = PlatformState(client, result_ttl_s=settings.result_ttl_s)
-    launcher, warm = make_launcher(settings)
+    specs = DecidedSpecs()
+    launcher, warm = make_launcher(settings, specs.get)
     start_memory_reporter(
         settings.platform_redis_url("ebb coldstart"),
         "coldstart",
@@ -49,6 +51,7 @@ async def _main(settings: Settings) -> None:
         gpu_meter=GpuMeterScript(client),
         gpus=GpuReader(settings, GpuState(client)),
         leader=election,
+        specs=specs,
     )
     preparer = Preparer(settings, state, EngineRegistry.from_settings(settings))
     rollouts = RolloutDriver(state)
