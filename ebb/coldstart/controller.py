@@ -92,13 +92,15 @@ class Controller:
         gpus: GpuReader | None = None,
         leader: Leadership | None = None,
         specs: DecidedSpecs | None = None,
+        decisions: DecisionLog | None = None,
     ):
         """`warm`: where forked starts come from (none: every launch is fresh);
         `gpu_meter`: closes dead runners' GPU metering when `settings.metering` is on;
         `gpus`: this platform's GPUs, for placing runners on (none: every runner starts
         as on a CPU host);
         `leader`: whether this controller may act (none: it is the only one);
-        `specs`: where the launcher reads the specs of the runners it is told to start."""
+        `specs`: where the launcher reads the specs of the runners it is told to start;
+        `decisions`: where each plan is logged (none: the controller's own log only)."""
         self._settings = settings
         self._state = state
         self._launcher = launcher
@@ -140,7 +142,7 @@ class Controller:
             leading=self._leader.leading,
             specs=specs,
         )
-        self._decisions = DecisionLog(settings.logs_dir)
+        self._decisions = decisions or DecisionLog(None)
 
     def stop(self) -> None:
         self._stopping.set()

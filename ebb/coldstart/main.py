@@ -10,6 +10,7 @@ import asyncio
 import signal
 
 from ebb.coldstart.controller import Controller
+from ebb.coldstart.decision_log import DecisionLog
 from ebb.coldstart.executor import DecidedSpecs
 from ebb.coldstart.gpu_reader import GpuReader
 from ebb.coldstart.launchers import make_launcher
@@ -52,6 +53,7 @@ async def _main(settings: Settings) -> None:
         gpus=GpuReader(settings, GpuState(client)),
         leader=election,
         specs=specs,
+        decisions=DecisionLog(settings.logs_dir),
     )
     preparer = Preparer(settings, state, EngineRegistry.from_settings(settings))
     rollouts = RolloutDriver(state)
