@@ -47,7 +47,7 @@ from ebb.coldstart.plan import STARTS, Action, ClearBackoff, MarkUnschedulable, 
 from ebb.coldstart.policy import PolicyConfig
 from ebb.coldstart.state import ControllerState
 from ebb.coldstart.stem_pools import DEFAULT_POOL, parse_stem_pools
-from ebb.coldstart.world import Backoff, World
+from ebb.coldstart.world import Backoff
 from ebb.coldstart.world_reader import NodeLauncher, WorldReader
 from ebb.config import Settings
 from ebb.queue.metering import LAST_SIGN_OF_LIFE, EndField, GpuMeter
@@ -244,7 +244,7 @@ class Controller:
         )
         actions = plan(world, self._policy)
         if world.gpus is not None:
-            self._unschedulable = _shown_after(self._unschedulable, world, actions)
+            self._unschedulable = _shown_after(self._unschedulable, actions)
         if not actions:
             return
         self._decisions.record(world, actions)
@@ -256,6 +256,7 @@ class Controller:
             a.deployment for a in made if isinstance(a, STARTS) and a.deployment
         ).items():
             await self._state.count_scale_up(deployment, count)
+            log.info("coldstart: %s scaled up by %d", deployment, count)
 
     async def _collect_exits(self, runners: list[RunnerRecord]) -> list[RunnerRecord]:
         """Every record, a runner that exited or fell silent marked gone (and a record
@@ -329,9 +330,7 @@ class Controller:
             )
 
 
-def _shown_after(
-    shown: dict[str, str] | None, world: World, actions: list[Action]
-) -> dict[str, str]:
+def _shown_after(shown: dict[str, str] | None, actions: list[Action]) -> dict[str, str]:
     """What `unschedulable` shows once `actions` are applied."""
     after = dict(shown or {})
     for action in actions:
