@@ -39,7 +39,8 @@ class Demand:
     # Its sleeping runners (not being woken): the fastest start there is.
     sleepers: tuple[str, ...] = ()
     backoff: Backoff | None = None
-    # What one of its runners takes on a GPU; None while its weights are not prepared.
+    # What one of its runners takes on a GPU; None while its weights are not prepared (or
+    # where nothing is to be placed: no GPUs, no start possible, nothing to recheck).
     gpu_need: GpuNeed | None = None
     # The GPUs one runner asks of a cluster node (its engine's tensor parallel size, or the
     # cluster launcher's default); 0 locally.

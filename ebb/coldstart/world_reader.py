@@ -98,12 +98,7 @@ class WorldReader:
         gpus: Gpus | None,
     ) -> Demand:
         queue = await self._state.queue_snapshot(spec.name)
-        need = None
-        if gpus is not None and gpus.present:
-            engines = self._engines or EngineRegistry.from_settings(self._settings)
-            self._engines = engines
-            need = estimate_need(self._settings, engines, spec)
-        return Demand(
+        demand = Demand(
             spec=spec,
             queue_depth=queue.depth,
             job_depth=queue.job_depth,
@@ -116,9 +111,18 @@ class WorldReader:
                 if r.state is RunnerState.SLEEPING and not r.is_starting
             ),
             backoff=backoffs.get(spec.name),
-            gpu_need=need,
             node_gpus=math.ceil(runner_gpus(spec, self._default_gpus)),
         )
+        # The need is read from the weight cache's files: only for a deployment the plan
+        # may place (a start, or a recheck of one shown unschedulable).
+        shown = gpus.shown_unschedulable if gpus is not None else None
+        if gpus is not None and gpus.present and (_may_start(demand) or spec.name in (shown or {})):
+            engines = self._engines or EngineRegistry.from_settings(self._settings)
+            self._engines = engines
+            demand = dataclasses.replace(
+                demand, gpu_need=estimate_need(self._settings, engines, spec)
+            )
+        return demand
 
     async def _read_nodes(
         self, demands: list[Demand], caches: Mapping[str, frozenset[str]]
