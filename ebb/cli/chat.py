@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import httpx
 import typer
 
-from ebb.cli.api import EXIT_REFUSED, Api, JsonOpt, err_console, print_json
+from ebb.cli.api import EXIT_REFUSED, Api, JsonObject, JsonOpt, err_console, print_json
 
 
-def _sse_data(response: httpx.Response) -> Iterator[dict]:
+def _sse_data(response: httpx.Response) -> Iterator[JsonObject]:
     """The JSON objects of a server-sent event stream, up to `data: [DONE]`."""
     for line in response.iter_lines():
         if not line.startswith("data: "):
@@ -60,7 +60,7 @@ def _print_stream(response: httpx.Response, model: str, started: float) -> str:
     waiting = err_console.status(f"waiting for {model} (it may be starting a runner)…")
     waiting.start()
     first_s = None
-    usage: dict = {}
+    usage: JsonObject = {}
     finish = ""
     try:
         for chunk in _sse_data(response):

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from ebb.billing.pricing import format_micros
-from ebb.cli.api import Api, JsonOpt, console, print_json
+from ebb.cli.api import Api, JsonObject, JsonOpt, console, print_json
 
 REPLICA_STATES = ("prewarmed", "loading", "ready", "draining")
 
@@ -18,7 +18,7 @@ def _clock(epoch_ms: int) -> str:
     return time.strftime("%H:%M:%S", time.localtime(epoch_ms / 1000)) if epoch_ms else "—"
 
 
-def _replicas_table(d: dict) -> Table:
+def _replicas_table(d: JsonObject) -> Table:
     replicas = dict(d["replicas"])
     # A fresh process importing libraries is part of loading, as in the console.
     replicas["loading"] = replicas.get("loading", 0) + replicas.get("starting", 0)
@@ -27,7 +27,7 @@ def _replicas_table(d: dict) -> Table:
     return table
 
 
-def _cold_start_table(d: dict) -> Table:
+def _cold_start_table(d: JsonObject) -> Table:
     table = Table("tier", "total", "phases", title="cold starts")
     for tier, phases in d["cold_start_ms"].items():
         detail = " · ".join(f"{k} {v:.0f} ms" for k, v in phases.items() if k != "total")
@@ -35,7 +35,7 @@ def _cold_start_table(d: dict) -> Table:
     return table
 
 
-def _runners_table(runners: list[dict]) -> Table:
+def _runners_table(runners: list[JsonObject]) -> Table:
     table = Table("runner", "state", "tier", "pid", "launched", "ready", "error", title="runners")
     for r in runners:
         table.add_row(
@@ -107,7 +107,7 @@ def _config_value(key: str, value: object) -> str:
     return str(value)
 
 
-def _config_table(d: dict) -> Table:
+def _config_table(d: JsonObject) -> Table:
     """Every configuration field of the view (a tenant's view has fewer)."""
     table = Table("setting", "value", title="configuration")
     keys = [k for k in _CONFIG_ORDER if k in d]

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from ebb.cli import deployment_options as opts
-from ebb.cli.api import EXIT_USAGE, Api, JsonOpt, console, err_console, print_json
+from ebb.cli.api import EXIT_USAGE, Api, JsonObject, JsonOpt, console, err_console, print_json
 from ebb.cli.rollouts import parse_env, wait_for_version
 from ebb.cli.weights import print_cache, wait_for_weights
 
@@ -17,7 +17,7 @@ deployments_app = typer.Typer(
 )
 
 
-def _deployments_table(rows: list[dict]) -> Table:
+def _deployments_table(rows: list[JsonObject]) -> Table:
     table = Table("name", "status", "ready", "starting", "queue", "min/max", "idle s", "source")
     for d in rows:
         r = d["replicas"]
@@ -35,35 +35,16 @@ def _deployments_table(rows: list[dict]) -> Table:
     return table
 
 
+DEPLOY_OPTIONS = opts.OptionSet(*opts.SETTINGS, *opts.ADMIN)
+SCALE_OPTIONS = opts.OptionSet(*opts.SETTINGS)
+
+
+@DEPLOY_OPTIONS.command
 def deploy(
     name: str = typer.Argument(..., help="Deployment name, used as the API's model name."),
     source: str = typer.Option(..., "--source", help="Weights URI: gguf:PKG/FILE, a path, ..."),
-    min_replicas: int | None = opts.MinOpt,
-    max_replicas: int | None = opts.MaxOpt,
-    idle_timeout: float | None = opts.IdleOpt,
+    options: opts.Given = opts.NONE_GIVEN,
     wait: bool = typer.Option(True, help="Wait until the weights are in the cache."),
-    max_concurrency: int | None = opts.ConcurrencyOpt,
-    queue_depth_limit: int | None = opts.QueueDepthOpt,
-    admission_timeout: float | None = opts.AdmissionOpt,
-    max_model_len: int | None = opts.MaxModelLenOpt,
-    dtype: str | None = opts.DtypeOpt,
-    quantization: str | None = opts.QuantizationOpt,
-    max_num_seqs: int | None = opts.MaxNumSeqsOpt,
-    tensor_parallel_size: int | None = opts.TpOpt,
-    prefix_caching: bool | None = opts.PrefixCachingOpt,
-    gpu_memory_gib: float | None = opts.GpuMemoryOpt,
-    enforce_eager: bool | None = opts.EagerOpt,
-    tool_parser: str | None = opts.ToolParserOpt,
-    chat_template: str | None = opts.ChatTemplateOpt,
-    chat_template_file: Path | None = opts.ChatTemplateFileOpt,
-    task: str | None = opts.TaskOpt,
-    batch_discount: int | None = opts.BatchDiscountOpt,
-    owner: str | None = opts.OwnerOpt,
-    input_price: str | None = opts.InputPriceOpt,
-    output_price: str | None = opts.OutputPriceOpt,
-    gpu_second_price: str | None = opts.GpuSecondPriceOpt,
-    visibility: str | None = opts.VisibilityOpt,
-    share_with: list[str] | None = opts.ShareWithOpt,
     env: list[str] | None = typer.Option(
         None, "--env", help="NAME=VALUE in the version's environment (stored encrypted)."
     ),
@@ -79,45 +60,7 @@ def deploy(
     Every field of POST /v1/deployments has an option (unset: the platform's default). A
     tenant key deploys its own, within its quota; prices and sharing are the admin's.
     """
-    fields = {
-        "name": name,
-        "source": source,
-        "min_replicas": min_replicas,
-        "max_replicas": max_replicas,
-        "idle_timeout_s": idle_timeout,
-        "max_concurrency": max_concurrency,
-        "queue_depth_limit": queue_depth_limit,
-        "admission_timeout_s": admission_timeout,
-        "max_model_len": max_model_len,
-        "owner": owner,
-        "visibility": visibility,
-        "shared_with": share_with,
-        **opts.price_fields(
-            input_price,
-            output_price,
-            gpu_second_price,
-            ("--input-price", "--output-price", "--gpu-second-price"),
-        ),
-    }
-    body = opts.deployment_body(
-        fields,
-        engine=opts.engine_body(
-            dtype=dtype,
-            quantization=quantization,
-            max_num_seqs=max_num_seqs,
-            tensor_parallel_size=tensor_parallel_size,
-            enable_prefix_caching=prefix_caching,
-            gpu_memory_gib=gpu_memory_gib,
-            enforce_eager=enforce_eager,
-        ),
-        serving=opts.serving_body(
-            tool_parser=tool_parser,
-            chat_template=chat_template,
-            chat_template_file=chat_template_file,
-            task=task,
-            batch_discount=batch_discount,
-        ),
-    )
+    body = {"name": name, "source": source, **DEPLOY_OPTIONS.body(options)}
     if (env_vars := parse_env(env, env_file)) is not None:
         body["env"] = env_vars
     api = Api()
@@ -145,58 +88,11 @@ def deploy(
         console.print(f"deployed [bold]{name}[/] ({answer['status']}); call it as model={name!r}")
 
 
-def scale(
-    name: str,
-    min_replicas: int | None = opts.MinOpt,
-    max_replicas: int | None = opts.MaxOpt,
-    idle_timeout: float | None = opts.IdleOpt,
-    max_concurrency: int | None = opts.ConcurrencyOpt,
-    queue_depth_limit: int | None = opts.QueueDepthOpt,
-    admission_timeout: float | None = opts.AdmissionOpt,
-    max_model_len: int | None = opts.MaxModelLenOpt,
-    dtype: str | None = opts.DtypeOpt,
-    quantization: str | None = opts.QuantizationOpt,
-    max_num_seqs: int | None = opts.MaxNumSeqsOpt,
-    tensor_parallel_size: int | None = opts.TpOpt,
-    prefix_caching: bool | None = opts.PrefixCachingOpt,
-    gpu_memory_gib: float | None = opts.GpuMemoryOpt,
-    enforce_eager: bool | None = opts.EagerOpt,
-    tool_parser: str | None = opts.ToolParserOpt,
-    chat_template: str | None = opts.ChatTemplateOpt,
-    chat_template_file: Path | None = opts.ChatTemplateFileOpt,
-    task: str | None = opts.TaskOpt,
-    as_json: bool = JsonOpt,
-) -> None:
+@SCALE_OPTIONS.command
+def scale(name: str, options: opts.Given = opts.NONE_GIVEN, as_json: bool = JsonOpt) -> None:
     """Change a deployment's scaling, queue and admission limits, engine or serving
     options (prices and owner: 'ebb price'; sharing: 'ebb deployments share')."""
-    fields = {
-        "min_replicas": min_replicas,
-        "max_replicas": max_replicas,
-        "idle_timeout_s": idle_timeout,
-        "max_concurrency": max_concurrency,
-        "queue_depth_limit": queue_depth_limit,
-        "admission_timeout_s": admission_timeout,
-        "max_model_len": max_model_len,
-    }
-    changes = opts.deployment_body(
-        fields,
-        engine=opts.engine_body(
-            dtype=dtype,
-            quantization=quantization,
-            max_num_seqs=max_num_seqs,
-            tensor_parallel_size=tensor_parallel_size,
-            enable_prefix_caching=prefix_caching,
-            gpu_memory_gib=gpu_memory_gib,
-            enforce_eager=enforce_eager,
-        ),
-        serving=opts.serving_body(
-            tool_parser=tool_parser,
-            chat_template=chat_template,
-            chat_template_file=chat_template_file,
-            task=task,
-            batch_discount=None,
-        ),
-    )
+    changes = SCALE_OPTIONS.body(options)
     if not changes:
         err_console.print("nothing to change: pass --min, --max, --idle-timeout or another option")
         raise typer.Exit(EXIT_USAGE)
@@ -254,7 +150,7 @@ def remove_deployment(name: str) -> None:
     console.print(f"removed {name}")
 
 
-def print_gpus(hosts: list[dict]) -> None:
+def print_gpus(hosts: list[JsonObject]) -> None:
     """Each host's GPUs: memory free and reserved by runners, load, temperature."""
     gib = 1024**3
     for host in hosts:
@@ -286,7 +182,7 @@ def print_gpus(hosts: list[dict]) -> None:
         console.print(table)
 
 
-def print_processes(processes: list[dict]) -> None:
+def print_processes(processes: list[JsonObject]) -> None:
     """Each platform process's memory; PSS shares pages between processes (a fork server
     and its runners) out among them, so the PSS column adds up where RSS overcounts."""
     if not processes:

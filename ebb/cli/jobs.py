@@ -7,7 +7,7 @@ import time
 import typer
 from rich.table import Table
 
-from ebb.cli.api import EXIT_REFUSED, Api, JsonOpt, console, err_console, print_json
+from ebb.cli.api import EXIT_REFUSED, Api, JsonObject, JsonOpt, console, err_console, print_json
 
 jobs_app = typer.Typer(
     help="Async jobs: list them, or show, submit and cancel one.", invoke_without_command=True
@@ -20,7 +20,7 @@ def _when(ts: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else ""
 
 
-def _jobs_table(rows: list[dict]) -> Table:
+def _jobs_table(rows: list[JsonObject]) -> Table:
     table = Table("id", "model", "status", "created", "attempts", "tokens", "webhook")
     for job in rows:
         usage = job["usage"] or {}
@@ -168,7 +168,7 @@ def secret(
         console.print(f"previous secret valid until {_when(answer['previous_secret_expires_at'])}")
 
 
-def _print_job(job: dict, as_json: bool) -> None:
+def _print_job(job: JsonObject, as_json: bool) -> None:
     if as_json:
         print_json(job)
         return

@@ -14,8 +14,8 @@ from ebb.cli.logs import logs
 from ebb.cli.rollouts import history, rollback, rollout
 from ebb.cli.tenants import tenants_app
 from ebb.cli.usage import price, usage_app
-from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
+from ebb.launching.tiers import Tier
 from ebb.services import SERVICES, configure_logging
 
 app = typer.Typer(

@@ -8,7 +8,16 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from ebb.cli.api import EXIT_REFUSED, EXIT_USAGE, Api, JsonOpt, console, err_console, print_json
+from ebb.cli.api import (
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    Api,
+    JsonObject,
+    JsonOpt,
+    console,
+    err_console,
+    print_json,
+)
 
 _POLL_S = 0.5
 
@@ -32,7 +41,7 @@ def parse_env(pairs: list[str] | None, env_file: Path | None) -> dict[str, str] 
     return env
 
 
-def wait_for_version(api: Api, name: str, version: int, timeout_s: float = 1800) -> dict:
+def wait_for_version(api: Api, name: str, version: int, timeout_s: float = 1800) -> JsonObject:
     """Until the version's weights are in the cache (its deploy-time prefetch)."""
     deadline = time.monotonic() + timeout_s
     with console.status(f"{name} v{version}: preparing weights"):
@@ -47,7 +56,7 @@ def wait_for_version(api: Api, name: str, version: int, timeout_s: float = 1800)
             time.sleep(_POLL_S)
 
 
-def _history_table(body: dict) -> Table:
+def _history_table(body: JsonObject) -> Table:
     table = Table("version", "traffic", "ready", "weights", "source", "env", "created")
     for v in body["data"]:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v["created_at_s"]))
@@ -63,7 +72,7 @@ def _history_table(body: dict) -> Table:
     return table
 
 
-def _print(body: dict, as_json: bool) -> None:
+def _print(body: JsonObject, as_json: bool) -> None:
     if as_json:
         print_json(body)
         return
@@ -105,7 +114,7 @@ def rollout(
     if promote:
         _print(api.call("POST", f"/v1/deployments/{name}/rollout/promote"), as_json)
         return
-    body: dict = {"version": version, "interval_s": interval}
+    body: JsonObject = {"version": version, "interval_s": interval}
     if canary is not None or steps:
         body["strategy"] = "canary"
         body["canary_pct"] = canary

@@ -6,7 +6,7 @@ import typer
 from rich.table import Table
 
 from ebb.billing.pricing import format_micros
-from ebb.cli.api import Api, JsonOpt, console, err_console, print_json
+from ebb.cli.api import Api, JsonObject, JsonOpt, console, err_console, print_json
 from ebb.cli.deployment_options import BatchDiscountOpt, price_fields
 
 # `ebb usage reconcile` found the aggregates disagreeing with the raw records.
@@ -54,7 +54,7 @@ def usage(
         console.print(_unit_economics_table(body["unit_economics"]))
 
 
-def _unit_economics_table(rows: list[dict]) -> Table:
+def _unit_economics_table(rows: list[JsonObject]) -> Table:
     table = Table(
         "deployment", "GPU s", "output tokens", "GPU s / 1M output", "GPU cost / 1M output"
     )

@@ -8,7 +8,7 @@ import typer
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ebb.cli.api import EXIT_REFUSED, Api, console, err_console
+from ebb.cli.api import EXIT_REFUSED, Api, JsonObject, console, err_console
 
 _POLL_S = 0.25
 # What each preparation phase is called on the bar.
@@ -23,7 +23,7 @@ _PHASES = {
 }
 
 
-def wait_for_weights(api: Api, name: str, timeout_s: float = 1800) -> dict:
+def wait_for_weights(api: Api, name: str, timeout_s: float = 1800) -> JsonObject:
     """Poll the deployment until its weights are in the cache, with a progress bar of the
     phase the platform reports; exit with EXIT_REFUSED if preparing them failed."""
     deadline = time.monotonic() + timeout_s
@@ -48,7 +48,7 @@ def wait_for_weights(api: Api, name: str, timeout_s: float = 1800) -> dict:
             time.sleep(_POLL_S)
 
 
-def print_cache(report: dict) -> None:
+def print_cache(report: JsonObject) -> None:
     """The cache's models, most recently used first, and its evictions."""
     budget = report["budget_bytes"]
     limit = f" of {_size(budget)}" if budget else " (no budget)"
@@ -69,7 +69,7 @@ def print_cache(report: dict) -> None:
             console.print(f"  {eviction['at']} {eviction['key']} ({_size(eviction['size_bytes'])})")
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -46,10 +46,10 @@ from ebb.coldstart.leader import AlwaysLeader, Leadership
 from ebb.coldstart.plan import STARTS, Action, ClearBackoff, MarkUnschedulable, plan
 from ebb.coldstart.policy import PolicyConfig
 from ebb.coldstart.state import ControllerState
-from ebb.coldstart.stem_pools import DEFAULT_POOL, parse_stem_pools
 from ebb.coldstart.world import Backoff
 from ebb.coldstart.world_reader import NodeLauncher, WorldReader
 from ebb.config import Settings
+from ebb.launching.stem_pools import DEFAULT_POOL, parse_stem_pools
 from ebb.queue.metering import LAST_SIGN_OF_LIFE, EndField, GpuMeter
 from ebb.queue.schema import RunnerRecord, RunnerState
 

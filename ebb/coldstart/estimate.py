@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ebb.coldstart.tiers import TIER_ORDER, Tier
+from ebb.launching.tiers import TIER_ORDER, Tier
 from ebb.queue.schema import RunnerRecord, RunnerState
 
 # Before any cold start was observed: a fresh runner on a small CPU machine.

@@ -30,8 +30,8 @@ from ebb.coldstart.plan import (
     WakeSleeper,
 )
 from ebb.coldstart.state import ControllerState
-from ebb.coldstart.stem_pools import DEFAULT_POOL
-from ebb.coldstart.tiers import Tier
+from ebb.launching.stem_pools import DEFAULT_POOL
+from ebb.launching.tiers import Tier
 from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
 

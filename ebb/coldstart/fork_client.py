@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from ebb import backoff
+
 log = logging.getLogger(__name__)
 
 # A server that died is restarted after this, doubled for each death before it came up.
@@ -193,8 +195,8 @@ class ForkServerClient:
             self._pending.clear()
             self._orphans.update(self._pids)
             self._pids.clear()
-            self._restart_at = time.monotonic() + min(
-                _RESTART_BACKOFF_S * 2**self._restarts, _RESTART_BACKOFF_MAX_S
+            self._restart_at = time.monotonic() + backoff.delay_s(
+                self._restarts + 1, first_s=_RESTART_BACKOFF_S, cap_s=_RESTART_BACKOFF_MAX_S
             )
         elif time.monotonic() >= self._restart_at:
             self._restarts += 1

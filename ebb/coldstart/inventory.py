@@ -15,8 +15,8 @@ import time
 import msgspec
 
 from ebb.config import Settings
+from ebb.gpus.nvml import NvmlUnavailable, read_devices
 from ebb.queue.gpu_records import GpuDevice, HostInventory
-from ebb.runners.devices import NvmlUnavailable, read_nvml_devices
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def read_host_inventory(settings: Settings) -> HostInventory:
         devices = _fake_devices.decode(settings.gpu_inventory_file.read_bytes())
         return HostInventory(host=host_name(), devices=devices, read_at_ms=now_ms, note="fake")
     try:
-        devices = read_nvml_devices()
+        devices = read_devices()
     except NvmlUnavailable as e:
         return HostInventory(host=host_name(), read_at_ms=now_ms, note=str(e))
     return HostInventory(host=host_name(), devices=devices, read_at_ms=now_ms)

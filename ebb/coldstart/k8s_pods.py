@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ebb.coldstart.placement import Placement
-from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
+from ebb.launching.tiers import Tier
 
 RUNNER_APP = "ebb-runner"
 LABEL_APP = "app.kubernetes.io/name"

@@ -15,9 +15,9 @@ import math
 
 from ebb.coldstart.gpu_need import estimate_need
 from ebb.coldstart.k8s_pods import GIB, RunnerShape
-from ebb.coldstart.stem_pools import runner_gpus
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
+from ebb.launching.stem_pools import runner_gpus
 from ebb.queue.schema import DeploymentSpec
 
 

@@ -46,8 +46,8 @@ from ebb.coldstart.k8s_pods import (
     unschedulable,
 )
 from ebb.coldstart.placement import NodeCapacity, Placement
-from ebb.coldstart.stem_pools import StemPool
-from ebb.coldstart.tiers import Tier
+from ebb.launching.stem_pools import StemPool
+from ebb.launching.tiers import Tier
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ebb.coldstart.fork_client import Exit
 from ebb.coldstart.placement import NodeCapacity, Placement
-from ebb.coldstart.stem_pools import StemPool
-from ebb.coldstart.tiers import Tier
+from ebb.launching.stem_pools import StemPool
+from ebb.launching.tiers import Tier
 
 log = logging.getLogger(__name__)
 

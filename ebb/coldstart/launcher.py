@@ -19,10 +19,10 @@ from typing import Protocol, runtime_checkable
 
 from ebb.coldstart.environments import child_environment
 from ebb.coldstart.fork_client import Exit, ForkServerClient
-from ebb.coldstart.stem_pools import StemPool
-from ebb.coldstart.tiers import Tier, WarmState
 from ebb.config import Settings
-from ebb.runners.process import LAUNCHED_AT_ENV
+from ebb.launching.handoff import LAUNCHED_AT_ENV
+from ebb.launching.stem_pools import StemPool
+from ebb.launching.tiers import Tier, WarmState
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from ebb.coldstart.environments import child_environment
 from ebb.coldstart.launcher import Launcher, LocalProcessLauncher, NoWarmStarts, WarmStarts
-from ebb.coldstart.stem_pools import runner_gpus
 from ebb.config import Settings
+from ebb.launching.stem_pools import runner_gpus
 from ebb.queue.schema import DeploymentSpec
 
 if TYPE_CHECKING:

@@ -34,8 +34,8 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ebb.coldstart.stem_pools import StemPool
-from ebb.coldstart.tiers import WarmState
+from ebb.launching.stem_pools import StemPool
+from ebb.launching.tiers import WarmState
 from ebb.queue.gpu_records import GpuDevice, GpuPlacement, HostInventory
 from ebb.queue.schema import RunnerRecord, RunnerState
 

@@ -36,9 +36,9 @@ from ebb.coldstart.placement import (
 )
 from ebb.coldstart.plan_gpus import GpuLedger
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
-from ebb.coldstart.stem_pools import StemPool
-from ebb.coldstart.tiers import Tier, WarmState, launch_tier
 from ebb.coldstart.world import Demand, World
+from ebb.launching.stem_pools import StemPool
+from ebb.launching.tiers import Tier, WarmState, launch_tier
 from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.schema import RunnerState
 

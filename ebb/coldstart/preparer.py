@@ -28,6 +28,7 @@ from pathlib import Path
 
 import msgspec
 
+from ebb import backoff
 from ebb.coldstart.clock import SYSTEM_CLOCK, Clock
 from ebb.coldstart.environments import preparation_environment, secret_values
 from ebb.config import Settings
@@ -202,7 +203,7 @@ class Preparer:
                 )
         else:
             attempts = self._known.failures.get(source, _Failure(outcome, 0, 0.0)).attempts + 1
-            delay_s = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (attempts - 1))
+            delay_s = backoff.delay_s(attempts, first_s=RETRY_FIRST_S, cap_s=RETRY_MAX_S)
             retry_at_s = self._clock.monotonic() + delay_s
             self._known.failures[source] = _Failure(outcome, attempts, retry_at_s)
             status = _failed(outcome)

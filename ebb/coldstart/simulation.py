@@ -28,8 +28,8 @@ from ebb.coldstart.policy import PolicyConfig
 from ebb.coldstart.simulation_runners import RunnerModel, SimRunner, SimulatedLauncher
 from ebb.coldstart.simulation_state import InMemoryState, Queued
 from ebb.coldstart.simulation_trace import TraceRequest, load_azure_trace
-from ebb.coldstart.tiers import WarmState
 from ebb.config import Settings
+from ebb.launching.tiers import WarmState
 from ebb.queue.schema import DeploymentSpec
 
 __all__ = [

@@ -20,7 +20,7 @@ from ebb.coldstart.clock import ManualClock
 from ebb.coldstart.fork_client import Exit
 from ebb.coldstart.simulation_state import InMemoryState, Queued
 from ebb.coldstart.simulation_trace import TraceRequest
-from ebb.coldstart.tiers import Tier, WarmState
+from ebb.launching.tiers import Tier, WarmState
 from ebb.queue.schema import RunnerState
 from ebb.runners.idle import IdleAction, idle_action
 

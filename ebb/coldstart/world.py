@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ebb.coldstart.placement import GpuNeed, NodeCapacity
-from ebb.coldstart.stem_pools import StemPool
-from ebb.coldstart.tiers import WarmState
+from ebb.launching.stem_pools import StemPool
+from ebb.launching.tiers import WarmState
 from ebb.queue.gpu_records import GpuPlacement, HostInventory
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
 

@@ -18,10 +18,10 @@ from ebb.coldstart.gpu_reader import GpuReader
 from ebb.coldstart.launcher import WarmStarts
 from ebb.coldstart.placement import NodeCapacity
 from ebb.coldstart.state import ControllerState
-from ebb.coldstart.stem_pools import StemPool, runner_gpus
 from ebb.coldstart.world import Backoff, Demand, Gpus, World, serves
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
+from ebb.launching.stem_pools import StemPool, runner_gpus
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
 
 log = logging.getLogger(__name__)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import msgspec
 from starlette.requests import Request
 
+from ebb import backoff
 from ebb.coldstart.estimate import retry_after_for
 from ebb.config import Settings
 from ebb.errors import CapacityError, JobError, NotFound
@@ -161,16 +162,19 @@ class Executor:
         """`read(timeout_s)`, retried with backoff while Redis is unreachable, for at most
         EBB_REDIS_OUTAGE_S; then the unavailability propagates."""
         deadline = time.monotonic() + self._settings.redis_outage_s
-        delay_s = _OUTAGE_BACKOFF_FIRST_S
+        failures = 0
         while True:
             try:
                 return await read(timeout_s)
             except UNAVAILABLE_ERRORS as e:
+                failures += 1
+                delay_s = backoff.delay_s(
+                    failures, first_s=_OUTAGE_BACKOFF_FIRST_S, cap_s=_OUTAGE_BACKOFF_MAX_S
+                )
                 if time.monotonic() + delay_s > deadline:
                     raise
                 log.warning("frontdoor: Redis unavailable (%s); retrying in %.1fs", e, delay_s)
                 await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, _OUTAGE_BACKOFF_MAX_S)
 
     async def events(self, running: Running) -> AsyncIterator[Progress | Finished | Failed]:
         """The request's events until its terminal one (Finished or Failed)."""

@@ -154,8 +154,8 @@ def _runner_families(stats: list[RunnerStats]) -> list:
             hit.add_metric(key, s.prefix_cache_hit_tokens / s.prefix_cache_queried_tokens)
         for g in s.gpus:
             gpu_key = [*key, str(g.index)]
-            util.add_metric(gpu_key, g.utilization_ratio)
-            mem.add_metric(gpu_key, g.memory_used_bytes)
+            util.add_metric(gpu_key, g.utilization_pct / 100)
+            mem.add_metric(gpu_key, g.used_bytes)
             temp.add_metric(gpu_key, g.temperature_c)
     return [kv, hit, queried, hits, batch, util, mem, temp]
 

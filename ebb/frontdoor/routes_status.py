@@ -7,9 +7,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from ebb.coldstart.placement import ASLEEP_RESIDUAL_BYTES
-from ebb.coldstart.stem_pools import stems_wanted
 from ebb.frontdoor.auth import AdminDep
 from ebb.frontdoor.services import ServicesDep
+from ebb.launching.stem_pools import stems_wanted
 from ebb.queue.gpu_records import GpuPlacement, HostInventory
 from ebb.queue.gpus import GpuState
 from ebb.queue.process_memory import ProcessMemory, read_process_memory

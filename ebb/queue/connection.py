@@ -10,6 +10,8 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff, ExponentialWithJitterBackoff
 from redis.retry import Retry
 
+from ebb import backoff
+
 # What a call raises when Redis cannot answer now (down, restarting, loading its
 # append-only file, out of memory) rather than because the call was wrong: callers answer
 # "unavailable, retry" (503) or ride it out, never "internal error".
@@ -82,7 +84,8 @@ def retries_for(outage_s: float, base_s: float, cap_s: float) -> int:
     retries, waited_s = 0, 0.0
     while waited_s < outage_s:
         retries += 1
-        waited_s += min(cap_s, base_s * 2**retries)
+        # redis-py's ExponentialBackoff waits base_s * 2**retries before retry `retries`.
+        waited_s += backoff.delay_s(retries + 1, first_s=base_s, cap_s=cap_s)
     return retries
 
 

@@ -1,8 +1,9 @@
 """Typed records of GPUs and of the devices each runner holds (msgspec, kept in Redis).
 
-`HostInventory` is what one host's NVML reports, refreshed by the controller; a
-`GpuPlacement` is what the controller reserved for one runner before launching it: which
-devices of which host, how much of each, and the `gpu_memory_utilization` its vLLM gets.
+`GpuDevice` is one GPU as NVML reports it (`ebb.gpus.nvml`); `HostInventory` is what one
+host's NVML reports, refreshed by the controller; a `GpuPlacement` is what the controller
+reserved for one runner before launching it: which devices of which host, how much of
+each, and the `gpu_memory_utilization` its vLLM gets.
 """
 
 from __future__ import annotations
@@ -11,11 +12,15 @@ import msgspec
 
 
 class GpuDevice(msgspec.Struct, kw_only=True, frozen=True):
+    """One GPU as NVML reports it (`ebb.gpus.nvml`): in a host's inventory, and in a
+    runner's figures for /metrics. The one record of a GPU; memory in bytes."""
+
     index: int  # NVML's index, the number CUDA_VISIBLE_DEVICES names
     uuid: str
     name: str
     total_bytes: int
     free_bytes: int
+    used_bytes: int = 0  # NVML's own figure (not always total less free)
     utilization_pct: int = 0
     temperature_c: int = 0
 

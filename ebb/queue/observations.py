@@ -14,6 +14,7 @@ import redis
 import redis.asyncio as aioredis
 
 from ebb.queue import keys
+from ebb.queue.gpu_records import GpuDevice
 from ebb.queue.metering import GpuSegment, decode_gpu_entry
 from ebb.queue.replies import reply_bytes, reply_entries, reply_hash, reply_list
 from ebb.queue.schema import UsageRecord
@@ -27,16 +28,6 @@ WEIGHTS_FETCHED_BYTES = "weights_fetched_bytes"  # labels: source kind (s3, hf, 
 _READ_BATCH = 1000
 
 
-class GpuFigures(msgspec.Struct, kw_only=True, frozen=True):
-    """One GPU's figures (NVML), as the runner using it last read them."""
-
-    index: int
-    utilization_ratio: float
-    memory_used_bytes: int
-    memory_total_bytes: int
-    temperature_c: float
-
-
 class RunnerStats(msgspec.Struct, kw_only=True, frozen=True):
     """A runner's engine figures at one moment; token counts are totals since it loaded."""
 
@@ -46,7 +37,7 @@ class RunnerStats(msgspec.Struct, kw_only=True, frozen=True):
     kv_cache_usage_ratio: float | None = None  # None: the engine does not say
     prefix_cache_queried_tokens: int = 0
     prefix_cache_hit_tokens: int = 0
-    gpus: list[GpuFigures] = []
+    gpus: list[GpuDevice] = []  # its GPUs, as it last read them
 
 
 _stats_decoder = msgspec.json.Decoder(RunnerStats)

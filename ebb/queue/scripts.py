@@ -31,8 +31,17 @@ from ebb.queue.versions import public_name
 Arg = str | bytes | int | float
 
 
+# Helpers every script shares (now_ms, waking runners and the controller), loaded first.
+PRELUDE = "_prelude"
+
+
 @cache
 def lua_source(name: str) -> str:
+    """lua/NAME.lua as Redis runs it: the prelude, then the script."""
+    return _lua_file(PRELUDE) + _lua_file(name)
+
+
+def _lua_file(name: str) -> str:
     return resources.files("ebb.queue").joinpath("lua", f"{name}.lua").read_text()
 
 

@@ -9,7 +9,13 @@ that made every decode step 2.7-3.6 % slower than with the engine thread pinned 
 platform with `EBB_ENGINE_CORE_PIN=0` and one without, alternated in one script), and put
 ebb's time per output token 3-5 % behind vLLM's server's instead of within 1 %.
 
-The pin is taken only where it pays and harms no one:
+That is the one configuration measured, so by default ("auto", EBB_ENGINE_CORE_PIN) the
+pin is taken only where the process may use exactly two cores (`pin_wanted`); with more,
+whether a core of its own pays against the cores its OpenMP threads would otherwise have
+is unmeasured. "1" pins wherever the rules below allow, "0" never (an operator who pins
+processes).
+
+Where it is wanted, the pin is taken only where it pays and harms no one:
 - the engine computes on the serving thread alone (torch on one thread: ebb's default on
   a 2-core host; its OpenMP workers, with more threads, are not bound here);
 - the process may use at least two cores, so one stays for the rest;
@@ -30,10 +36,31 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "engine-core.lock"
+# The cores of the host where pinning was measured to help (the module docstring).
+MEASURED_CORES = 2
+
+
+def pin_wanted(setting: bool | Literal["auto"], usable_cores: int | None = None) -> bool:
+    """EBB_ENGINE_CORE_PIN as a decision: True or False as given; "auto": where the process
+    may use exactly MEASURED_CORES cores (`usable_cores`, by default its affinity's)."""
+    if setting != "auto":
+        return setting
+    if usable_cores is None:
+        usable_cores = usable_core_count()
+    return usable_cores == MEASURED_CORES
+
+
+def usable_core_count() -> int:
+    """The cores this process may run on: its affinity (a cpuset or taskset may allow
+    fewer than the host has), or the host's count where the OS has no affinity."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 class Pin:

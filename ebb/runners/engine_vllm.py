@@ -12,15 +12,16 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import os
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ebb.gpus.count import visible_gpu_count
 from ebb.queue.schema import ChoiceDelta, FinishReason, SamplingSpec, TokenLogprob, TopLogprob
-from ebb.runners import devices, vllm_compat
+from ebb.runners import vllm_compat
+from ebb.runners.core_pinning import usable_core_count
 from ebb.runners.engine import EngineOptions, EngineRequestError, EngineStats, StepOutput
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def _every_core_while_loading(cuda: bool) -> Iterator[None]:
     # binds threads itself in its multiprocess executor); torch._C's is the function.
     set_num_threads = torch._C.set_num_threads
     serving = torch.get_num_threads()
-    set_num_threads(max(serving, os.cpu_count() or 1))
+    set_num_threads(max(serving, usable_core_count()))
     try:
         yield
     finally:
@@ -75,7 +76,7 @@ def _every_core_while_loading(cuda: bool) -> Iterator[None]:
 def _has_cuda() -> bool:
     # NVML, never torch.cuda: a stem or the fork server calls this before it forks, and
     # a CUDA context does not survive a fork (see `devices`).
-    return devices.visible_gpu_count() > 0
+    return visible_gpu_count() > 0
 
 
 def preload() -> None:

@@ -30,8 +30,8 @@ import traceback
 from typing import Any, NoReturn
 
 from ebb.config import Settings
+from ebb.launching.handoff import LAUNCHED_AT_ENV
 from ebb.runners.devices import fork_unsafe_reason
-from ebb.runners.process import LAUNCHED_AT_ENV
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def _become_runner(settings: Settings, request: dict[str, Any]) -> NoReturn:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.environ[LAUNCHED_AT_ENV] = str(request["launched_ms"])
-        from ebb.coldstart.tiers import Tier
+        from ebb.launching.tiers import Tier
         from ebb.runners.process import run_runner
 
         tier = Tier(request["tier"])

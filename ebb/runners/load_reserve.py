@@ -18,6 +18,11 @@ request meanwhile gets a forked runner, as when the pool is empty.
 
 The writing runs on a thread of its own at the lowest CPU priority, a chunk at a time with
 the GIL released, so a runner serving on the same cores (beside a refilled stem) goes first.
+
+Elsewhere (bare metal, a VM whose host keeps its memory backed) fresh pages cost no host
+fault, and the reserve buys nothing for what it costs. So by default ("auto") a stem writes
+one only where the guest reports its free pages to its host (`guest_reports_free_pages`);
+a number turns it on at that size anywhere, 0 off.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Literal
 
 from ebb.process_memory import kib_fields
 
@@ -41,6 +47,14 @@ _CHUNK_BYTES = 8 << 20
 _STOP_POLL_S = 0.1
 # Never more than this share of the memory the host has available when the stem starts.
 _MAX_SHARE_OF_AVAILABLE = 0.25
+# The size "auto" picks where the guest reports free pages: about what the default model's
+# CPU load writes (see above).
+AUTO_RESERVE_GIB = 1.5
+# VIRTIO_BALLOON_F_REPORTING (virtio spec, balloon device feature bits): the driver hands
+# free pages to the host, which takes their backing away (Firecracker, QEMU's
+# free-page-reporting=on). Free page hinting (bit 3) is left out: a host reads those hints
+# only while it migrates the guest.
+_BALLOON_F_REPORTING = 5
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -127,11 +141,46 @@ class LoadReserve:
         )
 
 
-def reserve_for_stem(size_gib: float, *, gpus: int) -> LoadReserve | None:
+def guest_reports_free_pages(sys_root: Path = Path("/sys")) -> bool:
+    """Whether this machine is a guest that reports its free pages to its host: a virtio
+    balloon bound to its driver with free page reporting negotiated. Its `features` file
+    holds one character per feature bit, bit 0 first, "1" where negotiated."""
+    driver = sys_root / "bus/virtio/drivers/virtio_balloon"
+    try:
+        devices = [d for d in driver.iterdir() if d.name.startswith("virtio")]
+    except OSError:  # no virtio balloon driver: bare metal, or another hypervisor's
+        return False
+    for device in devices:
+        try:
+            features = (device / "features").read_text().strip()
+        except OSError:
+            continue
+        if features[_BALLOON_F_REPORTING : _BALLOON_F_REPORTING + 1] == "1":
+            return True
+    return False
+
+
+def resolved_size_gib(setting: float | Literal["auto"], sys_root: Path = Path("/sys")) -> float:
+    """EBB_STEM_LOAD_RESERVE_GIB as a size: a number as given (0: none); "auto":
+    AUTO_RESERVE_GIB where the guest reports free pages to its host, else 0."""
+    if setting != "auto":
+        return setting
+    return AUTO_RESERVE_GIB if guest_reports_free_pages(sys_root) else 0.0
+
+
+def reserve_for_stem(
+    setting: float | Literal["auto"], *, gpus: int, sys_root: Path = Path("/sys")
+) -> LoadReserve | None:
     """The reserve a stem writes before it joins the pool; None with GPUs (the weights go
-    to device memory), with a size of 0, or when it would take over a quarter of the
-    memory available (to the host, or to the stem's cgroup)."""
-    if gpus > 0 or size_gib <= 0:
+    to device memory), with a size of 0 ("auto" on a machine that does not report free
+    pages to its host), or when it would take over a quarter of the memory available (to
+    the host, or to the stem's cgroup)."""
+    if gpus > 0:
+        return None
+    size_gib = resolved_size_gib(setting, sys_root)
+    if size_gib <= 0:
+        if setting == "auto":
+            log.info("runner: no load reserve: this machine does not report free pages")
         return None
     size_bytes = int(size_gib * (1 << 30)) // mmap.PAGESIZE * mmap.PAGESIZE
     available = _available_bytes()

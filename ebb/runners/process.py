@@ -22,17 +22,20 @@ from pathlib import Path
 
 from ebb import tracing
 from ebb.billing.gpu import NoMeter, RunnerMeter, runner_meter
-from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
+from ebb.gpus import nvml
+from ebb.gpus.count import held_gpus, visible_gpu_count
+from ebb.launching.handoff import LAUNCHED_AT_ENV
+from ebb.launching.tiers import Tier
 from ebb.process_memory import start_memory_reporter
 from ebb.queue.connection import UNAVAILABLE_ERRORS, sync_client
 from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.gpus import SLEEPER_EXIT
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
-from ebb.runners import core_pinning, gpu_figures, load_reserve
-from ebb.runners.devices import use_placement, visible_gpu_count
+from ebb.runners import core_pinning, load_reserve
+from ebb.runners.devices import use_placement
 from ebb.runners.embedding_inputs import EmbeddingInputs
 from ebb.runners.engine import EngineAdapter, EngineOptions
 from ebb.runners.lifecycle import Lifecycle
@@ -40,8 +43,6 @@ from ebb.runners.serve import Outcome, ServingLoop, jobs_beside_sync
 from ebb.secrets import SecretBox, usable_env
 
 log = logging.getLogger(__name__)
-
-LAUNCHED_AT_ENV = "EBB_RUNNER_LAUNCHED_MS"
 
 
 @dataclass
@@ -130,10 +131,10 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
         queue,
         on_change=_ready_file(settings.runner_ready_file) if settings.runner_ready_file else None,
     )
-    # A runner launched for a deployment holds its placement's GPUs from launch on.
+    # A runner launched for a deployment holds its placement's GPUs from launch on; a stem
+    # holds what its launcher named (on one host: none, until it is assigned).
     placement = queue.placement() if deployment else None
-    gpus = placement.gpu_count if placement else None
-    meter = runner_meter(settings, client, runner_id, queue.deployment, gpus=gpus)
+    meter = runner_meter(settings, client, runner_id, queue.deployment, gpus=held_gpus(placement))
     redis_gone = False
     try:
         meter.begin(_launched_for(queue, deployment) if deployment else None)
@@ -204,14 +205,14 @@ def _run(
     placement = queue.placement()
     if placement is not None:
         use_placement(placement)  # before the engine touches CUDA
-    meter.assign(spec, gpus=placement.gpu_count if placement else None)
+    meter.assign(spec, gpus=held_gpus(placement))
     lifecycle.to(RunnerState.LOADING, deployment=deployment, tier=tier)
     engine, tier = _load_engine(settings, spec, clock, tier, placement)
     clock.lap("engine")
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
-    loop.read_gpus = gpu_figures.reader()
+    loop.read_gpus = nvml.reader()
     loop.jobs_beside_sync = jobs_beside_sync(settings.job_slots_beside_sync, visible_gpu_count())
-    if settings.engine_core_pin:
+    if core_pinning.pin_wanted(settings.engine_core_pin):
         loop.engine_thread_placement = functools.partial(
             core_pinning.own_core, settings.home, engine.cpu_threads
         )

@@ -37,7 +37,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from ebb import tracing
-from ebb.queue.observations import GpuFigures, RunnerStats
+from ebb.queue.gpu_records import GpuDevice
+from ebb.queue.observations import RunnerStats
 from ebb.queue.runner_side import ClaimResult, Ending, RunnerQueue
 from ebb.queue.schema import (
     DeploymentSpec,
@@ -150,7 +151,7 @@ class ServingLoop:
         self.on_first_output: Callable[[WorkItem], None] | None = None
         # The figures of this runner's GPUs (NVML) for metrics; none on a CPU host. The
         # seam where a GPU inventory's reader plugs in.
-        self.read_gpus: Callable[[], list[GpuFigures]] = list
+        self.read_gpus: Callable[[], list[GpuDevice]] = list
         # Job slots while a synchronous request runs here (EBB_JOB_SLOTS_BESIDE_SYNC);
         # None: `job_slots` whatever runs. See `_job_limit`.
         self.jobs_beside_sync: int | None = None

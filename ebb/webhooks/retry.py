@@ -12,6 +12,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ebb import backoff
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -21,7 +23,9 @@ class RetryPolicy:
 
     def delay_s(self, failed_attempts: int, rand: Callable[[], float] = random.random) -> float:
         """Wait after the `failed_attempts`-th failed attempt (1 for the first)."""
-        ceiling = min(self.base_s * 2 ** max(failed_attempts - 1, 0), self.max_delay_s)
+        ceiling = backoff.delay_s(
+            max(failed_attempts, 1), first_s=self.base_s, cap_s=self.max_delay_s
+        )
         return ceiling / 2 + rand() * ceiling / 2
 
     def next_attempt_ms(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -79,8 +80,8 @@ class Deliverer:
         # it is renewed every quarter lease while in flight.
         self._lease_ms = int((settings.webhook_timeout_s * 3 + 30) * 1000)
         self._slots: dict[str, asyncio.Semaphore] = {}
-        self._in_flight: dict[str, asyncio.Task] = {}
-        self._job_tails: dict[str, asyncio.Task] = {}  # each job's last attempt in flight
+        self._in_flight: dict[str, asyncio.Task[None]] = {}
+        self._job_tails: dict[str, asyncio.Task[None]] = {}  # each job's last attempt in flight
         self._backlog: Counter[str] = Counter()  # attempts in flight per endpoint
         self._backlog_max = settings.webhook_endpoint_concurrency * _BACKLOG_PER_SLOT
 
@@ -122,11 +123,13 @@ class Deliverer:
             task = asyncio.create_task(self._attempt(record, after=previous))
             self._in_flight[record.webhook_id] = task
             self._job_tails[record.job_id] = task
-            task.add_done_callback(lambda t, r=record, e=endpoint: self._forget(t, r, e))
+            task.add_done_callback(
+                functools.partial(self._forget, record=record, endpoint=endpoint)
+            )
         await self._store.renew(deferred, lease_ms=_DEFER_MS, owner=self.owner)
         return len(records) - len(deferred)
 
-    def _forget(self, task: asyncio.Task, record: DeliveryRecord, endpoint: str) -> None:
+    def _forget(self, task: asyncio.Task[None], record: DeliveryRecord, endpoint: str) -> None:
         self._in_flight.pop(record.webhook_id, None)
         self._backlog[endpoint] -= 1
         if self._job_tails.get(record.job_id) is task:
@@ -153,7 +156,7 @@ class Deliverer:
             except Exception:
                 log.exception("webhooks: renewing leases failed")
 
-    async def _attempt(self, record: DeliveryRecord, after: asyncio.Task | None) -> None:
+    async def _attempt(self, record: DeliveryRecord, after: asyncio.Task[None] | None) -> None:
         if after is not None:
             await asyncio.wait([after])
         started_ns = time.time_ns()
@@ -171,7 +174,10 @@ class Deliverer:
             )
             outcome, next_ms = ("retry", next_at) if next_at else ("failed", 0)
         if tracing.active():
-            attributes = {"ebb.job_id": record.job_id, "ebb.webhook_id": record.webhook_id}
+            attributes: dict[str, str | int] = {
+                "ebb.job_id": record.job_id,
+                "ebb.webhook_id": record.webhook_id,
+            }
             attributes.update({"ebb.attempt": number, "ebb.outcome": outcome})
             # Under the job's own trace when it was traced, else a trace of its own.
             parent = record.traceparent or Context()

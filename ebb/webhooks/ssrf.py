@@ -150,7 +150,7 @@ async def _resolve(host: str, port: int) -> list[IPAddress]:
         ) from e
     addresses: list[IPAddress] = []
     for *_, sockaddr in infos:
-        address = ipaddress.ip_address(sockaddr[0].split("%", 1)[0])
+        address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
         if address not in addresses:
             addresses.append(address)
     if not addresses:

@@ -7,6 +7,7 @@ A webhook event's `data` is the job object as of the event (without the delivery
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import msgspec
 
@@ -46,9 +47,9 @@ def job_view(
     *,
     status: JobStatus | None = None,
     deliveries: list[tuple[DeliveryRecord, list[DeliveryAttempt]]] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The job object; `deliveries` (the attempt log) only in API answers."""
-    view = {
+    view: dict[str, Any] = {
         "id": record.job_id,
         "object": "job",
         "model": record.deployment,
@@ -80,7 +81,7 @@ def job_view(
     return view
 
 
-def delivery_view(record: DeliveryRecord, attempts: list[DeliveryAttempt]) -> dict:
+def delivery_view(record: DeliveryRecord, attempts: list[DeliveryAttempt]) -> dict[str, Any]:
     return {
         "webhook_id": record.webhook_id,
         "event": record.event.value,

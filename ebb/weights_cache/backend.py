@@ -6,7 +6,7 @@ import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ebb.weights_cache.manifest import BOOKKEEPING_NAMES, FileEntry, Progress
 from ebb.weights_cache.sources import Source
@@ -30,6 +30,10 @@ def wanted(name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in FETCH_PATTERNS)
 
 
+# The sources one backend reads (contravariant: a backend of every source reads each kind).
+SourceT = TypeVar("SourceT", bound=Source, contravariant=True)
+
+
 @dataclass(frozen=True)
 class Version:
     """One version of a source, as its backend resolved it.
@@ -45,7 +49,7 @@ class Version:
     detail: object = None
 
 
-class Backend(Protocol):
+class Backend(Protocol[SourceT]):
     """How one kind of source reaches the store.
 
     `resolve` is cheap (a listing at most, no hashing of large files) and raises
@@ -60,10 +64,10 @@ class Backend(Protocol):
     in_place: bool
     resumable: bool
 
-    def resolve(self, source: Source) -> Version: ...
+    def resolve(self, source: SourceT) -> Version: ...
 
-    def root(self, source: Source) -> Path: ...
+    def root(self, source: SourceT) -> Path: ...
 
     def fetch(
-        self, source: Source, version: Version, dest: Path, progress: Progress | None
+        self, source: SourceT, version: Version, dest: Path, progress: Progress | None
     ) -> Mapping[str, FileEntry] | None: ...

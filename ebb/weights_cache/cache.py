@@ -22,10 +22,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from operator import attrgetter
 from pathlib import Path
+from typing import Any
 
 from ebb.errors import (
     EbbError,
@@ -40,6 +41,7 @@ from ebb.weights_cache.hf_source import HfBackend
 from ebb.weights_cache.local_source import LocalDirBackend
 from ebb.weights_cache.manifest import (
     MANIFEST_NAME,
+    FileEntry,
     Manifest,
     Progress,
     check_hf_layout,
@@ -76,7 +78,9 @@ class LocalModel:
 
 # Sources whose current version is asked of a server that may be unreachable.
 _REMOTE = (SourceKind.S3, SourceKind.HF)
-_BACKENDS: dict[SourceKind, Callable[[CacheOptions], Backend]] = {
+# Each kind's backend reads that kind's Source class only; mypy cannot tie a key to its
+# value, so they are Backend[Any] here, and _backend_for pairs them by the source's kind.
+_BACKENDS: dict[SourceKind, Callable[[CacheOptions], Backend[Any]]] = {
     SourceKind.GGUF: lambda options: GgufBackend(),
     SourceKind.LOCAL: lambda options: LocalDirBackend(),
     SourceKind.S3: S3Backend,
@@ -94,7 +98,7 @@ class _Job:
 
     given: str  # the source as the caller spelled it, echoed in LocalModel.source
     source: Source
-    backend: Backend
+    backend: Backend[Any]
     version: Version
     key: str
 
@@ -166,7 +170,9 @@ def _ensure_locked(
     return model
 
 
-def _resolve(store: Store, parsed: Source, options: CacheOptions) -> tuple[Backend, Version, str]:
+def _resolve(
+    store: Store, parsed: Source, options: CacheOptions
+) -> tuple[Backend[Any], Version, str]:
     """The backend, the source's current version and its entry key.
 
     A remote source with a version already cached is asked once, without retries: when it
@@ -238,7 +244,7 @@ def verify(model: LocalModel, full: bool = True, progress: Progress | None = Non
     raise WeightsCorrupt(f"weights of {model.source} are corrupt: {problem}")
 
 
-def _backend_for(source: Source, options: CacheOptions) -> Backend:
+def _backend_for(source: Source, options: CacheOptions) -> Backend[Any]:
     return _BACKENDS[source.kind](options)
 
 
@@ -306,7 +312,7 @@ def _build(
     try:
         with store.staging(job.key, resumable=job.backend.resumable) as staged:
             root = job.backend.root(job.source) if in_place else staged
-            hashed = {}
+            hashed: Mapping[str, FileEntry] = {}
             if not in_place:
                 hashed = job.backend.fetch(job.source, job.version, staged, progress) or {}
             check_hf_layout(root)

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ebb.weights_cache.manifest import ACCESS_NAME, now_iso
 from ebb.weights_cache.store import EVICTIONS_NAME, PARTIAL_SUFFIX, Store
@@ -63,7 +64,7 @@ class CacheReport:
     evicted_bytes_total: int = 0
     recent_evictions: list[Eviction] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

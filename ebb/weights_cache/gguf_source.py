@@ -17,11 +17,15 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ebb.errors import WeightsError, WeightsNotFound
 from ebb.weights_cache.backend import Version
 from ebb.weights_cache.manifest import Progress, check_hf_layout, max_model_len
 from ebb.weights_cache.sources import GgufSource
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +139,7 @@ def convert_gguf(gguf_path: Path, dest: Path, progress: Progress | None) -> None
     _report(progress, 1.0)
 
 
-def _load_model(gguf_path: Path):
+def _load_model(gguf_path: Path) -> PreTrainedModel:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -147,13 +151,13 @@ def _load_model(gguf_path: Path):
     )
 
 
-def _load_tokenizer(gguf_path: Path):
+def _load_tokenizer(gguf_path: Path) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
 
 
-def _write_weights(model, dest: Path) -> None:
+def _write_weights(model: PreTrainedModel, dest: Path) -> None:
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
 
@@ -171,7 +175,7 @@ def _write_weights(model, dest: Path) -> None:
         (dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
-def _write_config(model, dest: Path) -> None:
+def _write_config(model: PreTrainedModel, dest: Path) -> None:
     config = model.config
     # A checkpoint claiming GGUF quantization would send vLLM looking for a .gguf file.
     if hasattr(config, "quantization_config"):
@@ -189,7 +193,7 @@ def _write_config(model, dest: Path) -> None:
         generation.save_pretrained(dest)
 
 
-def _write_tokenizer(tokenizer, context_len: int, dest: Path) -> None:
+def _write_tokenizer(tokenizer: PreTrainedTokenizerBase, context_len: int, dest: Path) -> None:
     # The GGUF carries no model_max_length, and transformers' "unbounded" sentinel (1e30)
     # would let callers tokenize prompts the model cannot attend to.
     tokenizer.model_max_length = context_len

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ebb.errors import (
     WeightsAuthError,
@@ -37,7 +38,12 @@ from ebb.weights_cache.options import CacheOptions
 from ebb.weights_cache.retry import with_retries
 from ebb.weights_cache.sources import HfSource
 
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
+
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 _POLL_S = 0.5
@@ -86,7 +92,7 @@ class HfBackend:
     def fetch(
         self, source: HfSource, version: Version, dest: Path, progress: Progress | None
     ) -> dict[str, FileEntry]:
-        commit: str = version.detail
+        commit = cast(str, version.detail)  # what this backend's resolve() read
         files = self._list(source, commit)
         started = time.monotonic()
         entries: dict[str, FileEntry] = {}
@@ -109,6 +115,8 @@ class HfBackend:
         return entries
 
     def _list(self, source: HfSource, commit: str) -> list[_HubFile]:
+        from huggingface_hub.hf_api import RepoFile
+
         tree = self._call(
             lambda api: list(api.list_repo_tree(source.repo_id, revision=commit)),
             f"listing {source.uri}",
@@ -116,7 +124,7 @@ class HfBackend:
         files = [
             _HubFile(e.path, e.size, e.blob_id, e.lfs.sha256 if e.lfs else None)
             for e in tree
-            if getattr(e, "blob_id", None) is not None and wanted(e.path)
+            if isinstance(e, RepoFile) and wanted(e.path)
         ]
         names = {f.name for f in files}
         if "config.json" not in names or not any(n.endswith(".safetensors") for n in names):
@@ -144,8 +152,8 @@ class HfBackend:
             f"downloading {source.uri}",
         )
 
-    def _call(self, call: Callable, what: str):
-        def attempt():
+    def _call(self, call: Callable[[HfApi], T], what: str) -> T:
+        def attempt() -> T:
             from huggingface_hub import HfApi
 
             api = HfApi(endpoint=os.environ.get("HF_ENDPOINT"), token=os.environ.get("HF_TOKEN"))
@@ -158,12 +166,12 @@ class HfBackend:
         return with_retries(attempt, what, self.options.attempts, self.options.backoff_s)
 
 
-def _quiet_bars():
+def _quiet_bars() -> type[Any]:
     """A tqdm that draws nothing: progress goes to the caller, not to a server's log."""
     from tqdm.auto import tqdm
 
-    class Quiet(tqdm):
-        def __init__(self, *args, **kwargs):
+    class Quiet(tqdm):  # type: ignore[misc] # tqdm publishes no types: it is Any
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = True
             super().__init__(*args, **kwargs)
 
@@ -193,12 +201,12 @@ def _report_sizes(dest: Path, total: int, progress: Progress | None) -> Iterator
     sturdier than hooking the Hub client's progress bars, which change between versions."""
     stop = threading.Event()
 
-    def poll() -> None:
+    def poll(report: Progress) -> None:
         while not stop.wait(_POLL_S):
             size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
-            progress("download", min(size / max(total, 1), 1.0))
+            report("download", min(size / max(total, 1), 1.0))
 
-    thread = threading.Thread(target=poll, name="hf-progress", daemon=True)
+    thread = threading.Thread(target=poll, args=(progress,), name="hf-progress", daemon=True)
     if progress is not None:
         progress("download", 0.0)
         thread.start()

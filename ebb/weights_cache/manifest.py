@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from ebb.errors import WeightsError
 
@@ -60,7 +61,7 @@ class Manifest:
     # Set for sources used in place (a local directory): the files live there, not here.
     root: str | None = None
     format: int = MANIFEST_FORMAT
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def size_bytes(self) -> int:
@@ -181,7 +182,7 @@ def mismatched(root: Path, manifest: Manifest, progress: Progress | None) -> str
     return None
 
 
-def read_config(root: Path) -> dict:
+def read_config(root: Path) -> dict[str, Any]:
     """config.json as a dict; WeightsError when it is absent or not a JSON object."""
     try:
         config = json.loads((root / "config.json").read_text())
@@ -194,7 +195,7 @@ def read_config(root: Path) -> dict:
     return config
 
 
-def max_model_len(config: dict, root: Path) -> int:
+def max_model_len(config: dict[str, Any], root: Path) -> int:
     """The context length the checkpoint was trained for (multimodal configs nest it)."""
     for scope in (config, config.get("text_config") or {}):
         for key in _CONTEXT_KEYS:
@@ -206,7 +207,7 @@ def max_model_len(config: dict, root: Path) -> int:
     )
 
 
-def check_hf_layout(root: Path) -> dict:
+def check_hf_layout(root: Path) -> dict[str, Any]:
     """Refuse a directory vLLM could not load; return its config."""
     config = read_config(root)
     shards = sorted(p.name for p in root.glob("*.safetensors"))

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from ebb.errors import WeightsTransientError
 from ebb.weights_cache.options import CacheOptions
@@ -55,7 +56,7 @@ def forget(dest: Path, name: str) -> None:
 class _FileState:
     remote: RemoteFile
     fd: int
-    journal: object  # the open journal file
+    journal: TextIO  # the open journal file
     todo: list[int]
     lock: threading.Lock = field(default_factory=threading.Lock)
     remaining: int = 0
@@ -103,15 +104,15 @@ class RangedDownload:
             for state in states:
                 state.close()
 
-    def _wait(self, futures: list[cf.Future]) -> None:
+    def _wait(self, futures: list[cf.Future[None]]) -> None:
         done, pending = cf.wait(futures, return_when=cf.FIRST_EXCEPTION)
-        failed = [f for f in done if f.exception() is not None]
-        if failed:
+        errors = [error for f in done if (error := f.exception()) is not None]
+        if errors:
             self._stop.set()  # running parts notice between chunks; queued ones skip
             for future in pending:
                 future.cancel()
             cf.wait(pending)
-            raise failed[0].exception()
+            raise errors[0]
 
     def _open(self, remote: RemoteFile) -> _FileState:
         path = self.dest / remote.name

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
-import random
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from ebb.backoff import delay_s, jittered
 from ebb.errors import WeightsTransientError
 
 logger = logging.getLogger(__name__)
@@ -25,7 +24,9 @@ def with_retries(call: Callable[[], T], what: str, attempts: int, backoff_s: flo
     Any other error propagates at once: retrying bad credentials or a missing object only
     delays the answer. The last transient error propagates with the attempt count added.
     """
-    for attempt in itertools.count(1):
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             return call()
         except WeightsTransientError as e:
@@ -33,14 +34,14 @@ def with_retries(call: Callable[[], T], what: str, attempts: int, backoff_s: flo
                 raise WeightsTransientError(
                     f"{e.message} (gave up after {attempts} attempts)"
                 ) from e
-            delay_s = min(backoff_s * 2 ** (attempt - 1), _MAX_DELAY_S)
-            delay_s *= random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not security
+            # Many loaders may hit one store at once: spread their retries.
+            wait_s = jittered(delay_s(attempt, first_s=backoff_s, cap_s=_MAX_DELAY_S))
             logger.warning(
                 "weights: %s failed (attempt %d/%d), retrying in %.2fs: %s",
                 what,
                 attempt,
                 attempts,
-                delay_s,
+                wait_s,
                 e.message,
             )
-            time.sleep(delay_s)
+            time.sleep(wait_s)

@@ -18,9 +18,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 from ebb.errors import (
     WeightsAuthError,
@@ -42,6 +43,11 @@ from ebb.weights_cache.retry import with_retries
 from ebb.weights_cache.sources import S3Source
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# boto3 builds its clients and their answers at runtime and publishes no types: a client,
+# and the objects it returns, are Any here.
+S3Client = Any
 
 # Small enough that progress moves smoothly while many ranges stream at once.
 _STREAM_CHUNK_BYTES = 256 * 1024
@@ -106,7 +112,8 @@ class S3Backend:
     def fetch(
         self, source: S3Source, version: Version, dest: Path, progress: Progress | None
     ) -> dict[str, FileEntry]:
-        objects: tuple[_Object, ...] = version.detail
+        # What this backend's resolve() listed.
+        objects = cast(tuple[_Object, ...], version.detail)
         meter = _Meter(progress, "download", sum(o.size_bytes for o in objects))
         entries: dict[str, FileEntry] = {}
         todo = list(objects)
@@ -213,7 +220,9 @@ class S3Backend:
         except Exception as e:
             raise map_s3_error(e, f"reading s3://{source.bucket}/{obj.key}") from e
 
-    def _read_range(self, source: S3Source, remote: RemoteFile, start: int, end: int):
+    def _read_range(
+        self, source: S3Source, remote: RemoteFile, start: int, end: int
+    ) -> Iterator[bytes]:
         key = f"{source.list_prefix}{remote.name}"
         what = f"reading {remote.source}"
         try:
@@ -227,11 +236,11 @@ class S3Backend:
             raise map_s3_error(e, what) from e
         return _stream(body, what)
 
-    def _retry(self, call, what: str):
+    def _retry(self, call: Callable[[], T], what: str) -> T:
         return with_retries(call, what, self.options.attempts, self.options.backoff_s)
 
 
-def _stream(body, what: str) -> Iterator[bytes]:
+def _stream(body: Any, what: str) -> Iterator[bytes]:
     try:
         yield from body.iter_chunks(_STREAM_CHUNK_BYTES)
     except Exception as e:
@@ -255,7 +264,9 @@ def _check_listing(source: S3Source, found: list[_Object], skipped: list[str]) -
         )
 
 
-def _expected_from_head(client, bucket: str, obj: _Object, head: dict) -> Expected:
+def _expected_from_head(
+    client: S3Client, bucket: str, obj: _Object, head: dict[str, Any]
+) -> Expected:
     """The strongest check S3 offers for this object (see `checksums`)."""
     size = head["ContentLength"]
     etag = head.get("ETag", "").strip('"')
@@ -333,7 +344,7 @@ class _Meter:
             self.progress(self.phase, fraction)
 
 
-def s3_client(concurrency: int):
+def s3_client(concurrency: int) -> S3Client:
     """A shared client per credentials and endpoint (boto3 clients are thread-safe, and
     building one costs tens of milliseconds)."""
     aws_env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
@@ -341,7 +352,7 @@ def s3_client(concurrency: int):
 
 
 @functools.lru_cache(maxsize=8)
-def _client(concurrency: int, aws_env: tuple[tuple[str, str], ...]):
+def _client(concurrency: int, aws_env: tuple[tuple[str, str], ...]) -> S3Client:
     import boto3
     from botocore.config import Config
 

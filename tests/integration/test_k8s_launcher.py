@@ -21,7 +21,7 @@ from ebb.coldstart.launch_k8s import (
     read_runner_image,
 )
 from ebb.coldstart.placement import Placement, choose_placement
-from ebb.coldstart.tiers import Tier
+from ebb.launching.tiers import Tier
 
 pytestmark = pytest.mark.integration
 

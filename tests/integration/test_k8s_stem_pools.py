@@ -18,8 +18,8 @@ from ebb.coldstart.controller import Controller
 from ebb.coldstart.k8s_pods import LABEL_POOL, PodTemplate, pod_name
 from ebb.coldstart.launch_k8s import KubernetesLauncher
 from ebb.coldstart.launchers import gpus_for_deployments
-from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
+from ebb.launching.tiers import Tier
 from ebb.queue.connection import async_client
 from ebb.queue.node_caches import publish_node_cache
 from ebb.queue.platform import PlatformState

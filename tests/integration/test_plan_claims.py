@@ -11,8 +11,8 @@ import redis
 from ebb.coldstart.clock import SYSTEM_CLOCK
 from ebb.coldstart.executor import Executor
 from ebb.coldstart.plan import AssignStem, WakeSleeper, plan
-from ebb.coldstart.tiers import Tier
 from ebb.coldstart.world import Demand, World
+from ebb.launching.tiers import Tier
 from ebb.queue import keys
 from ebb.queue.connection import async_client
 from ebb.queue.gpus import GpuState

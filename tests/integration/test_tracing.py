@@ -20,9 +20,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from support import temp_home, wait_until
 from webhook_receiver import Receiver
 
-from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
 from ebb.frontdoor.app import create_app
+from ebb.launching.tiers import Tier
 from ebb.queue.connection import async_client, sync_client
 from ebb.queue.delivery_store import DeliveryStore
 from ebb.queue.job_store import JobStore

@@ -9,7 +9,7 @@ from dataclasses import replace
 from ebb.coldstart.controller import MAX_START_FAILURES
 from ebb.coldstart.simulation import ScalingSettings, SimulatedPlatform
 from ebb.coldstart.simulation_trace import TraceRequest
-from ebb.coldstart.tiers import Tier, WarmState
+from ebb.launching.tiers import Tier, WarmState
 from ebb.queue.schema import RunnerRecord, RunnerState
 
 REQUEST = TraceRequest(arrival_s=0.0, prompt_tokens=100, output_tokens=25)  # 1.05 s

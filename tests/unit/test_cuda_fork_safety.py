@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from ebb.coldstart.fork_client import ForkServerClient
+from ebb.gpus import count, nvml
 from ebb.queue.gpu_records import GpuPlacement
 from ebb.runners import devices, engine_vllm
 
@@ -27,15 +28,16 @@ def test_device_discovery_never_asks_torch_cuda(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(torch.cuda, "init", _forbidden)
     # No NVML on this machine: no GPUs, and CUDA stays uninitialised.
     assert engine_vllm._has_cuda() is False
-    assert devices.visible_gpu_count() == 0
+    assert count.visible_gpu_count() == 0
     assert not torch.cuda.is_initialized()
     assert devices.fork_unsafe_reason() is None
 
 
 def test_hidden_devices_count_as_none(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(devices, "read_nvml_devices", _forbidden)
-    assert devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "-1"}) == 0
-    assert devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": ""}) == 0
+    monkeypatch.setattr(count, "read_devices", _forbidden)
+    monkeypatch.setattr(nvml, "read_devices", _forbidden)
+    assert count.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "-1"}) == 0
+    assert count.visible_gpu_count({"CUDA_VISIBLE_DEVICES": ""}) == 0
 
 
 def test_a_cuda_context_makes_forking_unsafe(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,9 +10,9 @@ import time
 from ebb.coldstart.decision_log import DecisionLog
 from ebb.coldstart.placement import GIB
 from ebb.coldstart.plan import AssignStem, DropStem, Launch, MarkUnschedulable, plan
-from ebb.coldstart.stem_pools import StemPool
-from ebb.coldstart.tiers import Tier
 from ebb.coldstart.world import Demand, Gpus, World
+from ebb.launching.stem_pools import StemPool
+from ebb.launching.tiers import Tier
 from ebb.logtail import decisions_log, decode_cursor, encode_cursor, read_new
 from ebb.queue.gpu_records import GpuDevice, HostInventory
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState

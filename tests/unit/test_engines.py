@@ -10,7 +10,6 @@ import sys
 import pytest
 from fastapi.testclient import TestClient
 
-from ebb.coldstart.tiers import Tier
 from ebb.config import DEFAULT_MODEL_SOURCE, Settings
 from ebb.engines import VLLM, EngineEntry, EngineRegistry, load_object
 from ebb.errors import InvalidRequest
@@ -18,6 +17,7 @@ from ebb.frontdoor.app import create_app
 from ebb.frontdoor.catalog import ModelCatalog
 from ebb.frontdoor.services import build_services
 from ebb.frontdoor.tokenizer import ByteTokenizer
+from ebb.launching.tiers import Tier
 from ebb.queue.schema import DeploymentSpec
 from ebb.testing.fake_engine import FakeEngine
 from ebb.testing.fake_model import FAKE_ENTRY

@@ -161,7 +161,7 @@ def test_kustomize_set_image_moves_the_runner_image_too(tmp_path):
     frontdoor = by_kind(docs, "Deployment")["ebb-frontdoor"]["spec"]["template"]["spec"]
     assert frontdoor["containers"][0]["image"] == "registry.example.com/ebb:cpu-1.4"
     claim = by_kind(docs, "PersistentVolumeClaim")["ebb-weights"]["spec"]
-    assert claim["storageClassName"] == "standard-rwx", "the README's storage class step"
+    assert claim["storageClassName"] == "standard-rwx", "docs/CLUSTER.md's storage class step"
 
 
 WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet")

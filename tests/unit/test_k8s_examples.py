@@ -20,8 +20,8 @@ from test_infra_manifests import by_kind, render  # noqa: E402
 
 from ebb.coldstart.k8s_pods import GIB, PodTemplate, RunnerShape, runner_image_of, runner_pod
 from ebb.coldstart.placement import Placement
-from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
+from ebb.launching.tiers import Tier
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "infra" / "examples"
 HEADER = "# Rendered by tests/unit/test_k8s_examples.py (python tests/unit/test_k8s_examples.py).\n"

@@ -18,8 +18,8 @@ from ebb.coldstart.k8s_pods import (
     unschedulable,
 )
 from ebb.coldstart.placement import Placement
-from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
+from ebb.launching.tiers import Tier
 
 # The oldest and newest Kubernetes versions the manifests and runner pods are checked for.
 K8S_VERSIONS = ("1.25", "1.37")

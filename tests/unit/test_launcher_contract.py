@@ -9,7 +9,7 @@ from launcher_contract import check_launch_exit_once
 from ebb.coldstart.clock import ManualClock
 from ebb.coldstart.simulation_runners import RunnerModel, SimulatedLauncher
 from ebb.coldstart.simulation_state import InMemoryState
-from ebb.coldstart.tiers import Tier
+from ebb.launching.tiers import Tier
 from ebb.queue.schema import RunnerRecord, RunnerState
 
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
-import types
 
 from metrics_support import Scrape
 
@@ -80,43 +78,3 @@ def test_since_keeps_lines_from_that_time_with_their_continuations(tmp_path):
     path.write_text(f"{old},1 INFO a old\n{new},1 INFO a new\nTraceback (continued)\n")
     lines, _ = read_new([path], None, since_s=time.time() - 60)
     assert [line.text.split(" ", 2)[-1] for line in lines] == ["INFO a new", "(continued)"]
-
-
-class _FakeNvml:
-    """NVML as nvidia-ml-py presents it, two GPUs."""
-
-    NVML_TEMPERATURE_GPU = 0
-
-    class NVMLError(Exception):
-        pass
-
-    def nvmlInit(self):  # noqa: N802 - NVML's names
-        pass
-
-    def nvmlDeviceGetCount(self):  # noqa: N802
-        return 2
-
-    def nvmlDeviceGetHandleByIndex(self, index):  # noqa: N802
-        return index
-
-    def nvmlDeviceGetMemoryInfo(self, handle):  # noqa: N802
-        return types.SimpleNamespace(used=(handle + 1) * 2**30, total=80 * 2**30)
-
-    def nvmlDeviceGetUtilizationRates(self, handle):  # noqa: N802
-        return types.SimpleNamespace(gpu=40 + handle)
-
-    def nvmlDeviceGetTemperature(self, handle, sensor):  # noqa: N802
-        return 60 + handle
-
-
-def test_gpu_figures_of_the_visible_devices(monkeypatch):
-    from ebb.runners import gpu_figures
-
-    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml())
-    [second] = gpu_figures.reader({"CUDA_VISIBLE_DEVICES": "1"})()
-    assert (second.index, second.utilization_ratio, second.temperature_c) == (1, 0.41, 61.0)
-    assert second.memory_used_bytes == 2 * 2**30
-    assert len(gpu_figures.reader({})()) == 2
-    assert gpu_figures.reader({"CUDA_VISIBLE_DEVICES": "-1"})() == []
-    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: no GPUs, no error
-    assert gpu_figures.reader({})() == []

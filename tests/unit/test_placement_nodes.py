@@ -10,7 +10,7 @@ from ebb.coldstart.placement import (
     overall_warm_state,
     rank_nodes,
 )
-from ebb.coldstart.tiers import WarmState
+from ebb.launching.tiers import WarmState
 
 SRC = "s3://models/llama"
 

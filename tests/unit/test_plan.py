@@ -19,9 +19,9 @@ from ebb.coldstart.plan import (
     WakeSleeper,
     plan,
 )
-from ebb.coldstart.stem_pools import StemPool
-from ebb.coldstart.tiers import Tier, WarmState
 from ebb.coldstart.world import Backoff, Demand, Gpus, World
+from ebb.launching.stem_pools import StemPool
+from ebb.launching.tiers import Tier, WarmState
 from ebb.queue.gpu_records import GpuDevice, GpuPlacement, HostInventory
 from ebb.queue.schema import DeploymentSpec, EngineSpec, RunnerRecord, RunnerState
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from ebb.coldstart.launch_ray import POOL_RESOURCE_PER_STEM, RayLauncher
 from ebb.coldstart.placement import Placement
-from ebb.coldstart.stem_pools import StemPool
-from ebb.coldstart.tiers import Tier
+from ebb.launching.stem_pools import StemPool
+from ebb.launching.tiers import Tier
 
 
 class _Recorded:

@@ -12,9 +12,9 @@ from ebb.coldstart.controller import Controller
 from ebb.coldstart.fork_client import Exit
 from ebb.coldstart.placement import rank_stems
 from ebb.coldstart.simulation_state import InMemoryState
-from ebb.coldstart.stem_pools import StemPool, parse_stem_pools, runner_gpus
-from ebb.coldstart.tiers import Tier
 from ebb.config import Settings
+from ebb.launching.stem_pools import StemPool, parse_stem_pools, runner_gpus
+from ebb.launching.tiers import Tier
 from ebb.queue.schema import DeploymentSpec, EngineSpec, RunnerRecord, RunnerState
 from ebb.runners.process import engine_options
 

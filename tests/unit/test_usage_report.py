@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ebb.billing.entries import HOUR_MS
-from ebb.billing.gpu import PLATFORM_TENANT, gpu_count, meter_for
+from ebb.billing.gpu import PLATFORM_TENANT, meter_for
 from ebb.billing.usage import UsageQuery, report
 from ebb.queue.metering import POOL_DEPLOYMENT
 from ebb.queue.schema import DeploymentSpec
@@ -71,9 +71,7 @@ def test_unit_economics_cost_a_million_output_tokens_in_gpu_time():
 
 
 def test_gpu_count_and_attribution():
-    assert gpu_count({}) == 1
-    assert gpu_count({"CUDA_VISIBLE_DEVICES": "0,3"}) == 2
-    assert gpu_count({"CUDA_VISIBLE_DEVICES": "-1"}) == 1
+    assert [meter_for("r-1", None, held).gpu_count for held in (0, 1, 2)] == [1, 1, 2]
     spec = DeploymentSpec(name="m", source="fake://m", owner="acme", price_per_gpu_second_micros=9)
     assert meter_for("r-1", spec, 2).tenant == "acme"
     assert meter_for("r-1", spec, 2).price_per_gpu_second_micros == 9

@@ -14,8 +14,7 @@ local ttl = tonumber(ARGV[9])
 if not redis.call('SET', KEYS[3], ARGV[6], 'NX', 'EX', ttl) then
   return 0
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local dkey = ARGV[8] .. ARGV[6]
 redis.call('HSET', dkey, 'webhook_id', ARGV[6], 'job_id', ARGV[2], 'tenant', ARGV[4],
   'url', ARGV[5], 'event', 'batch.completed', 'body', ARGV[7], 'created_ms', now,
@@ -24,6 +23,5 @@ redis.call('EXPIRE', dkey, ttl)
 redis.call('RPUSH', KEYS[4], ARGV[6])
 redis.call('EXPIRE', KEYS[4], ttl)
 redis.call('ZADD', KEYS[5], now, ARGV[6])
-redis.call('RPUSH', KEYS[6], '1')
-redis.call('LTRIM', KEYS[6], -tonumber(ARGV[10]), -1)
+push_signal(KEYS[6], tonumber(ARGV[10]))
 return 1

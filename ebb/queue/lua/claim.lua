@@ -38,8 +38,7 @@
 -- job attempts still queued, 1 when the runner's deployment is gone else 0} (the third
 -- tells a runner full of jobs to yield one of them, see job_yield.lua; both, with none,
 -- that a busy runner may wait for news, see work_news.py).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local cancels = redis.call('SMEMBERS', KEYS[3])
 if #cancels > 0 then redis.call('DEL', KEYS[3]) end
 local claimed = {}
@@ -138,8 +137,7 @@ local jobs = math.min(want - got, tonumber(ARGV[7] or '0'))
 if KEYS[6] and jobs > 0 and redis.call('ZCARD', KEYS[1]) == 0 then
   local taken = take(KEYS[6], jobs, KEYS[7], false, jobs + extra)
   if taken > 0 then
-    redis.call('RPUSH', KEYS[8], '1')
-    redis.call('LTRIM', KEYS[8], -tonumber(ARGV[8]), -1)
+    push_signal(KEYS[8], tonumber(ARGV[8]))
   end
   got = got + taken
 end

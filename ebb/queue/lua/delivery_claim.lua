@@ -5,8 +5,7 @@
 -- KEYS: 1 due zset
 -- ARGV: 1 max to take, 2 lease ms, 3 owner, 4 delivery key prefix
 -- Returns the webhook ids taken.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 local taken = {}
 for _, wid in ipairs(due) do

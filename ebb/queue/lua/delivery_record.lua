@@ -6,8 +6,7 @@
 --       5 next attempt ms (retry), 6 http status (0: none), 7 error text, 8 record ttl s
 -- Returns 1 when the schedule changed, 0 when it was left to someone else.
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 redis.call('RPUSH', KEYS[2], ARGV[3])
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[8]))
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)

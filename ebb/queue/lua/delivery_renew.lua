@@ -2,8 +2,7 @@
 -- extends their in-flight leases; ones it no longer owns are left alone.
 -- KEYS: 1 due zset
 -- ARGV: 1 lease ms, 2 owner, 3 delivery key prefix, 4.. webhook ids
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 for i = 4, #ARGV do
   if redis.call('HGET', ARGV[3] .. ARGV[i], 'owner') == ARGV[2] then
     redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[1]), ARGV[i])

@@ -57,7 +57,6 @@ for _, unit in ipairs(units) do
     ARGV[17] .. unit)
 end
 if jobs > 0 then
-  redis.call('RPUSH', KEYS[6], '1')
-  redis.call('LTRIM', KEYS[6], -tonumber(ARGV[8]), -1)
+  push_signal(KEYS[6], tonumber(ARGV[8]))
 end
 return {1, failed}

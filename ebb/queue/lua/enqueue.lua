@@ -7,8 +7,7 @@
 --       5 queue depth limit, 6 request ttl s, 7 signal list max, 8 prompt prefix key
 --       ('' for none: see claim.lua)
 -- Returns {1, deadline_ms} when queued, {0, 'full'} or {0, 'duplicate'} when refused.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local depth = redis.call('ZCARD', KEYS[1])
 if depth >= tonumber(ARGV[5]) then
   return {0, 'full'}
@@ -24,9 +23,7 @@ redis.call('HSET', KEYS[2], 'work', ARGV[2], 'state', 'queued', 'deployment', AR
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[6]))
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 local max = tonumber(ARGV[7])
-redis.call('RPUSH', KEYS[3], '1')
-redis.call('PUBLISH', KEYS[3], '1')  -- for busy runners, which claim only on news
-redis.call('LTRIM', KEYS[3], -max, -1)
+wake_runners(KEYS[3], max)
 -- The controller is woken when the queue stops being empty (a deployment at zero gets a
 -- runner at once); while it stays non-empty, the controller's own poll sees it. Waking it
 -- for every request made it reconcile back to back under load. Nor is it woken while a
@@ -34,7 +31,6 @@ redis.call('LTRIM', KEYS[3], -max, -1)
 -- request, and whether to scale out is the poll's to see. Runners that keep up keep the
 -- queue empty, and each request woke it (a reconcile, ~0.3 ms of its CPU per request).
 if depth == 0 and not (KEYS[5] and redis.call('EXISTS', KEYS[5]) == 1) then
-  redis.call('RPUSH', KEYS[4], ARGV[3])
-  redis.call('LTRIM', KEYS[4], -max, -1)
+  wake_controller(KEYS[4], ARGV[3], max)
 end
 return {1, deadline}

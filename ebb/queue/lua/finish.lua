@@ -9,8 +9,7 @@ local fields = redis.call('HMGET', KEYS[1], 'state', 'runner')
 if fields[1] ~= 'claimed' or fields[2] ~= ARGV[2] then
   return 0
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 redis.call('HSET', KEYS[1], 'state', ARGV[3], 'finished_ms', now,
   'prompt_tokens', ARGV[5], 'completion_tokens', ARGV[6])
 redis.call('ZREM', KEYS[3], ARGV[1])

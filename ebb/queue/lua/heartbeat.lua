@@ -3,8 +3,7 @@
 -- one the reaper already expired stays expired.
 -- KEYS: 1 runner hash, 2 leases zset
 -- ARGV: 1 lease ttl ms, 2.. request ids
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 redis.call('HSET', KEYS[1], 'heartbeat_ms', now)
 local expiry = now + tonumber(ARGV[1])
 for i = 2, #ARGV do

@@ -8,8 +8,7 @@
 --       10 number of terminal statuses N, 11..10+N terminal statuses,
 --       then per event: event type, webhook id, body ('' marks it announced, undelivered)
 -- Returns the number of deliveries created.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local ttl = tonumber(ARGV[5])
 local n = tonumber(ARGV[10])
 local created = 0
@@ -32,8 +31,7 @@ for i = 11 + n, #ARGV, 3 do
   end
 end
 if created > 0 then
-  redis.call('RPUSH', KEYS[4], '1')
-  redis.call('LTRIM', KEYS[4], -tonumber(ARGV[7]), -1)
+  push_signal(KEYS[4], tonumber(ARGV[7]))
 end
 local status = redis.call('HGET', KEYS[1], 'status')
 for i = 11, 10 + n do

@@ -17,8 +17,7 @@ redis.call('SADD', KEYS[2], ARGV[1])
 local rkey = ARGV[2] .. job[2]
 local req = redis.call('HMGET', rkey, 'state', 'runner')
 if req[1] == 'queued' or req[1] == 'expired' then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = now_ms()
   -- The attempt's own unit (a version's job queue); the job names only the deployment.
   local unit = redis.call('HGET', rkey, 'deployment') or job[3]
   redis.call('ZREM', ARGV[3] .. unit, job[2])

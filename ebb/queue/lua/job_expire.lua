@@ -16,8 +16,7 @@ end
 local rkey = ARGV[2] .. job[2]
 local state = redis.call('HGET', rkey, 'state')
 if state == 'queued' or state == 'expired' then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = now_ms()
   -- The attempt's own unit (a version's job queue); the job names only the deployment.
   local unit = redis.call('HGET', rkey, 'deployment') or job[3]
   redis.call('ZREM', ARGV[3] .. unit, job[2])

@@ -21,10 +21,7 @@ for i = 5, #KEYS do
 end
 if moved > 0 then
   local max = tonumber(ARGV[2])
-  redis.call('RPUSH', KEYS[3], '1')
-  redis.call('PUBLISH', KEYS[3], '1')
-  redis.call('LTRIM', KEYS[3], -max, -1)
-  redis.call('RPUSH', KEYS[4], ARGV[1])
-  redis.call('LTRIM', KEYS[4], -max, -1)
+  wake_runners(KEYS[3], max)
+  wake_controller(KEYS[4], ARGV[1], max)
 end
 return moved

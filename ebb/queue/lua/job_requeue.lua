@@ -10,8 +10,7 @@ local job = redis.call('HMGET', KEYS[1], 'status', 'request_id', 'cancel_request
 if not job[1] or job[2] ~= ARGV[2] then return 0 end
 if job[1] ~= 'queued' and job[1] ~= 'running' then return 0 end
 if job[3] == '1' then return -1 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 redis.call('HSET', KEYS[2], 'work', ARGV[4], 'state', 'queued', 'deployment', ARGV[5],
   'deadline_ms', job[4], 'enqueued_ms', now, 'job', ARGV[1])
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[6]))
@@ -21,9 +20,6 @@ redis.call('SREM', KEYS[5], ARGV[1])
 redis.call('HSET', KEYS[1], 'request_id', ARGV[3], 'attempt', ARGV[9], 'status', 'queued',
   'last_error', ARGV[8])
 local max = tonumber(ARGV[7])
-redis.call('RPUSH', KEYS[6], '1')
-redis.call('PUBLISH', KEYS[6], '1')
-redis.call('LTRIM', KEYS[6], -max, -1)
-redis.call('RPUSH', KEYS[7], ARGV[5])
-redis.call('LTRIM', KEYS[7], -max, -1)
+wake_runners(KEYS[6], max)
+wake_controller(KEYS[7], ARGV[5], max)
 return 1

@@ -20,8 +20,7 @@ if ARGV[6] ~= '' then
   end
   redis.call('SET', KEYS[6], ARGV[6], 'EX', tonumber(ARGV[5]))
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local ttl = tonumber(ARGV[5])
 redis.call('HSET', KEYS[1], unpack(ARGV, 11, #ARGV))
 local deadline = now + tonumber(ARGV[4])
@@ -34,9 +33,6 @@ redis.call('ZADD', KEYS[3], now, ARGV[2])
 redis.call('ZADD', KEYS[4], deadline, ARGV[1])
 redis.call('ZADD', KEYS[5], 0, ARGV[1])
 local max = tonumber(ARGV[8])
-redis.call('RPUSH', KEYS[7], '1')
-redis.call('PUBLISH', KEYS[7], '1')
-redis.call('LTRIM', KEYS[7], -max, -1)
-redis.call('RPUSH', KEYS[8], ARGV[3])
-redis.call('LTRIM', KEYS[8], -max, -1)
+wake_runners(KEYS[7], max)
+wake_controller(KEYS[8], ARGV[3], max)
 return {1, ARGV[1]}

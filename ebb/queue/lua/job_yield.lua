@@ -22,7 +22,5 @@ redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('DEL', KEYS[2])
 redis.call('ZADD', KEYS[4], tonumber(fields[5]) or 0, ARGV[1])
 redis.call('ZREM', KEYS[6], fields[4])
-redis.call('RPUSH', KEYS[5], '1')
-redis.call('PUBLISH', KEYS[5], '1')
-redis.call('LTRIM', KEYS[5], -tonumber(ARGV[3]), -1)
+wake_runners(KEYS[5], tonumber(ARGV[3]))
 return 1

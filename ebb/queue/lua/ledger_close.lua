@@ -12,8 +12,7 @@ local st = redis.call('HMGET', KEYS[1], 'usage_cursor', 'gpu_cursor', 'closed_th
 if st[3] ~= ARGV[1] then
   return {0, 'conflict'}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local closing = tonumber(ARGV[1])
 local next_open = closing + tonumber(ARGV[3])
 if now < next_open + tonumber(ARGV[2]) then

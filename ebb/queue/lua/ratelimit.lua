@@ -8,8 +8,7 @@
 --       4 requests, 5 tokens, 6 bucket ttl s
 -- Returns {'none'} (no limit applies), {'ok'}, {'limited', subject, kind, wait ms, limit}
 -- or {'too_large', subject, kind, limit} (more tokens than the bucket can ever hold).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local cfg = redis.call('HMGET', KEYS[1], ARGV[1] .. ':rpm', ARGV[1] .. ':tpm',
   ARGV[2] .. ':rpm', ARGV[2] .. ':tpm')
 local requests, tokens = tonumber(ARGV[4]), tonumber(ARGV[5])

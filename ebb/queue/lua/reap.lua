@@ -3,8 +3,7 @@
 -- KEYS: 1 leases zset
 -- ARGV: 1 request key prefix, 2 events key prefix, 3 encoded Failed event, 4 result ttl s
 -- Returns the ids whose leases expired.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 for _, id in ipairs(expired) do
   redis.call('ZREM', KEYS[1], id)

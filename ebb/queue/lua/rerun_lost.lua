@@ -10,16 +10,12 @@ local fields = redis.call('HMGET', KEYS[2], 'state', 'error', 'enqueued_ms')
 if fields[1] ~= 'failed' or fields[2] ~= 'runner_lost' then
   return 0
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 redis.call('HDEL', KEYS[2], 'error', 'runner', 'claimed_ms')
 redis.call('HSET', KEYS[2], 'state', 'queued', 'deadline_ms', now + tonumber(ARGV[2]))
 redis.call('HINCRBY', KEYS[2], 'reruns', 1)
 redis.call('ZADD', KEYS[1], tonumber(fields[3]) or now, ARGV[1])
 local max = tonumber(ARGV[4])
-redis.call('RPUSH', KEYS[3], '1')
-redis.call('PUBLISH', KEYS[3], '1')
-redis.call('LTRIM', KEYS[3], -max, -1)
-redis.call('RPUSH', KEYS[4], ARGV[3])
-redis.call('LTRIM', KEYS[4], -max, -1)
+wake_runners(KEYS[3], max)
+wake_controller(KEYS[4], ARGV[3], max)
 return 1

@@ -3,8 +3,7 @@
 -- KEYS: 1 secret hash
 -- ARGV: 1 new secret, 2 overlap ms
 -- Returns the end of the overlap (ms; 0 when there was no secret before).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local current = redis.call('HGET', KEYS[1], 'current')
 local until_ms = 0
 if current then
