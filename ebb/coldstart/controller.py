@@ -93,6 +93,7 @@ class Controller:
         leader: Leadership | None = None,
         specs: DecidedSpecs | None = None,
         decisions: DecisionLog | None = None,
+        nodes: NodeLauncher | None = None,
     ):
         """`warm`: where forked starts come from (none: every launch is fresh);
         `gpu_meter`: closes dead runners' GPU metering when `settings.metering` is on;
@@ -100,7 +101,9 @@ class Controller:
         as on a CPU host);
         `leader`: whether this controller may act (none: it is the only one);
         `specs`: where the launcher reads the specs of the runners it is told to start;
-        `decisions`: where each plan is logged (none: the controller's own log only)."""
+        `decisions`: where each plan is logged (none: the controller's own log only);
+        `nodes`: the cluster's nodes, for the plan to prefer one (`launchers.node_source`;
+        none: the launcher's scheduler places every runner)."""
         self._settings = settings
         self._state = state
         self._launcher = launcher
@@ -132,7 +135,7 @@ class Controller:
             pools=self._pools,
             default_gpus=default_runner_gpus(settings),
             gpus=gpus,
-            nodes=launcher if isinstance(launcher, NodeLauncher) else None,
+            nodes=nodes,
         )
         self._executor = Executor(
             state,

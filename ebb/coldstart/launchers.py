@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ebb.coldstart.environments import child_environment
 from ebb.coldstart.launcher import Launcher, LocalProcessLauncher, NoWarmStarts, WarmStarts
+from ebb.coldstart.world_reader import NodeLauncher
 from ebb.config import Settings
 from ebb.launching.stem_pools import runner_gpus
 from ebb.queue.schema import DeploymentSpec
@@ -60,6 +61,16 @@ def _kubernetes(settings: Settings, spec_of: SpecOf) -> Launcher:
         shape_for=shape_for,
         unschedulable_after_s=settings.k8s_unschedulable_timeout_s,
     )
+
+
+def node_source(settings: Settings, launcher: Launcher) -> NodeLauncher | None:
+    """The launcher whose nodes the plan may prefer one of: Kubernetes only. A pod's
+    preference is a preference (its scheduler still places it elsewhere when the node is
+    full); Ray's soft node affinity waits for a feasible node that is busy, and Ray's node
+    list holds its GPUs in total, not free: Ray places its runners itself."""
+    if settings.launcher == "kubernetes" and isinstance(launcher, NodeLauncher):
+        return launcher
+    return None
 
 
 def gpus_for_deployments(spec_of: SpecOf, default: float) -> Callable[[str | None], float]:

@@ -13,7 +13,7 @@ from ebb.coldstart.controller import Controller
 from ebb.coldstart.decision_log import DecisionLog
 from ebb.coldstart.executor import DecidedSpecs
 from ebb.coldstart.gpu_reader import GpuReader
-from ebb.coldstart.launchers import make_launcher
+from ebb.coldstart.launchers import make_launcher, node_source
 from ebb.coldstart.leader import LeaderElection
 from ebb.coldstart.preparer import Preparer
 from ebb.coldstart.rollouts import RolloutDriver
@@ -54,6 +54,7 @@ async def _main(settings: Settings) -> None:
         leader=election,
         specs=specs,
         decisions=DecisionLog(settings.logs_dir),
+        nodes=node_source(settings, launcher),
     )
     preparer = Preparer(settings, state, EngineRegistry.from_settings(settings))
     rollouts = RolloutDriver(state)

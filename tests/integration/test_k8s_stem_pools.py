@@ -17,7 +17,7 @@ from support import wait_until
 from ebb.coldstart.controller import Controller
 from ebb.coldstart.k8s_pods import LABEL_POOL, PodTemplate, pod_name
 from ebb.coldstart.launch_k8s import KubernetesLauncher
-from ebb.coldstart.launchers import gpus_for_deployments
+from ebb.coldstart.launchers import gpus_for_deployments, node_source
 from ebb.config import Settings
 from ebb.launching.tiers import Tier
 from ebb.queue.connection import async_client
@@ -108,7 +108,7 @@ async def test_the_controller_keeps_each_pools_stems_and_hands_the_best_one_out(
     state = PlatformState(async_client(redis_url))
     pods = KubernetesLauncher(k8s, TEMPLATE, gpus_for=lambda d: 2 if d else 0, watch_timeout_s=1)
     launcher = pods
-    controller = Controller(settings, state, launcher)
+    controller = Controller(settings, state, launcher, nodes=node_source(settings, launcher))
 
     # 1. Each pool gets its stems, pinned to its nodes, with its GPUs; once.
     await controller.reconcile()
