@@ -8,9 +8,10 @@ with GPUs placed here (`placement.place`: on a host holding its weights first; n
 fits: `MarkUnschedulable` with the numbers, and no start), a waiting stem
 (`placement.rank_stems`: on a node holding the weights, from the pool sparing the fewest
 GPUs; `AssignStem`), else a new process (`Launch`: forked once the fork server is ready,
-fresh before, onto the node `placement.choose_placement` prefers where the nodes are known
-(`launchers.node_source`: Kubernetes)). Within one plan every decision sees the earlier ones: a device reserved for one
-runner is not offered to the next, a stem is assigned once.
+fresh before, onto the node `placement.choose_placement` prefers where the nodes are
+known: `launchers.node_source`, Kubernetes). Within one plan every decision sees the
+earlier ones: a device reserved for one runner is not offered to the next, a stem is
+assigned once.
 
 Around that: the first plan of a controller clears whatever `unschedulable` an earlier
 one left; a deployment shown unschedulable is cleared once it fits; sleepers beyond the
