@@ -36,6 +36,12 @@ _SHARED_COUNTERS = {
         "Bytes of model weights fetched or converted into the cache, by source kind",
         ["source"],
     ),
+    observations.ENGINE_STALLS: (
+        "ebb_engine_stalls",
+        "Runners killed by their watchdog because an engine step ran past "
+        "EBB_ENGINE_STALL_S while they held requests",
+        ["deployment"],
+    ),
 }
 
 

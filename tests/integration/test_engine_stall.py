@@ -87,7 +87,9 @@ def test_a_stream_whose_engine_hangs_mid_generation_gets_an_outcome(platform, ad
                 break
     assert events[-1:] == ["[DONE]"], f"the stream got no outcome: {events[-3:]}"
     chunks = [json.loads(e) for e in events[:-1]]
-    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+    text = "".join(
+        c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices")
+    )
     assert text.startswith("The c")
     # On main the honest error ends a stream that already had output; continuation by
     # token replay (issue 36) will carry it on to the end on another runner instead.
