@@ -14,8 +14,17 @@ import time
 
 import httpx
 import pytest
+import redis
 from support import Platform, deploy, deployment, temp_home, wait_until
 from support.metrics import scrape
+
+from ebb.queue import keys
+from ebb.queue.connection import async_client, sync_client
+from ebb.queue.observations import ObservationReader
+from ebb.queue.platform import PlatformState
+from ebb.queue.requests import RequestQueue
+from ebb.queue.runner_side import RunnerQueue
+from ebb.queue.schema import RunnerRecord, RunnerState, SamplingSpec, WorkItem
 
 pytestmark = pytest.mark.integration
 
@@ -96,3 +105,36 @@ def test_a_stream_whose_engine_hangs_mid_generation_gets_an_outcome(platform, ad
     assert chunks[-1]["error"]["code"] == "runner_lost"
     _stalled_runner(admin, "hang-decode")
     assert _stalls_counted(admin, "hang-decode") == 1
+
+
+async def test_a_stall_gives_the_held_requests_up_at_once_and_is_counted(redis_url):
+    client = async_client(redis_url)
+    queue, state = RequestQueue(client, request_ttl_s=60), PlatformState(client)
+    held = [
+        WorkItem(
+            request_id=f"req-{i}",
+            deployment="dep-a",
+            prompt_token_ids=[1, 2, 3],
+            sampling=SamplingSpec(max_tokens=4),
+        )
+        for i in range(2)
+    ]
+    for work in held:
+        await queue.enqueue(work, admission_window_s=10, depth_limit=10)
+    runner = RunnerQueue(sync_client(redis_url), "r-hung", lease_ttl_s=60, result_ttl_s=60)
+    runner.register(RunnerRecord(runner_id="r-hung", state=RunnerState.READY, deployment="dep-a"))
+    assert len(runner.claim("dep-a", 2).claimed) == 2
+    runner.heartbeat([w.request_id for w in held], engine_steps=7, engine_busy_ms=1234)
+    record = runner.record()
+    assert record is not None and (record.engine_steps, record.engine_busy_ms) == (7, 1234)
+    assert await state.reap_expired_leases() == [], "the heartbeat renewed them for 60 s"
+
+    assert runner.record_engine_stall("dep-a", [w.request_id for w in held], "stalled") == 2
+    assert sorted(await state.reap_expired_leases()) == ["req-0", "req-1"]
+    record = runner.record()
+    assert record is not None and (record.state, record.error) == (RunnerState.FAILED, "stalled")
+    assert record.exited_ms > 0
+    counters = await ObservationReader(client).counters()
+    assert counters["engine_stalls"] == [(("dep-a",), 1.0)]
+    assert not redis.Redis.from_url(redis_url).exists(keys.claiming("dep-a"))
+    await client.aclose()
