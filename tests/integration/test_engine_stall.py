@@ -69,6 +69,8 @@ def _stalls_counted(admin: httpx.Client, name: str) -> float:
 
 def test_a_request_whose_engine_hangs_before_output_runs_on_another_runner(platform, admin):
     deploy(admin, "hang-prefill", "fake://hang-prefill?hang_after=0&hang_once=1")
+    # Counted from zero, so that an alert on its increase sees the first stall.
+    assert {"deployment": "hang-prefill"} in scrape(admin).labels_of("ebb_engine_stalls_total")
     client = platform.openai(timeout=OUTCOME_WAIT_S)
     # Without the watchdog this times out: the hung runner's heartbeat renews the lease.
     reply = client.chat.completions.create(model="hang-prefill", messages=MESSAGES, max_tokens=8)
