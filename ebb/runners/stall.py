@@ -19,6 +19,7 @@ their own) never counts: only a call into the engine can stall it.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import os
 import sys
@@ -93,7 +94,8 @@ def die_of_stall(
     end: Callable[[], None] | None = None,
 ) -> Callable[[float], None]:
     """What the watchdog does: record the stall and give the held requests up (Redis
-    permitting: the process ends either way), then `end` the process (`kill_hard`)."""
+    permitting: the process ends either way), log every thread's stack (where the
+    engine hung), then `end` the process (`kill_hard`)."""
 
     def give_up(busy_s: float) -> None:
         held = held_ids()
@@ -109,9 +111,18 @@ def die_of_stall(
                 lifecycle.adopt(RunnerState.FAILED, error=error)  # logged, readiness off
         except Exception:  # Redis away too: the leases run out on their own
             log.exception("runner: %s could not record its stall", queue.runner_id)
+        _log_where_threads_are()  # the engine thread's stack says where it hung
         (end or kill_hard)()
 
     return give_up
+
+
+def _log_where_threads_are() -> None:
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()
+    with contextlib.suppress(Exception):  # no usable stderr: nothing to say it on
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
 
 
 def kill_hard() -> NoReturn:

@@ -78,6 +78,9 @@ def test_a_request_whose_engine_hangs_before_output_runs_on_another_runner(platf
     assert reply.usage.completion_tokens == 8
     stalled = _stalled_runner(admin, "hang-prefill")
     assert f"no step for {STALL_S}" in stalled["error"]
+    # Its log shows where the engine hung: the engine thread's stack, innermost first.
+    log_text = (platform.home / "logs" / f"runner-{stalled['id']}.log").read_text()
+    assert "in _maybe_hang" in log_text.split("engine stalled")[-1]
     assert _stalls_counted(admin, "hang-prefill") == 1
     served = [r for r in deployment(admin, "hang-prefill")["runners"] if r["state"] == "ready"]
     assert served and served[0]["id"] != stalled["id"]
