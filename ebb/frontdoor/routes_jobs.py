@@ -187,16 +187,19 @@ async def create_job(
     *,
     batch: bool = False,
     idempotency: str = "",
+    weights_wait_s: float | None = None,
 ) -> str:
     """Validate and queue one job as POST /v1/jobs would (no webhook); its id.
 
     With `batch` (the Batch API) token prices are reduced by the deployment's
     `serving.batch_discount_pct`. With `idempotency`, submitting it again returns the job
     already queued under it. Reserves against the caller's rate limits like POST /v1/jobs.
-    Raises InvalidRequest when the request cannot run, RateLimited when it must wait.
+    Raises InvalidRequest when the request cannot run, RateLimited when it must wait,
+    CapacityError (weights_preparing) when its weights are not ready within
+    `weights_wait_s` (default: the deployment's admission window).
     """
     spec = await _deployment(services, caller, payload.model)
-    prepared = await _prepare(services, spec, payload)
+    prepared = await _prepare(services, spec, payload, weights_wait_s)
     record = _new_record(caller, spec, payload, prepared, services.settings.job_max_attempts)
     if batch and spec.serving.batch_discount_pct:
         keep = 100 - spec.serving.batch_discount_pct
@@ -338,8 +341,14 @@ class _Queued:
     encoding_format: str = "float"  # embeddings: how the result writes vectors
 
 
-async def _prepare(services: Services, spec: DeploymentSpec, payload: JobCreate) -> _Queued:
-    """Check and tokenize the job's request exactly as the synchronous endpoint would."""
+async def _prepare(
+    services: Services,
+    spec: DeploymentSpec,
+    payload: JobCreate,
+    weights_wait_s: float | None = None,
+) -> _Queued:
+    """Check and tokenize the job's request exactly as the synchronous endpoint would,
+    waiting `weights_wait_s` (default: the admission window) for weights being prepared."""
     body = dict(payload.body)
     if body.setdefault("model", payload.model) != payload.model:
         raise InvalidRequest(
@@ -353,7 +362,9 @@ async def _prepare(services: Services, spec: DeploymentSpec, payload: JobCreate)
             "remove stream from body.",
             param="body.stream",
         )
-    window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
+    window_s = weights_wait_s
+    if window_s is None:
+        window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     if payload.endpoint == EMBEDDINGS_ENDPOINT:
         return await _prepare_embeddings(services, spec, body, window_s)
     chat = payload.endpoint == CHAT_ENDPOINT
