@@ -3,7 +3,10 @@
 A job is a chat, completions or embeddings request run without a client waiting: it is
 checked and tokenized like a synchronous one (the same 400s), then queued in its deployment's job
 queue with no admission window, only its TTL. Its result stays retrievable here for
-EBB_JOB_RETENTION_S whether or not its webhook was delivered.
+EBB_JOB_RETENTION_S whether or not its webhook was delivered. A job whose deployment's
+weights are still being prepared cannot be tokenized yet: it is accepted parked
+(`waiting_for: weights_preparing`) and queued by `ebb.frontdoor.parked_jobs` once they
+are ready.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from opentelemetry.trace import Span, SpanKind
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from ebb import tracing
-from ebb.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
+from ebb.errors import CapacityError, Conflict, InvalidRequest, NotFound, PermissionDenied
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
+from ebb.frontdoor.catalog import WEIGHTS_PREPARING
+from ebb.frontdoor.ratelimit import Reservation
 from ebb.frontdoor.routes_embeddings import (
     job_work,
     parse_embedding_request,
@@ -133,7 +138,13 @@ async def _submit(
             f"ttl_s must be at most {settings.job_max_ttl_s}; got {ttl_s}.", param="ttl_s"
         )
     spec = await _deployment(services, caller, payload.model)
-    prepared = await _prepare(services, spec, payload)
+    try:
+        # No wait: weights still being prepared park the job rather than hold the client.
+        prepared: _Queued | None = await prepare_job(services, spec, payload, 0.0)
+    except CapacityError as e:
+        if e.code != WEIGHTS_PREPARING:
+            raise
+        prepared = None
     if payload.webhook is not None:
         try:
             await resolve_target(payload.webhook.url, settings.webhook_allowed_networks)
@@ -143,12 +154,24 @@ async def _submit(
     await services.webhook_secrets.ensure(caller.tenant, new_secret())
     traceparent = tracing.traceparent_of(span) if span is not None else ""
     record = _new_record(
-        caller, spec, payload, prepared, settings.job_max_attempts, traceparent=traceparent
+        caller,
+        spec,
+        payload,
+        prepared or _UNPREPARED,
+        settings.job_max_attempts,
+        traceparent=traceparent,
     )
     submission = msgspec.json.encode(payload.model_dump(mode="json"), order="sorted")
-    # The same limits as a synchronous request: reserved now, settled by the collector
-    # when the job ends (429 here when the caller is over them).
-    reservation = await services.limiter.reserve(caller, record.work)
+    if prepared is None:
+        # Parked: tokenized, reserved against the limits and queued by the parked-jobs
+        # watcher once the weights are ready (ebb.frontdoor.parked_jobs).
+        record.waiting_for = WEIGHTS_PREPARING
+        record.submission = encode_parked(payload, caller)
+        reservation = Reservation(None, record.work, 0)
+    else:
+        # The same limits as a synchronous request: reserved now, settled by the
+        # collector when the job ends (429 here when the caller is over them).
+        reservation = await services.limiter.reserve(caller, record.work)
     record.rate_reserved_tokens = reservation.reserved_tokens
     try:
         job_id, replayed = await services.jobs.submit(
@@ -156,6 +179,7 @@ async def _submit(
             ttl_s=ttl_s,
             idempotency_digest=_digest(idempotency_key.encode()) if idempotency_key else "",
             submission_digest=_digest(submission),
+            parked=prepared is None,
         )
     except BaseException as e:
         await asyncio.shield(reservation.settle())  # nothing was queued: all of it back
@@ -199,7 +223,7 @@ async def create_job(
     `weights_wait_s` (default: the deployment's admission window).
     """
     spec = await _deployment(services, caller, payload.model)
-    prepared = await _prepare(services, spec, payload, weights_wait_s)
+    prepared = await prepare_job(services, spec, payload, weights_wait_s)
     record = _new_record(caller, spec, payload, prepared, services.settings.job_max_attempts)
     if batch and spec.serving.batch_discount_pct:
         keep = 100 - spec.serving.batch_discount_pct
@@ -341,7 +365,7 @@ class _Queued:
     encoding_format: str = "float"  # embeddings: how the result writes vectors
 
 
-async def _prepare(
+async def prepare_job(
     services: Services,
     spec: DeploymentSpec,
     payload: JobCreate,
@@ -406,17 +430,28 @@ async def _prepare_embeddings(
     return _Queued(prompt, sampling, encoding_format=req.encoding_format)
 
 
-def _new_record(
-    caller: Caller,
-    spec: DeploymentSpec,
-    payload: JobCreate,
-    prepared: _Queued,
-    max_attempts: int,
-    *,
-    traceparent: str = "",
-) -> JobRecord:
-    job_id = new_job_id()
-    work = WorkItem(
+# What a parked job's record carries until its request can be tokenized.
+_UNPREPARED = _Queued([], SamplingSpec(max_tokens=0))
+
+
+def encode_parked(payload: JobCreate, caller: Caller) -> str:
+    """A parked job's submission, as `decode_parked` reads it back."""
+    parked = {"payload": payload.model_dump(mode="json"), "admin": caller.is_admin}
+    return msgspec.json.encode(parked).decode()
+
+
+def decode_parked(record: JobRecord) -> tuple[JobCreate, Caller]:
+    """The submission and caller of a parked job."""
+    parked = msgspec.json.decode(record.submission)
+    caller = Caller(tenant=record.tenant, key_id=record.work.key_id, is_admin=parked["admin"])
+    return JobCreate.model_validate(parked["payload"]), caller
+
+
+def first_attempt(
+    caller: Caller, spec: DeploymentSpec, prepared: _Queued, job_id: str, *, traceparent: str
+) -> WorkItem:
+    """The first attempt of job `job_id`."""
+    return WorkItem(
         request_id=attempt_request_id(job_id, 1),
         deployment=spec.name,
         prompt_token_ids=prepared.prompt_token_ids,
@@ -432,6 +467,19 @@ def _new_record(
         # same name fails the attempt instead of running it (ServingLoop._admit).
         deployment_uid=spec.uid,
     )
+
+
+def _new_record(
+    caller: Caller,
+    spec: DeploymentSpec,
+    payload: JobCreate,
+    prepared: _Queued,
+    max_attempts: int,
+    *,
+    traceparent: str = "",
+) -> JobRecord:
+    job_id = new_job_id()
+    work = first_attempt(caller, spec, prepared, job_id, traceparent=traceparent)
     webhook = payload.webhook
     return JobRecord(
         job_id=job_id,

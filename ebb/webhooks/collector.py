@@ -121,10 +121,11 @@ class JobCollector:
     async def _expire(self, job_id: str) -> None:
         record = await self._store.get(job_id)
         ttl_s = (record.expires_ms - record.created_ms) / 1000 if record else 0
+        waited = f", waiting for {record.waiting_for}" if record and record.waiting_for else ""
         error = JobErrorInfo(
             "expired",
-            f"No runner started the job within its ttl_s ({ttl_s:g}s); it never ran and "
-            "costs nothing. Submit it again, with a longer ttl_s if the model is busy.",
+            f"No runner started the job within its ttl_s ({ttl_s:g}s{waited}); it never "
+            "ran and costs nothing. Submit it again, with a longer ttl_s if the model is busy.",
         )
         if await self._store.expire(job_id, error) == "expired":
             log.info("jobs: %s expired in the queue", job_id)
