@@ -32,7 +32,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from ebb.errors import CapacityError, EbbError, InvalidRequest, NotFound, RateLimited
-from ebb.frontdoor.auth import CallerDep
+from ebb.frontdoor.auth import CallerDep, RidingCallerDep
 from ebb.frontdoor.batches import (
     COMPLETION_WINDOWS,
     ENDPOINTS,
@@ -44,6 +44,7 @@ from ebb.frontdoor.batches import (
     parse_input,
 )
 from ebb.frontdoor.caller import Caller
+from ebb.frontdoor.redis_down import ride_out
 from ebb.frontdoor.routes_files import owned_file
 from ebb.frontdoor.routes_jobs import JobCreate, create_job
 from ebb.frontdoor.services import Services, ServicesDep
@@ -80,7 +81,7 @@ class BatchCreate(BaseModel):
 
 @router.post("")
 async def create_batch(
-    payload: BatchCreate, caller: CallerDep, services: ServicesDep
+    payload: BatchCreate, caller: RidingCallerDep, services: ServicesDep
 ) -> dict[str, Any]:
     info = await owned_file(services.files, payload.input_file_id, caller)
     if info.purpose != "batch":
@@ -110,7 +111,9 @@ async def create_batch(
     )
     # Stored before any line is queued: if this process dies while queueing, the batch
     # watcher finds it validating and queues the rest (see _queue_lines).
-    await services.batches.create(record)
+    # A Redis restart is waited out (creating the same record again changes nothing);
+    # the lines then wait out anything passing (_queue_line).
+    await ride_out(lambda: services.batches.create(record), services.settings.redis_outage_s)
     try:
         record = await _queue_lines(services, record, inputs, caller)
     except Exception as e:

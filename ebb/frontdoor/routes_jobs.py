@@ -28,10 +28,11 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from ebb import tracing
 from ebb.errors import CapacityError, Conflict, InvalidRequest, NotFound, PermissionDenied
-from ebb.frontdoor.auth import CallerDep
+from ebb.frontdoor.auth import CallerDep, RidingCallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.catalog import WEIGHTS_PREPARING
 from ebb.frontdoor.ratelimit import Reservation
+from ebb.frontdoor.redis_down import ride_out
 from ebb.frontdoor.routes_embeddings import (
     job_work,
     parse_embedding_request,
@@ -98,12 +99,12 @@ def new_job_id() -> str:
 async def submit_job(
     payload: JobCreate,
     request: Request,
-    caller: CallerDep,
+    caller: RidingCallerDep,
     services: ServicesDep,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> JSONResponse:
     if not tracing.active():
-        return await _submit(payload, caller, services, idempotency_key, None, 0)
+        return await _submit_riding_out(payload, caller, services, idempotency_key, None, 0)
     # The job's span continues the client's trace; the work item carries it to the runner
     # and the job's deliveries carry it to the webhooks worker, so one trace covers the
     # submission, every attempt and every webhook delivery.
@@ -116,11 +117,39 @@ async def submit_job(
         attributes={"ebb.endpoint": "jobs", "ebb.model": payload.model},
     )
     try:
-        response = await _submit(payload, caller, services, idempotency_key, span, started_ns)
+        response = await _submit_riding_out(
+            payload, caller, services, idempotency_key, span, started_ns
+        )
         span.set_attribute("http.response.status_code", response.status_code)
         return response
     finally:
         span.end()
+
+
+async def _submit_riding_out(
+    payload: JobCreate,
+    caller: Caller,
+    services: Services,
+    idempotency_key: str | None,
+    span: Span | None,
+    started_ns: int,
+) -> JSONResponse:
+    """`_submit`, waiting out a short Redis outage (a restart) rather than refusing the
+    job. A retry keeps the job id, so a submission applied before its reply was lost is
+    answered, not made twice."""
+    job_id = new_job_id()
+    tries = 0
+
+    async def submit() -> JSONResponse:
+        nonlocal tries
+        tries += 1
+        if tries > 1 and await services.jobs.get(job_id) is not None:
+            return JSONResponse(await _view(services, job_id), status_code=202)
+        return await _submit(
+            payload, caller, services, idempotency_key, span, started_ns, job_id=job_id
+        )
+
+    return await ride_out(submit, services.settings.redis_outage_s)
 
 
 async def _submit(
@@ -130,6 +159,8 @@ async def _submit(
     idempotency_key: str | None,
     span: Span | None,
     started_ns: int,
+    *,
+    job_id: str = "",
 ) -> JSONResponse:
     settings = services.settings
     ttl_s = payload.ttl_s or settings.job_ttl_s
@@ -160,6 +191,7 @@ async def _submit(
         prepared or _UNPREPARED,
         settings.job_max_attempts,
         traceparent=traceparent,
+        job_id=job_id,
     )
     submission = msgspec.json.encode(payload.model_dump(mode="json"), order="sorted")
     if prepared is None:
@@ -477,8 +509,9 @@ def _new_record(
     max_attempts: int,
     *,
     traceparent: str = "",
+    job_id: str = "",
 ) -> JobRecord:
-    job_id = new_job_id()
+    job_id = job_id or new_job_id()
     work = first_attempt(caller, spec, prepared, job_id, traceparent=traceparent)
     webhook = payload.webhook
     return JobRecord(
