@@ -45,6 +45,7 @@ from ebb.frontdoor.version_routing import routed
 from ebb.openai.response_builder import CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT
 from ebb.openai.schema import parse_chat_request, parse_completion_request
 from ebb.openai.translate import Prepared, prepare_chat, prepare_completion, require_generative
+from ebb.queue.deployment_condition import waiting_for
 from ebb.queue.job_schema import JobEvent, JobRecord, JobStatus, attempt_request_id
 from ebb.queue.job_store import IdempotencyConflict, JobStore
 from ebb.queue.schema import DeploymentSpec, SamplingSpec, ToolCallFormat, WorkItem
@@ -375,11 +376,12 @@ async def _view(services: Services, job_id: str) -> dict[str, Any]:
     state = None
     if not record.status.is_terminal:
         state = (await services.jobs.attempt_state(record.request_id)).get("state")
-    return job_view(
-        record,
-        status=current_status(record, state),
-        deliveries=await services.deliveries.for_job(job_id),
-    )
+    status = current_status(record, state)
+    if status is JobStatus.QUEUED and not record.waiting_for:
+        # Queued, it waits on its deployment: show on what, if anything passing.
+        deployment_status = await services.state.deployment_status(record.work.deployment)
+        record.waiting_for = waiting_for(deployment_status)
+    return job_view(record, status=status, deliveries=await services.deliveries.for_job(job_id))
 
 
 async def _deployment(services: Services, caller: Caller, model: str) -> DeploymentSpec:

@@ -1,6 +1,8 @@
-"""A job or batch submitted while Redis restarts is accepted once it is back (issue 36),
-within EBB_REDIS_OUTAGE_S, instead of being refused 503 `redis_unavailable`; the job then
-runs. Whole platform (`ebb up`, fake engine) on an external Redis the test stops."""
+"""Jobs wait out passing states (issue 36), on the whole platform (`ebb up`, fake engine,
+a fake inventory of one 24 GiB GPU) with an external Redis the test stops: a job submitted
+while Redis restarts is accepted once it is back (within EBB_REDIS_OUTAGE_S) instead of
+refused 503 `redis_unavailable`, and runs; a job for a deployment that fits on no GPU
+stays queued showing why, and expires at its TTL naming that condition."""
 
 from __future__ import annotations
 
@@ -9,7 +11,15 @@ import json
 
 import httpx
 import pytest
-from support import Platform, RedisServer, deploy, free_port, temp_home, wait_until
+from support import (
+    Platform,
+    RedisServer,
+    deploy,
+    fake_gpu_inventory,
+    free_port,
+    temp_home,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -25,8 +35,12 @@ def outside_redis():
 
 @pytest.fixture(scope="module")
 def platform(outside_redis):
-    env = {"EBB_REDIS_OUTAGE_S": "60"}
-    p = Platform(home=temp_home("ebb-redis-restart-"), redis_url=outside_redis.url, env_extra=env)
+    home = temp_home("ebb-jobs-waiting-")
+    env = {
+        "EBB_REDIS_OUTAGE_S": "60",
+        "EBB_GPU_INVENTORY_FILE": str(fake_gpu_inventory(home, 1)),
+    }
+    p = Platform(home=home, redis_url=outside_redis.url, env_extra=env)
     yield p.start()
     assert p.stop() == 0
 
@@ -71,10 +85,36 @@ def test_a_job_submitted_while_redis_restarts_is_accepted_and_runs(platform, out
         assert response.status_code == 202, response.text
         job_id = response.json()["id"]
 
-        def settled():
-            body = admin.get(f"/v1/jobs/{job_id}").json()
-            return body["status"] in ("succeeded", "failed", "expired") and body
-
-        body = wait_until(settled, 60, "the job to settle")
+        body = wait_until(lambda: _settled(admin, job_id), 60, "the job to settle")
         assert body["status"] == "succeeded", json.dumps(body)
         assert body["usage"]["completion_tokens"] == 3
+
+
+def _settled(admin: httpx.Client, job_id: str):
+    body = admin.get(f"/v1/jobs/{job_id}").json()
+    return body["status"] in ("succeeded", "failed", "expired", "cancelled") and body
+
+
+def test_a_job_for_an_unschedulable_deployment_waits_then_expires_naming_why(platform):
+    with platform.admin() as admin:
+        deploy(admin, "toobig", source="fake://toobig?gpu_gib=64")
+        job = {
+            "model": "toobig",
+            "endpoint": "completions",
+            "body": {"prompt": "hi", "max_tokens": 3},
+            "ttl_s": 4,
+        }
+        response = admin.post("/v1/jobs", json=job)
+        assert response.status_code == 202, response.text
+        job_id = response.json()["id"]
+
+        def shown_waiting():
+            body = admin.get(f"/v1/jobs/{job_id}").json()
+            return (body["waiting_for"] or "").startswith("deployment_unschedulable") and body
+
+        wait_until(shown_waiting, 30, "the job to show why it waits")
+        body = wait_until(lambda: _settled(admin, job_id), 60, "the job to expire")
+        assert body["status"] == "expired", json.dumps(body)
+        assert body["error"]["code"] == "expired"
+        assert "waiting for deployment_unschedulable" in body["error"]["message"]
+        assert "64.0 GiB" in body["error"]["message"]
