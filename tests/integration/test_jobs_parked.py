@@ -1,7 +1,8 @@
 """A job submitted while its deployment's weights are being prepared (issue 36) is
 accepted parked instead of refused 503 `weights_preparing`: it shows `waiting_for`, the
 frontdoor's watcher queues it, tokenized, once the weights are ready, and the collector
-expires it at its TTL naming what it waited for. Weights that failed fail it at once.
+expires it at its TTL naming what it waited for. Weights that failed fail it at once. A
+batch created meanwhile keeps its lines pending, and queues all of them once ready.
 
 The frontdoor's services run in this process on a real Redis, with the real catalog; the
 test plays the preparer by writing the deployment's weights status (the tokenizer is a
@@ -10,15 +11,18 @@ real one, read from a checkpoint directory once "ready")."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from support.weights import write_servable_dir
 
 from ebb.config import Settings
-from ebb.frontdoor import parked_jobs, routes_jobs
+from ebb.frontdoor import parked_jobs, routes_batches, routes_jobs
+from ebb.frontdoor.batches import InputLine
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.services import build_services
 from ebb.queue import keys
+from ebb.queue.batch_store import BatchRecord, BatchStatus
 from ebb.queue.job_schema import JobStatus
 from ebb.queue.schema import DeploymentSpec, decode_work
 from ebb.queue.weights_status import WeightsState, WeightsStatus
@@ -109,3 +113,33 @@ async def test_a_parked_job_can_be_cancelled(services):
     record = await services.jobs.get(job["id"])
     assert record.status is JobStatus.CANCELLED
     assert await parked_jobs.queue_parked(services, job["id"]) == "gone"
+
+
+async def test_a_batch_created_while_weights_are_prepared_queues_every_line_once_ready(
+    services, tmp_path
+):
+    record = BatchRecord(
+        batch_id="batch_1",
+        tenant="acme",
+        key_id="k1",
+        endpoint="/v1/completions",
+        input_file_id="file_1",
+        completion_window="24h",
+        created_at_s=int(time.time()),
+        expires_at_s=int(time.time()) + 24 * 3600,
+        status=BatchStatus.VALIDATING,
+    )
+    await services.batches.create(record)
+    lines = [InputLine(f"line-{i}", {"model": "m", **BODY}) for i in range(3)]
+    record = await routes_batches._queue_lines(services, record, lines, CALLER)
+    assert [line.pending for line in record.lines] == [True] * 3  # none failed
+    assert record.waiting_for == "weights_preparing"
+
+    checkpoint = write_servable_dir(tmp_path / "m", mib=1)
+    await _weights(
+        services, WeightsStatus(WeightsState.READY, path=str(checkpoint), max_model_len=256)
+    )
+    record = await routes_batches._queue_lines(services, record, lines, CALLER)
+    jobs = await services.jobs.get_many([line.job_id for line in record.lines])
+    assert [job.status for job in jobs] == [JobStatus.QUEUED] * 3
+    assert await services.redis.zcard(keys.job_queue("m")) == 3
