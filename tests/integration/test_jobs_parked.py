@@ -143,3 +143,12 @@ async def test_a_batch_created_while_weights_are_prepared_queues_every_line_once
     jobs = await services.jobs.get_many([line.job_id for line in record.lines])
     assert [job.status for job in jobs] == [JobStatus.QUEUED] * 3
     assert await services.redis.zcard(keys.job_queue("m")) == 3
+
+
+async def test_a_parked_job_fails_at_once_when_its_deployment_is_deleted(services):
+    job = await _submit(services)
+    assert await services.state.delete_deployment("m")
+    assert await parked_jobs.queue_parked(services, job["id"]) == "failed"
+    record = await services.jobs.get(job["id"])
+    assert record.status is JobStatus.FAILED
+    assert record.error.code == "model_not_found", record.error
