@@ -34,7 +34,7 @@ class PlatformSettings(BaseModel):
         default=30.0,
         description="How long a process rides out an unreachable Redis (retrying with "
         "backoff) before the work at hand fails cleanly: a runner's output, a frontdoor's "
-        "open streams.",
+        "open streams, a job submitted while it restarts.",
     )
     redis_retry_after_s: int = Field(
         default=2,

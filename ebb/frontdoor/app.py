@@ -17,6 +17,7 @@ from ebb.config import Settings
 from ebb.console import routes as console_routes
 from ebb.errors import EbbError
 from ebb.frontdoor import (
+    parked_jobs,
     redis_down,
     routes_admin,
     routes_apidocs,
@@ -72,10 +73,14 @@ def create_app(settings: Settings) -> FastAPI:
                 resume_after_s=settings.batch_resume_after_s,
             )
         )
+        parked = asyncio.create_task(
+            parked_jobs.watch_parked_jobs(services, interval_s=settings.job_poll_s * 4)
+        )
         yield
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        for task in (watcher, parked):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await services.state.short_redis.aclose()
         await services.redis.aclose()
 

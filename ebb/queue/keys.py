@@ -187,6 +187,9 @@ def rate_bucket(subject: str) -> str:
 
 JOB_PREFIX = PREFIX + "job:"  # hash per job: JobRecord fields (see job_store)
 JOBS_WAITING = PREFIX + "jobs:waiting"  # zset: job id -> TTL deadline (ms) while queued
+# zset: job id -> park time (ms), jobs accepted before their request could be tokenized
+# (weights being prepared); the frontdoor queues them once it can.
+JOBS_PARKED = PREFIX + "jobs:parked"
 JOBS_WATCH = PREFIX + "jobs:watch"  # set: job ids the collector must look at (claimed, settled)
 JOBS_SIGNAL = PREFIX + "jobs:signal"  # list: a token per job attempt claimed or ended
 DELIVERIES_DUE = PREFIX + "wh:due"  # zset: webhook id -> next attempt (ms) or in-flight lease
