@@ -49,7 +49,7 @@ def frontdoor() -> None:
             host=settings.host,
             port=settings.port,
             log_level="warning",
-            timeout_graceful_shutdown=30,
+            timeout_graceful_shutdown=settings.frontdoor_drain_s,
             http=HTTP_PROTOCOL,  # closes connections whose head is not read in time
         )
         return
@@ -61,7 +61,7 @@ def frontdoor() -> None:
         host=settings.host,
         port=settings.port,
         log_level="warning",
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=settings.frontdoor_drain_s,
         http=HTTP_PROTOCOL,  # closes connections whose head is not read in time
     )
 

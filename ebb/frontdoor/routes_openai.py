@@ -33,6 +33,7 @@ from ebb.frontdoor.observe import RequestObservation
 from ebb.frontdoor.ratelimit import Reservation
 from ebb.frontdoor.redis_down import unavailable
 from ebb.frontdoor.services import Services, ServicesDep
+from ebb.frontdoor.sse_ids import EventIds
 from ebb.frontdoor.version_routing import routed, version_headers, version_of
 from ebb.openai.response_builder import (
     SSE_DONE,
@@ -55,6 +56,7 @@ from ebb.openai.translate import (
 )
 from ebb.queue.connection import UNAVAILABLE_ERRORS
 from ebb.queue.schema import Failed, Finished, Progress, WorkItem
+from ebb.queue.stream_views import StreamView
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -141,6 +143,11 @@ _CHAT = PassThrough(EndpointKind.CHAT, parse_chat_request, prepare_chat)
 _COMPLETION = PassThrough(EndpointKind.COMPLETION, parse_completion_request, prepare_completion)
 
 
+def answer_of(kind: EndpointKind) -> PassThrough:
+    """The chat or completions endpoint's answer (what a resumed stream is rendered by)."""
+    return _CHAT if kind is EndpointKind.CHAT else _COMPLETION
+
+
 @inference.post("/chat/completions")
 async def chat_completions(request: Request) -> Response:
     services, caller = await calling(request)
@@ -217,7 +224,8 @@ async def _serve_observed(
         price_per_1m_output_tokens_micros=spec.price_per_1m_output_tokens_micros,
         traceparent=observed.traceparent(),
     )
-    builder = prepared.builder(request_id, int(time.time()))
+    created_s = int(time.time())
+    builder = prepared.builder(request_id, created_s)
     executor = services.executor
     reservation = await services.limiter.reserve(caller, work)
     streaming = False
@@ -228,6 +236,10 @@ async def _serve_observed(
         reservation.ran = True
         observed.admitted(running.queued_s, work.enqueued_at_s)
         if prepared.stream:
+            if isinstance(answer, PassThrough):  # resumable: any frontdoor can replay it
+                await services.stream_views.put(
+                    request_id, stream_view(prepared, caller.tenant, created_s)
+                )
             streaming = True
             return StreamingResponse(
                 _stream(services, running, builder, reservation, observed, answer),
@@ -298,13 +310,14 @@ async def _stream(
     A stream that cannot go on (runner lost after output, Redis gone for longer than
     EBB_REDIS_OUTAGE_S) ends with the answer's error event and end, never silently."""
     finished = False
+    ids = EventIds(running.work.request_id)
     try:
         error: EbbError | None = None
         chunks = _stream_chunks(services, running, builder, reservation, observed)
         try:
             async with contextlib.aclosing(answer.stream(chunks)) as lines:
                 async for line in lines:
-                    yield line
+                    yield ids.stamp(line)
         except UNAVAILABLE_ERRORS as e:  # nothing to cancel through a Redis not there
             log.warning(
                 "frontdoor: %s cut short, Redis unavailable: %s", running.work.request_id, e
@@ -313,12 +326,13 @@ async def _stream(
         except EbbError as e:  # the request failed, or a rerun found no runner in time
             error = e
         if error is not None:
-            yield answer.stream_error(error)
+            yield ids.stamp(answer.stream_error(error))
         finished = True
         if end := answer.stream_end():
-            yield end
+            yield ids.stamp(end)
     finally:
-        if not finished:
+        # A stream cut by a drain's end keeps its request: its client resumes elsewhere.
+        if not finished and not services.drain.draining:
             # Shielded: this runs while the response task is being cancelled.
             with contextlib.suppress(Exception):
                 await asyncio.shield(services.executor.cancel(running.work))
@@ -386,3 +400,20 @@ def _json_body(request: Request) -> object:
             "The request body is missing; send a JSON object.", code="missing_body"
         )
     return body
+
+
+def stream_view(prepared: Prepared, tenant: str, created_s: int) -> StreamView:
+    """What `prepared.builder` renders with, kept so that any frontdoor can replay it."""
+    return StreamView(
+        tenant=tenant,
+        kind=prepared.kind.value,
+        model=prepared.model,
+        created_s=created_s,
+        n=prepared.sampling.n,
+        include_usage=prepared.include_usage,
+        continuous_usage_prompt_tokens=(
+            len(prepared.prompt_token_ids) if prepared.continuous_usage else None
+        ),
+        logprobs=prepared.logprobs,
+        tools=prepared.tools,
+    )
