@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import signal
 import sys
 import threading
@@ -108,7 +109,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--drain-s", type=int, default=30)
     args = parser.parse_args()
-
+    os.environ["EBB_TEST_ENGINES"] = "1"  # fake:// sources, for every process started
     platform = Platform(home=temp_home("ebb-bench-roll-"), redis_url=None).start()
     env = {"EBB_FRONTDOOR_DRAIN_S": str(args.drain_s)}
     try:

@@ -43,6 +43,11 @@ class Frontdoor:
 
 def start_frontdoor(platform: Platform, name: str, **env: str) -> Frontdoor:
     port = free_port()
+    if platform.redis_url is None:  # `ebb up` started its own: run.json names it
+        env = {
+            "EBB_REDIS_URL": json.loads((platform.home / "run.json").read_text())["redis_url"],
+            **env,
+        }
     log = open(platform.home / f"frontdoor-{name}.log", "wb")  # noqa: SIM115 - closed in stop()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ebb", "frontdoor"],
