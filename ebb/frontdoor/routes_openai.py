@@ -106,6 +106,10 @@ class Answer(Protocol):
 
     def stream_end(self) -> bytes: ...
 
+    def resumable_as(self) -> dict[str, Any] | None:
+        """What a stream's replay needs of the answer beyond its chunks (None: nothing)."""
+        ...
+
 
 @dataclass(frozen=True)
 class PassThrough:
@@ -137,6 +141,9 @@ class PassThrough:
 
     def stream_end(self) -> bytes:
         return SSE_DONE
+
+    def resumable_as(self) -> dict[str, Any] | None:
+        return None
 
 
 _CHAT = PassThrough(EndpointKind.CHAT, parse_chat_request, prepare_chat)
@@ -236,10 +243,9 @@ async def _serve_observed(
         reservation.ran = True
         observed.admitted(running.queued_s, work.enqueued_at_s)
         if prepared.stream:
-            if isinstance(answer, PassThrough):  # resumable: any frontdoor can replay it
-                await services.stream_views.put(
-                    request_id, stream_view(prepared, caller.tenant, created_s)
-                )
+            # Resumable: any frontdoor can replay it from Redis.
+            view = stream_view(prepared, caller.tenant, created_s, answer.resumable_as())
+            await services.stream_views.put(request_id, view)
             streaming = True
             return StreamingResponse(
                 _stream(services, running, builder, reservation, observed, answer),
@@ -402,9 +408,12 @@ def _json_body(request: Request) -> object:
     return body
 
 
-def stream_view(prepared: Prepared, tenant: str, created_s: int) -> StreamView:
+def stream_view(
+    prepared: Prepared, tenant: str, created_s: int, response: dict[str, Any] | None
+) -> StreamView:
     """What `prepared.builder` renders with, kept so that any frontdoor can replay it."""
     return StreamView(
+        response=response,
         tenant=tenant,
         kind=prepared.kind.value,
         model=prepared.model,

@@ -1,5 +1,6 @@
 """Resuming a stream whose connection broke: GET /v1/chat/completions/{id}/stream and
-GET /v1/completions/{id}/stream, with the `Last-Event-ID` the client last received.
+GET /v1/completions/{id}/stream, with the `Last-Event-ID` the client last received
+(and GET /v1/responses/{id}?stream=true&starting_after=N, routes_responses, OpenAI's way).
 
 Any frontdoor answers it: the request's events are in Redis (its event stream, kept for
 EBB_RESULT_TTL_S after it ended), and so is how its first frontdoor rendered them
@@ -24,8 +25,9 @@ from fastapi.responses import Response, StreamingResponse
 
 from ebb.errors import EbbError, JobError, NotFound
 from ebb.frontdoor.auth import calling
+from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.hot_routes import RequestOnlyRoute
-from ebb.frontdoor.routes_openai import PassThrough, answer_of
+from ebb.frontdoor.routes_openai import Answer, answer_of
 from ebb.frontdoor.services import Services
 from ebb.frontdoor.sse_ids import EventIds, last_event_number
 from ebb.openai.response_builder import EndpointKind, ResponseBuilder
@@ -57,21 +59,44 @@ async def _resume(request: Request, kind: EndpointKind) -> Response:
     services, caller = await calling(request)
     request_id: str = request.path_params["request_id"]
     after = last_event_number(request_id, request.headers.get("last-event-id"))
+    view = await found_view(services, caller, request_id, kind=kind, param="request_id")
+    return replay(services, request_id, view, answer_of(kind), after)
+
+
+async def found_view(
+    services: Services,
+    caller: Caller,
+    request_id: str,
+    *,
+    kind: EndpointKind,
+    param: str,
+    responses: bool = False,
+) -> StreamView:
+    """The caller's view of a stream of `kind` (a Responses API one with `responses`)
+    whose events are still kept; NotFound (naming `param`) otherwise."""
     view = await services.stream_views.get(caller.tenant, request_id)
     if (
         view is None
         or view.kind != kind.value
+        or (view.response is not None) != responses
         or not await services.stream_views.has_events(request_id)
     ):
         raise NotFound(
             f"No stream {request_id!r} to resume: it was not a streamed request of this "
             "endpoint, it is another key's tenant's, or its events have expired (they are "
             "kept EBB_RESULT_TTL_S after it ended). Send the request again.",
-            param="request_id",
+            param=param,
         )
+    return view
+
+
+def replay(
+    services: Services, request_id: str, view: StreamView, answer: Answer, after: int
+) -> StreamingResponse:
+    """The stream's events after event `after`, rendered by `answer` as they were live."""
     log.info("frontdoor: %s resumed after event %d", request_id, after)
     return StreamingResponse(
-        _replayed(services, request_id, view, answer_of(kind), EventIds(request_id, after)),
+        _replayed(services, request_id, view, answer, EventIds(request_id, after)),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
     )
@@ -93,7 +118,7 @@ def builder_of(view: StreamView, request_id: str) -> ResponseBuilder:
 
 
 async def _replayed(
-    services: Services, request_id: str, view: StreamView, answer: PassThrough, ids: EventIds
+    services: Services, request_id: str, view: StreamView, answer: Answer, ids: EventIds
 ) -> AsyncIterator[bytes]:
     """The answer's SSE events as the live stream wrote them, those after `ids`' start."""
     chunks = _chunks(services, request_id, builder_of(view, request_id))

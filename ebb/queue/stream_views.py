@@ -10,6 +10,8 @@ admission by the frontdoor, so no script is needed.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import redis.asyncio as aioredis
 
@@ -18,7 +20,8 @@ from ebb.queue.schema import ToolCallFormat
 
 
 class StreamView(msgspec.Struct, kw_only=True, frozen=True):
-    """A streamed chat or completions request's rendering, as its frontdoor built it."""
+    """A streamed request's rendering, as its frontdoor built it: the chat or completions
+    chunks of `kind`, which a Responses API stream (`response` set) turns into its events."""
 
     tenant: str
     kind: str  # ebb.openai.response_builder.EndpointKind's value
@@ -29,6 +32,8 @@ class StreamView(msgspec.Struct, kw_only=True, frozen=True):
     continuous_usage_prompt_tokens: int | None = None
     logprobs: bool = False
     tools: ToolCallFormat | None = None
+    # A Responses API stream: its Response object as created (what its events frame).
+    response: dict[str, Any] | None = None
 
 
 _decoder = msgspec.json.Decoder(StreamView)

@@ -154,3 +154,25 @@ def test_a_stream_cut_by_the_end_of_a_drain_keeps_running_for_its_client_to_resu
             rest = list(sse_events(r))
     assert chat_text(seen + rest) == chat_text(uninterrupted), "the request was not cancelled"
     assert rest[-1].data == "[DONE]"
+
+
+def test_a_responses_stream_is_resumed_openais_way_from_a_sequence_number(platform):
+    key = platform.keys["t-owner"]
+    body = {"model": "roll", "input": "What is the capital of France?", "stream": True}
+    body["max_output_tokens"] = 20
+    with client(platform.base_url, key) as c:
+        live = c.post("/v1/responses", json=body)
+        response_id = live.headers["x-request-id"]
+        url = f"/v1/responses/{response_id}"
+        again = c.get(url, params={"stream": "true"})
+        rest = c.get(url, params={"stream": "true", "starting_after": 3})
+    with client(platform.base_url, platform.keys["t-other"]) as c:
+        refused = c.get(url, params={"stream": "true"})
+    assert again.text == live.text, "the same events, byte for byte"
+    events = list(sse_events(httpx.Response(200, content=live.content)))
+    assert [e.id for e in events] == [f"{response_id}:{n}" for n in range(len(events))]
+    assert [e.json()["sequence_number"] for e in events] == list(range(len(events)))
+    resumed = list(sse_events(httpx.Response(200, content=rest.content)))
+    assert [e.data for e in resumed] == [e.data for e in events[4:]]
+    assert resumed[-1].fields["event"] == "response.incomplete"
+    assert refused.status_code == 404
