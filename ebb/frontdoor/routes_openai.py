@@ -234,6 +234,9 @@ async def _serve_observed(
     created_s = int(time.time())
     builder = prepared.builder(request_id, created_s)
     executor = services.executor
+    if prepared.stream:  # resumable: any frontdoor can replay it from Redis
+        view = stream_view(prepared, caller.tenant, created_s, answer.resumable_as())
+        await services.stream_views.put(request_id, view)
     reservation = await services.limiter.reserve(caller, work)
     streaming = False
     try:
@@ -243,9 +246,6 @@ async def _serve_observed(
         reservation.ran = True
         observed.admitted(running.queued_s, work.enqueued_at_s)
         if prepared.stream:
-            # Resumable: any frontdoor can replay it from Redis.
-            view = stream_view(prepared, caller.tenant, created_s, answer.resumable_as())
-            await services.stream_views.put(request_id, view)
             streaming = True
             return StreamingResponse(
                 _stream(services, running, builder, reservation, observed, answer),
