@@ -45,3 +45,21 @@ class Drain:
             previous(signum, frame)
 
         return handler
+
+
+def run_workers(config: Any) -> None:
+    """uvicorn's supervisor over `config.workers` frontdoor processes on one socket
+    (what `uvicorn.run` does for workers > 1), except that on SIGTERM the supervisor
+    closes its own copy of the listening socket as it tells the workers to drain: the
+    port then refuses new connections at once, rather than queueing them in the kernel's
+    backlog, unanswered, until the last worker has drained (`config`: a uvicorn.Config).
+    """
+    from uvicorn.supervisors import Multiprocess
+
+    class Draining(Multiprocess):
+        def terminate_all(self) -> None:
+            for sock in self.sockets:
+                sock.close()
+            super().terminate_all()
+
+    Draining(config, sockets=[config.bind_socket()]).run()

@@ -95,10 +95,16 @@ def test_resuming_after_the_last_event_gets_nothing_and_a_bad_id_is_a_400(platfo
     assert wrong_endpoint.status_code == 404
 
 
-def test_a_sigtermed_frontdoor_refuses_new_work_and_finishes_its_streams(platform):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_sigtermed_frontdoor_refuses_new_work_and_finishes_its_streams(platform, workers):
     key = platform.keys["t-owner"]
     _, uninterrupted = whole_stream(platform.base_url, key)
-    rolled = start_frontdoor(platform, "rolled", EBB_FRONTDOOR_DRAIN_S="120")
+    rolled = start_frontdoor(
+        platform,
+        f"rolled-{workers}",
+        EBB_FRONTDOOR_DRAIN_S="120",
+        EBB_FRONTDOOR_WORKERS=str(workers),
+    )
     started = threading.Barrier(5)
     results: list[list[SseEvent] | BaseException] = []
 
