@@ -1,6 +1,7 @@
 """Frontdoor rolling restart under load: streams cut (target 0).
 
     .venv/bin/python -m bench.frontdoor_roll [--clients 8] [--tokens 150] [--rounds 2]
+        [--drain-s 30] [--workers 1]
 
 `ebb up` (fake engine, 20 ms a token) plus two more frontdoors on its Redis behind a
 round-robin client-side "load balancer". Clients stream chat completions back to back
@@ -108,10 +109,14 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=150)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--drain-s", type=int, default=30)
+    parser.add_argument("--workers", type=int, default=1, help="EBB_FRONTDOOR_WORKERS")
     args = parser.parse_args()
     os.environ["EBB_TEST_ENGINES"] = "1"  # fake:// sources, for every process started
     platform = Platform(home=temp_home("ebb-bench-roll-"), redis_url=None).start()
-    env = {"EBB_FRONTDOOR_DRAIN_S": str(args.drain_s)}
+    env = {
+        "EBB_FRONTDOOR_DRAIN_S": str(args.drain_s),
+        "EBB_FRONTDOOR_WORKERS": str(args.workers),
+    }
     try:
         with platform.admin() as admin:
             deploy(admin, "roll", "fake://m?step_ms=20", idle_timeout_s=300)
@@ -145,6 +150,8 @@ def main() -> None:
             {
                 "restarts": len(exit_codes),
                 "clients": args.clients,
+                "workers_per_frontdoor": args.workers,
+                "drain_s": args.drain_s,
                 "tokens_per_stream": args.tokens,
                 "streams_completed": tally.completed,
                 "streams_cut": tally.cut,
