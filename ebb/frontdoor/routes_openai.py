@@ -56,7 +56,6 @@ from ebb.openai.translate import (
 )
 from ebb.queue.connection import UNAVAILABLE_ERRORS
 from ebb.queue.schema import Failed, Finished, Progress, WorkItem
-from ebb.queue.stream_views import StreamView
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -235,7 +234,7 @@ async def _serve_observed(
     builder = prepared.builder(request_id, created_s)
     executor = services.executor
     if prepared.stream:  # resumable: any frontdoor can replay it from Redis
-        view = stream_view(prepared, caller.tenant, created_s, answer.resumable_as())
+        view = prepared.stream_view(caller.tenant, created_s, answer.resumable_as())
         await services.stream_views.put(request_id, view)
     reservation = await services.limiter.reserve(caller, work)
     streaming = False
@@ -406,23 +405,3 @@ def _json_body(request: Request) -> object:
             "The request body is missing; send a JSON object.", code="missing_body"
         )
     return body
-
-
-def stream_view(
-    prepared: Prepared, tenant: str, created_s: int, response: dict[str, Any] | None
-) -> StreamView:
-    """What `prepared.builder` renders with, kept so that any frontdoor can replay it."""
-    return StreamView(
-        response=response,
-        tenant=tenant,
-        kind=prepared.kind.value,
-        model=prepared.model,
-        created_s=created_s,
-        n=prepared.sampling.n,
-        include_usage=prepared.include_usage,
-        continuous_usage_prompt_tokens=(
-            len(prepared.prompt_token_ids) if prepared.continuous_usage else None
-        ),
-        logprobs=prepared.logprobs,
-        tools=prepared.tools,
-    )

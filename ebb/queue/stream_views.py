@@ -10,13 +10,15 @@ admission by the frontdoor, so no script is needed.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-import redis.asyncio as aioredis
 
 from ebb.queue import keys
 from ebb.queue.schema import ToolCallFormat
+
+if TYPE_CHECKING:  # the struct is the protocol modules' too (ebb.openai.translate): no I/O
+    import redis.asyncio as aioredis
 
 
 class StreamView(msgspec.Struct, kw_only=True, frozen=True):
