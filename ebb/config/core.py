@@ -139,6 +139,15 @@ class FrontdoorSettings(BaseModel):
         "socket). Where one process's core is the limit on admissions, more processes "
         "admit more; each holds its own memory and its own request metrics.",
     )
+    frontdoor_drain_s: int = Field(
+        default=30,
+        ge=0,
+        le=3600,
+        description="On SIGTERM a frontdoor stops admitting (its port refuses new "
+        "connections) and lets the streams it is serving finish for at most this long "
+        "before it exits; a stream cut then keeps running, and its client resumes it on "
+        "another frontdoor. The Kubernetes manifest's terminationGracePeriodSeconds covers it.",
+    )
     admission_timeout_s: float = Field(
         default=10.0,
         description="How long a synchronous request may wait for a runner to claim it "

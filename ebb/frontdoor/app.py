@@ -31,6 +31,7 @@ from ebb.frontdoor import (
     routes_openai,
     routes_quotas,
     routes_responses,
+    routes_resume,
     routes_status,
     routes_tokenize,
     routes_usage,
@@ -53,6 +54,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services = build_services(settings)
         app.state.services = services
+        services.drain.watch_signals()  # uvicorn's handlers are in place by now
         start_memory_reporter(settings.redis_url or "", "frontdoor")
         # Warm the tokenizers of existing deployments so first requests don't pay for it
         # (not when Redis is down: requests will wait for it, the warm-up need not).
@@ -92,6 +94,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_openai.inference)
     app.include_router(routes_responses.router)
     app.include_router(routes_responses.inference)
+    app.include_router(routes_resume.router)
     app.include_router(routes_tokenize.router)
     app.include_router(routes_embeddings.router)
     app.include_router(routes_files.router)

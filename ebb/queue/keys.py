@@ -288,3 +288,13 @@ def stored_response(tenant: str, response_id: str) -> str:
     """String: a StoredResponse (json), expiring after EBB_RESPONSES_RETENTION_S. Under its
     tenant's name, so no other tenant's lookup can reach it."""
     return f"{PREFIX}resp:{tenant}:{response_id}"
+
+
+# --- resumable streams --------------------------------------------------------------------
+
+
+def stream_view(tenant: str, request_id: str) -> str:
+    """String: the StreamView (json) a frontdoor renders a streamed request's events with,
+    so that any frontdoor can replay them to a client resuming it. Under its tenant's
+    name, so no other tenant's lookup can reach it; it expires with the request's record."""
+    return f"{PREFIX}sview:{tenant}:{request_id}"
