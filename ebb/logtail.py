@@ -1,7 +1,8 @@
 """Reading the platform's log files incrementally, for `ebb logs` and its API.
 
 Every process `ebb up` supervises writes `EBB_HOME/logs/NAME.log`, every runner
-`runner-ID.log` (`coldstart.launcher`). A `Cursor` holds a byte offset per file, so a
+`runner-ID.log` (`coldstart.launcher`), the controller its decisions about each deployment
+`decisions-UID.log`. A `Cursor` holds a byte offset per file, so a
 follower asks for "what is new since this cursor" and never re-reads or misses a line
 (a line still being written, without its newline, waits for the next read). `since_s`
 filters by each line's timestamp: the text format's leading `YYYY-MM-DD HH:MM:SS`, or a
@@ -30,6 +31,18 @@ def runner_log(logs_dir: Path, runner_id: str) -> Path:
     return logs_dir / f"runner-{runner_id}.log"
 
 
+_UID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def decisions_log(logs_dir: Path, deployment_uid: str) -> Path | None:
+    """The controller's decisions about one deployment (`coldstart.decision_log`), by its
+    uid: a later deployment of the same name never reads an earlier one's. None for a
+    uid that names no file (a record from before uids)."""
+    if not _UID.match(deployment_uid):
+        return None
+    return logs_dir / f"decisions-{deployment_uid}.log"
+
+
 def platform_log(logs_dir: Path, name: str) -> Path:
     return logs_dir / f"{name}.log"
 
@@ -45,7 +58,9 @@ class LogLine:
 MAX_CURSOR_FILES = 4096
 MAX_CURSOR_CHARS = 256 * 1024
 # The log files a cursor may name: a platform process's or a runner's (`runner_log`).
-_CURSOR_FILE = re.compile(r"^(?:runner-[A-Za-z0-9_-]{1,64}|[a-z]{1,32})\.log$")
+_CURSOR_FILE = re.compile(
+    r"^(?:runner-[A-Za-z0-9_-]{1,64}|decisions-[A-Za-z0-9_-]{1,64}|[a-z]{1,32})\.log$"
+)
 _MAX_OFFSET = 1 << 62
 
 

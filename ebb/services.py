@@ -42,15 +42,19 @@ def frontdoor() -> None:
 
         configure_logging()
         start_memory_reporter(settings.redis_url or "", "frontdoor-supervisor")
-        uvicorn.run(
-            "ebb.services:frontdoor_worker_app",
-            factory=True,
-            workers=settings.frontdoor_workers,
-            host=settings.host,
-            port=settings.port,
-            log_level="warning",
-            timeout_graceful_shutdown=30,
-            http=HTTP_PROTOCOL,  # closes connections whose head is not read in time
+        from ebb.frontdoor.draining import run_workers
+
+        run_workers(
+            uvicorn.Config(
+                "ebb.services:frontdoor_worker_app",
+                factory=True,
+                workers=settings.frontdoor_workers,
+                host=settings.host,
+                port=settings.port,
+                log_level="warning",
+                timeout_graceful_shutdown=settings.frontdoor_drain_s,
+                http=HTTP_PROTOCOL,  # closes connections whose head is not read in time
+            )
         )
         return
     from ebb.frontdoor.app import create_app
@@ -61,7 +65,7 @@ def frontdoor() -> None:
         host=settings.host,
         port=settings.port,
         log_level="warning",
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=settings.frontdoor_drain_s,
         http=HTTP_PROTOCOL,  # closes connections whose head is not read in time
     )
 

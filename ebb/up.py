@@ -264,6 +264,7 @@ def run_up(settings: Settings, *, default_model: bool = True) -> int:
         console.print("stopping: frontdoor, controller (runners drain), webhooks, billing, redis")
         return 0
     finally:
-        supervisor.stop()
+        # The frontdoor drains its streams for up to EBB_FRONTDOOR_DRAIN_S before it exits.
+        supervisor.stop(grace_s=max(40.0, settings.frontdoor_drain_s + 10.0))
         if embedded is not None:
             embedded.stop()

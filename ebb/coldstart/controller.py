@@ -2,12 +2,12 @@
 
 Every tick (at most a second apart) it expires the leases of silent runners, so their
 clients get an error event within about a lease period. Each reconcile, in order:
-  1. collect exited runner processes; a runner that died before EXITED is FAILED;
-  2. per deployment: snapshot demand (queued requests and jobs), ask the policy, launch the
-     difference — a sleeping runner of the deployment first, then a pre-warmed stem, then a
-     runner forked from the fork server (a fresh process while it is not up) — with
-     backoff after failed starts;
-  3. refill the pre-warmed pool (from the fork server, once it is up).
+  1. collect exited runner processes; a runner that died before EXITED is FAILED, and a
+     deployment whose runners fail to start backs off (`ebb.backoff`);
+  2. read the world (`world_reader`: demand, runners, stems, sleepers, GPUs, nodes);
+  3. plan (`plan.plan`, pure: which runners to wake, assign, launch, and where);
+  4. log the plan with the figures it came from (`decision_log`), then apply it
+     (`executor`).
 A queued request for a deployment with no runner wakes the controller at once (the
 enqueue script pushes onto its wake list), so reaction is not bound to the poll interval.
 
@@ -18,8 +18,8 @@ of the old one and marks gone only those that fell silent.
 
 Its seams are narrow so that a simulation can run it unchanged on simulated time: the
 platform's state (`ControllerState`), the runners' processes (`Launcher`), warm capacity
-(`WarmStarts`), time (`Clock`), leadership (`Leadership`) and the GPU meter of dead
-runners (`GpuMeterCloser`).
+(`WarmStarts`), time (`Clock`), leadership (`Leadership`), the GPUs (`GpuReader`) and
+the GPU meter of dead runners (`GpuMeterCloser`).
 """
 
 from __future__ import annotations
@@ -28,30 +28,30 @@ import asyncio
 import contextlib
 import logging
 import math
-import uuid
+from collections import Counter
 from collections.abc import Awaitable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import msgspec
 
+from ebb.backoff import delay_s
 from ebb.billing.gpu import meter_for
 from ebb.coldstart.clock import SYSTEM_CLOCK, Clock
+from ebb.coldstart.decision_log import DecisionLog
+from ebb.coldstart.executor import DecidedSpecs, Executor
 from ebb.coldstart.fork_client import Exit
+from ebb.coldstart.gpu_reader import GpuReader
 from ebb.coldstart.launcher import Launcher, NoWarmStarts, PoolLauncher, WarmStarts
 from ebb.coldstart.leader import AlwaysLeader, Leadership
-from ebb.coldstart.placement import rank_stems
-from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
+from ebb.coldstart.plan import STARTS, Action, ClearBackoff, MarkUnschedulable, plan
+from ebb.coldstart.policy import PolicyConfig
 from ebb.coldstart.state import ControllerState
+from ebb.coldstart.world import Backoff
+from ebb.coldstart.world_reader import NodeLauncher, WorldReader
 from ebb.config import Settings
-from ebb.launching.stem_pools import DEFAULT_POOL, StemPool, parse_stem_pools, runner_gpus
-from ebb.launching.tiers import Tier, WarmState, launch_tier
-from ebb.queue.gpu_records import GpuPlacement
+from ebb.launching.stem_pools import DEFAULT_POOL, parse_stem_pools
 from ebb.queue.metering import LAST_SIGN_OF_LIFE, EndField, GpuMeter
-from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
-
-if TYPE_CHECKING:
-    from ebb.coldstart.gpu_placer import GpuPlacer
+from ebb.queue.schema import RunnerRecord, RunnerState
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +65,9 @@ _FORGET_AFTER_S = 300.0
 _REAP_INTERVAL_S = 1.0
 # Consecutive failed starts after which a deployment shows an error state.
 MAX_START_FAILURES = 3
-
-
-@dataclass
-class _Backoff:
-    failures: int = 0
-    next_try_s: float = 0.0
+# The wait before the next start after failed ones: doubling from 2 s up to a minute.
+_FIRST_RETRY_S = 2.0
+_MAX_RETRY_S = 60.0
 
 
 class GpuMeterCloser(Protocol):
@@ -79,10 +76,6 @@ class GpuMeterCloser(Protocol):
     def close(
         self, runner_id: str, meter: GpuMeter, *, end: int | EndField
     ) -> Awaitable[object]: ...
-
-
-def new_runner_id() -> str:
-    return "r-" + uuid.uuid4().hex[:10]
 
 
 class Controller:
@@ -96,13 +89,21 @@ class Controller:
         warm: WarmStarts | None = None,
         clock: Clock = SYSTEM_CLOCK,
         gpu_meter: GpuMeterCloser | None = None,
-        gpus: GpuPlacer | None = None,
+        gpus: GpuReader | None = None,
         leader: Leadership | None = None,
+        specs: DecidedSpecs | None = None,
+        decisions: DecisionLog | None = None,
+        nodes: NodeLauncher | None = None,
     ):
         """`warm`: where forked starts come from (none: every launch is fresh);
         `gpu_meter`: closes dead runners' GPU metering when `settings.metering` is on;
-        `gpus`: places runners on GPUs (none: every runner starts as on a CPU host);
-        `leader`: whether this controller may act (none: it is the only one)."""
+        `gpus`: this platform's GPUs, for placing runners on (none: every runner starts
+        as on a CPU host);
+        `leader`: whether this controller may act (none: it is the only one);
+        `specs`: where the launcher reads the specs of the runners it is told to start;
+        `decisions`: where each plan is logged (none: the controller's own log only);
+        `nodes`: the cluster's nodes, for the plan to prefer one (`launchers.node_source`;
+        none: the launcher's scheduler places every runner)."""
         self._settings = settings
         self._state = state
         self._launcher = launcher
@@ -111,13 +112,14 @@ class Controller:
         self._clock = clock
         self._gpu_meter = gpu_meter
         self._gpus = gpus
-        self._backoff: dict[str, _Backoff] = {}
+        self._backoff: dict[str, Backoff] = {}
+        # Deployments shown unschedulable, and why; None until the first reconcile.
+        self._unschedulable: dict[str, str] | None = None
         self._stopping = asyncio.Event()
         self._fork_server_state = ""  # as last published
         self._leader = leader or AlwaysLeader()
         self._term = 0  # the leadership term whose runners were last adopted
         self._heartbeats_ms: dict[str, int] = {}  # runner id -> last heartbeat, as last read
-        self._records: list[RunnerRecord] = []  # live runners, as this reconcile read them
         self._pools = {
             p.name: p for p in parse_stem_pools(settings.stem_pools, prewarm=settings.prewarm)
         }
@@ -126,7 +128,24 @@ class Controller:
                 "EBB_STEM_POOLS names node pools, which only a cluster launcher has: set "
                 "EBB_LAUNCHER=kubernetes or ray, or use EBB_PREWARM on one host"
             )
-        self._default_gpus = default_runner_gpus(settings)
+        self._reader = WorldReader(
+            settings,
+            state,
+            self._warm,
+            pools=self._pools,
+            default_gpus=default_runner_gpus(settings),
+            gpus=gpus,
+            nodes=nodes,
+        )
+        self._executor = Executor(
+            state,
+            launcher,
+            clock,
+            gpus=gpus.records if gpus is not None else None,
+            leading=self._leader.leading,
+            specs=specs,
+        )
+        self._decisions = decisions or DecisionLog(None)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -214,34 +233,51 @@ class Controller:
             log.warning("coldstart: leases expired for %s", reaped)
 
     async def reconcile(self) -> None:
+        """Collect exits, read the world, plan, log the plan, apply it."""
         records = await self._state.runners()
         self._heartbeats_ms = {r.runner_id: r.heartbeat_ms for r in records}
         runners = await self._collect_exits(records)
-        self._records = runners
         await self._publish_fork_server_state()
-        specs = await self._state.serving_units()
-        if self._gpus is not None:
-            await self._gpus.refresh()
-            await self._gpus.recheck(specs)
-            await self._gpus.enforce_sleep_budget()
-        for spec in specs:
-            # A runner of an earlier deployment of the same name is not this one's.
-            await self._scale(spec, [r for r in runners if _serves(r, spec)])
-        await self._refill_pool(runners)
+        world = await self._reader.read(
+            runners,
+            now_s=self._clock.monotonic(),
+            alive=self._alive,
+            backoffs=self._backoff,
+            shown_unschedulable=self._unschedulable,
+        )
+        actions = plan(world, self._policy)
+        if world.gpus is not None:
+            self._unschedulable = _shown_after(self._unschedulable, actions)
+        if not actions:
+            return
+        self._decisions.record(world, actions)
+        for action in actions:
+            if isinstance(action, ClearBackoff):
+                self._backoff.pop(action.deployment, None)
+        made = await self._executor.apply(actions, [d.spec for d in world.demands])
+        for deployment, count in Counter(
+            a.deployment for a in made if isinstance(a, STARTS) and a.deployment
+        ).items():
+            await self._state.count_scale_up(deployment, count)
+            log.info("coldstart: %s scaled up by %d", deployment, count)
 
     async def _collect_exits(self, runners: list[RunnerRecord]) -> list[RunnerRecord]:
+        """Every record, a runner that exited or fell silent marked gone (and a record
+        gone long enough forgotten)."""
         exits = {e.runner_id: e for e in self._launcher.poll()}
         now_ms = self._clock.time() * 1000
-        live: list[RunnerRecord] = []
+        kept: list[RunnerRecord] = []
         for r in runners:
             silent = r.state.is_live and self._silent(r)
             if r.runner_id in exits or silent:
                 r = await self._runner_gone(r, exits.get(r.runner_id))
-            if r.state.is_live:
-                live.append(r)
-            elif now_ms - (r.exited_ms or r.launched_ms) > _FORGET_AFTER_S * 1000:
+            if not r.state.is_live and now_ms - (r.exited_ms or r.launched_ms) > (
+                _FORGET_AFTER_S * 1000
+            ):
                 await self._state.forget_runner(r.runner_id)
-        return live
+                continue
+            kept.append(r)
+        return kept
 
     async def _runner_gone(self, r: RunnerRecord, exit: Exit | None) -> RunnerRecord:
         await self._close_gpu_meter(r)
@@ -269,8 +305,8 @@ class Controller:
 
     async def _close_gpu_meter(self, r: RunnerRecord) -> None:
         """Bill a dead runner's GPU time up to its last heartbeat (or, without one, up to
-        its last sign of life). A runner that exited cleanly closed its own metering at its
-        exit, which makes this a no-op."""
+        its last sign of life), on as many GPUs as its recorded placement holds. A runner
+        that exited cleanly closed its own metering at its exit, which makes this a no-op."""
         if not self._settings.metering or self._gpu_meter is None:
             return
         spec = await self._state.serving_unit(r.deployment) if r.deployment else None
@@ -282,172 +318,31 @@ class Controller:
         )
 
     async def _start_failed(self, r: RunnerRecord) -> None:
-        backoff = self._backoff.setdefault(r.deployment, _Backoff())
-        backoff.failures += 1
-        backoff.next_try_s = self._clock.monotonic() + min(2.0**backoff.failures, 60.0)
-        if backoff.failures >= MAX_START_FAILURES:
+        failures = self._backoff.get(r.deployment, Backoff()).failures + 1
+        wait_s = delay_s(failures, first_s=_FIRST_RETRY_S, cap_s=_MAX_RETRY_S)
+        self._backoff[r.deployment] = Backoff(failures, self._clock.monotonic() + wait_s)
+        if failures >= MAX_START_FAILURES:
             # A runner that never ran (a pod that could not start) logged nothing itself;
             # its launcher's account of why is its error.
             last_lines = await self._state.runner_log(r.runner_id) or r.error.splitlines()
             await self._state.set_deployment_status(
                 r.deployment,
-                error=f"{backoff.failures} runner starts failed in a row; last: "
+                error=f"{failures} runner starts failed in a row; last: "
                 f"{r.error or 'no error recorded'}",
                 error_log="\n".join(last_lines[-10:]),
             )
 
-    async def _scale(self, spec: DeploymentSpec, runners: list[RunnerRecord]) -> None:
-        queue = await self._state.queue_snapshot(spec.name)
-        starting = sum(r.is_starting for r in runners)
-        ready = sum(r.state is RunnerState.READY for r in runners)
-        snap = DemandSnapshot(
-            # Queued async jobs are demand like synchronous requests: they wake a deployment
-            # at zero and, waiting long enough, add replicas.
-            queue_depth=queue.depth + queue.job_depth,
-            oldest_wait_s=queue.oldest_wait_s,
-            starting=starting,
-            ready=ready,
-            min_replicas=spec.min_replicas,
-            max_replicas=spec.max_replicas,
-            target_concurrency=spec.max_concurrency,
-        )
-        backoff = self._backoff.get(spec.name)
-        if backoff and ready:
-            # A runner made it: the deployment is healthy again.
-            del self._backoff[spec.name]
-            await self._state.set_deployment_status(spec.name, error="", error_log="")
-            backoff = None
-        missing = desired_replicas(snap, self._policy) - snap.serving
-        if missing <= 0 or (backoff and self._clock.monotonic() < backoff.next_try_s):
-            return
-        launched = 0
-        while launched < missing and await self._launch_for(spec):
-            launched += 1
-        if not launched:
-            return
-        await self._state.count_scale_up(spec.name, launched)
-        log.info(
-            "coldstart: %s scaled up by %d (queue=%d, jobs=%d, ready=%d, starting=%d)",
-            spec.name,
-            launched,
-            queue.depth,
-            queue.job_depth,
-            ready,
-            starting,
-        )
 
-    async def _launch_for(self, spec: DeploymentSpec) -> bool:
-        """Start one runner of `spec`; False when its GPUs have no room for one now."""
-        # Tiers, fastest first: a sleeping runner of this deployment, a pre-warmed stem, a
-        # process forked from the fork server, a fresh process. Sleepers exist only where
-        # engines support sleep mode (GPUs).
-        deployment = spec.name
-        sleeper = await self._state.take_sleeper(deployment, spec.uid)
-        if sleeper is not None:
-            if self._gpus is None or await self._gpus.can_wake(sleeper):
-                await self._state.wake_sleeper(sleeper, deployment, spec.uid)
-                log.info("coldstart: waking sleeping %s for %s", sleeper, deployment)
-                return True
-            # Its device filled up while it slept: it stays asleep, another starts.
-            await self._gpus.return_sleeper(sleeper, deployment)
-        placement = None
-        if self._gpus is not None:
-            reservation = await self._gpus.reserve(spec)
-            if not reservation.launch:
-                return False
-            placement = reservation.placement
-        while (stem := await self._take_stem(spec)) is not None:
-            if self._alive(stem):
-                if self._gpus is not None:
-                    await self._gpus.commit(stem, placement)
-                await self._state.assign(stem, deployment, spec.uid)
-                log.info("coldstart: assigned pre-warmed %s to %s", stem, deployment)
-                return True
-            # Died since the last reconcile: never hand work to a dead process.
-            await self._state.mark_runner_gone(
-                stem,
-                state=RunnerState.FAILED,
-                error="stem died while pre-warmed",
-                exited_ms=self._now_ms(),
-            )
-        tier = launch_tier(self._warm.warm_state() is WarmState.READY)
-        await self._launch(deployment, tier, placement, uid=spec.uid)
-        return True
-
-    async def _take_stem(self, spec: DeploymentSpec) -> str | None:
-        """The best waiting stem for `spec` (`placement.rank_stems`: on a node holding its
-        weights, from a pool with its GPUs), out of the pool."""
-        waiting = [r for r in self._records if r.state is RunnerState.PREWARMED]
-        if not waiting:
-            return None
-        cached = await self._state.node_caches() if any(r.node for r in waiting) else {}
-        gpus = runner_gpus(spec, self._default_gpus)
-        ranked = rank_stems(waiting, self._pools, spec.source, gpus, cached)
-        stem = await self._state.take_stem(ranked)
-        if stem is not None:
-            self._records = [r for r in self._records if r.runner_id != stem]
-        return stem
-
-    async def _refill_pool(self, runners: list[RunnerRecord]) -> None:
-        # A new stem's imports compete for the same cores as a model that is loading to
-        # serve a waiting request: refill only once no runner is starting for real work.
-        if any(r.deployment and r.is_starting for r in runners):
-            return
-        # Stems forked from the fork server are ready at once; one spawned while it imports
-        # would import the engine a second time, on the same cores.
-        if self._warm.warm_state() is WarmState.STARTING:
-            return
-        for pool in self._pools.values():
-            stems = sum(
-                r.deployment == ""
-                and r.pool == pool.name
-                and r.state in (RunnerState.STARTING, RunnerState.PREWARMED)
-                for r in runners
-            )
-            for _ in range(pool.stems - stems):
-                await self._launch(None, Tier.PREWARMED, pool=pool)
-
-    async def _launch(
-        self,
-        deployment: str | None,
-        tier: Tier,
-        placement: GpuPlacement | None = None,
-        *,
-        pool: StemPool | None = None,
-        uid: str = "",
-    ) -> None:
-        if not self._leader.leading():
-            # The lease ran out during this pass: the next leader decides, from Redis.
-            return
-        runner_id = new_runner_id()
-        # The record exists before the process does, so the next reconcile already counts
-        # it: one queued request never launches two runners.
-        await self._state.put_runner(
-            RunnerRecord(
-                runner_id=runner_id,
-                state=RunnerState.STARTING,
-                deployment=deployment or "",
-                deployment_uid=uid,
-                tier=tier,
-                launched_ms=self._now_ms(),
-                pool=pool.name if pool else "",
-            )
-        )
-        if self._gpus is not None:
-            await self._gpus.commit(runner_id, placement)
-        if (
-            pool is not None
-            and pool.name != DEFAULT_POOL
-            and isinstance(self._launcher, PoolLauncher)
-        ):
-            self._launcher.launch_stem(runner_id, pool)
-        else:
-            self._launcher.launch(runner_id, deployment, tier)
-
-
-def _serves(runner: RunnerRecord, spec: DeploymentSpec) -> bool:
-    """Launched for this unit of this deployment: not an earlier one's of the same name."""
-    return runner.deployment == spec.name and runner.deployment_uid == spec.uid
+def _shown_after(shown: dict[str, str] | None, actions: list[Action]) -> dict[str, str]:
+    """What `unschedulable` shows once `actions` are applied."""
+    after = dict(shown or {})
+    for action in actions:
+        if isinstance(action, MarkUnschedulable):
+            if action.reason:
+                after[action.deployment] = action.reason
+            else:
+                after.pop(action.deployment, None)
+    return after
 
 
 def default_runner_gpus(settings: Settings) -> int:

@@ -74,6 +74,7 @@ def _settings_environment(settings: Settings) -> dict[str, str]:
         "EBB_REDIS_URL": settings.redis_url or "",
         "EBB_LEASE_TTL_S": str(settings.lease_ttl_s),
         "EBB_HEARTBEAT_INTERVAL_S": str(settings.heartbeat_interval_s),
+        "EBB_ENGINE_STALL_S": str(settings.engine_stall_s),
         "EBB_KV_CACHE_GIB": str(settings.kv_cache_gib),
         "EBB_RESULT_TTL_S": str(settings.result_ttl_s),
         # Local runners are children: none outlives the platform that launched it.

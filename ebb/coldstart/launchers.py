@@ -4,38 +4,38 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import redis
-
 from ebb.coldstart.environments import child_environment
 from ebb.coldstart.launcher import Launcher, LocalProcessLauncher, NoWarmStarts, WarmStarts
-from ebb.coldstart.placing import PreferringLauncher
+from ebb.coldstart.world_reader import NodeLauncher
 from ebb.config import Settings
 from ebb.launching.stem_pools import runner_gpus
-from ebb.queue.connection import sync_client
-from ebb.queue.deployment_lookup import read_deployment
-from ebb.queue.node_caches import read_node_caches
+from ebb.queue.schema import DeploymentSpec
 
 if TYPE_CHECKING:
     from ebb.coldstart.k8s_pods import RunnerShape
 
+SpecOf = Callable[[str], DeploymentSpec | None]
 
-def make_launcher(settings: Settings) -> tuple[Launcher, WarmStarts]:
+
+def make_launcher(settings: Settings, spec_of: SpecOf) -> tuple[Launcher, WarmStarts]:
     """The launcher and its warm capacity: local processes and their fork server, or
-    Kubernetes pods (in-cluster credentials; no fork server, stems are pods)."""
+    Kubernetes pods (in-cluster credentials; no fork server, stems are pods), or Ray
+    actors. `spec_of(deployment)`: the spec of a deployment the controller decided to
+    start a runner of (`executor.DecidedSpecs`): what a cluster launcher shapes its pod or
+    actor from. Where a runner goes is the controller's decision (`plan`), passed to
+    `launch_on`."""
     if settings.launcher == "kubernetes":
-        return _kubernetes(settings), NoWarmStarts()
+        return _kubernetes(settings, spec_of), NoWarmStarts()
     if settings.launcher == "ray":
-        return _ray(settings), NoWarmStarts()
+        return _ray(settings, spec_of), NoWarmStarts()
     local = LocalProcessLauncher(settings)
     return local, local
 
 
-def _kubernetes(settings: Settings) -> Launcher:
+def _kubernetes(settings: Settings, spec_of: SpecOf) -> Launcher:
     from kubernetes import client, config
 
     from ebb.coldstart.k8s_pods import PodTemplate
@@ -44,15 +44,10 @@ def _kubernetes(settings: Settings) -> Launcher:
     from ebb.engines import EngineRegistry
 
     config.load_incluster_config()
-    specs = sync_client(settings.platform_redis_url("ebb coldstart"))
-    per_runner = gpus_for_deployments(specs, settings.k8s_gpus_per_runner)
     engines = EngineRegistry.from_settings(settings)
 
-    def gpus_for(deployment: str | None) -> int:
-        return math.ceil(per_runner(deployment))  # a pod asks for whole devices
-
     def shape_for(deployment: str | None) -> RunnerShape:
-        spec = None if deployment is None else read_deployment(specs, deployment)
+        spec = None if deployment is None else spec_of(deployment)
         return runner_shape(settings, engines, spec)
 
     api = client.CoreV1Api()
@@ -60,39 +55,38 @@ def _kubernetes(settings: Settings) -> Launcher:
     if settings.k8s_runner_template:
         image = read_runner_image(api, settings.k8s_namespace, settings.k8s_runner_template)
         template = dataclasses.replace(template, image=image)
-    pods = KubernetesLauncher(
+    return KubernetesLauncher(
         api,
         template,
         shape_for=shape_for,
         unschedulable_after_s=settings.k8s_unschedulable_timeout_s,
     )
 
-    def source_of(deployment: str) -> str | None:
-        spec = read_deployment(specs, deployment)
-        return spec.source if spec else None
 
-    return PreferringLauncher(
-        pods,
-        source_of=source_of,
-        gpus_for=gpus_for,
-        cached=lambda: read_node_caches(specs, now_ms=int(time.time() * 1000)),
-    )
+def node_source(settings: Settings, launcher: Launcher) -> NodeLauncher | None:
+    """The launcher whose nodes the plan may prefer one of: Kubernetes only. A pod's
+    preference is a preference (its scheduler still places it elsewhere when the node is
+    full); Ray's soft node affinity waits for a feasible node that is busy, and Ray's node
+    list holds its GPUs in total, not free: Ray places its runners itself."""
+    if settings.launcher == "kubernetes" and isinstance(launcher, NodeLauncher):
+        return launcher
+    return None
 
 
-def gpus_for_deployments(specs: redis.Redis, default: float) -> Callable[[str | None], float]:
+def gpus_for_deployments(spec_of: SpecOf, default: float) -> Callable[[str | None], float]:
     """The GPUs one runner of a deployment asks its node for (`stem_pools.runner_gpus`:
-    its engine's tensor parallel size, else `default`), read from its spec in Redis at
-    each launch; a stem launched without a pool none (a pool's stems: their pool's)."""
+    its engine's tensor parallel size, else `default`); a stem launched without a pool
+    none (a pool's stems: their pool's)."""
 
     def gpus_for(deployment: str | None) -> float:
         if deployment is None:
             return 0
-        return runner_gpus(read_deployment(specs, deployment), default)
+        return runner_gpus(spec_of(deployment), default)
 
     return gpus_for
 
 
-def _ray(settings: Settings) -> Launcher:
+def _ray(settings: Settings, spec_of: SpecOf) -> Launcher:
     import ray
 
     from ebb.coldstart.launch_ray import NAMESPACE, RayLauncher
@@ -107,8 +101,7 @@ def _ray(settings: Settings) -> Launcher:
         _node_ip_address=None if host == "auto" else host,
     )
     resources = {k: float(v) for k, v in json.loads(settings.ray_runner_resources).items()}
-    specs = sync_client(settings.platform_redis_url("ebb coldstart"))
-    gpus_for = gpus_for_deployments(specs, settings.ray_gpus_per_runner)
+    gpus_for = gpus_for_deployments(spec_of, settings.ray_gpus_per_runner)
     return RayLauncher(
         child_environment(settings),
         settings.logs_dir,

@@ -10,8 +10,10 @@ import asyncio
 import signal
 
 from ebb.coldstart.controller import Controller
-from ebb.coldstart.gpu_placer import GpuPlacer
-from ebb.coldstart.launchers import make_launcher
+from ebb.coldstart.decision_log import DecisionLog
+from ebb.coldstart.executor import DecidedSpecs
+from ebb.coldstart.gpu_reader import GpuReader
+from ebb.coldstart.launchers import make_launcher, node_source
 from ebb.coldstart.leader import LeaderElection
 from ebb.coldstart.preparer import Preparer
 from ebb.coldstart.rollouts import RolloutDriver
@@ -39,7 +41,8 @@ async def _main(settings: Settings) -> None:
         continuations=settings.continuations,
         continuation_window_s=settings.admission_timeout_s,
     )
-    launcher, warm = make_launcher(settings)
+    specs = DecidedSpecs()
+    launcher, warm = make_launcher(settings, specs.get)
     start_memory_reporter(
         settings.platform_redis_url("ebb coldstart"),
         "coldstart",
@@ -52,8 +55,11 @@ async def _main(settings: Settings) -> None:
         launcher,
         warm=warm,
         gpu_meter=GpuMeterScript(client),
-        gpus=GpuPlacer(settings, state, GpuState(client)),
+        gpus=GpuReader(settings, GpuState(client)),
         leader=election,
+        specs=specs,
+        decisions=DecisionLog(settings.logs_dir),
+        nodes=node_source(settings, launcher),
     )
     preparer = Preparer(settings, state, EngineRegistry.from_settings(settings))
     rollouts = RolloutDriver(state)

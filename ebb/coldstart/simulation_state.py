@@ -3,8 +3,18 @@ simulations and controller tests, with the runner-side and frontdoor-side steps 
 simulated world takes against it.
 
 Each method is one atomic step, as its Redis counterpart is (nothing here awaits, so
-no other task runs in between). Where the platform decides in Lua, the rule is mirrored
-here and named: keep them in step.
+no other task runs in between). Where the platform decides in Redis (taking a stem or a
+sleeper, try_drain.lua and try_sleep.lua's guard, enqueue.lua's wake, leaving the pool),
+the rule is mirrored here and named, and tests/integration/test_simulation_parity.py
+holds each mirror to its original: it takes every step here and on a real redis-server
+from the same scenarios and fails when the outcomes differ. A change to either side
+needs a case there.
+
+Why mirrors and not the real scripts on a real Redis: the platform's steps stamp the
+wall clock (`assign`, `wake_sleeper`) or the server's (enqueue.lua, `queue_snapshot`),
+which a simulated clock cannot drive; SPOP takes at random, where a replay must be
+deterministic; and a trace replayed step by step through a server would cost a round trip
+per step to every bench and controller test that runs on this state.
 """
 
 from __future__ import annotations
@@ -169,6 +179,14 @@ class InMemoryState:
         """A stem done importing: PREWARMED and takeable."""
         self.update_runner(runner_id, state=RunnerState.PREWARMED)
         self._stems[runner_id] = None
+
+    def pool(self) -> frozenset[str]:
+        """The runners in the pre-warmed pool, as `keys.STEMS` would hold them."""
+        return frozenset(self._stems)
+
+    def sleepers(self, deployment: str) -> frozenset[str]:
+        """The deployment's sleepers not yet taken, as `keys.sleepers` would hold them."""
+        return frozenset(self._sleepers.get(deployment, {}))
 
     def serving_runner_count(self, deployment: str) -> int:
         """As `RunnerQueue.serving_runner_count`: runners that serve or are about to."""

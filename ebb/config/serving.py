@@ -28,6 +28,17 @@ class RunnerSettings(BaseModel):
         description="How often a runner heartbeats: its liveness and the leases of the "
         "requests it holds.",
     )
+    engine_stall_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="A runner whose engine has been inside one call (a step) this long "
+        "while it holds requests is taken for hung: it records the stall "
+        "(`ebb_engine_stalls_total`), gives its requests up at once (they run again "
+        "elsewhere, or end with `runner_lost`) and kills itself. Its heartbeat runs on "
+        "another thread and would keep a hung engine's leases alive for ever. Far above "
+        "the longest real step: a long prefill on a CPU takes tens of seconds, a chunked "
+        "prefill on a GPU a few.",
+    )
     prefix_affinity_ms: int = Field(
         default=500,
         ge=0,

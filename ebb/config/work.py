@@ -30,7 +30,7 @@ class JobSettings(BaseModel):
     job_poll_s: float = Field(
         default=0.25,
         description="How often the webhooks worker looks at claimed and settled jobs; the "
-        "frontdoor's batch watcher looks at unsettled batches every four times this.",
+        "frontdoor's watchers look at unsettled batches and parked jobs every four times this.",
     )
     responses_retention_s: int = Field(
         default=30 * 86400,

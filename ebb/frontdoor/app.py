@@ -17,6 +17,7 @@ from ebb.config import Settings
 from ebb.console import routes as console_routes
 from ebb.errors import EbbError
 from ebb.frontdoor import (
+    parked_jobs,
     redis_down,
     routes_admin,
     routes_apidocs,
@@ -30,6 +31,7 @@ from ebb.frontdoor import (
     routes_openai,
     routes_quotas,
     routes_responses,
+    routes_resume,
     routes_status,
     routes_tokenize,
     routes_usage,
@@ -52,6 +54,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services = build_services(settings)
         app.state.services = services
+        services.drain.watch_signals()  # uvicorn's handlers are in place by now
         start_memory_reporter(settings.redis_url or "", "frontdoor")
         # Warm the tokenizers of existing deployments so first requests don't pay for it
         # (not when Redis is down: requests will wait for it, the warm-up need not).
@@ -72,10 +75,14 @@ def create_app(settings: Settings) -> FastAPI:
                 resume_after_s=settings.batch_resume_after_s,
             )
         )
+        parked = asyncio.create_task(
+            parked_jobs.watch_parked_jobs(services, interval_s=settings.job_poll_s * 4)
+        )
         yield
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        for task in (watcher, parked):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await services.state.short_redis.aclose()
         await services.redis.aclose()
 
@@ -87,6 +94,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_openai.inference)
     app.include_router(routes_responses.router)
     app.include_router(routes_responses.inference)
+    app.include_router(routes_resume.router)
     app.include_router(routes_tokenize.router)
     app.include_router(routes_embeddings.router)
     app.include_router(routes_files.router)

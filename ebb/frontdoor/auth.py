@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 
 from ebb.errors import AuthenticationFailed, PermissionDenied
 from ebb.frontdoor.caller import ADMIN_TENANT, Caller
+from ebb.frontdoor.redis_down import ride_out
 from ebb.frontdoor.services import Services, ServicesDep, services_of
 
 
@@ -50,5 +51,11 @@ async def require_admin(caller: Annotated[Caller, Depends(authenticate)]) -> Cal
     return caller
 
 
+async def authenticate_riding_out(request: Request, services: ServicesDep) -> Caller:
+    """`authenticate`, waiting out a short Redis outage (routes accepting async work)."""
+    return await ride_out(lambda: authenticate(request, services), services.settings.redis_outage_s)
+
+
 CallerDep = Annotated[Caller, Depends(authenticate)]
+RidingCallerDep = Annotated[Caller, Depends(authenticate_riding_out)]
 AdminDep = Annotated[Caller, Depends(require_admin)]

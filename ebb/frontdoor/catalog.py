@@ -26,6 +26,8 @@ from ebb.queue.weights_status import WeightsState, WeightsStatus
 
 log = logging.getLogger(__name__)
 
+# The code of the refusal while weights are prepared: a passing state (async work waits).
+WEIGHTS_PREPARING = "weights_preparing"
 # How often a waiting request looks at the weights status again.
 _STATUS_POLL_S = 0.1
 # How long a warm-up waits for weights still being prepared (a conversion or a fetch).
@@ -77,7 +79,7 @@ class ModelCatalog:
                 raise CapacityError(
                     f"The weights of {spec.name!r} are still being prepared; retry shortly.",
                     retry_after_s=5,
-                    code="weights_preparing",
+                    code=WEIGHTS_PREPARING,
                 )
             await asyncio.sleep(min(_STATUS_POLL_S, remaining_s))
 

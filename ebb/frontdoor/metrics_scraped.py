@@ -36,6 +36,12 @@ _SHARED_COUNTERS = {
         "Bytes of model weights fetched or converted into the cache, by source kind",
         ["source"],
     ),
+    observations.ENGINE_STALLS: (
+        "ebb_engine_stalls",
+        "Runners killed by their watchdog because an engine step ran past "
+        "EBB_ENGINE_STALL_S while they held requests",
+        ["deployment"],
+    ),
 }
 
 
@@ -78,7 +84,9 @@ class ScrapedFamilies:
     async def read(self, state: PlatformState, reader: ObservationReader) -> list[Metric]:
         await self._fold_streams(state, reader)
         families = await _platform_families(state)
-        families += _shared_counter_families(await reader.counters())
+        counters = await reader.counters()
+        _seed_stalls(counters, [spec.name for spec in await state.serving_units()])
+        families += _shared_counter_families(counters)
         live = [r.runner_id for r in await state.runners() if r.state.is_live]
         families += _runner_families(await reader.runner_stats(live))
         backlog = GaugeMetricFamily(
@@ -105,6 +113,16 @@ class ScrapedFamilies:
         for segment in segments:
             gpu_s = segment.duration_ms / 1000 * segment.meter.gpu_count
             self.gpu_seconds.labels(segment.meter.deployment).inc(max(0.0, gpu_s))
+
+
+def _seed_stalls(
+    counters: dict[str, list[tuple[tuple[str, ...], float]]], units: list[str]
+) -> None:
+    """A zero for each serving unit that never stalled: a series that first appears at 1
+    has no increase for an alert to see, so the first stall would go unnoticed."""
+    stalls = counters.setdefault(observations.ENGINE_STALLS, [])
+    counted = {labels for labels, _ in stalls}
+    stalls += [((unit,), 0.0) for unit in units if (unit,) not in counted]
 
 
 def _shared_counter_families(

@@ -5,6 +5,8 @@ traffic, survives restarts and is billed per token, at the deployment's batch di
 a line the platform refuses goes to the error file without running. Lines count against
 the key's and tenant's rate limits like jobs: a line over them stays pending, and the
 watcher queues it (in file order) once the limits allow, within the completion window.
+A line that meets a passing state of its deployment (weights being prepared) or of
+Redis (restarting) waits the same way; only a permanent condition refuses it.
 An input file that cannot be read as a batch is a 400 when the batch is created; a batch
 that cannot be queued (or resumed) fails once, with the reason in `errors`. A batch's status is
 read through to its jobs whenever it is looked at; once all of them settled, the output
@@ -22,14 +24,15 @@ import datetime as dt
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import msgspec
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from ebb.errors import EbbError, InvalidRequest, NotFound, RateLimited
-from ebb.frontdoor.auth import CallerDep
+from ebb.errors import CapacityError, EbbError, InvalidRequest, NotFound, RateLimited
+from ebb.frontdoor.auth import CallerDep, RidingCallerDep
 from ebb.frontdoor.batches import (
     COMPLETION_WINDOWS,
     ENDPOINTS,
@@ -41,10 +44,12 @@ from ebb.frontdoor.batches import (
     parse_input,
 )
 from ebb.frontdoor.caller import Caller
+from ebb.frontdoor.redis_down import ride_out
 from ebb.frontdoor.routes_files import owned_file
 from ebb.frontdoor.routes_jobs import JobCreate, create_job
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.queue.batch_store import BatchLine, BatchRecord, BatchStatus
+from ebb.queue.connection import UNAVAILABLE_ERRORS
 from ebb.queue.job_schema import JobRecord, JobStatus
 from ebb.webhooks.signing import new_secret
 from ebb.webhooks.ssrf import UnsafeUrl, resolve_target
@@ -76,7 +81,7 @@ class BatchCreate(BaseModel):
 
 @router.post("")
 async def create_batch(
-    payload: BatchCreate, caller: CallerDep, services: ServicesDep
+    payload: BatchCreate, caller: RidingCallerDep, services: ServicesDep
 ) -> dict[str, Any]:
     info = await owned_file(services.files, payload.input_file_id, caller)
     if info.purpose != "batch":
@@ -106,7 +111,9 @@ async def create_batch(
     )
     # Stored before any line is queued: if this process dies while queueing, the batch
     # watcher finds it validating and queues the rest (see _queue_lines).
-    await services.batches.create(record)
+    # A Redis restart is waited out (creating the same record again changes nothing);
+    # the lines then wait out anything passing (_queue_line).
+    await ride_out(lambda: services.batches.create(record), services.settings.redis_outage_s)
     try:
         record = await _queue_lines(services, record, inputs, caller)
     except Exception as e:
@@ -125,15 +132,16 @@ async def _queue_lines(
     window_s = COMPLETION_WINDOWS[record.completion_window]
     settled = {line.custom_id: line for line in record.lines if not line.pending}
     lines: list[BatchLine] = []
-    wait_s: float | None = None
+    wait: _Wait | None = None
     for item in inputs:
         line = settled.get(item.custom_id)
-        if line is None and wait_s is None:
-            line, wait_s = await _queue_line(services, record, item, caller, window_s)
+        if line is None and wait is None:
+            line, wait = await _queue_line(services, record, item, caller, window_s)
         lines.append(line or BatchLine(item.custom_id))
     current = await services.batches.get(record.batch_id) or record
     current.lines = lines
-    current.release_at_s = time.time() + wait_s if wait_s is not None else 0.0
+    current.release_at_s = time.time() + wait.wait_s if wait is not None else 0.0
+    current.waiting_for = wait.reason if wait is not None else ""
     if current.status is BatchStatus.VALIDATING:
         current.status, current.in_progress_at_s = BatchStatus.IN_PROGRESS, int(time.time())
     await services.batches.put(current)
@@ -144,10 +152,26 @@ async def _queue_lines(
     return current
 
 
+@dataclass(frozen=True)
+class _Wait:
+    """Why a line was not queued yet, and when to try it again."""
+
+    wait_s: float
+    reason: str  # "rate_limits" or the passing state's code ("weights_preparing", ...)
+
+
+# While Redis is unreachable (restarting), pending lines are tried again this often.
+_REDIS_RETRY_S = 1.0
+
+
 async def _queue_line(
     services: Services, record: BatchRecord, item: InputLine, caller: Caller, window_s: int
-) -> tuple[BatchLine | None, float | None]:
-    """(the line queued or refused, None) or (None, seconds until the limits may allow it)."""
+) -> tuple[BatchLine | None, _Wait | None]:
+    """(the line queued or refused, None) or (None, why and how long it must wait).
+
+    Only what the line itself gets wrong, or what will not pass (weights that failed, a
+    deleted deployment), refuses it; a passing state (its rate limits, weights being
+    prepared, Redis restarting) keeps it pending within the completion window."""
     job = JobCreate(
         model=str(item.body["model"]),
         endpoint=ENDPOINTS[record.endpoint],  # type: ignore[arg-type]
@@ -157,9 +181,16 @@ async def _queue_line(
     )
     key = f"{record.batch_id}|{item.custom_id}"
     try:
-        job_id = await create_job(services, caller, job, batch=True, idempotency=key)
+        job_id = await create_job(
+            services, caller, job, batch=True, idempotency=key, weights_wait_s=0.0
+        )
     except RateLimited as e:
-        return None, e.retry_after_s
+        return None, _Wait(e.retry_after_s, "rate_limits")
+    except CapacityError as e:
+        return None, _Wait(e.retry_after_s, e.code)
+    except UNAVAILABLE_ERRORS:
+        log.warning("batches: Redis unavailable queueing %s; trying again", record.batch_id)
+        return None, _Wait(_REDIS_RETRY_S, "redis_unavailable")
     except EbbError as e:
         # Refused before running, as OpenAI reports a request that failed validation.
         return BatchLine(item.custom_id, error={"code": e.code, "message": e.message}), None
@@ -318,7 +349,8 @@ async def _finalize(
             record.error_file_id = info.file_id
     now = int(time.time())
     expired = any(j is not None and j.status is JobStatus.EXPIRED for j in jobs.values()) or any(
-        line.error == _UNQUEUED_EXPIRED for line in record.lines
+        line.error is not None and line.error.get("code") == _UNQUEUED_EXPIRED
+        for line in record.lines
     )
     if record.status is BatchStatus.CANCELLING:
         record.status, record.cancelled_at_s = BatchStatus.CANCELLED, now
@@ -373,16 +405,21 @@ async def _look_at(services: Services, batch_id: str, resume_after_s: float) -> 
         await _refreshed_view(services, record)
 
 
-# A pending line whose completion window passed before its rate limits let it be queued.
-_UNQUEUED_EXPIRED = {
-    "code": "batch_expired",
-    "message": "The request was not queued within the completion window (its rate limits).",
-}
+# The code of a pending line whose completion window passed before it could be queued.
+_UNQUEUED_EXPIRED = "batch_expired"
 
 
 async def _expire_pending(services: Services, record: BatchRecord) -> None:
+    """Fail the lines still pending when the completion window ended, naming what they
+    waited for."""
+    waited_for = record.waiting_for or "rate_limits"
+    expired = {
+        "code": _UNQUEUED_EXPIRED,
+        "message": "The request was not queued within the completion window: it waited "
+        f"for {waited_for}.",
+    }
     record.lines = [
-        msgspec.structs.replace(line, error=_UNQUEUED_EXPIRED) if line.pending else line
+        msgspec.structs.replace(line, error=expired) if line.pending else line
         for line in record.lines
     ]
     await services.batches.put(record)

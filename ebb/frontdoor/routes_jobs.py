@@ -3,7 +3,10 @@
 A job is a chat, completions or embeddings request run without a client waiting: it is
 checked and tokenized like a synchronous one (the same 400s), then queued in its deployment's job
 queue with no admission window, only its TTL. Its result stays retrievable here for
-EBB_JOB_RETENTION_S whether or not its webhook was delivered.
+EBB_JOB_RETENTION_S whether or not its webhook was delivered. A job whose deployment's
+weights are still being prepared cannot be tokenized yet: it is accepted parked
+(`waiting_for: weights_preparing`) and queued by `ebb.frontdoor.parked_jobs` once they
+are ready.
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ from opentelemetry.trace import Span, SpanKind
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from ebb import tracing
-from ebb.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
-from ebb.frontdoor.auth import CallerDep
+from ebb.errors import CapacityError, Conflict, InvalidRequest, NotFound, PermissionDenied
+from ebb.frontdoor.auth import CallerDep, RidingCallerDep
 from ebb.frontdoor.caller import Caller
+from ebb.frontdoor.catalog import WEIGHTS_PREPARING
+from ebb.frontdoor.ratelimit import Reservation
+from ebb.frontdoor.redis_down import ride_out
 from ebb.frontdoor.routes_embeddings import (
     job_work,
     parse_embedding_request,
@@ -39,6 +45,7 @@ from ebb.frontdoor.version_routing import routed
 from ebb.openai.response_builder import CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT
 from ebb.openai.schema import parse_chat_request, parse_completion_request
 from ebb.openai.translate import Prepared, prepare_chat, prepare_completion, require_generative
+from ebb.queue.deployment_condition import waiting_for
 from ebb.queue.job_schema import JobEvent, JobRecord, JobStatus, attempt_request_id
 from ebb.queue.job_store import IdempotencyConflict, JobStore
 from ebb.queue.schema import DeploymentSpec, SamplingSpec, ToolCallFormat, WorkItem
@@ -93,12 +100,12 @@ def new_job_id() -> str:
 async def submit_job(
     payload: JobCreate,
     request: Request,
-    caller: CallerDep,
+    caller: RidingCallerDep,
     services: ServicesDep,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> JSONResponse:
     if not tracing.active():
-        return await _submit(payload, caller, services, idempotency_key, None, 0)
+        return await _submit_riding_out(payload, caller, services, idempotency_key, None, 0)
     # The job's span continues the client's trace; the work item carries it to the runner
     # and the job's deliveries carry it to the webhooks worker, so one trace covers the
     # submission, every attempt and every webhook delivery.
@@ -111,11 +118,39 @@ async def submit_job(
         attributes={"ebb.endpoint": "jobs", "ebb.model": payload.model},
     )
     try:
-        response = await _submit(payload, caller, services, idempotency_key, span, started_ns)
+        response = await _submit_riding_out(
+            payload, caller, services, idempotency_key, span, started_ns
+        )
         span.set_attribute("http.response.status_code", response.status_code)
         return response
     finally:
         span.end()
+
+
+async def _submit_riding_out(
+    payload: JobCreate,
+    caller: Caller,
+    services: Services,
+    idempotency_key: str | None,
+    span: Span | None,
+    started_ns: int,
+) -> JSONResponse:
+    """`_submit`, waiting out a short Redis outage (a restart) rather than refusing the
+    job. A retry keeps the job id, so a submission applied before its reply was lost is
+    answered, not made twice."""
+    job_id = new_job_id()
+    tries = 0
+
+    async def submit() -> JSONResponse:
+        nonlocal tries
+        tries += 1
+        if tries > 1 and await services.jobs.get(job_id) is not None:
+            return JSONResponse(await _view(services, job_id), status_code=202)
+        return await _submit(
+            payload, caller, services, idempotency_key, span, started_ns, job_id=job_id
+        )
+
+    return await ride_out(submit, services.settings.redis_outage_s)
 
 
 async def _submit(
@@ -125,6 +160,8 @@ async def _submit(
     idempotency_key: str | None,
     span: Span | None,
     started_ns: int,
+    *,
+    job_id: str = "",
 ) -> JSONResponse:
     settings = services.settings
     ttl_s = payload.ttl_s or settings.job_ttl_s
@@ -133,7 +170,13 @@ async def _submit(
             f"ttl_s must be at most {settings.job_max_ttl_s}; got {ttl_s}.", param="ttl_s"
         )
     spec = await _deployment(services, caller, payload.model)
-    prepared = await _prepare(services, spec, payload)
+    try:
+        # No wait: weights still being prepared park the job rather than hold the client.
+        prepared: _Queued | None = await prepare_job(services, spec, payload, 0.0)
+    except CapacityError as e:
+        if e.code != WEIGHTS_PREPARING:
+            raise
+        prepared = None
     if payload.webhook is not None:
         try:
             await resolve_target(payload.webhook.url, settings.webhook_allowed_networks)
@@ -143,12 +186,25 @@ async def _submit(
     await services.webhook_secrets.ensure(caller.tenant, new_secret())
     traceparent = tracing.traceparent_of(span) if span is not None else ""
     record = _new_record(
-        caller, spec, payload, prepared, settings.job_max_attempts, traceparent=traceparent
+        caller,
+        spec,
+        payload,
+        prepared or _UNPREPARED,
+        settings.job_max_attempts,
+        traceparent=traceparent,
+        job_id=job_id,
     )
     submission = msgspec.json.encode(payload.model_dump(mode="json"), order="sorted")
-    # The same limits as a synchronous request: reserved now, settled by the collector
-    # when the job ends (429 here when the caller is over them).
-    reservation = await services.limiter.reserve(caller, record.work)
+    if prepared is None:
+        # Parked: tokenized, reserved against the limits and queued by the parked-jobs
+        # watcher once the weights are ready (ebb.frontdoor.parked_jobs).
+        record.waiting_for = WEIGHTS_PREPARING
+        record.submission = encode_parked(payload, caller)
+        reservation = Reservation(None, record.work, 0)
+    else:
+        # The same limits as a synchronous request: reserved now, settled by the
+        # collector when the job ends (429 here when the caller is over them).
+        reservation = await services.limiter.reserve(caller, record.work)
     record.rate_reserved_tokens = reservation.reserved_tokens
     try:
         job_id, replayed = await services.jobs.submit(
@@ -156,6 +212,7 @@ async def _submit(
             ttl_s=ttl_s,
             idempotency_digest=_digest(idempotency_key.encode()) if idempotency_key else "",
             submission_digest=_digest(submission),
+            parked=prepared is None,
         )
     except BaseException as e:
         await asyncio.shield(reservation.settle())  # nothing was queued: all of it back
@@ -187,16 +244,19 @@ async def create_job(
     *,
     batch: bool = False,
     idempotency: str = "",
+    weights_wait_s: float | None = None,
 ) -> str:
     """Validate and queue one job as POST /v1/jobs would (no webhook); its id.
 
     With `batch` (the Batch API) token prices are reduced by the deployment's
     `serving.batch_discount_pct`. With `idempotency`, submitting it again returns the job
     already queued under it. Reserves against the caller's rate limits like POST /v1/jobs.
-    Raises InvalidRequest when the request cannot run, RateLimited when it must wait.
+    Raises InvalidRequest when the request cannot run, RateLimited when it must wait,
+    CapacityError (weights_preparing) when its weights are not ready within
+    `weights_wait_s` (default: the deployment's admission window).
     """
     spec = await _deployment(services, caller, payload.model)
-    prepared = await _prepare(services, spec, payload)
+    prepared = await prepare_job(services, spec, payload, weights_wait_s)
     record = _new_record(caller, spec, payload, prepared, services.settings.job_max_attempts)
     if batch and spec.serving.batch_discount_pct:
         keep = 100 - spec.serving.batch_discount_pct
@@ -316,11 +376,12 @@ async def _view(services: Services, job_id: str) -> dict[str, Any]:
     state = None
     if not record.status.is_terminal:
         state = (await services.jobs.attempt_state(record.request_id)).get("state")
-    return job_view(
-        record,
-        status=current_status(record, state),
-        deliveries=await services.deliveries.for_job(job_id),
-    )
+    status = current_status(record, state)
+    if status is JobStatus.QUEUED and not record.waiting_for:
+        # Queued, it waits on its deployment: show on what, if anything passing.
+        deployment_status = await services.state.deployment_status(record.work.deployment)
+        record.waiting_for = waiting_for(deployment_status)
+    return job_view(record, status=status, deliveries=await services.deliveries.for_job(job_id))
 
 
 async def _deployment(services: Services, caller: Caller, model: str) -> DeploymentSpec:
@@ -338,8 +399,14 @@ class _Queued:
     encoding_format: str = "float"  # embeddings: how the result writes vectors
 
 
-async def _prepare(services: Services, spec: DeploymentSpec, payload: JobCreate) -> _Queued:
-    """Check and tokenize the job's request exactly as the synchronous endpoint would."""
+async def prepare_job(
+    services: Services,
+    spec: DeploymentSpec,
+    payload: JobCreate,
+    weights_wait_s: float | None = None,
+) -> _Queued:
+    """Check and tokenize the job's request exactly as the synchronous endpoint would,
+    waiting `weights_wait_s` (default: the admission window) for weights being prepared."""
     body = dict(payload.body)
     if body.setdefault("model", payload.model) != payload.model:
         raise InvalidRequest(
@@ -353,7 +420,9 @@ async def _prepare(services: Services, spec: DeploymentSpec, payload: JobCreate)
             "remove stream from body.",
             param="body.stream",
         )
-    window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
+    window_s = weights_wait_s
+    if window_s is None:
+        window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     if payload.endpoint == EMBEDDINGS_ENDPOINT:
         return await _prepare_embeddings(services, spec, body, window_s)
     chat = payload.endpoint == CHAT_ENDPOINT
@@ -395,17 +464,28 @@ async def _prepare_embeddings(
     return _Queued(prompt, sampling, encoding_format=req.encoding_format)
 
 
-def _new_record(
-    caller: Caller,
-    spec: DeploymentSpec,
-    payload: JobCreate,
-    prepared: _Queued,
-    max_attempts: int,
-    *,
-    traceparent: str = "",
-) -> JobRecord:
-    job_id = new_job_id()
-    work = WorkItem(
+# What a parked job's record carries until its request can be tokenized.
+_UNPREPARED = _Queued([], SamplingSpec(max_tokens=0))
+
+
+def encode_parked(payload: JobCreate, caller: Caller) -> str:
+    """A parked job's submission, as `decode_parked` reads it back."""
+    parked = {"payload": payload.model_dump(mode="json"), "admin": caller.is_admin}
+    return msgspec.json.encode(parked).decode()
+
+
+def decode_parked(record: JobRecord) -> tuple[JobCreate, Caller]:
+    """The submission and caller of a parked job."""
+    parked = msgspec.json.decode(record.submission)
+    caller = Caller(tenant=record.tenant, key_id=record.work.key_id, is_admin=parked["admin"])
+    return JobCreate.model_validate(parked["payload"]), caller
+
+
+def first_attempt(
+    caller: Caller, spec: DeploymentSpec, prepared: _Queued, job_id: str, *, traceparent: str
+) -> WorkItem:
+    """The first attempt of job `job_id`."""
+    return WorkItem(
         request_id=attempt_request_id(job_id, 1),
         deployment=spec.name,
         prompt_token_ids=prepared.prompt_token_ids,
@@ -421,6 +501,20 @@ def _new_record(
         # same name fails the attempt instead of running it (ServingLoop._admit).
         deployment_uid=spec.uid,
     )
+
+
+def _new_record(
+    caller: Caller,
+    spec: DeploymentSpec,
+    payload: JobCreate,
+    prepared: _Queued,
+    max_attempts: int,
+    *,
+    traceparent: str = "",
+    job_id: str = "",
+) -> JobRecord:
+    job_id = job_id or new_job_id()
+    work = first_attempt(caller, spec, prepared, job_id, traceparent=traceparent)
     webhook = payload.webhook
     return JobRecord(
         job_id=job_id,

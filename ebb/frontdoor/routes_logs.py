@@ -1,5 +1,6 @@
 """GET /v1/logs: the platform's and its runners' log lines, for `ebb logs` (the admin key;
-a tenant key: the runners of its own deployments).
+a tenant key: the runners of its own deployments, and the controller's decisions about
+them).
 
 The lines come from the log files under EBB_HOME/logs on the frontdoor's host (where
 `ebb up` and the local launcher write them). A response's `cursor` continues where it
@@ -22,6 +23,7 @@ from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.logtail import (
     PLATFORM_LOGS,
+    decisions_log,
     decode_cursor,
     encode_cursor,
     platform_log,
@@ -47,7 +49,8 @@ async def logs(
 ) -> dict[str, Any]:
     """Lines of one runner (`runner`), of a deployment's runners (`deployment`: every
     version's, and only the runners of the deployment that has the name now, not of an
-    earlier one deleted), or of the platform's processes (neither)."""
+    earlier one deleted, and the controller's decisions about it), or of the platform's
+    processes (neither)."""
     try:
         offsets = decode_cursor(cursor) if cursor else None
     except ValueError as e:
@@ -90,17 +93,23 @@ async def _files(
         if runner is None:
             return [platform_log(logs_dir, name) for name in PLATFORM_LOGS]
         return [_existing(logs_dir, runner)]
-    runners = await _deployment_runners(services, caller, deployment)
+    uid, runners = await _deployment_runners(services, caller, deployment)
     if runner is None:
-        return [runner_log(logs_dir, runner_id) for runner_id in runners]
+        decisions = decisions_log(logs_dir, uid) if uid else None
+        return [runner_log(logs_dir, runner_id) for runner_id in runners] + (
+            [decisions] if decisions is not None else []
+        )
     if runner not in runners:
         raise NotFound(f"No runner {runner!r} of deployment {deployment!r}.", param="runner")
     return [_existing(logs_dir, runner)]
 
 
-async def _deployment_runners(services: Services, caller: Caller, deployment: str) -> list[str]:
-    """Runner ids of every version of `deployment`, launched for the deployment that has
-    the name now (its uid). The admin also reads a deleted deployment's, by name."""
+async def _deployment_runners(
+    services: Services, caller: Caller, deployment: str
+) -> tuple[str, list[str]]:
+    """The uid of the deployment that has the name now ("" if none) and the runner ids of
+    its every version, launched for it. The admin also reads a deleted deployment's
+    runners, by name."""
     if caller.is_admin:
         spec = await services.state.get_deployment(deployment)
     else:
@@ -113,7 +122,7 @@ async def _deployment_runners(services: Services, caller: Caller, deployment: st
     ]
     if not runners and spec is None:
         raise NotFound(f"No deployment {deployment!r}; 'ebb deployments' lists them.")
-    return runners
+    return (spec.uid if spec is not None else ""), runners
 
 
 def _existing(logs_dir: Path, runner: str) -> Path:

@@ -33,6 +33,7 @@ from ebb.frontdoor.observe import RequestObservation
 from ebb.frontdoor.ratelimit import Reservation
 from ebb.frontdoor.redis_down import unavailable
 from ebb.frontdoor.services import Services, ServicesDep
+from ebb.frontdoor.sse_ids import EventIds
 from ebb.frontdoor.version_routing import routed, version_headers, version_of
 from ebb.openai.response_builder import (
     SSE_DONE,
@@ -104,6 +105,10 @@ class Answer(Protocol):
 
     def stream_end(self) -> bytes: ...
 
+    def resumable_as(self) -> dict[str, Any] | None:
+        """What a stream's replay needs of the answer beyond its chunks (None: nothing)."""
+        ...
+
 
 @dataclass(frozen=True)
 class PassThrough:
@@ -136,9 +141,17 @@ class PassThrough:
     def stream_end(self) -> bytes:
         return SSE_DONE
 
+    def resumable_as(self) -> dict[str, Any] | None:
+        return None
+
 
 _CHAT = PassThrough(EndpointKind.CHAT, parse_chat_request, prepare_chat)
 _COMPLETION = PassThrough(EndpointKind.COMPLETION, parse_completion_request, prepare_completion)
+
+
+def answer_of(kind: EndpointKind) -> PassThrough:
+    """The chat or completions endpoint's answer (what a resumed stream is rendered by)."""
+    return _CHAT if kind is EndpointKind.CHAT else _COMPLETION
 
 
 @inference.post("/chat/completions")
@@ -217,8 +230,12 @@ async def _serve_observed(
         price_per_1m_output_tokens_micros=spec.price_per_1m_output_tokens_micros,
         traceparent=observed.traceparent(),
     )
-    builder = prepared.builder(request_id, int(time.time()))
+    created_s = int(time.time())
+    builder = prepared.builder(request_id, created_s)
     executor = services.executor
+    if prepared.stream:  # resumable: any frontdoor can replay it from Redis
+        view = prepared.stream_view(caller.tenant, created_s, answer.resumable_as())
+        await services.stream_views.put(request_id, view)
     reservation = await services.limiter.reserve(caller, work)
     streaming = False
     try:
@@ -298,13 +315,14 @@ async def _stream(
     A stream that cannot go on (runner lost after output, Redis gone for longer than
     EBB_REDIS_OUTAGE_S) ends with the answer's error event and end, never silently."""
     finished = False
+    ids = EventIds(running.work.request_id)
     try:
         error: EbbError | None = None
         chunks = _stream_chunks(services, running, builder, reservation, observed)
         try:
             async with contextlib.aclosing(answer.stream(chunks)) as lines:
                 async for line in lines:
-                    yield line
+                    yield ids.stamp(line)
         except UNAVAILABLE_ERRORS as e:  # nothing to cancel through a Redis not there
             log.warning(
                 "frontdoor: %s cut short, Redis unavailable: %s", running.work.request_id, e
@@ -313,12 +331,13 @@ async def _stream(
         except EbbError as e:  # the request failed, or a rerun found no runner in time
             error = e
         if error is not None:
-            yield answer.stream_error(error)
+            yield ids.stamp(answer.stream_error(error))
         finished = True
         if end := answer.stream_end():
-            yield end
+            yield ids.stamp(end)
     finally:
-        if not finished:
+        # A stream cut by a drain's end keeps its request: its client resumes elsewhere.
+        if not finished and not services.drain.draining:
             # Shielded: this runs while the response task is being cancelled.
             with contextlib.suppress(Exception):
                 await asyncio.shield(services.executor.cancel(running.work))

@@ -22,12 +22,15 @@ from fastapi.responses import JSONResponse, Response
 
 from ebb.errors import EbbError, InvalidRequest, NotFound
 from ebb.frontdoor import responses_background as background
+from ebb.frontdoor import routes_resume as resume
 from ebb.frontdoor.auth import CallerDep, calling
 from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.hot_routes import RequestOnlyRoute
 from ebb.frontdoor.routes_openai import serve
 from ebb.frontdoor.services import Services, ServicesDep
+from ebb.frontdoor.sse_ids import last_event_number
+from ebb.openai.response_builder import EndpointKind
 from ebb.openai.responses_objects import (
     ResponseFrame,
     from_chat_completion,
@@ -75,10 +78,33 @@ async def create_response(request: Request) -> Response:
     return await serve(request, services, caller, ResponsesAnswer(services, caller))
 
 
-@router.get("/{response_id}")
+@router.get("/{response_id}", response_model=None)
 async def retrieve_response(
-    response_id: str, caller: CallerDep, services: ServicesDep
-) -> dict[str, Any]:
+    request: Request,
+    response_id: str,
+    caller: CallerDep,
+    services: ServicesDep,
+    stream: bool = False,
+    starting_after: Annotated[int | None, Query(ge=0)] = None,
+) -> dict[str, Any] | Response:
+    """The stored response; with `stream=true`, the events of a streamed response after
+    `starting_after` (its sequence number; or the `Last-Event-ID` header), then the rest
+    as they come (routes_resume)."""
+    if stream:
+        after = starting_after
+        if after is None:
+            after = last_event_number(response_id, request.headers.get("last-event-id"))
+        view = await resume.found_view(
+            services,
+            caller,
+            response_id,
+            kind=EndpointKind.CHAT,
+            param="response_id",
+            responses=True,
+        )
+        assert view.response is not None  # found_view's `responses`
+        answer = ResponsesAnswer.replaying(services, caller, view.response)
+        return resume.replay(services, response_id, view, answer, after)
     store = response_store(services)
     record = await background.refreshed(services, store, await _found(store, caller, response_id))
     return record.response
@@ -194,6 +220,20 @@ class ResponsesAnswer:
 
     def stream_end(self) -> bytes:
         return b""  # the Responses stream ends with its final event, no [DONE]
+
+    def resumable_as(self) -> dict[str, Any]:
+        return self._framed().response("in_progress")
+
+    @classmethod
+    def replaying(
+        cls, services: Services, caller: Caller, response: dict[str, Any]
+    ) -> ResponsesAnswer:
+        """The answer that renders a resumed stream's events again: the same frame as
+        `response` (resumable_as's), and nothing stored (its first frontdoor stored it)."""
+        answer = cls(services, caller)
+        answer._id = response["id"]
+        answer._frame = ResponseFrame.of(response)
+        return answer
 
     def _framed(self) -> ResponseFrame:
         assert self._frame is not None, "parse runs first"

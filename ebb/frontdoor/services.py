@@ -7,7 +7,7 @@ as authentication) takes it as a `ServicesDep` parameter instead of reading
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import redis.asyncio as aioredis
@@ -16,6 +16,7 @@ from fastapi import Depends, Request
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.frontdoor.catalog import ModelCatalog
+from ebb.frontdoor.draining import Drain
 from ebb.frontdoor.execution import Executor
 from ebb.frontdoor.files import FileStore, file_store
 from ebb.frontdoor.metrics import Metrics
@@ -30,6 +31,7 @@ from ebb.queue.platform import PlatformState
 from ebb.queue.quotas import QuotaStore
 from ebb.queue.ratelimits import RateLimitStore
 from ebb.queue.requests import RequestQueue
+from ebb.queue.stream_views import StreamViews
 from ebb.queue.webhook_secrets import WebhookSecrets
 
 
@@ -53,6 +55,8 @@ class Services:
     webhook_secrets: WebhookSecrets
     batches: BatchStore
     files: FileStore
+    stream_views: StreamViews
+    drain: Drain = field(default_factory=Drain)
 
 
 def build_services(settings: Settings) -> Services:
@@ -102,6 +106,7 @@ def build_services(settings: Settings) -> Services:
             ),
         ),
         files=file_store(settings),
+        stream_views=StreamViews(client, ttl_s=max(settings.result_ttl_s, 3600)),
     )
 
 

@@ -18,6 +18,7 @@ from ebb.openai.schema import ChatCompletionRequest, CompletionRequest
 from ebb.openai.tokenizer import PromptTokenizer
 from ebb.openai.tool_prompt import ToolPlan, plan_tools, template_messages
 from ebb.queue.schema import DeploymentSpec, SamplingSpec, ServingOptions, ToolCallFormat
+from ebb.queue.stream_views import StreamView
 
 # OpenAI's documented default for the legacy completions endpoint; chat defaults to the
 # rest of the context instead.
@@ -55,6 +56,26 @@ class Prepared:
             ),
             logprobs=self.logprobs,
             tools=self.tools,
+        )
+
+    def stream_view(
+        self, tenant: str, created_s: int, response: dict[str, Any] | None = None
+    ) -> StreamView:
+        """What `builder` renders with, kept so that any frontdoor can replay the stream
+        (`response`: a Responses API stream's Response object as created)."""
+        return StreamView(
+            tenant=tenant,
+            kind=self.kind.value,
+            model=self.model,
+            created_s=created_s,
+            n=self.sampling.n,
+            include_usage=self.include_usage,
+            continuous_usage_prompt_tokens=(
+                len(self.prompt_token_ids) if self.continuous_usage else None
+            ),
+            logprobs=self.logprobs,
+            tools=self.tools,
+            response=response,
         )
 
 

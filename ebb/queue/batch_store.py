@@ -75,6 +75,9 @@ class BatchRecord(msgspec.Struct, kw_only=True):
     errors: list[dict[str, Any]] = []
     # When its pending lines may be tried against the rate limits again (epoch s; 0: now).
     release_at_s: float = 0.0
+    # What its pending lines wait for: "rate_limits", or a passing state of the
+    # deployment ("weights_preparing", "redis_unavailable"); named if the window ends.
+    waiting_for: str = ""
 
 
 class BatchStore:

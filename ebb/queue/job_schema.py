@@ -96,6 +96,10 @@ class JobRecord(msgspec.Struct, kw_only=True):
     # Tokens taken from the caller's rate limits at submission (0: none applied); the
     # collector gives back what the job did not use once it settles.
     rate_reserved_tokens: int = 0
+    # Parked (accepted before its request could be tokenized): the passing state it waits
+    # for ("weights_preparing") and its submission (JSON), to be tokenized once that passed.
+    waiting_for: str = ""
+    submission: str = ""
     # Events already turned into deliveries (read from the ANNOUNCED_PREFIX fields).
     announced: list[JobEvent] = []
 

@@ -41,6 +41,7 @@ class JobScripts:
         self._job_update = register_async(client, "job_update")
         self._job_requeue = register_async(client, "job_requeue")
         self._job_expire = register_async(client, "job_expire")
+        self._job_unpark = register_async(client, "job_unpark")
         self._job_index_prune = register_async(client, "job_index_prune")
         self._job_announce = register_async(client, "job_announce")
         self._delivery_claim = register_async(client, "delivery_claim")
@@ -59,10 +60,12 @@ class JobScripts:
         key_ttl_s: int,
         idempotency_digest: str,
         submission_digest: str,
+        parked: bool = False,
     ) -> tuple[Submitted, str]:
         """Store `record` (its hash `fields`) and queue its first attempt in the job
-        queue of the unit its work names (the version the traffic split picked); with an
-        idempotency digest, a key seen before answers with its job id instead."""
+        queue of the unit its work names (the version the traffic split picked), or,
+        `parked`, in the parked set without an attempt; with an idempotency digest, a key
+        seen before answers with its job id instead."""
         unit = record.work.deployment
         reply = reply_list(
             await self._job_submit(
@@ -75,6 +78,7 @@ class JobScripts:
                     keys.job_idempotency(record.tenant, idempotency_digest or "-"),
                     keys.queue_signal(unit),
                     keys.WAKE,
+                    keys.JOBS_PARKED,
                 ],
                 args=[
                     record.job_id,
@@ -87,6 +91,7 @@ class JobScripts:
                     keys.SIGNAL_LIST_MAX,
                     encode(record.work),
                     keys.JOB_PREFIX,
+                    "1" if parked else "",
                     *_pairs(fields),
                 ],
             )
@@ -97,7 +102,7 @@ class JobScripts:
         """'missing', a terminal status, 'withdrawn', 'aborting' or 'pending'."""
         return reply_text(
             await self._job_cancel(
-                keys=[keys.job(job_id), keys.JOBS_WATCH, keys.JOBS_WAITING],
+                keys=[keys.job(job_id), keys.JOBS_WATCH, keys.JOBS_WAITING, keys.JOBS_PARKED],
                 args=[
                     job_id,
                     keys.REQUEST_PREFIX,
@@ -116,12 +121,39 @@ class JobScripts:
             )
         )
 
-    async def job_expire(self, job_id: str, *, error: bytes) -> str:
-        """'expired', or the job's or its attempt's state when it was left alone."""
+    async def job_expire(self, job_id: str, *, error: bytes, status: str = "expired") -> str:
+        """`status` ('expired'; 'failed' settles a parked job only), or the job's or its
+        attempt's state when it was left alone."""
         return reply_text(
             await self._job_expire(
-                keys=[keys.job(job_id), keys.JOBS_WAITING, keys.JOBS_WATCH],
-                args=[job_id, keys.REQUEST_PREFIX, keys.JOB_QUEUE_PREFIX, error],
+                keys=[keys.job(job_id), keys.JOBS_WAITING, keys.JOBS_WATCH, keys.JOBS_PARKED],
+                args=[job_id, keys.REQUEST_PREFIX, keys.JOB_QUEUE_PREFIX, error, status],
+            )
+        )
+
+    async def job_unpark(self, job_id: str, work: WorkItem, fields: Mapping[str, str]) -> bool:
+        """Queue the first attempt (`work`) of a job still parked; False: left alone."""
+        unit = work.deployment
+        return bool(
+            reply_int(
+                await self._job_unpark(
+                    keys=[
+                        keys.job(job_id),
+                        keys.request(work.request_id),
+                        keys.job_queue(unit),
+                        keys.JOBS_PARKED,
+                        keys.queue_signal(unit),
+                        keys.WAKE,
+                    ],
+                    args=[
+                        job_id,
+                        work.request_id,
+                        unit,
+                        keys.SIGNAL_LIST_MAX,
+                        encode(work),
+                        *_pairs(fields),
+                    ],
+                )
             )
         )
 

@@ -59,10 +59,17 @@ class JobStore:
     # --- frontdoor ---------------------------------------------------------------------
 
     async def submit(
-        self, record: JobRecord, *, ttl_s: int, idempotency_digest: str, submission_digest: str
+        self,
+        record: JobRecord,
+        *,
+        ttl_s: int,
+        idempotency_digest: str,
+        submission_digest: str,
+        parked: bool = False,
     ) -> tuple[str, bool]:
-        """Store and queue a new job; returns (job id, replayed). With an idempotency
-        digest, a key seen before returns its job, or raises IdempotencyConflict."""
+        """Store and queue a new job (`parked`: store it in the parked set, for `unpark`);
+        returns (job id, replayed). With an idempotency digest, a key seen before returns
+        its job, or raises IdempotencyConflict."""
         fields = encode_job(record)
         # The script stamps both from the Redis clock.
         fields.pop("created_ms", None)
@@ -74,6 +81,7 @@ class JobStore:
             key_ttl_s=ttl_s + self._retention_s,
             idempotency_digest=idempotency_digest,
             submission_digest=submission_digest,
+            parked=parked,
         )
         if outcome is Submitted.CONFLICT:
             raise IdempotencyConflict(job_id)
@@ -120,6 +128,23 @@ class JobStore:
         """Drop ids whose job records expired from the tenant's listing."""
         if job_ids:
             await self.redis.zrem(keys.tenant_jobs(tenant), *job_ids)
+
+    async def parked(self, limit: int) -> list[str]:
+        """Parked jobs, longest parked first."""
+        return reply_texts(await self.redis.zrange(keys.JOBS_PARKED, 0, limit - 1))
+
+    async def unpark(self, record: JobRecord, work: WorkItem, **fields: object) -> bool:
+        """Queue `work` as the first attempt of parked `record`, setting `fields`; False
+        when it is no longer parked (queued by another frontdoor, cancelled, expired)."""
+        fields = {"work": work, "waiting_for": "", "submission": "", **fields}
+        return await self._scripts.job_unpark(record.job_id, work, encode_fields(fields))
+
+    async def fail_parked(self, job_id: str, error: JobErrorInfo) -> bool:
+        """Fail a parked job (what it waited for failed); False when no longer parked."""
+        settled = await self._scripts.job_expire(
+            job_id, error=msgspec.json.encode(error), status="failed"
+        )
+        return settled == "failed"
 
     async def cancel(self, job_id: str) -> str:
         """'missing', a terminal status (nothing to cancel), 'withdrawn' (cancelled now),

@@ -191,6 +191,9 @@ def rate_bucket(subject: str) -> str:
 
 JOB_PREFIX = PREFIX + "job:"  # hash per job: JobRecord fields (see job_store)
 JOBS_WAITING = PREFIX + "jobs:waiting"  # zset: job id -> TTL deadline (ms) while queued
+# zset: job id -> park time (ms), jobs accepted before their request could be tokenized
+# (weights being prepared); the frontdoor queues them once it can.
+JOBS_PARKED = PREFIX + "jobs:parked"
 JOBS_WATCH = PREFIX + "jobs:watch"  # set: job ids the collector must look at (claimed, settled)
 JOBS_SIGNAL = PREFIX + "jobs:signal"  # list: a token per job attempt claimed or ended
 DELIVERIES_DUE = PREFIX + "wh:due"  # zset: webhook id -> next attempt (ms) or in-flight lease
@@ -289,3 +292,13 @@ def stored_response(tenant: str, response_id: str) -> str:
     """String: a StoredResponse (json), expiring after EBB_RESPONSES_RETENTION_S. Under its
     tenant's name, so no other tenant's lookup can reach it."""
     return f"{PREFIX}resp:{tenant}:{response_id}"
+
+
+# --- resumable streams --------------------------------------------------------------------
+
+
+def stream_view(tenant: str, request_id: str) -> str:
+    """String: the StreamView (json) a frontdoor renders a streamed request's events with,
+    so that any frontdoor can replay them to a client resuming it. Under its tenant's
+    name, so no other tenant's lookup can reach it; it expires with the request's record."""
+    return f"{PREFIX}sview:{tenant}:{request_id}"

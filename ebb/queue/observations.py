@@ -23,6 +23,7 @@ from ebb.queue.schema import UsageRecord
 JOBS = "jobs"  # labels: deployment, outcome
 WEBHOOK_DELIVERIES = "webhook_deliveries"  # labels: outcome
 WEIGHTS_FETCHED_BYTES = "weights_fetched_bytes"  # labels: source kind (s3, hf, gguf, ...)
+ENGINE_STALLS = "engine_stalls"  # labels: deployment (runners killed by their watchdog)
 
 # Stream entries read per scrape round trip.
 _READ_BATCH = 1000
@@ -44,21 +45,21 @@ _stats_decoder = msgspec.json.Decoder(RunnerStats)
 _usage_decoder = msgspec.json.Decoder(UsageRecord)
 
 
-def _field(name: str, labels: tuple[str, ...]) -> str:
+def counter_field(name: str, labels: tuple[str, ...]) -> str:
     # "|" separates labels; a label holding one is folded so the split stays unambiguous.
     return "|".join((name, *(label.replace("|", "/") for label in labels)))
 
 
 def count(client: redis.Redis, name: str, labels: tuple[str, ...], amount: float = 1) -> None:
     """Add `amount` to the shared counter `name{labels}` (blocking client)."""
-    client.hincrbyfloat(keys.METRIC_COUNTERS, _field(name, labels), amount)
+    client.hincrbyfloat(keys.METRIC_COUNTERS, counter_field(name, labels), amount)
 
 
 async def count_async(
     client: aioredis.Redis, name: str, labels: tuple[str, ...], amount: float = 1
 ) -> None:
     """Add `amount` to the shared counter `name{labels}` (asyncio client)."""
-    await client.hincrbyfloat(keys.METRIC_COUNTERS, _field(name, labels), amount)
+    await client.hincrbyfloat(keys.METRIC_COUNTERS, counter_field(name, labels), amount)
 
 
 def report_runner_stats(client: redis.Redis, stats: RunnerStats) -> None:

@@ -17,7 +17,12 @@ from ebb.queue import keys
 from ebb.queue.continuation import OutputSoFar, output_so_far
 from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.gpus import read_placement
-from ebb.queue.observations import RunnerStats, report_runner_stats
+from ebb.queue.observations import (
+    ENGINE_STALLS,
+    RunnerStats,
+    counter_field,
+    report_runner_stats,
+)
 from ebb.queue.records import (
     COLD_START_EMA_WEIGHT,
     cold_start_field,
@@ -307,10 +312,32 @@ class RunnerQueue:
             pipe=pipe,
         )
 
-    def heartbeat(self, held_request_ids: Iterable[str]) -> None:
-        """Prove liveness and extend the leases of what this runner holds."""
+    def heartbeat(
+        self, held_request_ids: Iterable[str], *, engine_steps: int = 0, engine_busy_ms: int = 0
+    ) -> None:
+        """Prove liveness, extend the leases of what this runner holds, and say how its
+        engine progresses: steps so far, and how long the call in progress has run."""
         self._scripts.heartbeat(
-            runner_id=self.runner_id, lease_ttl_ms=self._lease_ttl_ms, held=held_request_ids
+            runner_id=self.runner_id,
+            lease_ttl_ms=self._lease_ttl_ms,
+            held=held_request_ids,
+            engine_steps=engine_steps,
+            engine_busy_ms=engine_busy_ms,
+        )
+
+    def record_engine_stall(
+        self, deployment: str, held_request_ids: Iterable[str], error: str
+    ) -> int:
+        """This runner's engine stalled and the runner is about to kill itself: expire
+        the leases of what it holds now (the reaper's next pass takes them as a lost
+        runner's), count the stall for `deployment` and record the runner failed with
+        `error`, in one step. Returns the leases it expired."""
+        return self._scripts.engine_stall(
+            runner_id=self.runner_id,
+            deployment=deployment,
+            counter_field=counter_field(ENGINE_STALLS, (deployment,)),
+            error=error,
+            held=held_request_ids,
         )
 
     def leave_pool(self) -> None:

@@ -305,6 +305,11 @@ class RunnerRecord(msgspec.Struct, kw_only=True):
     node: str = ""
     # The stem pool it was launched into ("" the default pool, or launched for a deployment).
     pool: str = ""
+    # Its engine's progress as of its last heartbeat: steps made since it loaded, and how
+    # long the engine call in progress had run (0: none). A step that does not end is a
+    # stalled engine (EBB_ENGINE_STALL_S); the runner's own watchdog acts on it.
+    engine_steps: int = 0
+    engine_busy_ms: int = 0
 
     @property
     def is_starting(self) -> bool:

@@ -208,6 +208,7 @@ class RunnerScripts:
         self._claim = register(client, "claim")
         self._finish = register(client, "finish")
         self._heartbeat = register(client, "heartbeat")
+        self._engine_stall = register(client, "engine_stall")
         self._try_drain = register(client, "try_drain")
         self._try_sleep = register(client, "try_sleep")
         self._fold_ema = register(client, "fold_ema")
@@ -341,9 +342,44 @@ class RunnerScripts:
             return True
         return bool(reply_int(self._finish(keys=script_keys, args=args)))
 
-    def heartbeat(self, *, runner_id: str, lease_ttl_ms: int, held: Iterable[str]) -> None:
-        """Prove liveness and extend the leases of the `held` request ids."""
-        self._heartbeat(keys=[keys.runner(runner_id), keys.LEASES], args=[lease_ttl_ms, *held])
+    def heartbeat(
+        self,
+        *,
+        runner_id: str,
+        lease_ttl_ms: int,
+        held: Iterable[str],
+        engine_steps: int,
+        engine_busy_ms: int,
+    ) -> None:
+        """Prove liveness, extend the leases of the `held` request ids and record the
+        engine's progress (see heartbeat.lua)."""
+        self._heartbeat(
+            keys=[keys.runner(runner_id), keys.LEASES],
+            args=[lease_ttl_ms, engine_steps, engine_busy_ms, *held],
+        )
+
+    def engine_stall(
+        self,
+        *,
+        runner_id: str,
+        deployment: str,
+        counter_field: str,
+        error: str,
+        held: Iterable[str],
+    ) -> int:
+        """Expire the `held` leases now, count the stall under `counter_field`, record the
+        runner failed with `error` (see engine_stall.lua); the leases it expired."""
+        return reply_int(
+            self._engine_stall(
+                keys=[
+                    keys.runner(runner_id),
+                    keys.LEASES,
+                    keys.METRIC_COUNTERS,
+                    keys.claiming(deployment),
+                ],
+                args=[counter_field, error, *held],
+            )
+        )
 
     def try_drain(self, *, runner_id: str, deployment: str) -> bool:
         """True when the runner is now draining (nothing queued for it)."""

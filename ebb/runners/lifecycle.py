@@ -71,10 +71,10 @@ class Lifecycle:
         self._queue.set_fields(state=new, **fields)
         self._record(new, error)
 
-    def adopt(self, new: RunnerState) -> None:
+    def adopt(self, new: RunnerState, *, error: str = "") -> None:
         """A Lua script already wrote this transition atomically; track and log it."""
         self._check(new)
-        self._record(new, "")
+        self._record(new, error)
 
     def _check(self, new: RunnerState) -> None:
         if not can_transition(self.state, new):

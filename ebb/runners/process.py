@@ -34,7 +34,7 @@ from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.gpus import SLEEPER_EXIT
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
-from ebb.runners import core_pinning, load_reserve
+from ebb.runners import core_pinning, load_reserve, stall
 from ebb.runners.devices import use_placement
 from ebb.runners.embedding_inputs import EmbeddingInputs
 from ebb.runners.engine import EngineAdapter, EngineOptions
@@ -89,6 +89,9 @@ class Heartbeat(threading.Thread):
         self.done = threading.Event()
         self._parent = os.getppid() if follow_parent else None
         self.held_ids: Callable[[], list[str]] = lambda: []
+        # The serving loop's engine, reported with each beat and watched (`stall`).
+        self.progress = stall.EngineProgress()
+        self.watchdog: Callable[[], None] = lambda: None
 
     def run(self) -> None:
         while not self.done.wait(self._interval_s):
@@ -96,8 +99,13 @@ class Heartbeat(threading.Thread):
             if orphaned and not self._stop_runner.is_set():
                 log.warning("runner: parent %d is gone, draining", self._parent)
                 self._stop_runner.set()
+            self.watchdog()  # before renewing the leases of requests a hung engine holds
             try:
-                self._queue.heartbeat(self.held_ids())
+                self._queue.heartbeat(
+                    self.held_ids(),
+                    engine_steps=self.progress.steps,
+                    engine_busy_ms=round(self.progress.busy_s() * 1000),
+                )
             except Exception:  # a Redis blip must not kill the runner; leases outlast one
                 log.exception("runner: heartbeat failed")
 
@@ -218,6 +226,13 @@ def _run(
         )
     loop.on_first_output = _become_ready(lifecycle, queue, deployment, tier, clock)
     heartbeat.held_ids = loop.held_ids
+    heartbeat.progress = loop.engine_progress
+    give_up = stall.die_of_stall(
+        queue, deployment, loop.held_ids, lifecycle, settings.engine_stall_s
+    )
+    heartbeat.watchdog = stall.Watchdog(
+        loop.engine_progress, settings.engine_stall_s, give_up
+    ).check
     try:
         while loop.run() is Outcome.SLEEP:
             woken = _sleep_until_woken(settings, lifecycle, queue, engine, deployment, stop)

@@ -55,6 +55,7 @@ from ebb.runners.engine import EngineAdapter, EngineRequestError, StepOutput
 from ebb.runners.idle import IdleAction, idle_action
 from ebb.runners.lifecycle import Lifecycle
 from ebb.runners.publisher import OutputPublisher
+from ebb.runners.stall import EngineProgress
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,8 @@ class ServingLoop:
         self._sync_seen_at = -math.inf  # the last claim or end of a synchronous request
         self._publisher = OutputPublisher(queue.publish)
         self._news = queue.work_news(spec.name)
+        # Read by the heartbeat thread, whose watchdog ends a runner whose engine hangs.
+        self.engine_progress = EngineProgress()
 
     def held_ids(self) -> list[str]:
         return list(self.held)
@@ -298,7 +301,8 @@ class ServingLoop:
             if not self._queue.yield_job(self._spec.name, request_id, keep_output=keep):
                 continue  # no longer ours, or being cancelled: that path ends it
             del self.held[request_id]
-            self._engine.abort([request_id])
+            with self.engine_progress.calling():
+                self._engine.abort([request_id])
             freed += 1
             log.info(
                 "runner: gave job attempt %s back after %d tokens: a synchronous request "
@@ -326,7 +330,8 @@ class ServingLoop:
             self._continue(held)
             return
         try:
-            self._engine.add_request(work.request_id, work.prompt_token_ids, work.sampling)
+            with self.engine_progress.calling():
+                self._engine.add_request(work.request_id, work.prompt_token_ids, work.sampling)
         except EngineRequestError as e:
             self._end(held, "failed", Failed(message=str(e), code="invalid_request"))
 
@@ -372,7 +377,8 @@ class ServingLoop:
         held = self.held.get(request_id)
         if held is None:
             return
-        self._engine.abort([request_id])
+        with self.engine_progress.calling():
+            self._engine.abort([request_id])
         log.info(
             "runner: aborted %s after %d tokens (client left)",
             request_id,
@@ -388,7 +394,9 @@ class ServingLoop:
         # requests admitted since the last step started, and those of this step.
         if self._pin is not None:
             self._pin.free_new_threads()
-        outputs = self._engine.step()
+        with self.engine_progress.calling():
+            outputs = self._engine.step()
+        self.engine_progress.stepped()
         if self._pin is not None:
             self._pin.free_new_threads()
         self._last_active = self._clock()

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -90,6 +93,16 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     return low
 
 
+def _first_to_hang(name: str) -> bool:
+    """True for the first engine on this host to claim the hang of model `name`."""
+    home = os.environ.get("EBB_HOME") or tempfile.gettempdir()
+    try:
+        os.close(os.open(os.path.join(home, f"fake-hang-{name}"), os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    return True
+
+
 class FakeEngine:
     def __init__(self, model: FakeModel, *, pooling: bool = False):
         self.model = model
@@ -103,6 +116,7 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.sleeping = False
         self._added = 0  # requests seen, for error_pct
+        self._hung_elsewhere = False  # hang_once: another engine took the hang
 
     @classmethod
     def load(cls, options: EngineOptions) -> FakeEngine:
@@ -182,6 +196,7 @@ class FakeEngine:
             raise RuntimeError("step() on a sleeping engine")
         if self.model.step_ms:
             time.sleep(self.model.step_ms / 1000)  # simulates one forward pass
+        self._maybe_hang()
         self._prefill()
         outputs = [self._embedded(rid, *done) for rid, done in self._embeddings.items()]
         self._embeddings.clear()
@@ -200,6 +215,19 @@ class FakeEngine:
             if finished:
                 del self._requests[request_id]
         return outputs
+
+    def _maybe_hang(self) -> None:
+        """Block this step for an hour once a request reached `hang_after` tokens (see
+        FakeModel); the wait releases the GIL, so the runner's heartbeat lives on."""
+        hang_after = self.model.hang_after
+        if hang_after is None or self._hung_elsewhere:
+            return
+        if not any(r.completion_tokens >= hang_after for r in self._requests.values()):
+            return
+        if self.model.hang_once and not _first_to_hang(self.model.name):
+            self._hung_elsewhere = True
+            return
+        threading.Event().wait(3600)
 
     def _prefill(self) -> None:
         """Simulates the prefill of the requests that have no output yet: a flat

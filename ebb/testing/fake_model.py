@@ -1,5 +1,6 @@
 """The fake test model's source, `fake://NAME?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0&
-prefill_ms=0&prefill_ms_per_1k_tokens=0&gpu_gib=0&error_pct=0`, and its registry entry.
+prefill_ms=0&prefill_ms_per_1k_tokens=0&gpu_gib=0&error_pct=0&hang_after=N&hang_once=0`,
+and its registry entry.
 Light on purpose: the frontdoor process reads it (through the
 registry) to admit requests, so it imports nothing of `ebb.runners`; the engine itself is
 `ebb.testing.fake_engine`.
@@ -21,7 +22,7 @@ FAKE_REPLY = "The capital of France is Paris. "
 FAKE_JSON_REPLY = '{"answer": "Paris"}'
 _FORM = (
     "fake://<name>?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0&prefill_ms=0"
-    "&prefill_ms_per_1k_tokens=0&gpu_gib=0&error_pct=0"
+    "&prefill_ms_per_1k_tokens=0&gpu_gib=0&error_pct=0&hang_after=N&hang_once=0"
 )
 
 
@@ -39,6 +40,12 @@ class FakeModel:
     prefill_ms_per_1k_tokens: float = 0.0
     gpu_gib: float = 0.0  # the GPU memory a runner of it needs (placement's estimate)
     error_pct: int = 0  # this share of requests (spread evenly) fails as the engine refuses it
+    # A step that begins with a request holding this many completion tokens never returns
+    # (0: its prefill), as a deadlocked engine's; the runner's other threads live on.
+    hang_after: int | None = None
+    # ...only in the first engine on this host (EBB_HOME) to get there: the runner its
+    # requests move to serves them.
+    hang_once: bool = False
 
     @classmethod
     def parse(cls, source: str) -> FakeModel:
@@ -58,6 +65,8 @@ class FakeModel:
             prefill_ms_per_1k_tokens=float(query.get("prefill_ms_per_1k_tokens", 0.0)),
             gpu_gib=float(query.get("gpu_gib", 0.0)),
             error_pct=int(query.get("error_pct", 0)),
+            hang_after=int(query["hang_after"]) if "hang_after" in query else None,
+            hang_once=query.get("hang_once", "0") == "1",
         )
 
 

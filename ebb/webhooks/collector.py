@@ -38,6 +38,7 @@ from ebb.openai.response_builder import (
 )
 from ebb.queue import observations
 from ebb.queue.delivery_store import delivery_record_ttl_s
+from ebb.queue.deployment_condition import waiting_for
 from ebb.queue.job_schema import (
     JobErrorInfo,
     JobEvent,
@@ -46,6 +47,7 @@ from ebb.queue.job_schema import (
     attempt_request_id,
 )
 from ebb.queue.job_store import Announcement, JobStore
+from ebb.queue.platform import PlatformState
 from ebb.queue.ratelimits import RateLimitStore
 from ebb.queue.schema import Failed, Finished, Progress
 from ebb.webhooks.job_limits import give_back_unused
@@ -68,6 +70,7 @@ class JobCollector:
         self, store: JobStore, settings: Settings, ratelimits: RateLimitStore | None = None
     ):
         self._store = store
+        self._state = PlatformState(store.redis)
         # Settles each job's rate-limit reservation once it ends (None: not this collector's).
         self._ratelimits = ratelimits
         self._settings = settings
@@ -121,10 +124,12 @@ class JobCollector:
     async def _expire(self, job_id: str) -> None:
         record = await self._store.get(job_id)
         ttl_s = (record.expires_ms - record.created_ms) / 1000 if record else 0
+        condition = await self._waiting_for(record) if record else ""
+        waited = f", waiting for {condition}" if condition else ""
         error = JobErrorInfo(
             "expired",
-            f"No runner started the job within its ttl_s ({ttl_s:g}s); it never ran and "
-            "costs nothing. Submit it again, with a longer ttl_s if the model is busy.",
+            f"No runner started the job within its ttl_s ({ttl_s:g}s{waited}); it never "
+            "ran and costs nothing. Submit it again, with a longer ttl_s if the model is busy.",
         )
         if await self._store.expire(job_id, error) == "expired":
             log.info("jobs: %s expired in the queue", job_id)
@@ -134,6 +139,12 @@ class JobCollector:
             )
             if record is not None and self._ratelimits is not None:
                 await give_back_unused(self._ratelimits, record, ran=False)
+
+    async def _waiting_for(self, record: JobRecord) -> str:
+        """What the job waited on: what it was parked for, else its deployment's state."""
+        if record.waiting_for:
+            return record.waiting_for
+        return waiting_for(await self._state.deployment_status(record.work.deployment))
 
     # --- 2a-c: follow the current attempt ------------------------------------------------
 

@@ -75,6 +75,8 @@ def job_view(
             "total_s": _span_s(record.created_ms, record.finished_ms),
         },
         "cancel_requested": record.cancel_requested,
+        # What a parked job waits for before it can be queued ("weights_preparing").
+        "waiting_for": record.waiting_for or None,
     }
     if deliveries is not None:
         view["deliveries"] = [delivery_view(d, attempts) for d, attempts in deliveries]

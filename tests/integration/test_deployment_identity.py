@@ -55,7 +55,9 @@ def test_a_name_deleted_and_created_again_shares_no_runner_and_no_log(platform, 
     assert created.status_code == 201, created.text
     assert chat(beta, "reuse2").status_code == 200
     [old] = wait_until(lambda: ready_runners(admin, "reuse2"), 60, "beta's runner ready")
-    assert log_sources(beta, deployment="reuse2") == {f"runner-{old}"}
+    beta_uid = created.json()["uid"]
+    # Its runner's log, and the controller's decisions about it (by its uid).
+    assert log_sources(beta, deployment="reuse2") == {f"runner-{old}", f"decisions-{beta_uid}"}
 
     assert beta.delete("/v1/deployments/reuse2").status_code == 200
     made = admin.post("/v1/deployments", json={**body, "source": "fake://e", "owner": "evil"})
@@ -79,7 +81,9 @@ def test_a_name_deleted_and_created_again_shares_no_runner_and_no_log(platform, 
     assert {s.meter.tenant for s in segments} == {"beta"}
 
     # Evil reads the logs of its own runners only, by its deployment or naming one.
-    assert f"runner-{old}" not in log_sources(evil, deployment="reuse2")
+    evil_sources = log_sources(evil, deployment="reuse2")
+    assert f"runner-{old}" not in evil_sources and f"decisions-{beta_uid}" not in evil_sources
+    assert f"decisions-{evil_uid}" in evil_sources
     direct = evil.get("/v1/logs", params={"deployment": "reuse2", "runner": old})
     assert direct.status_code == 404, direct.text
     # Nor does the view of its deployment list beta's runner (its errors, its log tail).

@@ -20,8 +20,7 @@ from ebb.coldstart.launch_k8s import (
     KubernetesLauncher,
     read_runner_image,
 )
-from ebb.coldstart.placement import Placement
-from ebb.coldstart.placing import PreferringLauncher
+from ebb.coldstart.placement import Placement, choose_placement
 from ebb.launching.tiers import Tier
 
 pytestmark = pytest.mark.integration
@@ -266,11 +265,11 @@ def test_nodes_report_free_gpus_and_cached_weights(k8s):
     nodes = {n.name: n for n in launcher.nodes()}
     assert nodes["a"].cached_sources == frozenset({"s3://m/llama"}) and nodes["a"].schedulable
     assert not nodes["b"].schedulable
-    # Placement in front of it: the next llama runner prefers the node holding its weights.
-    placed = PreferringLauncher(
-        launcher, source_of={"llama": "s3://m/llama"}.get, gpus_for=lambda d: 2
-    )
-    placed.launch("r-next", "llama", Tier.FRESH)
+    # The plan's choice from these nodes: the next llama runner prefers the node holding
+    # its weights.
+    chosen = choose_placement(launcher.nodes(), "s3://m/llama", 2)
+    assert chosen == Placement("a", (0, 1))
+    launcher.launch_on("r-next", "llama", Tier.FRESH, chosen)
     [pod] = pods_of(k8s, "r-next")
     preferred = pod.spec.affinity.node_affinity.preferred_during_scheduling_ignored_during_execution
     assert preferred[0].preference.match_expressions[0].values == ["a"]

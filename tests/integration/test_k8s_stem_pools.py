@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import msgspec
 import pytest
 import redis
 from support import wait_until
@@ -18,13 +17,11 @@ from support.k8s_emulator import emulator
 from ebb.coldstart.controller import Controller
 from ebb.coldstart.k8s_pods import LABEL_POOL, PodTemplate, pod_name
 from ebb.coldstart.launch_k8s import KubernetesLauncher
-from ebb.coldstart.launchers import gpus_for_deployments
-from ebb.coldstart.placing import PreferringLauncher
+from ebb.coldstart.launchers import gpus_for_deployments, node_source
 from ebb.config import Settings
 from ebb.launching.tiers import Tier
-from ebb.queue import keys
 from ebb.queue.connection import async_client
-from ebb.queue.node_caches import publish_node_cache, read_node_caches
+from ebb.queue.node_caches import publish_node_cache
 from ebb.queue.platform import PlatformState
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, EngineSpec, RunnerState
@@ -110,13 +107,8 @@ async def test_the_controller_keeps_each_pools_stems_and_hands_the_best_one_out(
     sync = redis.Redis.from_url(redis_url)
     state = PlatformState(async_client(redis_url))
     pods = KubernetesLauncher(k8s, TEMPLATE, gpus_for=lambda d: 2 if d else 0, watch_timeout_s=1)
-    launcher = PreferringLauncher(
-        pods,
-        source_of=lambda d: "s3://m/llama",
-        gpus_for=lambda d: 2,
-        cached=lambda: read_node_caches(sync, now_ms=int(time.time() * 1000)),
-    )
-    controller = Controller(settings, state, launcher)
+    launcher = pods
+    controller = Controller(settings, state, launcher, nodes=node_source(settings, launcher))
 
     # 1. Each pool gets its stems, pinned to its nodes, with its GPUs; once.
     await controller.reconcile()
@@ -194,13 +186,17 @@ async def until(condition, timeout_s: float, what: str) -> None:
 
 
 def test_a_runner_pod_requests_its_deployments_tensor_parallel_gpus(k8s, redis_url):
-    sync = redis.Redis.from_url(redis_url)
-    for spec in (
-        DeploymentSpec(name="tp4", source="s3://m/big", engine=EngineSpec(tensor_parallel_size=4)),
-        DeploymentSpec(name="plain", source="s3://m/small"),
-    ):
-        sync.hset(keys.DEPLOYMENTS, spec.name, msgspec.json.encode(spec))
-    per_runner = gpus_for_deployments(sync, 1)  # EBB_K8S_GPUS_PER_RUNNER=1
+    specs = {
+        spec.name: spec
+        for spec in (
+            DeploymentSpec(
+                name="tp4", source="s3://m/big", engine=EngineSpec(tensor_parallel_size=4)
+            ),
+            DeploymentSpec(name="plain", source="s3://m/small"),
+        )
+    }
+    # The specs of the runners the controller decided to start (executor.DecidedSpecs).
+    per_runner = gpus_for_deployments(specs.get, 1)  # EBB_K8S_GPUS_PER_RUNNER=1
     assert [per_runner(d) for d in ("tp4", "plain", None)] == [4, 1, 0]
     pods = KubernetesLauncher(
         k8s, TEMPLATE, gpus_for=lambda d: int(per_runner(d)), watch_pods=False
@@ -217,4 +213,3 @@ def test_a_runner_pod_requests_its_deployments_tensor_parallel_gpus(k8s, redis_u
     assert resources["r-plain"].limits["nvidia.com/gpu"] == "1"
     assert "nvidia.com/gpu" not in resources["r-stem"].requests
     pods.stop_all(grace_s=0)
-    sync.close()

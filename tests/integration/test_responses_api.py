@@ -117,7 +117,9 @@ def test_stream_true_ends_with_completed_and_sse_event_lines(platform, client):
     body = {"model": "fake", "input": QUESTION, "stream": True, "max_output_tokens": 3}
     headers = {"Authorization": f"Bearer {platform.admin_key}"}
     raw = httpx.post(platform.base_url + "/v1/responses", json=body, headers=headers, timeout=60)
-    assert raw.text.startswith("event: response.created\ndata: {")
+    response_id = raw.headers["x-request-id"]
+    # Every event carries an id (<response id>:<n>), as chat's do.
+    assert raw.text.startswith(f"id: {response_id}:0\nevent: response.created\ndata: {{")
     assert "[DONE]" not in raw.text
 
 

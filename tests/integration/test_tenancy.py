@@ -5,6 +5,7 @@ and how to change it."""
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -216,3 +217,28 @@ def test_a_tenant_reads_the_logs_of_its_own_deployments_only(platform, admin):
     assert refusal(other.get("/v1/logs", params={"deployment": "logs-t-d"}), 404, "name")
     theirs = own.get("/v1/logs", params={"deployment": "logs-t-d", "runner": "not-mine"})
     assert refusal(theirs, 404, "runner")
+
+
+def test_a_tenant_reads_the_controllers_decisions_about_its_own_deployment_only(platform, admin):
+    clients = {}
+    for name in ("dec-t", "dec-o"):
+        set_quota(admin, name, max_deployments=1, max_replicas=1, max_gpus=1,
+                  allowed_sources=["fake://"])  # fmt: skip
+        clients[name] = tenant(platform, admin, name)
+        created = clients[name].post(
+            "/v1/deployments", json={"name": f"{name}-d", "source": f"fake://{name}"}
+        )
+        assert created.status_code == 201, created.text
+        assert chat(clients[name], f"{name}-d").status_code == 200
+
+    def decisions(name: str) -> list[dict]:
+        lines = clients[name].get("/v1/logs", params={"deployment": f"{name}-d"})
+        assert lines.status_code == 200, lines.text
+        data = lines.json()["data"]
+        return [json.loads(x["line"]) for x in data if x["source"].startswith("decisions-")]
+
+    [decided, *_] = wait_until(lambda: decisions("dec-t"), 30, "the decision that started it")
+    assert decided["deployment"] == "dec-t-d" and decided["queue"]["requests"] >= 1
+    assert {a["action"] for a in decided["actions"]} & {"AssignStem", "Launch", "WakeSleeper"}
+    own_text = json.dumps(decisions("dec-t"))
+    assert "dec-o" not in own_text, "another tenant's names never reach a tenant"

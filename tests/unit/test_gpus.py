@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from ebb.billing.gpu import meter_for
-from ebb.coldstart.gpu_placer import GpuPlacer
+from ebb.coldstart.gpu_reader import GpuReader
 from ebb.config import Settings
 from ebb.gpus import count, nvml
 from ebb.gpus.visible import visible_devices, visible_indices
@@ -147,7 +147,7 @@ def test_a_runner_holds_its_placements_gpus_else_those_named_for_it() -> None:
 
 
 class _Placements:
-    """GpuState's read the placer makes, holding one runner's placement."""
+    """GpuState's read the GPU reader makes, holding one runner's placement."""
 
     def __init__(self, placements: dict[str, GpuPlacement]) -> None:
         self._placements = placements
@@ -159,11 +159,11 @@ class _Placements:
 @pytest.mark.parametrize("placement", [_placement(0, 2), None])
 async def test_billing_and_the_runner_count_the_same_gpus(placement: GpuPlacement | None) -> None:
     """The runner meters itself with `held_gpus(placement)`; the controller closes a dead
-    runner's meter with the placer's count: both bill the same GPUs."""
+    runner's meter with the GPU reader's count: both bill the same GPUs."""
     held = {"r-1": placement} if placement else {}
-    placer = GpuPlacer(Settings(), state=None, gpus=_Placements(held))  # type: ignore[arg-type]
+    reader = GpuReader(Settings(), gpus=_Placements(held))  # type: ignore[arg-type]
     by_runner = meter_for("r-1", None, count.held_gpus(placement, {}))
-    by_controller = meter_for("r-1", None, await placer.gpu_count("r-1"))
+    by_controller = meter_for("r-1", None, await reader.gpu_count("r-1"))
     assert by_runner.gpu_count == by_controller.gpu_count == (2 if placement else 1)
 
 

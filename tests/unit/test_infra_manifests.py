@@ -210,6 +210,11 @@ def test_frontdoors_spread_drain_and_scale():
     assert keys == {"topology.kubernetes.io/zone", "kubernetes.io/hostname"}
     pre_stop = spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep" and int(pre_stop[1]) < spec["terminationGracePeriodSeconds"]
+    env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+    drain_s = int(env["EBB_FRONTDOOR_DRAIN_S"])
+    assert drain_s > 0, "a rolling restart lets streams finish"
+    # Kubernetes kills the pod this long after it began stopping: preStop, then the drain.
+    assert int(pre_stop[1]) + drain_s < spec["terminationGracePeriodSeconds"]
     hpa = by_kind(docs, "HorizontalPodAutoscaler")["ebb-frontdoor"]["spec"]
     assert hpa["scaleTargetRef"]["name"] == "ebb-frontdoor" and hpa["minReplicas"] >= 2
 

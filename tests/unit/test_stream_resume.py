@@ -1,0 +1,79 @@
+"""Resumable streams, without a platform: event ids, `Last-Event-ID` parsing, and the
+replay of a request's recorded events across the runs it took."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from ebb.errors import InvalidRequest
+from ebb.frontdoor import routes_resume
+from ebb.frontdoor.sse_ids import EventIds, last_event_number
+from ebb.queue.schema import ChoiceDelta, Claimed, Failed, Finished, Progress, RequestEvent
+
+
+def test_each_event_is_numbered_and_those_the_client_has_are_dropped():
+    live, resumed = EventIds("chatcmpl-1"), EventIds("chatcmpl-1", after=1)
+    blocks = [b"data: a\n\n", b"event: x\ndata: b\n\nevent: y\ndata: c\n\n", b"data: [DONE]\n\n"]
+    assert b"".join(live.stamp(b) for b in blocks) == (
+        b"id: chatcmpl-1:0\ndata: a\n\n"
+        b"id: chatcmpl-1:1\nevent: x\ndata: b\n\n"
+        b"id: chatcmpl-1:2\nevent: y\ndata: c\n\n"
+        b"id: chatcmpl-1:3\ndata: [DONE]\n\n"
+    )
+    assert [resumed.stamp(b) for b in blocks] == [
+        b"",
+        b"id: chatcmpl-1:2\nevent: y\ndata: c\n\n",
+        b"id: chatcmpl-1:3\ndata: [DONE]\n\n",
+    ]
+
+
+def test_last_event_id_names_an_event_of_the_request_being_resumed():
+    assert last_event_number("chatcmpl-1", None) == -1
+    assert last_event_number("chatcmpl-1", " chatcmpl-1:17 ") == 17
+    for bad in ("chatcmpl-2:3", "chatcmpl-1:-1", "chatcmpl-1:x", "17"):
+        with pytest.raises(InvalidRequest) as refused:
+            last_event_number("chatcmpl-1", bad)
+        assert refused.value.param == "Last-Event-ID"
+
+
+class Reader:
+    """An EventReader over a fixed list of events (None once they run out)."""
+
+    def __init__(self, events: list[RequestEvent]):
+        self.events = list(events)
+
+    async def next(self, timeout_s: float) -> RequestEvent | None:
+        return self.events.pop(0) if self.events else None
+
+
+def recorded(events: list[RequestEvent], state: str) -> list[RequestEvent]:
+    async def request_state(request_id: str) -> dict[str, str]:
+        return {"state": state}
+
+    services = SimpleNamespace(queue=SimpleNamespace(request_state=request_state))
+
+    async def collect() -> list[RequestEvent]:
+        replay = routes_resume._recorded(services, Reader(events), "chatcmpl-1")  # type: ignore[arg-type]
+        return [event async for event in replay]
+
+    return asyncio.run(collect())
+
+
+def progress(text: str) -> Progress:
+    return Progress([ChoiceDelta(index=0, text=text, token_count=1)])
+
+
+def test_a_failure_followed_by_another_run_is_not_the_end_of_the_replay():
+    lost = Failed(message="runner lost", code="runner_lost")
+    events: list[RequestEvent] = [
+        Claimed("r1"),
+        lost,
+        Claimed("r2"),
+        progress("Paris"),
+        Finished(5, 1),
+    ]
+    assert recorded(events, state="finished") == [progress("Paris"), Finished(5, 1)]
+    assert recorded([Claimed("r1"), lost], state="failed") == [lost], "its real end"
