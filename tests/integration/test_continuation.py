@@ -114,6 +114,17 @@ def test_a_stream_whose_runner_is_sigkilled_goes_on_on_another_runner(platform, 
     assert [(u.prompt_tokens, u.completion_tokens) for u in billed] == [
         (base_usage["prompt_tokens"], TOKENS)
     ], "billed once"
+    # A client replaying the stream from Redis (the resume route) sees what the live one saw.
+    replayed = admin.get(f"/v1/chat/completions/{killed['id']}/stream", timeout=60)
+    assert replayed.status_code == 200
+    again = [
+        json.loads(line[len("data: ") :])
+        for line in replayed.text.splitlines()
+        if line.startswith("data: ") and line != "data: [DONE]"
+    ]
+    assert not any("error" in c for c in again)
+    assert _text(again) == _text(chunks)
+    assert _logprob_tokens(again) == _logprob_tokens(chunks)
     wait_until(lambda: len(_ready(admin)) == 2, 60, "the lost runner to be replaced")
 
 
