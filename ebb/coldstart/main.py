@@ -35,7 +35,12 @@ def run_controller(settings: Settings) -> None:
 
 async def _main(settings: Settings) -> None:
     client = async_client(settings.platform_redis_url("ebb coldstart"))
-    state = PlatformState(client, result_ttl_s=settings.result_ttl_s)
+    state = PlatformState(
+        client,
+        result_ttl_s=settings.result_ttl_s,
+        continuations=settings.continuations,
+        continuation_window_s=settings.admission_timeout_s,
+    )
     specs = DecidedSpecs()
     launcher, warm = make_launcher(settings, specs.get)
     start_memory_reporter(

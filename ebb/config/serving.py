@@ -56,6 +56,16 @@ class RunnerSettings(BaseModel):
         "(it claims only between steps; a prefill step on CPU can take seconds). Below "
         "`EBB_PREFIX_AFFINITY_MS` it changes nothing.",
     )
+    continuations: int = Field(
+        default=3,
+        ge=0,
+        le=20,
+        description="How many times a synchronous request whose runner was lost (died, "
+        "stalled, stopped heartbeating) is continued on another runner, replaying the "
+        "tokens it already produced, before the loss is its answer (`runner_lost`); each "
+        "continuation waits up to `EBB_ADMISSION_TIMEOUT_S` for a runner. `0`: a lost "
+        "runner's requests fail, as before continuations.",
+    )
     kv_cache_gib: int = Field(
         default=1,
         description="vLLM's KV cache on CPU, per runner, in GiB (`VLLM_CPU_KVCACHE_SPACE`; "

@@ -5,9 +5,12 @@ withdrawn by this module and refused with 503. Both are single atomic scripts on
 request's state, so a request is never both run and refused. A client that goes away is
 withdrawn if still queued, or aborted in the engine if running.
 
-A request whose runner was lost before its client saw any output runs again (`rerun`,
-same id: billed once). Following a request rides out a Redis restart (retrying with
-backoff for EBB_REDIS_OUTAGE_S) before the unavailability reaches the caller.
+A request whose runner was lost goes on as a continuation (the reaper queues it again,
+see reap.lua; `events` follows it through, the caller sees one output). One the reaper
+could not continue (several choices, past EBB_CONTINUATIONS) runs again if its client saw
+no output yet (`rerun`, same id: billed once). Following a request rides out a Redis
+restart (retrying with backoff for EBB_REDIS_OUTAGE_S) before the unavailability reaches
+the caller.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from ebb.queue.platform import PlatformState
 from ebb.queue.requests import EventReader, QueueFull, RequestQueue
 from ebb.queue.schema import (
     Claimed,
+    Continued,
     DeploymentSpec,
     Failed,
     Finished,
@@ -179,21 +183,44 @@ class Executor:
                 await asyncio.sleep(delay_s)
 
     async def events(self, running: Running) -> AsyncIterator[Progress | Finished | Failed]:
-        """The request's events until its terminal one (Finished or Failed)."""
+        """The request's events until its terminal one (Finished or Failed).
+
+        A continuation (the reaper queued the request again after losing its runner, see
+        reap.lua) is followed through: its Progress goes on from the next token, so the
+        caller sees one uninterrupted output."""
         while True:
             event = await self._ride_out(running.reader.next, _EVENT_SILENCE_S)
             if event is None:
-                state = await self._ride_out(
-                    lambda _: self._queue.request_state(running.work.request_id), 0
-                )
-                if state.get("state") == "claimed":
-                    continue  # still running (a long prefill, say); the reaper guards loss
-                event = Failed(message="the request ended without a result", code="lost")
-            if isinstance(event, Claimed):
+                event = await self._after_silence(running)
+                if event is None:
+                    continue
+            if isinstance(event, Claimed | Continued):
                 continue
             yield event
             if isinstance(event, Finished | Failed):
                 return
+
+    async def _after_silence(self, running: Running) -> Failed | None:
+        """No event for a while: None while the request runs (a long prefill, say; the
+        reaper guards loss) or waits as a continuation within its deadline; else why it
+        ended without a result."""
+        work = running.work
+        state = await self._ride_out(lambda _: self._queue.request_state(work.request_id), 0)
+        if state.get("state") == "claimed":
+            return None
+        if state.get("state") in ("queued", "expired") and state.get("continuations"):
+            deadline_ms = int(state.get("deadline_ms") or 0)
+            if state["state"] == "queued" and time.time() * 1000 < deadline_ms:
+                return None
+            if await self._queue.withdraw(work):
+                return Failed(
+                    message="The runner serving this request was lost mid-generation and "
+                    "no other runner could continue it in time. Retry it.",
+                    code="runner_lost",
+                    retryable=True,
+                )
+            return None  # claimed at the deadline: its events follow
+        return Failed(message="the request ended without a result", code="lost")
 
     async def cancel(self, work: WorkItem) -> None:
         outcome = await self._queue.cancel(work)

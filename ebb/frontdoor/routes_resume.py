@@ -32,7 +32,7 @@ from ebb.frontdoor.services import Services
 from ebb.frontdoor.sse_ids import EventIds, last_event_number
 from ebb.openai.response_builder import EndpointKind, ResponseBuilder
 from ebb.queue.requests import EventReader
-from ebb.queue.schema import Claimed, Failed, Finished, Progress
+from ebb.queue.schema import Claimed, Continued, Failed, Finished, Progress
 from ebb.queue.stream_views import StreamView
 
 log = logging.getLogger(__name__)
@@ -157,14 +157,15 @@ async def _recorded(
 ) -> AsyncIterator[Progress | Finished | Failed]:
     """The request's events until its end, across the runs it took: a Failed event
     followed by another run (its runner was lost and the request ran again) is not its
-    end, as it was not for the client that streamed it live."""
+    end, as it was not for the client that streamed it live; nor is a continuation's
+    Continued event (its output goes on from the next token, see ebb.queue.continuation)."""
     while True:
         event = await reader.next(_EVENT_SILENCE_S)
         if event is None:
             if await _still_running(services, request_id):
                 continue
             event = Failed(message="the request ended without a result", code="lost")
-        if isinstance(event, Claimed):
+        if isinstance(event, Claimed | Continued):
             continue
         if isinstance(event, Failed):
             after = await reader.next(_RERUN_PEEK_S)

@@ -47,15 +47,19 @@ RUNNER_CANCELS_PREFIX = PREFIX + "rcancel:"  # set per runner: request ids to ab
 SIGNAL_LIST_MAX = 1024
 
 
+QUEUE_PREFIX = PREFIX + "q:"
+QUEUE_SIGNAL_PREFIX = PREFIX + "qsig:"
+
+
 def queue(deployment: str) -> str:
     """Sorted set of queued request ids, scored by enqueue time (ms)."""
-    return f"{PREFIX}q:{deployment}"
+    return QUEUE_PREFIX + deployment
 
 
 def queue_signal(deployment: str) -> str:
     """List an idle runner blocks on; every enqueue pushes one token. Also the channel
     on which those scripts publish, for busy runners (see work_news.py)."""
-    return f"{PREFIX}qsig:{deployment}"
+    return QUEUE_SIGNAL_PREFIX + deployment
 
 
 def claiming(deployment: str) -> str:

@@ -69,8 +69,14 @@ class PlatformState:
         *,
         result_ttl_s: int = 600,
         short_client: aioredis.Redis | None = None,
+        continuations: int = 0,
+        continuation_window_s: float = 0.0,
     ):
         self.redis = client
+        # How the reaper treats a lost runner's synchronous requests (see reap.lua): this
+        # many continuations each, each claimable within the window.
+        self._continuations = continuations
+        self._continuation_window_ms = int(continuation_window_s * 1000)
         # For the reads admission makes before queueing (`connection.short_command_client`
         # where a process has one): they never block, so a small pool serves any burst.
         self.short_redis = short_client or client
@@ -208,6 +214,8 @@ class PlatformState:
         pipe.hset(keys.runner(runner_id), mapping=encoded)  # type: ignore[arg-type]  # redis-py: Mapping[FieldT, ...] is invariant in its key
         pipe.srem(keys.STEMS, runner_id)
         await pipe.execute()
+        # Its requests continue elsewhere at the next reap, not a lease TTL from now.
+        await self._scripts.expire_leases_of(runner_id)
 
     async def runners(self) -> list[RunnerRecord]:
         ids = await self.redis.smembers(keys.RUNNERS)
@@ -312,7 +320,8 @@ class PlatformState:
         await self.redis.rpush(keys.WAKE, deployment)
 
     async def reap_expired_leases(self, *, restart_grace_s: float = 0.0) -> list[str]:
-        """Fail the requests whose runner stopped renewing their lease; their ids.
+        """Continue elsewhere, or fail, the requests whose runner stopped renewing their
+        lease (see reap.lua); their ids.
 
         Leases are scored on the Redis clock, which ran on while Redis was down and no
         runner could renew anything: within `restart_grace_s` of a Redis start nothing
@@ -321,7 +330,12 @@ class PlatformState:
             server = await self.redis.info("server")
             if float(server.get("uptime_in_seconds", 0)) < restart_grace_s:
                 return []
-        return await self._scripts.reap(lost_event=_LOST, result_ttl_s=self._result_ttl_s)
+        return await self._scripts.reap(
+            lost_event=_LOST,
+            result_ttl_s=self._result_ttl_s,
+            continuations=self._continuations,
+            admission_window_ms=self._continuation_window_ms,
+        )
 
     # --- API keys ----------------------------------------------------------------------
 

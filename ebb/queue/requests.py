@@ -18,7 +18,15 @@ import redis.asyncio as aioredis
 from ebb.queue import keys
 from ebb.queue.connection import MAX_BLOCK_S
 from ebb.queue.replies import reply_entries, reply_hash, reply_list
-from ebb.queue.schema import Claimed, Failed, Progress, RequestEvent, WorkItem, decode_event
+from ebb.queue.schema import (
+    Claimed,
+    Continued,
+    Failed,
+    Progress,
+    RequestEvent,
+    WorkItem,
+    decode_event,
+)
 from ebb.queue.scripts import QueueScripts
 
 log = logging.getLogger(__name__)
@@ -33,18 +41,29 @@ class QueueFull(Exception):
 
 class RepeatFilter:
     """Drops Progress events seen before in one attempt (numbered by `seq`, which restarts
-    with each Claimed event): a write retried across a Redis restart can land twice."""
+    with each Claimed event): a write retried across a Redis restart can land twice. Also
+    drops Progress of a continuation the stream has moved past (`Progress.attempt` below
+    the last `Continued`): a runner declared lost may still write for a while, and what
+    it writes then was never part of the answer (the continuation replays the output up
+    to its Continued event). Every reader of a request's events (the frontdoor's, a
+    replay, the job collector, the continuation runner) keeps the same events."""
 
     def __init__(self) -> None:
         self._last_seq = 0
+        self._attempt = 0
 
     def keep(self, event: RequestEvent) -> bool:
         if isinstance(event, Claimed):
             self._last_seq = 0
-        elif isinstance(event, Progress) and event.seq:
-            if event.seq <= self._last_seq:
+        elif isinstance(event, Continued):
+            self._attempt, self._last_seq = event.attempt, 0
+        elif isinstance(event, Progress):
+            if event.attempt < self._attempt:
                 return False
-            self._last_seq = event.seq
+            if event.seq:
+                if event.seq <= self._last_seq:
+                    return False
+                self._last_seq = event.seq
         return True
 
 

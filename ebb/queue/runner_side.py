@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import redis
 
 from ebb.queue import keys
+from ebb.queue.continuation import OutputSoFar, output_so_far
 from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.gpus import read_placement
 from ebb.queue.observations import (
@@ -28,7 +29,7 @@ from ebb.queue.records import (
     decode_runner,
     encode_runner,
 )
-from ebb.queue.replies import reply_hash, reply_int, reply_text
+from ebb.queue.replies import reply_entries, reply_hash, reply_int, reply_text
 from ebb.queue.schema import (
     Claimed,
     ColdStartRecord,
@@ -39,6 +40,7 @@ from ebb.queue.schema import (
     RunnerState,
     UsageRecord,
     WorkItem,
+    decode_event,
     decode_work,
     encode,
 )
@@ -74,6 +76,9 @@ class ClaimResult:
     # The deployment this runner was launched for is gone (deleted, perhaps created again
     # by someone else under its name): nothing was claimed, and nothing will be.
     deployment_gone: bool = False
+    # The ids of the claimed that are continuations: their output so far is on their
+    # events stream (`RunnerQueue.output_so_far`).
+    continued: frozenset[str] = frozenset()
 
     @property
     def queues_empty(self) -> bool:
@@ -183,7 +188,7 @@ class RunnerQueue:
         """Claim up to `max_count` requests; async job attempts fill at most `max_jobs` of
         those slots, and only when no synchronous request is waiting. Only while the
         deployment's uid is still `uid`, the one this runner serves (see claim.lua)."""
-        claimed, cancelled, sync_waiting, jobs_waiting, gone = self._scripts.claim(
+        claimed, cancelled, sync_waiting, jobs_waiting, gone, continued = self._scripts.claim(
             runner_id=self.runner_id,
             deployment=deployment,
             max_count=max_count,
@@ -195,14 +200,23 @@ class RunnerQueue:
             prefix_step_wait_ms=self._prefix_step_wait_ms,
         )
         works = [decode_work(work) for work in claimed]
-        return ClaimResult(works, cancelled, sync_waiting, jobs_waiting, gone)
+        return ClaimResult(works, cancelled, sync_waiting, jobs_waiting, gone, frozenset(continued))
 
-    def yield_job(self, deployment: str, request_id: str) -> bool:
+    def output_so_far(self, request_id: str) -> OutputSoFar:
+        """What a continuation replays: the output its stream holds (see continuation.py)."""
+        entries = reply_entries(self._redis.xrange(keys.events(request_id)))
+        return output_so_far([decode_event(fields[b"e"]) for _, fields in entries])
+
+    def yield_job(self, deployment: str, request_id: str, *, keep_output: bool = True) -> bool:
         """Give back a job attempt this runner holds, for a synchronous request to have its
-        slot: queued again as if never claimed, nothing billed; False when it was no
-        longer this runner's (or a cancel of it waits)."""
+        slot: queued again, to be continued from its output so far (or, not
+        `keep_output`, to start over), nothing billed yet; False when it was no longer
+        this runner's (or a cancel of it waits)."""
         return self._scripts.job_yield(
-            runner_id=self.runner_id, deployment=deployment, request_id=request_id
+            runner_id=self.runner_id,
+            deployment=deployment,
+            request_id=request_id,
+            keep_output=keep_output,
         )
 
     def publish(

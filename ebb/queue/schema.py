@@ -2,7 +2,9 @@
 
 The frontdoor writes a `WorkItem` into a deployment's queue; the runner that claims it
 answers on the request's output stream with `RequestEvent`s: `Claimed`, then `Progress`
-deltas, then exactly one terminal event, `Finished` or `Failed`.
+deltas, then exactly one terminal event, `Finished` or `Failed`. A request whose runner
+was lost goes on as a continuation: `Continued`, then `Claimed` and `Progress` again from
+the next token.
 """
 
 from __future__ import annotations
@@ -121,6 +123,9 @@ class ChoiceDelta(msgspec.Struct, kw_only=True, frozen=True):
     finish_reason: FinishReason | None = None
     # An embedding request's result (its only delta), normalized as the model pools it.
     embedding: list[float] | None = None
+    # The ids of this delta's tokens (one per counted token): what a continuation on
+    # another runner replays after the prompt (see ebb.queue.continuation).
+    token_ids: list[int] = []
 
 
 class Claimed(msgspec.Struct, tag="claimed", frozen=True):
@@ -133,6 +138,16 @@ class Progress(msgspec.Struct, tag="progress", frozen=True):
     # whose reply a Redis restart swallowed may publish one twice; readers drop repeats.
     # 0: unnumbered.
     seq: int = 0
+    # The continuation that wrote it (0: the first run; see Continued): a reader drops
+    # output of an earlier one, late writes of a runner already declared lost.
+    attempt: int = 0
+
+
+class Continued(msgspec.Struct, tag="continued", frozen=True):
+    """The request lost its runner (or was given back) and is queued again as its
+    `attempt`-th continuation: the next runner replays the output so far and goes on."""
+
+    attempt: int
 
 
 class Finished(msgspec.Struct, tag="finished", frozen=True):
@@ -147,7 +162,7 @@ class Failed(msgspec.Struct, tag="failed", frozen=True):
     retryable: bool = False
 
 
-RequestEvent = Claimed | Progress | Finished | Failed
+RequestEvent = Claimed | Progress | Continued | Finished | Failed
 
 _event_decoder = msgspec.json.Decoder(RequestEvent)
 _work_decoder = msgspec.json.Decoder(WorkItem)

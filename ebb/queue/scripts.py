@@ -96,6 +96,7 @@ class QueueScripts:
         self._cancel = register_async(client, "cancel")
         self._reap = register_async(client, "reap")
         self._rerun_lost = register_async(client, "rerun_lost")
+        self._expire_runner = register_async(client, "leases_expire_runner")
 
     async def enqueue(
         self, work: WorkItem, *, admission_window_ms: int, depth_limit: int, request_ttl_s: int
@@ -164,13 +165,39 @@ class QueueScripts:
             )
         )
 
-    async def reap(self, *, lost_event: bytes, result_ttl_s: int) -> list[str]:
-        """Fail every request whose lease expired with `lost_event`; their ids."""
+    async def reap(
+        self,
+        *,
+        lost_event: bytes,
+        result_ttl_s: int,
+        continuations: int = 0,
+        admission_window_ms: int = 0,
+    ) -> list[str]:
+        """Every request whose lease expired: one with fewer than `continuations` behind
+        it is queued again as a continuation (a synchronous one claimable within
+        `admission_window_ms`), the others fail with `lost_event`; their ids."""
         return reply_texts(
             await self._reap(
-                keys=[keys.LEASES],
-                args=[keys.REQUEST_PREFIX, keys.EVENTS_PREFIX, lost_event, result_ttl_s],
+                keys=[keys.LEASES, keys.WAKE, keys.JOBS_WAITING],
+                args=[
+                    keys.REQUEST_PREFIX,
+                    keys.EVENTS_PREFIX,
+                    lost_event,
+                    result_ttl_s,
+                    continuations,
+                    admission_window_ms,
+                    keys.QUEUE_PREFIX,
+                    keys.QUEUE_SIGNAL_PREFIX,
+                    keys.SIGNAL_LIST_MAX,
+                    keys.JOB_QUEUE_PREFIX,
+                ],
             )
+        )
+
+    async def expire_leases_of(self, runner_id: str) -> int:
+        """Expire now the leases of what `runner_id` (known dead) held; how many."""
+        return reply_int(
+            await self._expire_runner(keys=[keys.LEASES], args=[keys.REQUEST_PREFIX, runner_id])
         )
 
 
@@ -199,16 +226,16 @@ class RunnerScripts:
         deployment_uid: str,
         prefix_affinity_ms: int = 0,
         prefix_step_wait_ms: int = 0,
-    ) -> tuple[list[bytes], list[str], int, int, bool]:
+    ) -> tuple[list[bytes], list[str], int, int, bool, set[str]]:
         """Claim up to `max_count` requests (at most `max_jobs` job attempts): the encoded
         work of each claimed one, the ids this runner was asked to abort, how many
-        synchronous requests and job attempts are still queued, and whether the
-        deployment this runner was launched for (`deployment_uid`) is gone: then nothing
-        was claimed. With
+        synchronous requests and job attempts are still queued, whether the
+        deployment this runner was launched for (`deployment_uid`) is gone (then nothing
+        was claimed), and the ids of the claimed that are continuations. With
         `prefix_affinity_ms`, a request another runner holds the prompt prefix of waits
         for it that long, or while that runner is inside the engine step it was in when
         the request came, up to `prefix_step_wait_ms` (see claim.lua)."""
-        claimed, cancelled, still_queued, jobs_queued, gone = reply_list(
+        claimed, cancelled, still_queued, jobs_queued, gone, continued = reply_list(
             self._claim(
                 keys=[
                     keys.queue(deployment),
@@ -252,10 +279,14 @@ class RunnerScripts:
             reply_int(still_queued),
             reply_int(jobs_queued),
             bool(reply_int(gone)),
+            set(reply_texts(continued)),
         )
 
-    def job_yield(self, *, runner_id: str, deployment: str, request_id: str) -> bool:
-        """Give a held job attempt back to the job queue (see job_yield.lua)."""
+    def job_yield(
+        self, *, runner_id: str, deployment: str, request_id: str, keep_output: bool = True
+    ) -> bool:
+        """Give a held job attempt back to the job queue (see job_yield.lua): to be
+        continued from its output so far, or (not `keep_output`) to start over."""
         return bool(
             reply_int(
                 self._job_yield(
@@ -267,7 +298,7 @@ class RunnerScripts:
                         keys.queue_signal(deployment),
                         keys.JOBS_WAITING,
                     ],
-                    args=[request_id, runner_id, keys.SIGNAL_LIST_MAX],
+                    args=[request_id, runner_id, keys.SIGNAL_LIST_MAX, int(keep_output)],
                 )
             )
         )

@@ -48,11 +48,18 @@ class EmbeddingInputs:
         self._groups: dict[str, _Group] = {}
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingSpec,
+        continued: int = 0,
     ) -> None:
         lengths = sampling.embed_input_lengths
         if not (sampling.embed and lengths):
-            self._engine.add_request(request_id, prompt_token_ids, sampling)
+            if continued:
+                self._engine.add_request(request_id, prompt_token_ids, sampling, continued)
+            else:
+                self._engine.add_request(request_id, prompt_token_ids, sampling)
             return
         inputs = split_inputs(prompt_token_ids, lengths)
         one = msgspec.structs.replace(sampling, embed_input_lengths=[])

@@ -77,8 +77,16 @@ class EngineAdapter(Protocol):
     """
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec
-    ) -> None: ...
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingSpec,
+        continued: int = 0,
+    ) -> None:
+        """`continued`: the last tokens of the prompt are this many of the request's own
+        output so far (a continuation, see ebb.queue.continuation); its output goes on
+        after them, and `sampling` counts only what is left to generate."""
+        ...
 
     def abort(self, request_ids: Iterable[str]) -> None: ...
 

@@ -298,8 +298,15 @@ class VllmEngine:
         return cls(engine, sleep_mode=cuda, pooling=options.task == "embed", on_cpu=not cuda)
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingSpec,
+        continued: int = 0,
     ) -> None:
+        # A continuation's replayed output is prompt to vLLM: its detokenizer starts from
+        # those tokens, so the first new token's text joins them as it would have.
+        del continued
         from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
 
@@ -383,6 +390,7 @@ class VllmEngine:
                 index=completion.index,
                 text=completion.text,
                 token_count=new_tokens,
+                token_ids=list(completion.token_ids),
                 logprobs=logprobs,
                 finish_reason=reason,
             )

@@ -37,10 +37,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from ebb import tracing
+from ebb.queue.continuation import remaining_sampling, replayable
 from ebb.queue.gpu_records import GpuDevice
 from ebb.queue.observations import RunnerStats
 from ebb.queue.runner_side import ClaimResult, Ending, RunnerQueue
 from ebb.queue.schema import (
+    ChoiceDelta,
     DeploymentSpec,
     Failed,
     Finished,
@@ -67,6 +69,13 @@ _STATS_INTERVAL_S = 1.0
 
 _DELETED_MESSAGE = (
     "The deployment this request was sent to was deleted before it ran; it never ran."
+)
+# A continued request whose output so far cannot be replayed (several choices).
+_LOST_UNREPLAYABLE = Failed(
+    message="The runner serving this request stopped responding; the request was lost "
+    "mid-generation. Retry it.",
+    code="runner_lost",
+    retryable=True,
 )
 
 # With EBB_JOB_SLOTS_BESIDE_SYNC, jobs keep to it until synchronous traffic has been
@@ -117,6 +126,10 @@ class Held:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     published: int = 0  # Progress events published, numbering the next one
+    # A continuation's: its attempt (numbering its Progress), and the output tokens its
+    # prompt replays (counted as output, not prompt, in its usage).
+    attempt: int = 0
+    replayed: int = 0
     # For the request's trace (ns since the epoch): when claimed, when its first output.
     claimed_ns: int = 0
     first_output_ns: int | None = None
@@ -241,7 +254,7 @@ class ServingLoop:
 
     def _take(self, result: ClaimResult) -> int:
         for work in result.claimed:
-            self._admit(work)
+            self._admit(work, continued=work.request_id in result.continued)
         for request_id in result.cancelled:
             self._abort(request_id)
         return len(result.claimed)
@@ -273,7 +286,8 @@ class ServingLoop:
         """Give up to `waiting` job attempts back to the job queue so that synchronous
         requests waiting for a slot get theirs now, not when a job ends (a job may run for
         minutes, the admission window is seconds). The youngest go first (the least work
-        lost: a job given back starts over, billed only for the run that finishes it).
+        lost: a job given back keeps its output, and the runner that claims it next goes on
+        from it, but that one prefills it again).
         Returns the slots freed. Each runner full of jobs does this for the waiting count
         it sees, so with several such runners a request may free more than one slot."""
         jobs = [h for h in self.held.values() if h.work.job_id]
@@ -283,7 +297,8 @@ class ServingLoop:
         freed = 0
         for held in jobs[:waiting]:
             request_id = held.work.request_id
-            if not self._queue.yield_job(self._spec.name, request_id):
+            keep = replayable(held.work.sampling)
+            if not self._queue.yield_job(self._spec.name, request_id, keep_output=keep):
                 continue  # no longer ours, or being cancelled: that path ends it
             del self.held[request_id]
             with self.engine_progress.calling():
@@ -298,7 +313,7 @@ class ServingLoop:
             )
         return freed
 
-    def _admit(self, work: WorkItem) -> None:
+    def _admit(self, work: WorkItem, *, continued: bool = False) -> None:
         log.debug("runner: claimed %s", work.request_id)
         held = Held(work, prompt_tokens=len(work.prompt_token_ids), claimed_ns=time.time_ns())
         self.held[work.request_id] = held
@@ -311,11 +326,52 @@ class ServingLoop:
         if not work.job_id:
             self._sync_seen_at = self._clock()
         self._last_active = self._clock()
+        if continued:
+            self._continue(held)
+            return
         try:
             with self.engine_progress.calling():
                 self._engine.add_request(work.request_id, work.prompt_token_ids, work.sampling)
         except EngineRequestError as e:
             self._end(held, "failed", Failed(message=str(e), code="invalid_request"))
+
+    def _continue(self, held: Held) -> None:
+        """Go on with a request another runner lost (or gave back): replay its output so
+        far after the prompt and generate the rest (see ebb.queue.continuation)."""
+        work = held.work
+        so_far = self._queue.output_so_far(work.request_id)
+        held.attempt, held.completion_tokens = so_far.attempt, so_far.completion_tokens
+        log.info(
+            "runner: continuing %s after %d tokens (continuation %d)",
+            work.request_id,
+            so_far.completion_tokens,
+            so_far.attempt,
+            extra={"request_id": work.request_id},
+        )
+        if so_far.finish_reason or so_far.completion_tokens >= work.sampling.max_tokens:
+            # Lost between its last token and its end: only the end is left to say.
+            last = ChoiceDelta(index=0, text="", token_count=0, finish_reason="length")
+            progress = (
+                {} if so_far.finish_reason else {work.request_id: self._progress(held, [last])}
+            )
+            ending = (held, "finished", Finished(held.prompt_tokens, held.completion_tokens))
+            self._end_all([ending], progress)
+            return
+        if so_far.completion_tokens and not (so_far.replayable and replayable(work.sampling)):
+            held.prompt_tokens = held.completion_tokens = 0  # nothing of it is billed
+            self._end(held, "failed", _LOST_UNREPLAYABLE)
+            return
+        held.replayed = len(so_far.token_ids)
+        prompt = work.prompt_token_ids + so_far.token_ids
+        sampling = remaining_sampling(work.sampling, so_far)
+        try:
+            self._engine.add_request(work.request_id, prompt, sampling, held.replayed)
+        except EngineRequestError as e:
+            self._end(held, "failed", Failed(message=str(e), code="invalid_request"))
+
+    def _progress(self, held: Held, choices: list[ChoiceDelta]) -> Progress:
+        held.published += 1
+        return Progress(choices=choices, seq=held.published, attempt=held.attempt)
 
     def _abort(self, request_id: str) -> None:
         held = self.held.get(request_id)
@@ -350,21 +406,17 @@ class ServingLoop:
             held = self.held.get(out.request_id)
             if held is None:
                 continue  # aborted while the step ran
-            held.prompt_tokens = out.prompt_tokens
-            held.completion_tokens = out.completion_tokens
+            # A continuation's replayed tokens are output, already counted once.
+            held.prompt_tokens = out.prompt_tokens - held.replayed
+            held.completion_tokens = held.replayed + out.completion_tokens
             if out.choices:
-                held.published += 1
-                progress[out.request_id] = Progress(choices=out.choices, seq=held.published)
+                progress[out.request_id] = self._progress(held, out.choices)
                 held.first_output_ns = held.first_output_ns or time.time_ns()
             if out.finished:
                 finished.append(out)
         endings: list[tuple[Held, str, Finished | Failed]] = [
-            (
-                self.held[out.request_id],
-                "finished",
-                Finished(out.prompt_tokens, out.completion_tokens),
-            )
-            for out in finished
+            (held, "finished", Finished(held.prompt_tokens, held.completion_tokens))
+            for held in (self.held[out.request_id] for out in finished)
         ]
         first_out: Callable[[], None] | None = None
         if progress and self.on_first_output is not None:

@@ -26,8 +26,9 @@ from ebb.testing.fake_model import FAKE_JSON_REPLY, FAKE_REPLY, FakeModel
 class _Choice:
     index: int
     reply: bytes
-    produced: int = 0
+    produced: int = 0  # bytes of `reply` out, a continuation's replayed ones included
     done: bool = False
+    replayed: int = 0  # of those, the ones a continuation's prompt ended with
 
 
 @dataclass
@@ -39,7 +40,7 @@ class _Request:
 
     @property
     def completion_tokens(self) -> int:
-        return sum(c.produced for c in self.choices)
+        return sum(c.produced - c.replayed for c in self.choices)
 
 
 def _reply(prompt_token_ids: list[int], sampling: SamplingSpec) -> bytes:
@@ -128,8 +129,15 @@ class FakeEngine:
         return cls(model, pooling=options.task == "embed")
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingSpec,
+        continued: int = 0,
     ) -> None:
+        """A continuation (`continued` > 0) answers as the uninterrupted request would
+        have: the reply is chosen by the prompt without the replayed tokens, and goes on
+        from the byte after them."""
         if sampling.max_tokens < 1:
             raise EngineRequestError("max_tokens must be at least 1")
         self._added += 1
@@ -144,14 +152,17 @@ class FakeEngine:
             vector = fake_embedding(prompt_token_ids, sampling.dimensions)
             self._embeddings[request_id] = (len(prompt_token_ids), vector)
             return
-        reply = _reply(prompt_token_ids, sampling)
+        original = prompt_token_ids[: len(prompt_token_ids) - continued]
+        reply = _reply(original, sampling)
         cached = self._count_prefix_hits(list(prompt_token_ids))
         request = _Request(
             prompt_tokens=len(prompt_token_ids),
             sampling=sampling,
             uncached_tokens=len(prompt_token_ids) - cached,
         )
-        request.choices = [_Choice(i, reply) for i in range(sampling.n)]
+        request.choices = [
+            _Choice(i, reply, continued, replayed=continued) for i in range(sampling.n)
+        ]
         self._requests[request_id] = request
 
     def _count_prefix_hits(self, prompt: list[int]) -> int:
@@ -240,14 +251,15 @@ class FakeEngine:
         choice.produced += 1
         text_so_far = (choice.reply * 8)[: choice.produced].decode(errors="ignore")
         finish: FinishReason | None = None
+        new = choice.produced - choice.replayed  # max_tokens and min_tokens count these
         # As in vLLM, stop conditions other than the length only apply past min_tokens.
-        may_stop = choice.produced > sampling.min_tokens
+        may_stop = new > sampling.min_tokens
         stop_id = bool(token) and token[0] in sampling.stop_token_ids
         if may_stop and (stop_id or any(text_so_far.endswith(s) for s in sampling.stop)):
             finish, token = "stop", b""
         elif choice.produced >= len(choice.reply) and not choice.reply.startswith(b"The"):
             finish = "stop"
-        elif choice.produced >= sampling.max_tokens:
+        elif new >= sampling.max_tokens:
             finish = "length"
         choice.done = finish is not None
         logprobs = None
@@ -261,6 +273,7 @@ class FakeEngine:
             token_count=1,
             logprobs=logprobs,
             finish_reason=finish,
+            token_ids=list(token),
         )
 
     @property

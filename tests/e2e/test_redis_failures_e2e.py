@@ -1,6 +1,7 @@
 """Failures on the real engine (`ebb up`, default model, vLLM): a stream rides out a
 SIGKILLed Redis (which `ebb up` restarts), and a non-streaming request whose runner is
-SIGKILLed mid-generation runs again on a new runner and is billed once."""
+SIGKILLed mid-generation goes on on a new runner (continued from its tokens so far) and is
+billed once."""
 
 from __future__ import annotations
 

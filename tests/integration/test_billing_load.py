@@ -104,7 +104,15 @@ def _mixed_bodies(rng: random.Random) -> list[tuple[str, str, dict]]:
     return plan
 
 
-VICTIM_BODY = {"model": "victim", "messages": MESSAGES, "max_tokens": 2000, "stream": True}
+# Two choices: no continuation can replay them (a single one would go on on another
+# runner, see test_continuation.py), so the loss is their answer.
+VICTIM_BODY = {
+    "model": "victim",
+    "messages": MESSAGES,
+    "max_tokens": 2000,
+    "stream": True,
+    "n": 2,
+}
 
 
 async def _run_load(platform, admin, platform_redis, keys_by_tenant) -> list[Outcome]:

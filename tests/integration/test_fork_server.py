@@ -73,7 +73,9 @@ def test_a_runner_from_zero_is_forked_and_drains_when_idle(platform, admin):
 
 def test_a_sigkilled_forked_runner_ends_its_stream_and_is_marked_failed(platform, admin):
     deploy(admin, "victim", "fake://m?step_ms=40", idle_timeout_s=60)
-    runner, events = sigkill_runner_mid_stream(admin, "victim")
+    # Two choices: no continuation can replay them (one would go on, see
+    # test_continuation.py); the loss is the answer.
+    runner, events = sigkill_runner_mid_stream(admin, "victim", n=2)
     assert runner["tier"] == "forked"
     error = json.loads(events[-2][len("data: ") :])["error"]
     assert error["code"] == "runner_lost"

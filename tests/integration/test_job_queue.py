@@ -32,7 +32,16 @@ from ebb.queue.job_schema import (
 from ebb.queue.job_store import JobStore
 from ebb.queue.platform import PlatformState
 from ebb.queue.requests import RequestQueue
-from ebb.queue.schema import ChoiceDelta, Finished, Progress, SamplingSpec, WorkItem
+from ebb.queue.schema import (
+    ChoiceDelta,
+    Claimed,
+    Continued,
+    Finished,
+    Progress,
+    SamplingSpec,
+    WorkItem,
+    decode_event,
+)
 from ebb.queue.webhook_secrets import WebhookSecrets
 from ebb.webhooks.collector import JobCollector
 from ebb.webhooks.sender import Deliverer
@@ -133,7 +142,7 @@ async def test_a_claim_says_how_many_synchronous_requests_it_left_queued(redis_u
     await client.aclose()
 
 
-async def test_a_job_given_back_is_queued_again_in_its_place_unbilled(redis_url, stores):
+async def test_a_job_given_back_keeps_its_output_and_is_continued_in_its_place(redis_url, stores):
     jobs, state = stores
     for i in range(2):
         await submit(jobs, job(f"job_{i}"), ttl_s=1)
@@ -147,7 +156,8 @@ async def test_a_job_given_back_is_queued_again_in_its_place_unbilled(redis_url,
     assert not rq.yield_job(DEP, first.request_id), "given back once"
     r = redis.Redis.from_url(redis_url)
     assert r.zrange(keys.LEASES, 0, -1) == [], "no lease left to reap"
-    assert r.exists(keys.events(first.request_id)) == 0, "its partial output is dropped"
+    kept = [decode_event(f[b"e"]) for _, f in r.xrange(keys.events(first.request_id))]
+    assert [type(e) for e in kept] == [Claimed, Progress, Continued], "its output is kept"
     assert await state.usage_records() == [], "nothing billed for the run given back"
     # Its TTL (1 s) counted until it started, so it no longer expires; the job that
     # never started does.
@@ -156,11 +166,19 @@ async def test_a_job_given_back_is_queued_again_in_its_place_unbilled(redis_url,
     await collector.pass_once()
     assert (await jobs.get("job_1")).status is JobStatus.EXPIRED
     assert (await jobs.get("job_0")).status is not JobStatus.EXPIRED
-    run_to_end(rq, first.request_id)
+    # The next claim continues it: only the rest of the output follows.
+    result = rq.claim(DEP, 1, max_jobs=1)
+    assert [w.request_id for w in result.claimed] == [first.request_id]
+    assert result.continued == {first.request_id}
+    rest = ChoiceDelta(index=0, text="is", token_count=2, finish_reason="length")
+    rq.publish({first.request_id: Progress(choices=[rest], seq=1, attempt=1)})
+    assert rq.finish(
+        first, state="finished", event=Finished(3, 4), prompt_tokens=3, completion_tokens=4
+    )
     await collector.pass_once()
     record = await jobs.get("job_0")
     assert record.status is JobStatus.SUCCEEDED
-    assert record.result["choices"][0]["text"] == "Paris", "the output of the run that ended"
+    assert record.result["choices"][0]["text"] == "Paris", "the output of both runs, once"
     assert [u.request_id for u in await state.usage_records()] == ["job_0.1"]
 
 

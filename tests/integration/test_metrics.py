@@ -103,7 +103,9 @@ def test_a_lost_runner_counts_as_runner_lost(admin):
     deploy(admin, "lost", "fake://l?step_ms=20", idle_timeout_s=600)
     assert chat(admin, "lost", 1).status_code == 200
     before = scrape(admin)
-    _, events = sigkill_runner_mid_stream(admin, "lost")
+    # Two choices: no continuation can replay them (one would go on, see
+    # test_continuation.py); the loss is the answer.
+    _, events = sigkill_runner_mid_stream(admin, "lost", n=2)
     assert events[-1] == "data: [DONE]"
     after = scrape(admin)
     labels = {"deployment": "lost", "outcome": "runner_lost"}

@@ -319,9 +319,12 @@ async def test_jobs_fill_every_slot_until_a_synchronous_request_takes_one_back(r
         assert job_slots(4) == 3
         assert max(len(b - {sync.request_id}) for b in with_sync) <= 3
         assert (await h.events(sync.request_id))[-1] == Finished(3, 4)
-        # The job given back ran again from the start, once more, and is billed once.
+        # The job given back went on from where it was (continued), is billed once, and
+        # its output is what an uninterrupted run says.
         assert (await h.events(given_back))[-1] == Finished(3, 150)
         assert text_of(await h.events(given_back)) == text_of(await h.events("job_0.1"))
+        steps = sum(given_back in b for b in h.engine.batches)
+        assert steps == 150, "150 tokens in all: none generated twice"
         states = await h.jobs.attempt_states([f"job_{i}.1" for i in range(5)])
         assert states == ["finished"] * 5
         billed = [u.request_id for u in await h.usage()]

@@ -278,15 +278,17 @@ def deployment(admin: httpx.Client, name: str) -> dict:
     return admin.get(f"/v1/deployments/{name}").json()
 
 
-def sigkill_runner_mid_stream(admin: httpx.Client, name: str) -> tuple[dict, list[str]]:
+def sigkill_runner_mid_stream(admin: httpx.Client, name: str, n: int = 1) -> tuple[dict, list[str]]:
     """Stream a long answer from deployment `name`, SIGKILL its runner after the first
     event; the runner (as the API showed it) and every `data:` line of the stream, which
-    must end on its own (a hang fails by timeout)."""
+    must end on its own (a hang fails by timeout). With `n` > 1 choices no continuation
+    can replay the output: the stream ends with the runner_lost error."""
     body = {
         "model": name,
         "messages": [{"role": "user", "content": "What is the capital of France?"}],
         "max_tokens": 1500,
         "stream": True,
+        "n": n,
     }
     with admin.stream("POST", "/v1/chat/completions", json=body, timeout=60) as response:
         assert response.status_code == 200

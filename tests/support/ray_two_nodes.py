@@ -199,7 +199,9 @@ def check_killing_the_worker_mid_request_ends_cleanly(platform, admin, worker) -
     done = threading.Event()
 
     def stream() -> None:
-        body = {"model": "doomed", "messages": MESSAGES, "max_tokens": 1500, "stream": True}
+        # Two choices: no continuation can replay them (a single one would go on on
+        # another runner, see test_continuation.py), so the loss is the answer.
+        body = {"model": "doomed", "messages": MESSAGES, "max_tokens": 1500, "stream": True, "n": 2}
         with admin.stream("POST", "/v1/chat/completions", json=body, timeout=180) as response:
             if response.status_code != 200:
                 events.append(f"refused {response.status_code}: {response.read()!r}")
@@ -212,8 +214,9 @@ def check_killing_the_worker_mid_request_ends_cleanly(platform, admin, worker) -
     thread.start()
     wait_until(lambda: len(events) >= 3 or done.is_set(), 180, "the stream to start")
     assert not events[0].startswith("refused"), events[0]
-    # A job on the same runner: lost with it, it must go back to the queue, not vanish.
-    body = {"messages": MESSAGES, "max_tokens": 1500}
+    # A job on the same runner: lost with it, it must go back to the queue, not vanish
+    # (as a new attempt: with two choices no continuation replays it).
+    body = {"messages": MESSAGES, "max_tokens": 1500, "n": 2}
     accepted = admin.post(
         "/v1/jobs", json={"model": "doomed", "endpoint": "chat.completions", "body": body}
     )

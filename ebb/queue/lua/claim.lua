@@ -35,20 +35,22 @@
 --       16 claiming marker ttl ms, 17 the deployment's public name, 18 the runner's
 --       deployment uid
 -- Returns {{id, work, id, work, ...}, {cancelled ids...}, synchronous requests still queued,
--- job attempts still queued, 1 when the runner's deployment is gone else 0} (the third
+-- job attempts still queued, 1 when the runner's deployment is gone else 0, {ids of the
+-- claimed that are continuations (see reap.lua, job_yield.lua)}} (the third
 -- tells a runner full of jobs to yield one of them, see job_yield.lua; both, with none,
 -- that a busy runner may wait for news, see work_news.py).
 local now = now_ms()
 local cancels = redis.call('SMEMBERS', KEYS[3])
 if #cancels > 0 then redis.call('DEL', KEYS[3]) end
 local claimed = {}
+local continued = {}
 local got = 0
 
 if KEYS[10] then
   local current = redis.call('HGET', KEYS[10], ARGV[17]) or ''
   if current ~= (ARGV[18] or '') then
     redis.call('HSET', KEYS[4], 'free_slots', 0, 'polled_ms', now)
-    return {claimed, cancels, 0, 0, 1}
+    return {claimed, cancels, 0, 0, 1, continued}
   end
 end
 
@@ -100,6 +102,7 @@ local function claim_one(id, rkey, fields, watch)
   end
   table.insert(claimed, id)
   table.insert(claimed, fields[3])
+  if fields[7] == '1' then table.insert(continued, id) end
 end
 
 -- Takes from `queue`, oldest first, until `want` requests were claimed or the first
@@ -112,7 +115,8 @@ local function take(queue, want, watch, affinity, scan)
     if taken >= want then break end
     local rkey = ARGV[4] .. id
     local fields = redis.call(
-      'HMGET', rkey, 'state', 'deadline_ms', 'work', 'job', 'prefix', 'enqueued_ms')
+      'HMGET', rkey, 'state', 'deadline_ms', 'work', 'job', 'prefix', 'enqueued_ms',
+      'continued')
     if fields[1] ~= 'queued' then
       redis.call('ZREM', queue, id)
     else
@@ -151,4 +155,4 @@ if KEYS[9] and want > got then
 end
 local jobs_queued = 0
 if KEYS[6] then jobs_queued = redis.call('ZCARD', KEYS[6]) end
-return {claimed, cancels, redis.call('ZCARD', KEYS[1]), jobs_queued, 0}
+return {claimed, cancels, redis.call('ZCARD', KEYS[1]), jobs_queued, 0, continued}
