@@ -123,6 +123,24 @@ async def test_queue_full_refuses_at_once(redis_url):
     await client.aclose()
 
 
+async def test_an_enqueue_retried_after_redis_lost_its_reply_is_the_same_admission(redis_url):
+    """The client library resends a script whose reply a Redis restart lost (its writes
+    survived in the append-only file): the resend hears the first answer, even at a full
+    queue, and the request is queued once. Another request under the same id is refused."""
+    client = async_client(redis_url)
+    queue = RequestQueue(client, request_ttl_s=60)
+    first = await queue.enqueue(work("again"), admission_window_s=10, depth_limit=1)
+    resent = await queue.enqueue(work("again"), admission_window_s=10, depth_limit=1)
+    assert resent == first and first.deadline_ms > 0
+    assert await queue.depth(DEP) == 1
+    impostor = msgspec.structs.replace(work("again"), prompt_token_ids=[9])
+    with pytest.raises(ValueError, match="already exists"):
+        await queue.enqueue(impostor, admission_window_s=10, depth_limit=100)
+    assert await queue.withdraw(work("again")) and await queue.withdraw(work("again"))
+    assert await queue.depth(DEP) == 0
+    await client.aclose()
+
+
 async def test_the_controller_is_woken_only_for_a_request_no_claiming_runner_will_take(redis_url):
     """enqueue.lua wakes the controller when the queue stops being empty, unless a runner
     with room claims from it; a runner that fills up, drains, sleeps or stops lets the

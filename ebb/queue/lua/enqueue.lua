@@ -7,13 +7,21 @@
 --       5 queue depth limit, 6 request ttl s, 7 signal list max, 8 prompt prefix key
 --       ('' for none: see claim.lua)
 -- Returns {1, deadline_ms} when queued, {0, 'full'} or {0, 'duplicate'} when refused.
+-- The same work sent again is the same admission: a client retrying across a Redis restart
+-- resends a script that ran before Redis died (its reply lost, its writes in the
+-- append-only file), and it must hear what the first run answered, not a refusal. This is
+-- checked before the depth, which counts the request itself.
+local existing = redis.call('HMGET', KEYS[2], 'work', 'deadline_ms')
+if existing[1] then
+  if existing[1] == ARGV[2] then
+    return {1, tonumber(existing[2]) or 0}
+  end
+  return {0, 'duplicate'}
+end
 local now = now_ms()
 local depth = redis.call('ZCARD', KEYS[1])
 if depth >= tonumber(ARGV[5]) then
   return {0, 'full'}
-end
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  return {0, 'duplicate'}
 end
 local window = tonumber(ARGV[4])
 local deadline = 0
