@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from ebb.queue.scaling_spec import ScalingSpec
+
 
 class SamplingSpec(msgspec.Struct, kw_only=True, frozen=True):
     """Engine-neutral sampling parameters, already validated by the frontdoor."""
@@ -259,6 +261,7 @@ class DeploymentSpec(msgspec.Struct, kw_only=True):
     shared_with: list[str] = []
     engine: EngineSpec = msgspec.field(default_factory=EngineSpec)
     serving: ServingOptions = msgspec.field(default_factory=ServingOptions)
+    scaling: ScalingSpec = msgspec.field(default_factory=ScalingSpec)
 
 
 class RunnerState(enum.StrEnum):

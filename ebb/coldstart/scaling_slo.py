@@ -1,0 +1,34 @@
+"""The latency target (`scaling.slo`): out when a measured p90 breaks its target, in when
+the remaining runners would still meet it. Pure.
+
+"Would still meet it" assumes latency grows with the load each runner carries: with one
+runner fewer, each carries n/(n-1) of today's, and the p90 must stay under
+`IN_HEADROOM` of the target after that growth.
+"""
+
+from __future__ import annotations
+
+from ebb.coldstart.scaling_inputs import Measured
+from ebb.coldstart.scaling_verdict import HOLD, Verdict
+from ebb.queue.scaling_spec import SloTarget
+
+IN_HEADROOM = 0.7
+
+
+def slo_verdict(measured: Measured, target: SloTarget, ready: int) -> Verdict:
+    pairs = [
+        ("ttft", measured.ttft_p90_s, target.ttft_p90_s),
+        ("tpot", measured.tpot_p90_s, target.tpot_p90_s),
+    ]
+    judged = [(name, p90, goal) for name, p90, goal in pairs if goal is not None]
+    for name, p90, goal in judged:
+        if p90 is not None and p90 > goal:
+            return Verdict(+1, f"p90 {name} {p90:.3f}s > target {goal:g}s")
+    if ready < 2 or not judged:
+        return HOLD  # the last runner goes by keep-alive, not by the target
+    grown = ready / (ready - 1)
+    for _, p90, goal in judged:
+        if p90 is None or p90 * grown > goal * IN_HEADROOM:
+            return HOLD
+    shown = ", ".join(f"p90 {n} {p:.3f}s" for n, p, _ in judged if p is not None)
+    return Verdict(-1, f"{shown}: {ready - 1} runners would still meet the target")

@@ -1,0 +1,208 @@
+"""Issue 39's scaling policies as data: `plan(world)` for hand-built worlds with a
+`scaling` block, and the pure rules under it (schedule, reversal gap, keep-alive)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from zoneinfo import ZoneInfo
+
+import msgspec
+import pytest
+
+from ebb.coldstart.keepalive import MIN_PERIODS, learn_keep_alive
+from ebb.coldstart.plan import DrainReady, Launch, Scaled, plan
+from ebb.coldstart.scaling_inputs import Measured
+from ebb.coldstart.schedule import minimum_at
+from ebb.coldstart.world import Demand, World
+from ebb.launching.tiers import Tier
+from ebb.queue.scaling_spec import ScalingSpec, ScheduleEntry, SloTarget, UtilisationRule
+from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
+
+NOW = 1_800_000_000.0
+
+
+def spec(scaling: ScalingSpec, **kw: object) -> DeploymentSpec:
+    return DeploymentSpec(
+        name="m",
+        source="s3://m",
+        uid="u1",
+        max_replicas=4,
+        max_concurrency=8,
+        scaling=scaling,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def ready(*ids: str) -> tuple[RunnerRecord, ...]:
+    return tuple(
+        RunnerRecord(runner_id=i, state=RunnerState.READY, deployment="m", deployment_uid="u1")
+        for i in ids
+    )
+
+
+def world(
+    scaling: ScalingSpec,
+    runners: tuple[RunnerRecord, ...],
+    measured: Measured,
+    *,
+    wall_s: float = NOW,
+    cold_start_s: float = 0.0,
+    **kw: object,
+) -> World:
+    demand = Demand(
+        spec=spec(scaling, **kw),
+        ready=len(runners),
+        measured=measured,
+        cold_start_s=cold_start_s,
+    )
+    return World(demands=(demand,), runners=runners, wall_s=wall_s)
+
+
+def launches(actions: list[object]) -> int:
+    return sum(isinstance(a, Launch) and a.deployment == "m" for a in actions)
+
+
+def drains(actions: list[object]) -> list[str]:
+    return [a.runner_id for a in actions if isinstance(a, DrainReady)]
+
+
+def reasons(actions: list[object]) -> str:
+    return " ".join(" ".join(a.reasons) for a in actions if isinstance(a, Scaled))
+
+
+SLO = ScalingSpec(policy="slo", slo=SloTarget(ttft_p90_s=1.0))
+
+
+def test_slo_broken_adds_a_runner_before_anything_queues() -> None:
+    actions = plan(world(SLO, ready("a"), Measured(ttft_p90_s=1.8)))
+    assert launches(actions) == 1
+    assert "p90 ttft 1.800s > target 1s" in reasons(actions)
+
+
+def test_slo_met_with_room_drains_the_least_useful_runner() -> None:
+    measured = Measured(ttft_p90_s=0.2, held={"a": 3, "b": 0, "c": 1})
+    actions = plan(world(SLO, ready("a", "b", "c"), measured))
+    assert drains(actions) == ["b"]
+    assert launches(actions) == 0
+    assert "2 runners would still meet the target" in reasons(actions)
+
+
+def test_slo_met_narrowly_keeps_every_runner() -> None:
+    actions = plan(world(SLO, ready("a", "b"), Measured(ttft_p90_s=0.5)))
+    assert actions == []
+
+
+def test_one_reversal_per_gap_holds_a_scale_out_right_after_a_scale_in() -> None:
+    measured = Measured(ttft_p90_s=1.8, last_in_s=NOW - 60)
+    actions = plan(world(SLO, ready("a"), measured))
+    assert launches(actions) == 0
+    assert "held 240s more" in reasons(actions)
+    later = Measured(ttft_p90_s=1.8, last_in_s=NOW - 301)
+    assert launches(plan(world(SLO, ready("a"), later))) == 1
+
+
+UTIL = ScalingSpec(policy="utilisation")
+
+
+def samples(share: float, over_s: float, step_s: float = 10.0) -> tuple[tuple[float, float], ...]:
+    n = int(over_s / step_s)
+    return tuple((NOW - over_s + i * step_s, share) for i in range(n + 1))
+
+
+def test_utilisation_above_70_for_5_minutes_adds_one() -> None:
+    actions = plan(world(UTIL, ready("a", "b"), Measured(utilisation=samples(0.8, 300))))
+    assert launches(actions) == 1
+    assert "above 70% for 300s" in reasons(actions)
+
+
+def test_utilisation_above_70_for_less_than_5_minutes_waits() -> None:
+    assert plan(world(UTIL, ready("a", "b"), Measured(utilisation=samples(0.8, 200)))) == []
+
+
+def test_utilisation_below_25_for_30_minutes_drains_one_not_below_min() -> None:
+    quiet = Measured(utilisation=samples(0.1, 1800), held={"a": 1, "b": 0})
+    assert drains(plan(world(UTIL, ready("a", "b"), quiet))) == ["b"]
+    assert drains(plan(world(UTIL, ready("a", "b"), quiet, min_replicas=2))) == []
+
+
+def test_utilisation_thresholds_are_the_deployments() -> None:
+    rule = ScalingSpec(policy="utilisation", utilisation=UtilisationRule(up_pct=90, up_for_s=60))
+    assert plan(world(rule, ready("a"), Measured(utilisation=samples(0.8, 300)))) == []
+
+
+def _at(text: str, tz: str = "Europe/Paris") -> float:
+    return dt.datetime.fromisoformat(text).replace(tzinfo=ZoneInfo(tz)).timestamp()
+
+
+PEAK = ScheduleEntry(
+    days=("mon", "tue", "wed", "thu", "fri"),
+    start="09:00",
+    end="18:00",
+    tz="Europe/Paris",
+    min_replicas=2,
+)
+SCHEDULED = ScalingSpec(schedule=(PEAK,))
+
+
+def test_schedule_starts_runners_ahead_by_the_cold_start() -> None:
+    # Monday 08:59:30 Paris, a cold start of 45 s: start now to be ready at 09:00.
+    before = _at("2026-12-07T08:59:30")
+    actions = plan(world(SCHEDULED, (), Measured(), wall_s=before, cold_start_s=45.0))
+    assert launches(actions) == 2
+    assert "starting 45s ahead" in reasons(actions)
+    # With a 20 s cold start, 08:59:30 is too early.
+    assert plan(world(SCHEDULED, (), Measured(), wall_s=before, cold_start_s=20.0)) == []
+
+
+def test_schedule_respects_days_time_zone_and_midnight() -> None:
+    assert minimum_at((PEAK,), _at("2026-12-05T10:00"))[0] == 0  # a Saturday
+    assert minimum_at((PEAK,), _at("2026-12-07T10:00"))[0] == 2
+    assert minimum_at((PEAK,), _at("2026-12-07T10:00", "UTC"))[0] == 2  # 11:00 Paris
+    assert minimum_at((PEAK,), _at("2026-12-07T17:30", "UTC"))[0] == 0  # 18:30 Paris
+    night = ScheduleEntry(days=("fri",), start="22:00", end="02:00", min_replicas=1)
+    assert minimum_at((night,), _at("2026-12-05T01:00", "UTC"))[0] == 1  # Sat 01:00
+    assert minimum_at((night,), _at("2026-12-06T01:00", "UTC"))[0] == 0  # Sun 01:00
+
+
+def test_schedule_floor_keeps_runners_the_policy_would_drain() -> None:
+    quiet = Measured(utilisation=samples(0.1, 1800))
+    rule = ScalingSpec(policy="utilisation", schedule=(PEAK,))
+    assert drains(plan(world(rule, ready("a", "b"), quiet, wall_s=_at("2026-12-07T10:00")))) == []
+
+
+def test_keep_alive_is_learned_from_idle_periods_with_a_fallback() -> None:
+    few = learn_keep_alive([1.0] * (MIN_PERIODS - 1), 60.0)
+    assert (few.window_s, few.learned) == (60.0, False)
+    short = learn_keep_alive([1.0] * 90 + [8.0] * 10, 60.0)
+    assert short.learned and short.window_s == 8.0
+    unknown = learn_keep_alive([1.0] * 90 + [math.inf] * 10, 60.0)
+    assert (unknown.window_s, unknown.learned) == (60.0, False)
+
+
+def test_learned_keep_alive_gives_back_idle_runners_down_to_zero() -> None:
+    learned = ScalingSpec(keep_alive="learned")
+    periods = tuple([3.0] * 40)
+    measured = Measured(idle_periods_s=periods, idle_for_s={"a": 5.0, "b": 1.0})
+    actions = plan(world(learned, ready("a", "b"), measured))
+    assert drains(actions) == ["a"]
+    alone = Measured(idle_periods_s=periods, idle_for_s={"a": 5.0})
+    assert drains(plan(world(learned, ready("a"), alone))) == ["a"]  # zero runners
+    assert drains(plan(world(learned, ready("a"), alone, min_replicas=1))) == []
+
+
+def test_the_default_block_plans_as_before() -> None:
+    assert plan(world(ScalingSpec(), ready("a"), Measured(ttft_p90_s=9.0))) == []
+
+
+def test_scaling_block_round_trips_with_from_and_to() -> None:
+    raw = b'{"policy":"slo","slo":{"ttft_p90_s":1},"schedule":[{"from":"09:00","to":"17:00"}]}'
+    block = msgspec.json.decode(raw, type=ScalingSpec)
+    assert block.schedule[0].start == "09:00"
+    assert b'"from":"09:00"' in msgspec.json.encode(block)
+
+
+@pytest.mark.parametrize("tier", [Tier.FRESH])
+def test_scale_out_launches_a_fresh_runner(tier: Tier) -> None:
+    actions = plan(world(SLO, ready("a"), Measured(ttft_p90_s=1.8)))
+    assert [a.tier for a in actions if isinstance(a, Launch)] == [tier]
