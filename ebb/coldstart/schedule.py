@@ -10,18 +10,7 @@ import datetime as dt
 from collections.abc import Sequence
 from zoneinfo import ZoneInfo
 
-from ebb.queue.scaling_spec import WEEKDAYS, ScheduleEntry
-
-
-def parse_hhmm(text: str) -> int:
-    """Minutes after midnight of "HH:MM" (ValueError when it is not one)."""
-    hours, sep, minutes = text.partition(":")
-    if not sep or not (hours.isdigit() and minutes.isdigit()) or len(minutes) != 2:
-        raise ValueError(f"{text!r} is not HH:MM")
-    h, m = int(hours), int(minutes)
-    if not (0 <= h <= 24 and 0 <= m < 60) or (h == 24 and m):
-        raise ValueError(f"{text!r} is not a time of day (00:00 to 24:00)")
-    return h * 60 + m
+from ebb.queue.scaling_spec import WEEKDAYS, ScheduleEntry, parse_hhmm
 
 
 def active(entry: ScheduleEntry, wall_s: float) -> bool:

@@ -15,6 +15,17 @@ import msgspec
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
+def parse_hhmm(text: str) -> int:
+    """Minutes after midnight of "HH:MM" (ValueError when it is not one)."""
+    hours, sep, minutes = text.partition(":")
+    if not sep or not (hours.isdigit() and minutes.isdigit()) or len(minutes) != 2:
+        raise ValueError(f"{text!r} is not HH:MM")
+    h, m = int(hours), int(minutes)
+    if not (0 <= h <= 24 and 0 <= m < 60) or (h == 24 and m):
+        raise ValueError(f"{text!r} is not a time of day (00:00 to 24:00)")
+    return h * 60 + m
+
+
 class SloTarget(msgspec.Struct, kw_only=True, frozen=True):
     """p90 latencies the deployment keeps, measured over `window_s` (None: not targeted)."""
 

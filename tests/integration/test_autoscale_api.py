@@ -1,0 +1,71 @@
+"""The deploy API's `scaling` block: stored as given, read back, and refused with a 400
+naming the field when it cannot mean anything."""
+
+from __future__ import annotations
+
+import pytest
+from support import deploy, deployment
+
+SCALING = {
+    "policy": "slo",
+    "slo": {"ttft_p90_s": 1.0},
+    "keep_alive": "learned",
+    "schedule": [
+        {
+            "days": ["mon", "fri"],
+            "from": "09:00",
+            "to": "18:00",
+            "tz": "Europe/Paris",
+            "min_replicas": 1,
+        }
+    ],
+}
+
+
+def test_a_scaling_block_is_stored_and_patched(platform, admin):
+    deploy(admin, "scaled", max_replicas=2, scaling=SCALING)
+    shown = deployment(admin, "scaled")["scaling"]
+    assert shown["policy"] == "slo" and shown["slo"]["ttft_p90_s"] == 1.0
+    assert shown["schedule"][0]["from"] == "09:00" and shown["keep_alive"] == "learned"
+    assert shown["utilisation"]["up_pct"] == 70.0
+    patched = admin.patch("/v1/deployments/scaled", json={"scaling": {"policy": "utilisation"}})
+    assert patched.status_code == 200, patched.text
+    assert deployment(admin, "scaled")["scaling"]["policy"] == "utilisation"
+
+
+@pytest.mark.parametrize(
+    ("scaling", "param"),
+    [
+        ({"policy": "fastest"}, "scaling.policy"),
+        ({"policy": "slo"}, "scaling"),
+        (
+            {"schedule": [{"from": "9am", "to": "18:00", "min_replicas": 1}]},
+            "scaling.schedule.0.from",
+        ),
+        (
+            {
+                "schedule": [
+                    {"from": "09:00", "to": "18:00", "tz": "Mars/Olympus", "min_replicas": 1}
+                ]
+            },
+            "scaling.schedule.0.tz",
+        ),
+        (
+            {
+                "schedule": [
+                    {"days": ["someday"], "from": "09:00", "to": "18:00", "min_replicas": 1}
+                ]
+            },
+            "scaling.schedule.0.days.0",
+        ),
+        ({"schedule": [{"from": "09:00", "to": "18:00", "min_replicas": 5}]}, "scaling.schedule"),
+        ({"utilisation": {"up_pct": 20, "down_pct": 30}}, "scaling.utilisation"),
+    ],
+)
+def test_a_scaling_block_that_cannot_work_is_a_400_naming_the_field(
+    platform, admin, scaling, param
+):
+    body = {"name": "bad-scaling", "source": "fake://m", "max_replicas": 2, "scaling": scaling}
+    response = admin.post("/v1/deployments", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
