@@ -57,6 +57,7 @@ class ReadyDrains(Protocol):
     async def drain_ready(self, runner_id: str, deployment: str) -> bool: ...
 
 
+@runtime_checkable
 class PlacingLauncher(Protocol):
     """A launcher whose scheduler can be asked for a node (Kubernetes, Ray)."""
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ebb.coldstart.hysteresis import reversal_wait_s
-from ebb.coldstart.keepalive import learn_keep_alive
+from ebb.coldstart.keepalive import keep_alive_drains
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
 from ebb.coldstart.scaling_inputs import Measured
 from ebb.coldstart.scaling_slo import slo_verdict
@@ -32,7 +32,9 @@ class ScaleDecision:
     drain: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
     direction: int = 0  # +1 a policy's scale-out, -1 a scale-in (for the reversal gap)
-    held: bool = False  # a policy's move waits for the reversal gap
+    # A policy wanted a move it did not make (the reversal gap, or not capacity-bound):
+    # logged, so that the operator reads why nothing happened.
+    held: bool = False
 
     def worth_logging(self, serving: int) -> bool:
         return bool(self.reasons) and (bool(self.drain) or self.desired != serving or self.held)
@@ -68,18 +70,23 @@ def decide(
         desired = max(desired, min(snap.serving + 1, snap.max_replicas))
     elif verdict.direction < 0 and snap.starting == 0 and snap.queue_depth == 0:
         drain += _least_useful(ready, measured, snap.serving - floor, 1)
-    if scaling.keep_alive == "learned" and snap.queue_depth == 0:
-        keep = learn_keep_alive(measured.idle_periods_s, fixed_keep_alive_s)
-        idle = [r for r in ready if r not in drain and _idle_s(measured, r) > keep.window_s]
-        spare = snap.serving - floor - len(drain)
-        given = _least_useful(idle, measured, spare, len(idle))
+    if scaling.keep_alive == "learned" and snap.queue_depth == 0 and snap.starting == 0:
+        idle = [r for r in ready if r not in drain and measured.held.get(r, 0) == 0]
+        given, why = keep_alive_drains(
+            measured,
+            _least_useful(idle, measured, len(idle), len(idle)),
+            ready=snap.serving - len(drain),
+            floor=floor,
+            max_concurrency=snap.target_concurrency,
+            fixed_s=fixed_keep_alive_s,
+        )
         if given:
             drain += given
-            reasons.append(f"keep-alive {keep.window_s:.1f}s ({keep.why}): idle past it")
+            reasons.append(f"keep-alive: {why}")
     applied = verdict.direction if (verdict.direction < 0 and drain) else 0
     if verdict.direction > 0 and desired > snap.serving:
         applied = 1
-    held = wanted.direction != 0 and verdict.direction == 0
+    held = bool(verdict.why) and verdict.direction == 0
     return ScaleDecision(desired, tuple(drain), tuple(reasons), applied, held)
 
 
@@ -87,7 +94,8 @@ def _verdict(
     scaling: ScalingSpec, snap: DemandSnapshot, measured: Measured, now_s: float
 ) -> Verdict:
     if scaling.policy == "slo" and scaling.slo is not None:
-        return slo_verdict(measured, scaling.slo, snap.ready)
+        slots = snap.ready * snap.target_concurrency
+        return slo_verdict(measured, scaling.slo, snap.ready, queued=snap.queue_depth, slots=slots)
     if scaling.policy == "utilisation":
         return utilisation_verdict(measured.utilisation, now_s, scaling.utilisation)
     return HOLD
@@ -102,10 +110,6 @@ def _held(verdict: Verdict, scaling: ScalingSpec, measured: Measured, now_s: flo
     return Verdict(
         0, f"{verdict.why}; held {wait_s:.0f}s more (one reversal per {scaling.reversal_gap_s:g}s)"
     )
-
-
-def _idle_s(measured: Measured, runner_id: str) -> float:
-    return measured.idle_for_s.get(runner_id, 0.0)
 
 
 def _least_useful(

@@ -17,9 +17,13 @@ class Measured:
     # (when, busy share 0..1 of its runners' slots), oldest first, over the longest window
     # the utilisation rule looks at.
     utilisation: tuple[tuple[float, float], ...] = ()
-    # How long each of its runners' idle periods lasted before the next request (inf: it
-    # was given back first, so the period's end is unknown), oldest first.
+    # How long each period in which the deployment held and queued nothing lasted before
+    # its next request, oldest first (its own idle-time distribution).
     idle_periods_s: tuple[float, ...] = ()
+    # How long it has held and queued nothing now (0: busy).
+    idle_s: float = 0.0
+    # The most requests its runners held at once lately (`scaling_tracker.PEAK_WINDOW_S`).
+    peak_held: int = 0
     # Per ready runner: requests it holds, and how long it has held none (0: busy).
     held: Mapping[str, int] = field(default_factory=dict)
     idle_for_s: Mapping[str, float] = field(default_factory=dict)

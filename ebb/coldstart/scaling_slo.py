@@ -1,6 +1,10 @@
 """The latency target (`scaling.slo`): out when a measured p90 breaks its target, in when
 the remaining runners would still meet it. Pure.
 
+A broken target adds a runner only where capacity is what it lacks: something queues,
+or the runners' slots are at least `OUT_BUSY_SHARE` full. A slow first token on runners
+with free slots is the prompt's length (prefill), which another runner would not change.
+
 "Would still meet it" assumes latency grows with the load each runner carries: with one
 runner fewer, each carries n/(n-1) of today's, and the p90 must stay under
 `IN_HEADROOM` of the target after that growth.
@@ -13,17 +17,25 @@ from ebb.coldstart.scaling_verdict import HOLD, Verdict
 from ebb.queue.scaling_spec import SloTarget
 
 IN_HEADROOM = 0.7
+OUT_BUSY_SHARE = 0.5
 
 
-def slo_verdict(measured: Measured, target: SloTarget, ready: int) -> Verdict:
+def slo_verdict(
+    measured: Measured, target: SloTarget, ready: int, *, queued: int, slots: int
+) -> Verdict:
+    """`queued`: requests waiting; `slots`: the ready runners' batch slots."""
     pairs = [
         ("ttft", measured.ttft_p90_s, target.ttft_p90_s),
         ("tpot", measured.tpot_p90_s, target.tpot_p90_s),
     ]
     judged = [(name, p90, goal) for name, p90, goal in pairs if goal is not None]
+    busy = sum(measured.held.values()) / slots if slots else 1.0
     for name, p90, goal in judged:
         if p90 is not None and p90 > goal:
-            return Verdict(+1, f"p90 {name} {p90:.3f}s > target {goal:g}s")
+            broken = f"p90 {name} {p90:.3f}s > target {goal:g}s"
+            if queued or busy >= OUT_BUSY_SHARE:
+                return Verdict(+1, f"{broken} ({queued} queued, slots {busy:.0%} busy)")
+            return Verdict(0, f"{broken}, but slots {busy:.0%} busy: not for lack of runners")
     if ready < 2 or not judged:
         return HOLD  # the last runner goes by keep-alive, not by the target
     grown = ready / (ready - 1)

@@ -27,6 +27,8 @@ from ebb.queue.schema import DeploymentSpec
 SAMPLE_EVERY_S = 10.0
 # Idle periods remembered per deployment (the keep-alive histogram's history).
 PERIODS_KEPT = 1000
+# The recent peak of requests held at once is over this long.
+PEAK_WINDOW_S = 30.0
 DEFAULT = ScalingSpec()
 
 
@@ -38,12 +40,18 @@ class Latency:
     tpot_s: float | None = None
 
 
+@dataclass(frozen=True)
+class RunnerLoad:
+    held: int  # requests it holds
+    gpu_pct: float | None = None  # NVML's utilisation of its GPUs (None: on CPU)
+
+
 @runtime_checkable
 class ScalingSource(Protocol):
-    """Where the measurements come from (Redis: `queue.scaling_reads`)."""
+    """Where the measurements come from (Redis: `scaling_reads.RedisScalingSource`)."""
 
-    async def runner_held(self, runner_ids: list[str]) -> dict[str, int]:
-        """Requests each runner holds now (absent: unknown)."""
+    async def runner_load(self, runner_ids: list[str]) -> dict[str, RunnerLoad]:
+        """How loaded each runner is now (absent: unknown, taken as idle)."""
         ...
 
     async def latencies_after(self, cursor: bytes) -> tuple[bytes, list[Latency]]:
@@ -57,8 +65,10 @@ class ScalingSource(Protocol):
 class _Memory:
     latencies: deque[tuple[float, float | None, float | None]] = field(default_factory=deque)
     utilisation: deque[tuple[float, float]] = field(default_factory=deque)
-    idle_since_s: dict[str, float] = field(default_factory=dict)
+    idle_since_s: dict[str, float] = field(default_factory=dict)  # per runner
     periods_s: deque[float] = field(default_factory=lambda: deque(maxlen=PERIODS_KEPT))
+    deployment_idle_since_s: float | None = None
+    peaks: deque[tuple[float, int]] = field(default_factory=deque)  # (when, held)
     last_out_s: float = -math.inf
     last_in_s: float = -math.inf
 
@@ -83,14 +93,17 @@ class ScalingTracker:
                 memory.latencies.append((done.finished_s, done.ttft_s, done.tpot_s))
 
     async def measure(
-        self, spec: DeploymentSpec, ready: Sequence[str], wall_s: float
+        self, spec: DeploymentSpec, ready: Sequence[str], wall_s: float, queued: int = 0
     ) -> tuple[Measured, float]:
-        """What `spec`'s policies see now, and its expected (slowest tier) cold start."""
+        """What `spec`'s policies see now (`queued`: requests and jobs waiting), and its
+        expected (slowest tier) cold start."""
         assert self._source is not None
         memory = self._memory.setdefault(spec.name, _Memory())
-        held = await self._source.runner_held(list(ready))
+        loads = await self._source.runner_load(list(ready))
+        held = {r: load.held for r, load in loads.items()}
         self._track_idle(memory, held, ready, wall_s)
-        self._sample(memory, spec, held, len(ready), wall_s)
+        self._track_deployment(memory, sum(held.values()), queued, wall_s)
+        self._sample(memory, spec, [loads.get(r, RunnerLoad(0)) for r in ready], wall_s)
         cold = tier_estimate_s(await self._source.cold_start_ms(spec.name), Tier.FRESH)
         window_s = spec.scaling.slo.window_s if spec.scaling.slo else 60.0
         while memory.latencies and memory.latencies[0][0] < wall_s - window_s:
@@ -102,6 +115,8 @@ class ScalingTracker:
             tpot_p90_s=percentile(tpots, 90) if tpots else None,
             utilisation=tuple(memory.utilisation),
             idle_periods_s=tuple(memory.periods_s),
+            idle_s=_since(memory.deployment_idle_since_s, wall_s),
+            peak_held=max((n for _, n in memory.peaks), default=0),
             held=held,
             idle_for_s={r: wall_s - s for r, s in memory.idle_since_s.items()},
             last_out_s=memory.last_out_s,
@@ -123,31 +138,50 @@ class ScalingTracker:
     def _track_idle(
         memory: _Memory, held: dict[str, int], ready: Sequence[str], wall_s: float
     ) -> None:
-        """An idle period ends when its runner holds a request again; one whose runner is
-        gone ended unknown (inf)."""
+        """Since when each ready runner has held nothing."""
         for runner_id in list(memory.idle_since_s):
-            if runner_id not in ready:
-                memory.periods_s.append(math.inf)
+            if runner_id not in ready or held.get(runner_id, 0) > 0:
                 del memory.idle_since_s[runner_id]
         for runner_id in ready:
-            busy = held.get(runner_id, 0) > 0
-            since = memory.idle_since_s.get(runner_id)
-            if busy and since is not None:
-                memory.periods_s.append(wall_s - since)
-                del memory.idle_since_s[runner_id]
-            elif not busy and since is None:
-                memory.idle_since_s[runner_id] = wall_s
+            if held.get(runner_id, 0) == 0:
+                memory.idle_since_s.setdefault(runner_id, wall_s)
+
+    @staticmethod
+    def _track_deployment(memory: _Memory, held: int, queued: int, wall_s: float) -> None:
+        """The deployment's idle periods: from holding and queueing nothing to its next
+        request (seen queued, or held by a runner); and its recent peak."""
+        busy = held + queued > 0
+        since = memory.deployment_idle_since_s
+        if busy and since is not None:
+            memory.periods_s.append(wall_s - since)
+            memory.deployment_idle_since_s = None
+        elif not busy and since is None:
+            memory.deployment_idle_since_s = wall_s
+        memory.peaks.append((wall_s, held + queued))
+        while memory.peaks and memory.peaks[0][0] < wall_s - PEAK_WINDOW_S:
+            memory.peaks.popleft()
 
     @staticmethod
     def _sample(
-        memory: _Memory, spec: DeploymentSpec, held: dict[str, int], ready: int, wall_s: float
+        memory: _Memory, spec: DeploymentSpec, loads: list[RunnerLoad], wall_s: float
     ) -> None:
+        """Utilisation: NVML's on a runner with GPUs, its busy-slot share on CPU; the
+        mean over the ready runners (0 with none: nothing to keep busy)."""
         if memory.utilisation and wall_s - memory.utilisation[-1][0] < SAMPLE_EVERY_S:
             return
-        slots = ready * spec.max_concurrency
-        share = sum(held.values()) / slots if slots else 0.0
+        shares = [
+            load.gpu_pct / 100
+            if load.gpu_pct is not None
+            else load.held / max(spec.max_concurrency, 1)
+            for load in loads
+        ]
+        share = sum(shares) / len(shares) if shares else 0.0
         memory.utilisation.append((wall_s, min(1.0, share)))
         rule = spec.scaling.utilisation
         keep_s = max(rule.up_for_s, rule.down_for_s) + SAMPLE_EVERY_S
         while memory.utilisation and memory.utilisation[0][0] < wall_s - keep_s:
             memory.utilisation.popleft()
+
+
+def _since(start_s: float | None, wall_s: float) -> float:
+    return 0.0 if start_s is None else wall_s - start_s

@@ -89,9 +89,13 @@ class SimulatedPlatform:
         policy: PolicyConfig = PolicyConfig(),
         *,
         failing: frozenset[str] = frozenset(),
+        wall_start_s: float | None = None,
     ):
+        """`wall_start_s`: the wall clock at simulated time 0 (schedules read it)."""
         self.settings = settings
-        self.clock = ManualClock()
+        self.clock = (
+            ManualClock() if wall_start_s is None else ManualClock(wall_start_s=wall_start_s)
+        )
         self.state = InMemoryState(self.clock)
         self.launcher = SimulatedLauncher(
             self.clock, self.state, model, forks=settings.fork_server, failing=failing

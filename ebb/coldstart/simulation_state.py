@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import msgspec
 
 from ebb.coldstart.clock import ManualClock
-from ebb.coldstart.scaling_tracker import Latency
+from ebb.coldstart.scaling_tracker import Latency, RunnerLoad
 from ebb.coldstart.simulation_trace import TraceRequest
 from ebb.queue.platform import QueueSnapshot
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
@@ -172,8 +172,8 @@ class InMemoryState:
 
     # --- ScalingSource and ReadyDrains -------------------------------------------------------
 
-    async def runner_held(self, runner_ids: list[str]) -> dict[str, int]:
-        return {r: self.held.get(r, 0) for r in runner_ids}
+    async def runner_load(self, runner_ids: list[str]) -> dict[str, RunnerLoad]:
+        return {r: RunnerLoad(self.held.get(r, 0)) for r in runner_ids}
 
     async def latencies_after(self, cursor: bytes) -> tuple[bytes, list[Latency]]:
         start = int(cursor or b"0")

@@ -140,7 +140,8 @@ class WorldReader:
         if self._scaling is None or not self._scaling.tracks(demand.spec):
             return demand
         ready = [r.runner_id for r in runners if r.state is RunnerState.READY]
-        measured, cold_start_s = await self._scaling.measure(demand.spec, ready, wall_s)
+        queued = demand.queue_depth + demand.job_depth
+        measured, cold_start_s = await self._scaling.measure(demand.spec, ready, wall_s, queued)
         return dataclasses.replace(demand, measured=measured, cold_start_s=cold_start_s)
 
     async def _read_nodes(

@@ -10,7 +10,6 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ebb.queue.scaling_spec import (
-    WEEKDAYS,
     ScalingSpec,
     ScheduleEntry,
     SloTarget,
@@ -19,6 +18,7 @@ from ebb.queue.scaling_spec import (
 )
 
 Day = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+EVERY_DAY: tuple[Day, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
 class SloBody(BaseModel):
@@ -47,7 +47,7 @@ class UtilisationBody(BaseModel):
 class ScheduleBody(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    days: list[Day] = Field(default_factory=lambda: list(WEEKDAYS), min_length=1)
+    days: list[Day] = Field(default_factory=lambda: list(EVERY_DAY), min_length=1)
     start: str = Field(alias="from", description="HH:MM, local time in tz.")
     end: str = Field(alias="to", description="HH:MM; at or before 'from': past midnight.")
     tz: str = Field("UTC", max_length=64, description="An IANA time zone, e.g. Europe/Paris.")
@@ -76,7 +76,7 @@ class ScalingBody(BaseModel):
 
     policy: Literal["queue", "slo", "utilisation"] = "queue"
     slo: SloBody | None = None
-    utilisation: UtilisationBody = Field(default_factory=UtilisationBody)
+    utilisation: UtilisationBody | None = None  # None: the design's defaults
     keep_alive: Literal["fixed", "learned"] = "fixed"
     schedule: list[ScheduleBody] = Field(default_factory=list, max_length=32)
     reversal_gap_s: float = Field(300.0, ge=0, le=86400)
@@ -93,7 +93,9 @@ class ScalingBody(BaseModel):
         return ScalingSpec(
             policy=self.policy,
             slo=SloTarget(**self.slo.model_dump()) if self.slo else None,
-            utilisation=UtilisationRule(**self.utilisation.model_dump()),
+            utilisation=UtilisationRule(**self.utilisation.model_dump())
+            if self.utilisation
+            else UtilisationRule(),
             keep_alive=self.keep_alive,
             schedule=tuple(
                 ScheduleEntry(

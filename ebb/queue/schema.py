@@ -349,6 +349,8 @@ class UsageRecord(msgspec.Struct, kw_only=True):
     # From enqueue to the first output, as the runner saw it; None: no output (failed
     # before any, an embedding). Rollouts compare versions by it.
     ttft_ms: float | None = None
+    # Per output token after the first, as the runner saw it (scaling policies' p90).
+    tpot_ms: float | None = None
 
 
 class ColdStartRecord(msgspec.Struct, kw_only=True):

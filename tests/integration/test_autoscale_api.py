@@ -4,7 +4,9 @@ naming the field when it cannot mean anything."""
 from __future__ import annotations
 
 import pytest
-from support import deploy, deployment
+from support import deploy, deployment, wait_until
+
+from ebb.queue import keys
 
 SCALING = {
     "policy": "slo",
@@ -69,3 +71,34 @@ def test_a_scaling_block_that_cannot_work_is_a_400_naming_the_field(
     response = admin.post("/v1/deployments", json=body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def ready_runner_ids(admin, name: str) -> list[str]:
+    return [r["id"] for r in deployment(admin, name)["runners"] if r["state"] == "ready"]
+
+
+def test_a_schedule_starts_runners_with_no_request(platform, admin):
+    whole_day = {"from": "00:00", "to": "00:00", "min_replicas": 1}
+    deploy(
+        admin,
+        "scheduled",
+        source="fake://m?step_ms=0",
+        max_replicas=2,
+        scaling={"schedule": [whole_day]},
+    )
+    wait_until(lambda: len(ready_runner_ids(admin, "scheduled")) == 1, 60, "a scheduled runner")
+
+
+def test_a_runner_asked_to_drain_exits_and_the_minimum_is_kept(platform, admin, platform_redis):
+    deploy(admin, "drained", source="fake://m?step_ms=0", min_replicas=1, idle_timeout_s=600)
+    wait_until(lambda: len(ready_runner_ids(admin, "drained")) == 1, 60, "a ready runner")
+    (first,) = ready_runner_ids(admin, "drained")
+    platform_redis.hset(keys.runner(first), keys.RUNNER_DRAIN_REQUESTED, "drained")
+    wait_until(
+        lambda: (
+            first not in ready_runner_ids(admin, "drained")
+            and len(ready_runner_ids(admin, "drained")) == 1
+        ),
+        60,
+        "the runner drained and another one up for min_replicas",
+    )

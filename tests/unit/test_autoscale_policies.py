@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import math
 from zoneinfo import ZoneInfo
 
 import msgspec
@@ -75,9 +74,15 @@ SLO = ScalingSpec(policy="slo", slo=SloTarget(ttft_p90_s=1.0))
 
 
 def test_slo_broken_adds_a_runner_before_anything_queues() -> None:
-    actions = plan(world(SLO, ready("a"), Measured(ttft_p90_s=1.8)))
+    actions = plan(world(SLO, ready("a"), Measured(ttft_p90_s=1.8, held={"a": 5})))
     assert launches(actions) == 1
-    assert "p90 ttft 1.800s > target 1s" in reasons(actions)
+    assert "p90 ttft 1.800s > target 1s (0 queued, slots 62% busy)" in reasons(actions)
+
+
+def test_slo_broken_on_runners_with_free_slots_adds_none_and_says_why() -> None:
+    actions = plan(world(SLO, ready("a"), Measured(ttft_p90_s=1.8, held={"a": 1})))
+    assert launches(actions) == 0
+    assert "not for lack of runners" in reasons(actions)
 
 
 def test_slo_met_with_room_drains_the_least_useful_runner() -> None:
@@ -94,11 +99,11 @@ def test_slo_met_narrowly_keeps_every_runner() -> None:
 
 
 def test_one_reversal_per_gap_holds_a_scale_out_right_after_a_scale_in() -> None:
-    measured = Measured(ttft_p90_s=1.8, last_in_s=NOW - 60)
+    measured = Measured(ttft_p90_s=1.8, held={"a": 8}, last_in_s=NOW - 60)
     actions = plan(world(SLO, ready("a"), measured))
     assert launches(actions) == 0
     assert "held 240s more" in reasons(actions)
-    later = Measured(ttft_p90_s=1.8, last_in_s=NOW - 301)
+    later = Measured(ttft_p90_s=1.8, held={"a": 8}, last_in_s=NOW - 301)
     assert launches(plan(world(SLO, ready("a"), later))) == 1
 
 
@@ -174,21 +179,39 @@ def test_schedule_floor_keeps_runners_the_policy_would_drain() -> None:
 def test_keep_alive_is_learned_from_idle_periods_with_a_fallback() -> None:
     few = learn_keep_alive([1.0] * (MIN_PERIODS - 1), 60.0)
     assert (few.window_s, few.learned) == (60.0, False)
-    short = learn_keep_alive([1.0] * 90 + [8.0] * 10, 60.0)
+    short = learn_keep_alive([1.0] * 98 + [8.0] * 2, 60.0)
     assert short.learned and short.window_s == 8.0
-    unknown = learn_keep_alive([1.0] * 90 + [math.inf] * 10, 60.0)
-    assert (unknown.window_s, unknown.learned) == (60.0, False)
+    long = learn_keep_alive([1.0] * 90 + [90.0] * 10, 60.0)
+    assert (long.window_s, long.learned) == (60.0, False)
 
 
-def test_learned_keep_alive_gives_back_idle_runners_down_to_zero() -> None:
-    learned = ScalingSpec(keep_alive="learned")
-    periods = tuple([3.0] * 40)
-    measured = Measured(idle_periods_s=periods, idle_for_s={"a": 5.0, "b": 1.0})
-    actions = plan(world(learned, ready("a", "b"), measured))
-    assert drains(actions) == ["a"]
-    alone = Measured(idle_periods_s=periods, idle_for_s={"a": 5.0})
-    assert drains(plan(world(learned, ready("a"), alone))) == ["a"]  # zero runners
-    assert drains(plan(world(learned, ready("a"), alone, min_replicas=1))) == []
+LEARNED = ScalingSpec(keep_alive="learned")
+SHORT_GAPS = tuple([3.0] * 40)
+
+
+def test_learned_keep_alive_goes_to_zero_once_idle_past_the_learned_window() -> None:
+    idle = Measured(idle_periods_s=SHORT_GAPS, idle_s=5.0, idle_for_s={"a": 5.0, "b": 5.0})
+    actions = plan(world(LEARNED, ready("a", "b"), idle))
+    assert sorted(drains(actions)) == ["a", "b"]
+    assert "idle 5s > keep-alive 3.0s" in reasons(actions)
+    assert drains(plan(world(LEARNED, ready("a", "b"), idle, min_replicas=1))) == ["b"]
+    soon = Measured(idle_periods_s=SHORT_GAPS, idle_s=2.0, idle_for_s={"a": 2.0})
+    assert plan(world(LEARNED, ready("a"), soon)) == []
+
+
+def test_learned_keep_alive_falls_back_to_the_fixed_window_without_history() -> None:
+    idle = Measured(idle_periods_s=SHORT_GAPS[:5], idle_s=30.0, idle_for_s={"a": 30.0})
+    assert plan(world(LEARNED, ready("a"), idle)) == []
+
+
+def test_a_spare_idle_runner_goes_while_the_rest_hold_the_recent_peak() -> None:
+    busy = {"a": 4, "b": 0, "c": 0}
+    idle_for = {"b": 12.0, "c": 3.0}
+    low = Measured(idle_periods_s=SHORT_GAPS, held=busy, idle_for_s=idle_for, peak_held=8)
+    actions = plan(world(LEARNED, ready("a", "b", "c"), low))
+    assert drains(actions) == ["b"]  # c has been idle too briefly
+    high = Measured(idle_periods_s=SHORT_GAPS, held=busy, idle_for_s=idle_for, peak_held=13)
+    assert drains(plan(world(LEARNED, ready("a", "b", "c"), high))) == []
 
 
 def test_the_default_block_plans_as_before() -> None:
@@ -204,5 +227,5 @@ def test_scaling_block_round_trips_with_from_and_to() -> None:
 
 @pytest.mark.parametrize("tier", [Tier.FRESH])
 def test_scale_out_launches_a_fresh_runner(tier: Tier) -> None:
-    actions = plan(world(SLO, ready("a"), Measured(ttft_p90_s=1.8)))
+    actions = plan(world(SLO, ready("a"), Measured(ttft_p90_s=1.8, held={"a": 8})))
     assert [a.tier for a in actions if isinstance(a, Launch)] == [tier]
