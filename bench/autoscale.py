@@ -16,6 +16,7 @@ trace; each row is:
   ebb no forks   the same without the fork server: runners beyond the stem start fresh
   ebb no pool    neither stems nor forks: every start is a fresh process
   runpod 5s      RunPod serverless's default idle timeout (5 s)
+  fixed 15s/30s  windows between those defaults: where the fixed-window curve runs
   modal 60s      Modal's default scaledown window (60 s)
   knative 60s    Knative's default stable window (60 s)
   baseten 900s   Baseten's default scale-down delay (900 s)
@@ -77,6 +78,8 @@ TRACES = {
 # Keep-alive windows operators know (their documented defaults), in seconds.
 FIXED_WINDOWS_S = {
     "runpod 5s": 5.0,
+    "fixed 15s": 15.0,
+    "fixed 30s": 30.0,
     "modal 60s": 60.0,
     "knative 60s": 60.0,
     "baseten 900s": 900.0,

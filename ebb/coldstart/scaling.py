@@ -79,6 +79,8 @@ def decide(
             floor=floor,
             max_concurrency=snap.target_concurrency,
             fixed_s=fixed_keep_alive_s,
+            # A spare runner given back soon after a policy's scale-out is a reversal.
+            spare=reversal_wait_s(-1, measured, wall_s, scaling.reversal_gap_s) <= 0,
         )
         if given:
             drain += given

@@ -229,3 +229,18 @@ def test_scaling_block_round_trips_with_from_and_to() -> None:
 def test_scale_out_launches_a_fresh_runner(tier: Tier) -> None:
     actions = plan(world(SLO, ready("a"), Measured(ttft_p90_s=1.8, held={"a": 8})))
     assert [a.tier for a in actions if isinstance(a, Launch)] == [tier]
+
+
+def test_a_spare_runner_is_kept_within_the_reversal_gap_of_a_scale_out() -> None:
+    measured = Measured(
+        idle_periods_s=SHORT_GAPS,
+        held={"a": 4, "b": 0},
+        idle_for_s={"b": 12.0},
+        peak_held=4,
+        last_out_s=NOW - 100,
+    )
+    assert drains(plan(world(LEARNED, ready("a", "b"), measured))) == []
+    later = Measured(
+        idle_periods_s=SHORT_GAPS, held={"a": 4, "b": 0}, idle_for_s={"b": 12.0}, peak_held=4
+    )
+    assert drains(plan(world(LEARNED, ready("a", "b"), later))) == ["b"]
