@@ -253,7 +253,7 @@ class Controller:
             wall_s=self._clock.time(),
         )
         actions = plan(world, self._policy)
-        self._scaling.after_plan(actions, world.wall_s)
+        actions = self._scaling.after_plan(actions, world.wall_s)
         if world.gpus is not None:
             self._unschedulable = _shown_after(self._unschedulable, actions)
         if not actions:

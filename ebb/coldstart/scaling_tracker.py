@@ -13,7 +13,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from ebb.coldstart.estimate import tier_estimate_s
 from ebb.coldstart.keepalive import percentile
@@ -27,9 +27,12 @@ from ebb.queue.schema import DeploymentSpec
 SAMPLE_EVERY_S = 10.0
 # Idle periods remembered per deployment (the keep-alive histogram's history).
 PERIODS_KEPT = 1000
+# A hold (a policy's move not made) repeated is logged again after this long.
+HOLD_LOGGED_EVERY_S = 60.0
 # The recent peak of requests held at once is over this long.
 PEAK_WINDOW_S = 30.0
 DEFAULT = ScalingSpec()
+A = TypeVar("A")
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ class _Memory:
     peaks: deque[tuple[float, int]] = field(default_factory=deque)  # (when, held)
     last_out_s: float = -math.inf
     last_in_s: float = -math.inf
+    hold_logged: tuple[object, ...] = ()
+    hold_logged_s: float = -math.inf
 
 
 class ScalingTracker:
@@ -124,15 +129,30 @@ class ScalingTracker:
         )
         return measured, cold
 
-    def after_plan(self, actions: Sequence[object], wall_s: float) -> None:
-        """Remember the policies' moves, for the reversal gap."""
+    def after_plan(self, actions: list[A], wall_s: float) -> list[A]:
+        """Remember the policies' moves, for the reversal gap; returns `actions` less a
+        decision that only repeats a hold logged within `HOLD_LOGGED_EVERY_S` (a target
+        broken for minutes is one line a minute in the log, not one a reconcile)."""
+        kept: list[A] = []
         for action in actions:
-            if isinstance(action, Scaled) and action.direction:
+            if isinstance(action, Scaled):
                 memory = self._memory.setdefault(action.deployment, _Memory())
                 if action.direction > 0:
                     memory.last_out_s = wall_s
-                else:
+                elif action.direction < 0:
                     memory.last_in_s = wall_s
+                elif self._repeats_hold(memory, action, wall_s):
+                    continue
+            kept.append(action)
+        return kept
+
+    @staticmethod
+    def _repeats_hold(memory: _Memory, action: Scaled, wall_s: float) -> bool:
+        key = (action.policy, action.desired, tuple(r.split(" ")[0] for r in action.reasons))
+        if memory.hold_logged == key and wall_s - memory.hold_logged_s < HOLD_LOGGED_EVERY_S:
+            return True
+        memory.hold_logged, memory.hold_logged_s = key, wall_s
+        return False
 
     @staticmethod
     def _track_idle(

@@ -12,6 +12,7 @@ import pytest
 from ebb.coldstart.keepalive import MIN_PERIODS, learn_keep_alive
 from ebb.coldstart.plan import DrainReady, Launch, Scaled, plan
 from ebb.coldstart.scaling_inputs import Measured
+from ebb.coldstart.scaling_tracker import ScalingTracker
 from ebb.coldstart.schedule import minimum_at
 from ebb.coldstart.world import Demand, World
 from ebb.launching.tiers import Tier
@@ -244,3 +245,14 @@ def test_a_spare_runner_is_kept_within_the_reversal_gap_of_a_scale_out() -> None
         idle_periods_s=SHORT_GAPS, held={"a": 4, "b": 0}, idle_for_s={"b": 12.0}, peak_held=4
     )
     assert drains(plan(world(LEARNED, ready("a", "b"), later))) == ["b"]
+
+
+def test_a_repeated_hold_is_logged_once_a_minute_and_moves_are_remembered() -> None:
+    tracker = ScalingTracker(None)
+    hold = Scaled("m", "slo", 1, 0, ("p90 ttft 1.800s > target 1s, but slots 10% busy",))
+    again = Scaled("m", "slo", 1, 0, ("p90 ttft 1.900s > target 1s, but slots 12% busy",))
+    assert tracker.after_plan([hold], NOW) == [hold]
+    assert tracker.after_plan([again], NOW + 30) == []
+    assert tracker.after_plan([again], NOW + 61) == [again]
+    out = Scaled("m", "slo", 2, 1, ("p90 ttft 1.8s > target 1s (3 queued)",))
+    assert tracker.after_plan([out], NOW + 70) == [out]
