@@ -23,7 +23,10 @@ from ebb.coldstart.world import Backoff, Demand, Gpus, World, serves
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.launching.stem_pools import StemPool, runner_gpus
+from ebb.queue.scaling_spec import ScalingSpec
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
+
+DEFAULT_SCALING = ScalingSpec()
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +166,9 @@ class WorldReader:
 
 
 def _may_start(demand: Demand) -> bool:
-    """Whether the policy could ask for a start: something queued, or fewer runners than
-    the deployment's minimum."""
+    """Whether the policy could ask for a start: something queued, fewer runners than
+    the deployment's minimum, or a `scaling` block (its policies and schedule start
+    runners with nothing queued)."""
     queued = demand.queue_depth + demand.job_depth > 0
-    return queued or demand.ready + demand.starting < demand.spec.min_replicas
+    scaled = demand.spec.scaling != DEFAULT_SCALING
+    return queued or scaled or demand.ready + demand.starting < demand.spec.min_replicas
