@@ -58,17 +58,17 @@ def keep_alive_drains(
     floor: int,
     max_concurrency: int,
     fixed_s: float,
-    spare: bool = True,
 ) -> tuple[list[str], str]:
     """Which of `idle_ready` (ready runners holding nothing, least useful first) to give
-    back, and why ("" and [] for none); `spare`: whether the spare rule may act."""
+    back, and why ("" and [] for none). Like the fixed window it replaces, it is not held
+    by the reversal gap (which is the policies'): an idle runner is given back."""
     keep = learn_keep_alive(measured.idle_periods_s, fixed_s)
     if measured.idle_s > keep.window_s:
         last = list(idle_ready[: max(0, ready - floor)])
         why = f"idle {measured.idle_s:.0f}s > keep-alive {keep.window_s:.1f}s ({keep.why})"
         return last, why if last else ""
     given: list[str] = []
-    for runner_id in idle_ready if spare else ():
+    for runner_id in idle_ready:
         left = ready - len(given) - 1
         if left < max(floor, 1) or measured.idle_for_s.get(runner_id, 0.0) < SPARE_IDLE_S:
             continue

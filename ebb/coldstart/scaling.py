@@ -79,15 +79,15 @@ def decide(
             floor=floor,
             max_concurrency=snap.target_concurrency,
             fixed_s=fixed_keep_alive_s,
-            # A spare runner given back soon after a policy's scale-out is a reversal.
-            spare=reversal_wait_s(-1, measured, wall_s, scaling.reversal_gap_s) <= 0,
         )
         if given:
             drain += given
             reasons.append(f"keep-alive: {why}")
-    applied = verdict.direction if (verdict.direction < 0 and drain) else 0
-    if verdict.direction > 0 and desired > snap.serving:
-        applied = 1
+    # Any scale-out (the queue rule's or the schedule's too) starts the reversal gap: a
+    # policy's scale-in right after it would be the flapping the gap exists to stop.
+    applied = 1 if desired > snap.serving else 0
+    if verdict.direction < 0 and drain:
+        applied = -1
     held = bool(verdict.why) and verdict.direction == 0
     return ScaleDecision(desired, tuple(drain), tuple(reasons), applied, held)
 

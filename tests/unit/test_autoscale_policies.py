@@ -232,19 +232,18 @@ def test_scale_out_launches_a_fresh_runner(tier: Tier) -> None:
     assert [a.tier for a in actions if isinstance(a, Launch)] == [tier]
 
 
-def test_a_spare_runner_is_kept_within_the_reversal_gap_of_a_scale_out() -> None:
-    measured = Measured(
-        idle_periods_s=SHORT_GAPS,
-        held={"a": 4, "b": 0},
-        idle_for_s={"b": 12.0},
-        peak_held=4,
-        last_out_s=NOW - 100,
-    )
-    assert drains(plan(world(LEARNED, ready("a", "b"), measured))) == []
-    later = Measured(
-        idle_periods_s=SHORT_GAPS, held={"a": 4, "b": 0}, idle_for_s={"b": 12.0}, peak_held=4
-    )
-    assert drains(plan(world(LEARNED, ready("a", "b"), later))) == ["b"]
+def test_a_policy_scale_in_waits_out_the_gap_after_any_scale_out() -> None:
+    quiet = Measured(ttft_p90_s=0.2, held={"a": 0, "b": 0}, last_out_s=NOW - 100)
+    actions = plan(world(SLO, ready("a", "b"), quiet))
+    assert drains(actions) == []
+    assert "held 200s more" in reasons(actions)
+
+
+def test_a_queue_scale_out_is_remembered_as_one() -> None:
+    queued = Demand(spec=spec(SLO), ready=1, queue_depth=20, oldest_wait_s=3.0)
+    actions = plan(World(demands=(queued,), runners=ready("a"), wall_s=NOW))
+    [scaled] = [a for a in actions if isinstance(a, Scaled)]
+    assert scaled.direction == 1 and "queue: 20 waiting" in scaled.reasons
 
 
 def test_a_repeated_hold_is_logged_once_a_minute_and_moves_are_remembered() -> None:
