@@ -24,7 +24,7 @@ trace; each row is:
                  in (draining the least useful runner) when one fewer would still meet it
   utilisation    scaling.policy utilisation: busy-slot share > 70 % for 5 min adds one,
                  < 25 % for 30 min drains one (design 3c's rule)
-  learned k-a    scaling.keep_alive learned: runners idle past the p95 of the
+  learned k-a    scaling.keep_alive learned: runners idle past the p99 of the
                  deployment's own idle periods are given back (60 s while history is short),
                  spare runners sooner while the rest would hold the recent peak
   learned 300s   the same with the runners' own idle timeout at 300 s: the learned window

@@ -5,9 +5,9 @@ A broken target adds a runner only where capacity is what it lacks: something qu
 or the runners' slots are at least `OUT_BUSY_SHARE` full. A slow first token on runners
 with free slots is the prompt's length (prefill), which another runner would not change.
 
-"Would still meet it" assumes latency grows with the load each runner carries: with one
-runner fewer, each carries n/(n-1) of today's, and the p90 must stay under
-`IN_HEADROOM` of the target after that growth.
+"Would still meet it": the recent peak of requests held at once fits the other runners'
+slots `IN_HEADROOM` full, and, with latency taken to grow with the load each runner
+carries (n/(n-1) of today's), the p90 stays under `IN_HEADROOM` of the target.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ def slo_verdict(
             return Verdict(0, f"{broken}, but slots {busy:.0%} busy: not for lack of runners")
     if ready < 2 or not judged:
         return HOLD  # the last runner goes by keep-alive, not by the target
+    per_runner = slots / ready if ready else 0
+    if measured.peak_held > (ready - 1) * per_runner * IN_HEADROOM:
+        return HOLD  # the recent peak would fill the others: something would queue
     grown = ready / (ready - 1)
     for _, p90, goal in judged:
         if p90 is None or p90 * grown > goal * IN_HEADROOM:

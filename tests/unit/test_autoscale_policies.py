@@ -94,6 +94,11 @@ def test_slo_met_with_room_drains_the_least_useful_runner() -> None:
     assert "2 runners would still meet the target" in reasons(actions)
 
 
+def test_slo_met_keeps_every_runner_while_the_recent_peak_needs_them() -> None:
+    measured = Measured(ttft_p90_s=0.2, held={"a": 3, "b": 0, "c": 1}, peak_held=12)
+    assert plan(world(SLO, ready("a", "b", "c"), measured)) == []
+
+
 def test_slo_met_narrowly_keeps_every_runner() -> None:
     actions = plan(world(SLO, ready("a", "b"), Measured(ttft_p90_s=0.5)))
     assert actions == []
