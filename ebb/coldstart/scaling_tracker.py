@@ -22,6 +22,7 @@ from ebb.coldstart.scaling_inputs import Measured
 from ebb.launching.tiers import Tier
 from ebb.queue.scaling_spec import ScalingSpec
 from ebb.queue.schema import DeploymentSpec
+from ebb.queue.versions import public_name
 
 # One utilisation sample per this long: a 30-minute window is 180 samples.
 SAMPLE_EVERY_S = 10.0
@@ -87,14 +88,21 @@ class ScalingTracker:
     def tracks(self, spec: DeploymentSpec) -> bool:
         return self._source is not None and spec.scaling != DEFAULT
 
-    async def read_latencies(self) -> None:
-        """Take in what finished since the last reconcile (once per reconcile)."""
+    async def read_latencies(self, units: Sequence[str]) -> None:
+        """Take in what finished since the last reconcile (once per reconcile), and forget
+        the deployments no longer among `units` (the serving units now)."""
+        for gone in set(self._memory) - set(units):
+            del self._memory[gone]
         if self._source is None or not self._memory:
             return
         self._cursor, finished = await self._source.latencies_after(self._cursor)
+        # Usage records name the deployment, not the version: a rollout's two units
+        # share what either served.
+        by_public: dict[str, list[_Memory]] = {}
+        for unit, memory in self._memory.items():
+            by_public.setdefault(public_name(unit), []).append(memory)
         for done in finished:
-            memory = self._memory.get(done.deployment)
-            if memory is not None:
+            for memory in by_public.get(done.deployment, []):
                 memory.latencies.append((done.finished_s, done.ttft_s, done.tpot_s))
 
     async def measure(

@@ -79,15 +79,16 @@ class WorldReader:
         process or heartbeat vouches for it."""
         gpus = await self._gpus.read(shown_unschedulable) if self._gpus is not None else None
         live = [r for r in runners if r.state.is_live]
+        units = await self._state.serving_units()
         if self._scaling is not None:
-            await self._scaling.read_latencies()
+            await self._scaling.read_latencies([spec.name for spec in units])
         demands = [
             await self._measured(
                 await self._demand(spec, [r for r in live if serves(r, spec)], backoffs, gpus),
                 [r for r in live if serves(r, spec)],
                 wall_s,
             )
-            for spec in await self._state.serving_units()
+            for spec in units
         ]
         caches = await self._state.node_caches()
         waiting = [r for r in live if r.state is RunnerState.PREWARMED and not r.deployment]

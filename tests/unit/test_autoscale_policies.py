@@ -12,7 +12,7 @@ import pytest
 from ebb.coldstart.keepalive import MIN_PERIODS, learn_keep_alive
 from ebb.coldstart.plan import DrainReady, Launch, Scaled, plan
 from ebb.coldstart.scaling_inputs import Measured
-from ebb.coldstart.scaling_tracker import ScalingTracker
+from ebb.coldstart.scaling_tracker import Latency, RunnerLoad, ScalingTracker
 from ebb.coldstart.schedule import minimum_at
 from ebb.coldstart.world import Demand, World
 from ebb.launching.tiers import Tier
@@ -260,3 +260,34 @@ def test_a_repeated_hold_is_logged_once_a_minute_and_moves_are_remembered() -> N
     assert tracker.after_plan([again], NOW + 61) == [again]
     out = Scaled("m", "slo", 2, 1, ("p90 ttft 1.8s > target 1s (3 queued)",))
     assert tracker.after_plan([out], NOW + 70) == [out]
+
+
+class FakeSource:
+    def __init__(self) -> None:
+        self.finished: list[Latency] = []
+
+    async def runner_load(self, runner_ids: list[str]) -> dict[str, RunnerLoad]:
+        return {r: RunnerLoad(held=2) for r in runner_ids}
+
+    async def latencies_after(self, cursor: bytes) -> tuple[bytes, list[Latency]]:
+        start = int(cursor or b"0")
+        return str(len(self.finished)).encode(), self.finished[start:]
+
+    async def cold_start_ms(self, deployment: str) -> dict[str, dict[str, float]]:
+        return {}
+
+
+async def test_the_tracker_measures_p90s_of_a_versions_requests_and_forgets_the_gone() -> None:
+    source = FakeSource()
+    tracker = ScalingTracker(source)
+    unit = DeploymentSpec(name="m@v2", source="s3://m", scaling=SLO, max_concurrency=4)
+    await tracker.measure(unit, ["a"], NOW)
+    source.finished = [Latency("m", NOW + i, ttft_s=0.1 * i, tpot_s=0.01) for i in range(1, 11)]
+    source.finished.append(Latency("other", NOW + 5, ttft_s=9.0))
+    await tracker.read_latencies(["m@v2"])
+    measured, cold_start_s = await tracker.measure(unit, ["a"], NOW + 10)
+    assert measured.ttft_p90_s == pytest.approx(0.9) and measured.tpot_p90_s == 0.01
+    assert measured.utilisation == ((NOW, 0.5), (NOW + 10, 0.5)) and cold_start_s > 0
+    await tracker.read_latencies([])
+    fresh, _ = await tracker.measure(unit, ["a"], NOW + 11)
+    assert fresh.ttft_p90_s is None, "a deployment gone and back starts measuring afresh"
