@@ -1,0 +1,102 @@
+"""The GPU-second split: every ledger entry's uses add up to its metered gpu_ms, exactly."""
+
+from __future__ import annotations
+
+import random
+
+from ebb.billing.entries import book_gpu
+from ebb.billing.gpu_split import USE_METRICS, USES, PhaseClock, allocate, use_of
+from ebb.queue.ledger import HOUR_MS
+from ebb.queue.metering import GpuMeter, GpuSegment
+from ebb.queue.schema import RunnerState
+
+
+def test_allocate_is_exact_whole_and_proportional() -> None:
+    rng = random.Random(7)
+    for _ in range(2000):
+        total = rng.randrange(0, 10**7)
+        weights = {u: rng.choice([0, rng.randrange(1, 10**6)]) for u in USES}
+        parts = allocate(total, weights)
+        assert sum(parts.values()) == total
+        assert all(n >= 0 for n in parts.values())
+        whole = sum(weights.values())
+        for use, w in weights.items():
+            if whole:
+                assert abs(parts[use] - total * w / whole) < 1
+    assert allocate(10, {"serving": 1, "idle": 1, "loading": 1}) == {
+        "serving": 4,
+        "loading": 3,
+        "idle": 3,
+        "asleep": 0,
+        "wasted": 0,
+    }
+
+
+def test_time_no_runner_accounted_for_is_wasted() -> None:
+    assert allocate(500, {}) == {"serving": 0, "loading": 0, "idle": 0, "asleep": 0, "wasted": 500}
+
+
+def test_a_segment_across_hours_splits_each_entry_exactly() -> None:
+    meter = GpuMeter(runner_id="r1", deployment="d", tenant="t", gpu_count=3)
+    start = 5 * HOUR_MS - 1234
+    seg = GpuSegment(
+        meter=meter,
+        start_ms=start,
+        end_ms=start + HOUR_MS + 7777,
+        uses_ms={"serving": 333, "idle": 333, "loading": 1, "asleep": 2},
+    )
+    entries = book_gpu("1-0", seg, 0)
+    assert len(entries) == 3
+    for entry in entries:
+        assert sum(entry.counts[m] for m in USE_METRICS) == entry.counts["gpu_ms"]
+    assert sum(e.counts["gpu_ms"] for e in entries) == seg.duration_ms * 3
+    assert sum(e.counts["gpu_wasted_ms"] for e in entries) == 0
+
+
+def test_an_unaccounted_segment_books_as_wasted() -> None:
+    meter = GpuMeter(runner_id="r1", deployment="d", tenant="t")
+    (entry,) = book_gpu("1-0", GpuSegment(meter=meter, start_ms=10, end_ms=1010), 0)
+    assert entry.counts["gpu_wasted_ms"] == 1000 == entry.counts["gpu_ms"]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_phase_clock_counts_each_use_between_takes() -> None:
+    t = FakeClock()
+    clock = PhaseClock(t)
+    clock.enter("loading")
+    t.now = 2.0
+    clock.enter(use_of(RunnerState.READY, holding=False))
+    t.now = 3.0
+    clock.enter(use_of(RunnerState.READY, holding=True))
+    t.now = 3.5
+    clock.enter(use_of(RunnerState.SLEEPING, holding=False))
+    t.now = 4.0
+    assert clock.take() == {"loading": 2000, "idle": 1000, "serving": 500, "asleep": 500}
+    t.now = 5.0
+    assert clock.take(final=True) == {"asleep": 1000}
+
+
+def test_a_runner_that_never_served_wastes_its_whole_undecided_time() -> None:
+    t = FakeClock()
+    clock = PhaseClock(t)
+    clock.enter("loading")
+    t.now = 3.0
+    clock.enter("idle")
+    t.now = 10.0
+    assert clock.undecided_s() == 10.0
+    assert clock.take(final=True) == {"wasted": 10000}
+
+
+def test_uses_of_states() -> None:
+    assert use_of(RunnerState.LOADING, holding=True) == "loading"
+    assert use_of(RunnerState.DRAINING, holding=True) == "serving"
+    assert use_of(RunnerState.DRAINING, holding=False) == "idle"
+    assert use_of(RunnerState.PREWARMED, holding=False) == "idle"
+    assert use_of(RunnerState.SLEEPING, holding=False) == "asleep"
