@@ -100,3 +100,31 @@ def test_uses_of_states() -> None:
     assert use_of(RunnerState.DRAINING, holding=False) == "idle"
     assert use_of(RunnerState.PREWARMED, holding=False) == "idle"
     assert use_of(RunnerState.SLEEPING, holding=False) == "asleep"
+
+
+def test_cost_rows_add_up_and_count_idle_and_waste_in() -> None:
+    from ebb.billing.gpu_costs import gpu_cost_rows, unsplit_gpu_ms
+
+    hour = 3 * HOUR_MS
+    aggregates = {
+        hour: {
+            "acme|m|gpu_ms": 10_000,
+            "acme|m|gpu_serving_ms": 4_000,
+            "acme|m|gpu_loading_ms": 3_000,
+            "acme|m|gpu_idle_ms": 2_000,
+            "acme|m|gpu_wasted_ms": 1_000,
+            "acme|m|completion_tokens": 1_000,
+            "beta|m|gpu_ms": 7,
+            "beta|m|gpu_idle_ms": 6,
+        }
+    }
+    (row,) = gpu_cost_rows(aggregates, 0, 10 * HOUR_MS, "acme", gpu_second_cost_micros=1_000)
+    assert sum(row["gpu_ms_by_use"].values()) == row["gpu_ms"] == 10_000
+    assert row["tokens_per_gpu_second"] == 100.0
+    assert row["tokens_per_serving_gpu_second"] == 250.0
+    # 10 GPU-s at 0.001 (10_000 micros) for 1000 tokens: 10.00 per 1M, 20 % idle, 10 % waste.
+    assert row["gpu_cost_micros_per_1m_output_tokens"] == 10_000_000
+    by_use = row["gpu_cost_micros_per_1m_output_tokens_by_use"]
+    assert by_use["idle"] == 2_000_000 and by_use["wasted"] == 1_000_000
+    assert sum(by_use.values()) == 10_000_000
+    assert unsplit_gpu_ms(aggregates) == [(hour, "beta|m", 6, 7)]
