@@ -27,15 +27,24 @@ def gpu_cost_rows(
     gpu_second_cost_micros: int,
 ) -> list[dict[str, Any]]:
     """One row per (tenant, deployment) with GPU time in [start_ms, end_ms) (`tenant`:
-    that tenant's only; None: every tenant's), sorted."""
+    that tenant's only; None: every tenant's), sorted. A row's tenant is the one billed
+    for the GPU time (the deployment's owner); its output tokens are the deployment's,
+    whoever called it (of those the query sees), since the GPUs produced them all."""
     sums: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: dict.fromkeys(_SUMMED, 0))
+    output: dict[str, int] = defaultdict(int)
     for hour_ms, counts in aggregates.items():
         if not start_ms <= hour_ms < end_ms:
             continue
         for name, n in counts.items():
             owner, deployment, metric = split_field(name)
-            if metric in _SUMMED and (tenant is None or owner == tenant):
+            if tenant is not None and owner != tenant:
+                continue
+            if metric == "completion_tokens":
+                output[deployment] += n
+            elif metric in _SUMMED:
                 sums[(owner, deployment)][metric] += n
+    for (_, deployment), counts in sums.items():
+        counts["completion_tokens"] = output[deployment]
     return [
         cost_row(owner, deployment, counts, gpu_second_cost_micros)
         for (owner, deployment), counts in sorted(sums.items())
