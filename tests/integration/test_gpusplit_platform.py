@@ -12,6 +12,7 @@ import httpx
 import pytest
 from support import wait_until
 from support.billing import deploy, gpu_segments, run_cli
+from support.metrics import scrape
 
 from ebb.billing.entries import gpu_uses
 from ebb.queue import keys
@@ -93,6 +94,20 @@ def test_a_runners_life_books_loading_serving_idle_and_asleep_exactly(
     assert "wasted" in shown.stdout and "gs-life" in shown.stdout
     checked = admin.get("/v1/usage/reconcile").json()
     assert checked["ok"], checked["drift"]
+
+    def scraped():
+        # One frontdoor worker answers a scrape: all of its figures come from its streams.
+        s = scrape(admin)
+        gpu_s = s.value("ebb_gpu_seconds_total", deployment="gs-life")
+        return gpu_s * 1000 >= metered - 1 and s
+
+    s = wait_until(scraped, 30, "the runner's GPU time on /metrics")
+    by_use = {u: s.value("ebb_gpu_use_seconds_total", deployment="gs-life", use=u) for u in USES}
+    assert by_use["asleep"] > 0 and by_use["serving"] > 0
+    assert sum(by_use.values()) == pytest.approx(
+        s.value("ebb_gpu_seconds_total", deployment="gs-life")
+    )
+    assert s.value("ebb_tokens_per_gpu_second", deployment="gs-life") > 0
 
 
 def test_a_cold_start_that_never_serves_is_wasted_whole(platform, admin, platform_redis):
