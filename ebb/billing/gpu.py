@@ -95,8 +95,11 @@ class RunnerMeter(threading.Thread):
         each heartbeat): what its time is used for from now on."""
         self.clock.enter(use_of(state, holding))
 
-    def _holding_back(self) -> bool:
-        return self._meter.deployment != POOL_DEPLOYMENT and self.clock.undecided_s() < self._hold_s
+    def holding_back(self) -> bool:
+        """Whether the time so far is undecided (see the module docstring): not written yet."""
+        if self._meter.deployment == POOL_DEPLOYMENT or self.clock.served:
+            return False
+        return self.clock.undecided_s() < self._hold_s
 
     def _switch(self, *, final: bool = False) -> None:
         uses = self.clock.take(final=final) or {self.clock.use: 1}
@@ -129,7 +132,7 @@ class RunnerMeter(threading.Thread):
 
     def run(self) -> None:
         while not self._done.wait(self._interval_s):
-            if self._holding_back():
+            if self.holding_back():
                 continue
             try:
                 self._refresh()

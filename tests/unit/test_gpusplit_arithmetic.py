@@ -128,3 +128,43 @@ def test_cost_rows_add_up_and_count_idle_and_waste_in() -> None:
     assert by_use["idle"] == 2_000_000 and by_use["wasted"] == 1_000_000
     assert sum(by_use.values()) == 10_000_000
     assert unsplit_gpu_ms(aggregates) == [(hour, "beta|m", 6, 7)]
+
+
+class RecordingScript:
+    def __init__(self) -> None:
+        self.calls: list[list[object]] = []
+
+    def __call__(self, keys: list[str], args: list[object]) -> int:
+        self.calls.append(args)
+        return 0
+
+
+class ScriptClient:
+    def __init__(self) -> None:
+        self.script = RecordingScript()
+
+    def register_script(self, source: str) -> RecordingScript:
+        return self.script
+
+
+def test_a_runner_holds_its_time_back_only_until_it_first_serves() -> None:
+    from ebb.billing.gpu import RunnerMeter
+    from ebb.queue.schema import DeploymentSpec
+
+    client = ScriptClient()
+    spec = DeploymentSpec(name="d", source="fake://d", idle_timeout_s=600)
+    meter = RunnerMeter(
+        client,  # type: ignore[arg-type]
+        "r1",
+        interval_s=3600,
+        read_spec=lambda name: spec,
+        gpus=1,
+    )
+    meter.begin(spec)
+    assert meter.holding_back()  # loading: it may yet be wasted
+    meter.observe(RunnerState.READY, holding=True)
+    assert not meter.holding_back()  # it served: its time is written as it goes
+    meter.close()
+    [begin, close] = client.script.calls
+    assert begin[0] == 0  # at launch: who pays, no segment
+    assert close[3] == "1" and b"wasted" not in close[4]
