@@ -95,6 +95,10 @@ class RunnerMeter(threading.Thread):
         each heartbeat): what its time is used for from now on."""
         self.clock.enter(use_of(state, holding))
 
+    def waste(self, ms: float) -> None:
+        """`ms` of the runner's serving time bought nothing (ebb/runners/gpu_shares.py)."""
+        self.clock.waste(ms)
+
     def holding_back(self) -> bool:
         """Whether the time so far is undecided (see the module docstring): not written yet."""
         if self._meter.deployment == POOL_DEPLOYMENT or self.clock.served:
@@ -163,6 +167,8 @@ class NoMeter:
     """Metering switched off (EBB_METERING=0)."""
 
     def observe(self, state: RunnerState, holding: bool) -> None: ...
+
+    def waste(self, ms: float) -> None: ...
 
     def begin(self, spec: DeploymentSpec | None) -> None: ...
 

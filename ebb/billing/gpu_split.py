@@ -15,6 +15,9 @@ The uses, in the runner's time since launch (× the GPUs it holds):
   (a cold start refused or drained before it served, a deployment deleted under it):
   its whole life. The time a segment no runner accounted for (the controller closing a
   runner that died, from its last heartbeat): the requests it held were lost with it.
+  And serving time thrown away (`PhaseClock.waste`, from `ebb/runners/gpu_shares.py`):
+  a continuation's replayed prefill, a job attempt given back without its output, a
+  request that failed.
 
 A runner's time before it first holds a request is undecided (it may yet be wasted), so
 the runner holds that time back from the ledger until it serves, exits, or has waited
@@ -88,6 +91,7 @@ class PhaseClock:
         self._mark = clock()
         self._counted: dict[str, float] = {}
         self._undecided_since = self._mark
+        self._waste_ms = 0.0  # serving time thrown away, not yet moved to wasted
         self.served = False
 
     @property
@@ -101,6 +105,12 @@ class PhaseClock:
             if use == "serving":
                 self.served = True
 
+    def waste(self, ms: float) -> None:
+        """`ms` of the serving time counted (or about to be) bought nothing: it moves to
+        wasted at the next takes, never more than they counted as serving."""
+        with self._lock:
+            self._waste_ms += max(0.0, ms)
+
     def undecided_s(self) -> float:
         """How long the runner has gone without serving since launch (0 once it served)."""
         return 0.0 if self.served else self._clock() - self._undecided_since
@@ -111,6 +121,11 @@ class PhaseClock:
         with self._lock:
             self._close_locked()
             counted, self._counted = self._counted, {}
+            moved = min(self._waste_ms, counted.get("serving", 0.0))
+            self._waste_ms -= moved
+        if moved:
+            counted["serving"] -= moved
+            counted[WASTED] = counted.get(WASTED, 0.0) + moved
         taken = {u: round(ms) for u, ms in counted.items() if round(ms) > 0}
         if final and not self.served:
             return {WASTED: sum(taken.values())} if taken else {WASTED: 1}

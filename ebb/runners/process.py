@@ -234,6 +234,7 @@ def _run(
         )
     loop.on_first_output = _become_ready(lifecycle, queue, deployment, tier, clock)
     heartbeat.held_ids = loop.held_ids
+    loop.gpu_shares.on_waste = meter.waste
     heartbeat.progress = loop.engine_progress
     give_up = stall.die_of_stall(
         queue, deployment, loop.held_ids, lifecycle, settings.engine_stall_s

@@ -146,5 +146,16 @@ def test_the_time_lost_with_a_killed_runner_is_wasted(platform, admin, platform_
     assert sum(split.values()) == metered
     assert split["wasted"] > 0, split
     client.join(120)
+    # The stream went on on another runner, which replayed the lost runner's output: its
+    # prefill of that output is wasted too.
+    [heir] = wait_until(
+        lambda: [r for r in runners(admin, "gs-kill") if r["id"] != runner["id"]],
+        60,
+        "the runner that continued the stream",
+    )
+    heir_metered = closed_runner(admin, platform_redis, heir["id"])
+    heir_split = split_of(platform_redis, heir["id"])
+    assert sum(heir_split.values()) == heir_metered
+    assert heir_split["serving"] > 0 and heir_split["wasted"] > 0, heir_split
     checked = admin.get("/v1/usage/reconcile").json()
     assert checked["ok"], checked["drift"]
