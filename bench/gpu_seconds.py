@@ -114,7 +114,10 @@ def segments(r: redis.Redis) -> dict[str, list[GpuSegment]]:
     return by_runner
 
 
-def check(r: redis.Redis) -> bool:
+def split_reconciles(r: redis.Redis) -> bool:
+    """Print every runner's split and whether serving + loading + idle + asleep + wasted =
+    metered, for each and in all; `bench/priority` (or any bench) can call it on its
+    platform's Redis once every runner's metering has closed."""
     ok = True
     total_metered, total = 0, dict.fromkeys(USES, 0)
     print(f"{'runner':<22}{'deployment':<12}{'metered ms':>11}" + "".join(f"{u:>10}" for u in USES))
@@ -164,7 +167,7 @@ def main() -> None:
                 120,
                 "every runner's metering closed",
             )
-            ok = check(r)
+            ok = split_reconciles(r)
             usage = admin.get("/v1/usage").json()
             for row in usage["gpu_costs"]:
                 print(
