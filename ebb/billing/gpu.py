@@ -106,7 +106,9 @@ class RunnerMeter(threading.Thread):
         return self.clock.undecided_s() < self._hold_s
 
     def _switch(self, *, final: bool = False) -> None:
-        uses = self.clock.take(final=final) or {self.clock.use: 1}
+        # A stem leaving the pool unassigned was idle capacity kept on purpose, not waste.
+        pooled = self._meter.deployment == POOL_DEPLOYMENT
+        uses = self.clock.take(final=final and not pooled) or {self.clock.use: 1}
         if final:
             self._script.close(self._runner_id, self._meter, end="exited_ms", uses_ms=uses)
         else:

@@ -168,3 +168,21 @@ def test_a_runner_holds_its_time_back_only_until_it_first_serves() -> None:
     [begin, close] = client.script.calls
     assert begin[0] == 0  # at launch: who pays, no segment
     assert close[3] == "1" and b"wasted" not in close[4]
+
+
+def test_a_stem_that_leaves_the_pool_unassigned_was_idle_not_wasted() -> None:
+    from ebb.billing.gpu import RunnerMeter
+
+    client = ScriptClient()
+    meter = RunnerMeter(
+        client,  # type: ignore[arg-type]
+        "stem",
+        interval_s=3600,
+        read_spec=lambda name: None,
+        gpus=0,
+    )
+    meter.begin(None)
+    assert not meter.holding_back()  # pre-warmed capacity is kept on purpose
+    meter.close()
+    close = client.script.calls[-1]
+    assert b"wasted" not in close[4] and b"idle" in close[4]
