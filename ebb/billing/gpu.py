@@ -14,8 +14,10 @@ its first heartbeat is closed where it was last seen: ready, or launched).
 
 Each segment the runner writes carries its account of that time by use (`gpu_split.py`:
 serving, loading, idle, asleep, wasted), which the runner keeps from its lifecycle and
-heartbeat (`observe`). Until it first serves, its time is held back (the periodic writes
-wait), so that a runner which never serves books its whole life as wasted at exit.
+heartbeat (`observe`). A runner launched for demand holds its time back until it first
+serves (the periodic writes wait; see `gpu_split.py`), so that one which never serves
+books its whole life as wasted at exit; capacity kept on purpose (the pre-warmed pool,
+`min_replicas`) writes its time as it goes.
 """
 
 from __future__ import annotations
@@ -101,14 +103,15 @@ class RunnerMeter(threading.Thread):
 
     def holding_back(self) -> bool:
         """Whether the time so far is undecided (see the module docstring): not written yet."""
-        if self._meter.deployment == POOL_DEPLOYMENT or self.clock.served:
+        if self.clock.served or self.clock.kept:
             return False
-        return self.clock.undecided_s() < self._hold_s
+        if self.clock.use != "idle" or self.clock.idle_s() < self._hold_s:
+            return True  # loading, asleep, or idle for less than its idle timeout
+        self.clock.keep()  # idle past its idle timeout: kept by min_replicas, on purpose
+        return False
 
     def _switch(self, *, final: bool = False) -> None:
-        # A stem leaving the pool unassigned was idle capacity kept on purpose, not waste.
-        pooled = self._meter.deployment == POOL_DEPLOYMENT
-        uses = self.clock.take(final=final and not pooled) or {self.clock.use: 1}
+        uses = self.clock.take(final=final) or {self.clock.use: 1}
         if final:
             self._script.close(self._runner_id, self._meter, end="exited_ms", uses_ms=uses)
         else:
@@ -119,6 +122,8 @@ class RunnerMeter(threading.Thread):
         self._unit = spec.name if spec else ""
         self._uid = spec.uid if spec else ""
         self._hold_s = spec.idle_timeout_s + self._interval_s if spec else 0.0
+        if spec is None or spec.min_replicas > 0:
+            self.clock.keep()  # the pre-warmed pool, min_replicas: capacity kept on purpose
 
     def begin(self, spec: DeploymentSpec | None) -> None:
         """From launch on, bill to `spec`'s owner (None: the pre-warmed pool)."""
@@ -133,8 +138,8 @@ class RunnerMeter(threading.Thread):
         holding `gpus` devices (`held_gpus`) from now on."""
         self._gpus = gpus
         self._switch()  # the pool's time, then this deployment's from here
-        self._attribute(spec)
         self.clock.restart_undecided()
+        self._attribute(spec)
 
     def run(self) -> None:
         while not self._done.wait(self._interval_s):

@@ -11,18 +11,20 @@ The uses, in the runner's time since launch (× the GPUs it holds):
 - serving: READY or DRAINING and holding at least one request (tokens being produced);
 - idle: READY or DRAINING with nothing held, and a pre-warmed stem waiting in the pool;
 - asleep: SLEEPING (vLLM sleep mode);
-- wasted: work that bought nothing. A runner that never held a request from launch to exit
-  (a cold start refused or drained before it served, a deployment deleted under it):
-  its whole life. The time a segment no runner accounted for (the controller closing a
-  runner that died, from its last heartbeat): the requests it held were lost with it.
+- wasted: work that bought nothing. A runner launched for demand (its deployment's
+  `min_replicas` is 0) that never held a request from launch to exit (a cold start
+  refused or drained before it served, a deployment deleted under it): its whole life.
+  The time a segment no runner accounted for (the controller closing a runner that
+  died, from its last heartbeat): the requests it held were lost with it.
   And serving time thrown away (`PhaseClock.waste`, from `ebb/runners/gpu_shares.py`):
   a continuation's replayed prefill, a job attempt given back without its output, a
   request that failed.
 
 A runner's time before it first holds a request is undecided (it may yet be wasted), so
-the runner holds that time back from the ledger until it serves, exits, or has waited
-past its deployment's idle timeout (then only `min_replicas` keeps it, and it is idle
-capacity kept on purpose): see `PhaseClock.undecided`.
+the runner holds that time back from the ledger until it serves, exits, or has been idle
+past its deployment's idle timeout (then only `min_replicas` keeps it). Capacity kept on
+purpose is never undecided: a stem in the pre-warmed pool, a runner of a deployment with
+`min_replicas` (`PhaseClock.keep`); its time is loading and idle as it goes.
 """
 
 from __future__ import annotations
@@ -89,10 +91,11 @@ class PhaseClock:
         self._lock = threading.Lock()
         self._use = "idle"
         self._mark = clock()
+        self._entered = self._mark  # when the current use began
         self._counted: dict[str, float] = {}
-        self._undecided_since = self._mark
         self._waste_ms = 0.0  # serving time thrown away, not yet moved to wasted
         self.served = False
+        self.kept = False  # capacity kept on purpose: never wasted for want of serving
 
     @property
     def use(self) -> str:
@@ -101,6 +104,8 @@ class PhaseClock:
     def enter(self, use: str) -> None:
         with self._lock:
             self._close_locked()
+            if use != self._use:
+                self._entered = self._mark
             self._use = use
             if use == "serving":
                 self.served = True
@@ -111,13 +116,17 @@ class PhaseClock:
         with self._lock:
             self._waste_ms += max(0.0, ms)
 
-    def undecided_s(self) -> float:
-        """How long the runner has gone without serving since launch (0 once it served)."""
-        return 0.0 if self.served else self._clock() - self._undecided_since
+    def idle_s(self) -> float:
+        """How long the runner has been idle without a break (0 when it is not idle)."""
+        return self._clock() - self._entered if self._use == "idle" else 0.0
+
+    def keep(self) -> None:
+        """From now on (and for the time so far) the runner is capacity kept on purpose."""
+        self.kept = True
 
     def take(self, *, final: bool = False) -> dict[str, int]:
         """The milliseconds by use since the last take; at the runner's exit (`final`),
-        a runner that never served books them all as wasted."""
+        a runner that never served (and was not kept) books them all as wasted."""
         with self._lock:
             self._close_locked()
             counted, self._counted = self._counted, {}
@@ -127,13 +136,13 @@ class PhaseClock:
             counted["serving"] -= moved
             counted[WASTED] = counted.get(WASTED, 0.0) + moved
         taken = {u: round(ms) for u, ms in counted.items() if round(ms) > 0}
-        if final and not self.served:
+        if final and not self.served and not self.kept:
             return {WASTED: sum(taken.values())} if taken else {WASTED: 1}
         return taken
 
     def restart_undecided(self) -> None:
         """The pool's time ends here (a stem assigned a deployment): undecided from now."""
-        self._undecided_since = self._clock()
+        self.kept = False
 
     def _close_locked(self) -> None:
         now = self._clock()

@@ -10,7 +10,7 @@ import threading
 
 import httpx
 import pytest
-from support import wait_until
+from support import Platform, temp_home, wait_until
 from support.billing import deploy, gpu_segments, run_cli
 from support.metrics import scrape
 
@@ -20,6 +20,15 @@ from ebb.queue import keys
 pytestmark = pytest.mark.integration
 
 USES = ("serving", "loading", "idle", "asleep", "wasted")
+
+
+@pytest.fixture(scope="module")
+def platform():
+    # Runners write their GPU time every second, so a live one's shows up at once.
+    env = {"EBB_GPU_METER_INTERVAL_S": "1"}
+    p = Platform(home=temp_home("ebb-it-gpusplit-"), redis_url=None, env_extra=env).start()
+    yield p
+    assert p.stop() == 0
 
 
 def runners(admin: httpx.Client, name: str) -> list[dict]:
@@ -110,20 +119,34 @@ def test_a_runners_life_books_loading_serving_idle_and_asleep_exactly(
     assert s.value("ebb_tokens_per_gpu_second", deployment="gs-life") > 0
 
 
-def test_a_cold_start_that_never_serves_is_wasted_whole(platform, admin, platform_redis):
-    deploy(admin, "gs-unused", "fake://gu?load_s=1", idle_timeout_s=1, min_replicas=1)
-    [runner] = wait_until(
-        lambda: (rs := runners(admin, "gs-unused")) and rs[0]["state"] == "ready" and rs,
-        60,
-        "its min_replicas runner",
-    )
-    patched = admin.patch("/v1/deployments/gs-unused", json={"min_replicas": 0})
-    assert patched.status_code == 200, patched.text
+def test_a_cold_start_refused_before_it_served_is_wasted_whole(platform, admin, platform_redis):
+    # The request gives up (503) while the runner it woke still loads; the runner then
+    # idles past its timeout and drains, having served nothing.
+    deploy(admin, "gs-late", "fake://gl?load_s=3", idle_timeout_s=1, admission_timeout_s=1)
+    body = {"model": "gs-late", "prompt": "Hi", "max_tokens": 4}
+    assert admin.post("/v1/completions", json=body).status_code == 503
+    [runner] = wait_until(lambda: runners(admin, "gs-late"), 30, "the runner it woke")
     metered = closed_runner(admin, platform_redis, runner["id"])
     split = split_of(platform_redis, runner["id"])
     assert split == {**dict.fromkeys(USES, 0), "wasted": metered}
-    row = cost_row(admin, "admin", "gs-unused", metered)
+    row = cost_row(admin, "admin", "gs-late", metered)
     assert row["gpu_ms_by_use"]["wasted"] == metered and row["share_by_use"]["wasted"] == 1.0
+
+
+def test_a_min_replicas_runner_is_kept_capacity_not_waste(platform, admin, platform_redis):
+    deploy(admin, "gs-kept", "fake://gm?load_s=1", idle_timeout_s=1, min_replicas=1)
+    [runner] = wait_until(
+        lambda: (rs := runners(admin, "gs-kept")) and rs[0]["state"] == "ready" and rs,
+        60,
+        "its min_replicas runner",
+    )
+    # Its time reaches the ledger while it lives, though it has served nothing.
+    wait_until(lambda: gpu_segments(platform_redis, runner["id"]), 60, "a segment of it")
+    assert admin.delete("/v1/deployments/gs-kept").status_code in (200, 204)
+    metered = closed_runner(admin, platform_redis, runner["id"])
+    split = split_of(platform_redis, runner["id"])
+    assert sum(split.values()) == metered
+    assert split["wasted"] == 0 and split["loading"] > 0 and split["idle"] > 0, split
 
 
 def test_the_time_lost_with_a_killed_runner_is_wasted(platform, admin, platform_redis):

@@ -90,7 +90,7 @@ def test_a_runner_that_never_served_wastes_its_whole_undecided_time() -> None:
     t.now = 3.0
     clock.enter("idle")
     t.now = 10.0
-    assert clock.undecided_s() == 10.0
+    assert clock.idle_s() == 7.0
     assert clock.take(final=True) == {"wasted": 10000}
 
 
@@ -186,3 +186,22 @@ def test_a_stem_that_leaves_the_pool_unassigned_was_idle_not_wasted() -> None:
     meter.close()
     close = client.script.calls[-1]
     assert b"wasted" not in close[4] and b"idle" in close[4]
+
+
+def test_a_min_replicas_runner_writes_its_time_as_it_goes() -> None:
+    from ebb.billing.gpu import RunnerMeter
+    from ebb.queue.schema import DeploymentSpec
+
+    client = ScriptClient()
+    spec = DeploymentSpec(name="d", source="fake://d", idle_timeout_s=600, min_replicas=1)
+    meter = RunnerMeter(
+        client,  # type: ignore[arg-type]
+        "r1",
+        interval_s=3600,
+        read_spec=lambda name: spec,
+        gpus=1,
+    )
+    meter.begin(spec)
+    assert not meter.holding_back()  # kept on purpose: its loading is loading
+    meter.close()
+    assert b"wasted" not in client.script.calls[-1][4]
