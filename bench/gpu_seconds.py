@@ -7,7 +7,8 @@ and in all (same run; exact integer GPU-milliseconds, not a wall-clock threshold
 The workload, on one platform:
   busy    cold starts from zero (load_s=1), `--requests` concurrent requests, then idle
           past its timeout, asleep (sleep mode), deleted (the sleeper exits);
-  unused  a min_replicas runner that never serves, then scaled to zero: all wasted;
+  refused a cold start whose request gave up (503) while it loaded: all wasted;
+  kept    a min_replicas runner that serves nothing, deleted: loading and idle;
   victim  a runner SIGKILLed mid-stream: its time since its last segment is wasted, and
           its stream goes on on another runner.
 It prints each runner's split, the usage report's `gpu_costs` rows and the reconcile
@@ -71,18 +72,28 @@ def run_busy(admin, requests: int) -> None:
     one_runner_in(admin, "busy", "sleeping")
 
 
-def run_unused(admin) -> None:
+def run_refused(admin) -> None:
+    """A cold start whose request gave up (503) while it loaded: it serves nothing."""
     admin.post(
         "/v1/deployments",
         json={
-            "name": "unused",
-            "source": "fake://unused?load_s=1",
+            "name": "refused",
+            "source": "fake://refused?load_s=3",
             "idle_timeout_s": 1,
-            "min_replicas": 1,
+            "admission_timeout_s": 1,
         },
     )
-    one_runner_in(admin, "unused", "ready")
-    admin.patch("/v1/deployments/unused", json={"min_replicas": 0})
+    body = {"model": "refused", "prompt": "Hi", "max_tokens": 4}
+    print("refused:", admin.post("/v1/completions", json=body).status_code)
+
+
+def run_kept(admin) -> None:
+    """A min_replicas runner that serves nothing: capacity kept on purpose (idle)."""
+    admin.post(
+        "/v1/deployments",
+        json={"name": "kept", "source": "fake://kept?load_s=1", "min_replicas": 1},
+    )
+    one_runner_in(admin, "kept", "ready")
 
 
 def run_victim(admin) -> None:
@@ -156,9 +167,11 @@ def main() -> None:
     try:
         with platform.admin() as admin:
             run_busy(admin, args.requests)
-            run_unused(admin)
+            run_refused(admin)
+            run_kept(admin)
             run_victim(admin)
             admin.delete("/v1/deployments/busy")
+            admin.delete("/v1/deployments/kept")
             r = platform.redis()
             wait_until(
                 lambda: all(
