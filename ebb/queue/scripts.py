@@ -23,6 +23,7 @@ from redis.exceptions import NoScriptError
 
 from ebb.queue import keys
 from ebb.queue.prefix import prefix_key
+from ebb.queue.priority import score_offset_ms
 from ebb.queue.replies import reply_bytes, reply_int, reply_list, reply_text, reply_texts
 from ebb.queue.schema import WorkItem, encode
 from ebb.queue.versions import public_name
@@ -99,9 +100,16 @@ class QueueScripts:
         self._expire_runner = register_async(client, "leases_expire_runner")
 
     async def enqueue(
-        self, work: WorkItem, *, admission_window_ms: int, depth_limit: int, request_ttl_s: int
-    ) -> int | Literal["full", "duplicate"]:
-        """Queue `work`: its admission deadline (ms), or why it was refused."""
+        self,
+        work: WorkItem,
+        *,
+        admission_window_ms: int,
+        depth_limit: int,
+        request_ttl_s: int,
+        shed_depth: int = 0,
+    ) -> int | Literal["full", "shed", "duplicate"]:
+        """Queue `work` in its priority class: its admission deadline (ms), or why it was
+        refused ('shed': `shed_depth` > 0 requests were already queued)."""
         dep = work.deployment
         reply = reply_list(
             await self._enqueue(
@@ -121,12 +129,15 @@ class QueueScripts:
                     request_ttl_s,
                     keys.SIGNAL_LIST_MAX,
                     prefix_key(work.prompt_token_ids),
+                    score_offset_ms(work.priority),
+                    shed_depth,
                 ],
             )
         )
         if reply_int(reply[0]):
             return reply_int(reply[1])
-        return "full" if reply_text(reply[1]) == "full" else "duplicate"
+        why = reply_text(reply[1])
+        return why if why in ("full", "shed") else "duplicate"  # type: ignore[return-value]  # narrowed by `in`
 
     async def withdraw(self, work: WorkItem, *, state: Literal["withdrawn", "cancelled"]) -> bool:
         """True when `work` was taken back before any runner claimed it."""

@@ -40,6 +40,7 @@ from ebb import tracing
 from ebb.queue.continuation import remaining_sampling, replayable
 from ebb.queue.gpu_records import GpuDevice
 from ebb.queue.observations import RunnerStats
+from ebb.queue.priority import rank
 from ebb.queue.runner_side import ClaimResult, Ending, RunnerQueue
 from ebb.queue.schema import (
     ChoiceDelta,
@@ -331,7 +332,12 @@ class ServingLoop:
             return
         try:
             with self.engine_progress.calling():
-                self._engine.add_request(work.request_id, work.prompt_token_ids, work.sampling)
+                self._engine.add_request(
+                    work.request_id,
+                    work.prompt_token_ids,
+                    work.sampling,
+                    priority=rank(work.priority),
+                )
         except EngineRequestError as e:
             self._end(held, "failed", Failed(message=str(e), code="invalid_request"))
 
@@ -365,7 +371,9 @@ class ServingLoop:
         prompt = work.prompt_token_ids + so_far.token_ids
         sampling = remaining_sampling(work.sampling, so_far)
         try:
-            self._engine.add_request(work.request_id, prompt, sampling, held.replayed)
+            self._engine.add_request(
+                work.request_id, prompt, sampling, held.replayed, priority=rank(work.priority)
+            )
         except EngineRequestError as e:
             self._end(held, "failed", Failed(message=str(e), code="invalid_request"))
 
