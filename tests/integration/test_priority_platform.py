@@ -1,0 +1,89 @@
+"""Priority classes through the platform's HTTP API (fake engine): classes set in tenant
+and key limits, refused when unknown, and a sheddable key's requests shed first when a
+deployment's queue is saturated while standard work is still admitted."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from support import deploy, wait_until
+
+pytestmark = pytest.mark.integration
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def test_an_unknown_priority_is_a_400_naming_the_field(platform):
+    with platform.admin() as admin:
+        for path in ("/v1/tenants/prio-bad/limits", "/v1/deployments"):
+            body = {"priority": "urgent"}
+            if path == "/v1/deployments":
+                body.update(name="prio-bad", source="fake://m")
+            answer = admin.request("PUT" if "limits" in path else "POST", path, json=body)
+            assert answer.status_code == 400, answer.text
+            error = answer.json()["error"]
+            assert error["param"] == "priority" and error["type"] == "invalid_request_error"
+            # It says what to send instead.
+            assert "'critical'" in error["message"] and "'sheddable'" in error["message"]
+
+
+def test_a_keys_priority_overrides_its_tenants_and_shows_in_the_limits(platform):
+    with platform.admin() as admin:
+        key = admin.post("/v1/keys", json={"tenant": "prio-t", "name": "k"}).json()
+        set_tenant = admin.put("/v1/tenants/prio-t/limits", json={"priority": "critical"})
+        assert set_tenant.json()["priority"] == "critical"
+        admin.put(f"/v1/keys/{key['id']}/limits", json={"priority": "sheddable"})
+        assert admin.get(f"/v1/keys/{key['id']}/limits").json()["priority"] == "sheddable"
+        assert admin.get("/v1/tenants/prio-t/limits").json()["priority"] == "critical"
+        [listed] = [t for t in admin.get("/v1/tenants").json()["data"] if t["tenant"] == "prio-t"]
+        assert listed["priority"] == "critical"
+
+
+def test_sheddable_requests_are_shed_first_when_the_queue_is_saturated(platform):
+    with platform.admin() as admin:
+        # Its runner never gets ready: whatever is admitted waits in the queue.
+        deploy(
+            admin,
+            "prio-slow",
+            source="fake://m?load_s=600",
+            queue_depth_limit=4,
+            admission_timeout_s=600,
+        )
+        shed_key = admin.post("/v1/keys", json={"tenant": "prio-s", "name": "s"}).json()
+        std_key = admin.post("/v1/keys", json={"tenant": "prio-n", "name": "n"}).json()
+        # The tenant is critical, its key sheddable: the key's class is the one that counts.
+        admin.put("/v1/tenants/prio-s/limits", json={"priority": "critical"})
+        admin.put(f"/v1/keys/{shed_key['id']}/limits", json={"priority": "sheddable"})
+    body = {"model": "prio-slow", "messages": MESSAGES, "max_tokens": 1}
+
+    def post(client: httpx.AsyncClient, key: dict) -> asyncio.Future[httpx.Response]:
+        headers = {"Authorization": f"Bearer {key['key']}"}
+        return asyncio.ensure_future(client.post("/v1/chat/completions", json=body, headers=headers))
+
+    def depth_is(n: int) -> bool:
+        with platform.admin() as admin:
+            return admin.get("/v1/deployments/prio-slow").json()["queue_depth"] == n
+
+    async def scenario() -> tuple[httpx.Response, list[httpx.Response]]:
+        async with httpx.AsyncClient(base_url=platform.base_url, timeout=120) as client:
+            # A sheddable request alone is admitted: the queue is not saturated.
+            parked = [post(client, shed_key)]
+            await asyncio.to_thread(wait_until, lambda: depth_is(1), 30, "1 queued")
+            # Half the depth limit (EBB_SHED_QUEUE_FRACTION 0.5 of 4) is saturation.
+            parked.append(post(client, std_key))
+            await asyncio.to_thread(wait_until, lambda: depth_is(2), 30, "2 queued")
+            shed = await post(client, shed_key)
+            # Standard work is still admitted, up to the queue's limit.
+            parked.append(post(client, std_key))
+            await asyncio.to_thread(wait_until, lambda: depth_is(3), 30, "3 queued")
+            for waiting in parked:
+                waiting.cancel()
+            return shed, parked
+
+    shed, _ = asyncio.run(scenario())
+    assert shed.status_code == 503, shed.text
+    error = shed.json()["error"]
+    assert error["code"] == "shed" and "sheddable" in error["message"]
+    assert int(shed.headers["retry-after"]) >= 1
