@@ -26,7 +26,7 @@ SCORE_SPAN_MS = 10**13
 
 def rank(priority: str) -> int:
     """0 for the most urgent class; an unknown or empty class counts as `standard`."""
-    return PRIORITIES.index(priority) if priority in PRIORITIES else 1  # type: ignore[arg-type]  # str narrowed by the `in` test
+    return PRIORITIES.index(priority) if priority in PRIORITIES else 1
 
 
 def class_name(priority: str) -> Priority:
@@ -58,7 +58,7 @@ def effective_priority(key_priority: str | None, tenant_priority: str | None) ->
     """A key's own class overrides its tenant's; neither set: `standard`."""
     for chosen in (key_priority, tenant_priority):
         if chosen in PRIORITIES:
-            return chosen  # type: ignore[return-value]  # narrowed by the `in` test
+            return chosen
     return DEFAULT_PRIORITY
 
 

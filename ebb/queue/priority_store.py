@@ -46,4 +46,4 @@ class PriorityStore:
 
 
 def _known(value: str | None) -> Priority | None:
-    return value if value in PRIORITIES else None  # type: ignore[return-value]  # narrowed by `in`
+    return value if value in PRIORITIES else None

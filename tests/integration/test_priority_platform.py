@@ -60,7 +60,8 @@ def test_sheddable_requests_are_shed_first_when_the_queue_is_saturated(platform)
 
     def post(client: httpx.AsyncClient, key: dict) -> asyncio.Future[httpx.Response]:
         headers = {"Authorization": f"Bearer {key['key']}"}
-        return asyncio.ensure_future(client.post("/v1/chat/completions", json=body, headers=headers))
+        answer = client.post("/v1/chat/completions", json=body, headers=headers)
+        return asyncio.ensure_future(answer)
 
     def depth_is(n: int) -> bool:
         with platform.admin() as admin:

@@ -41,7 +41,8 @@ def test_a_score_gives_back_its_class_and_enqueue_time(priority):
     score = NOW_MS + score_offset_ms(priority)
     assert class_of_score(score) == priority
     assert enqueued_ms_of_score(score) == NOW_MS
-    low, high = dict(zip(("critical", "standard", "sheddable"), class_score_ranges()))[priority]
+    ranges = dict(zip(("critical", "standard", "sheddable"), class_score_ranges(), strict=True))
+    low, high = ranges[priority]
     assert low <= score < high
     assert score < 2**53  # exact in a double, as Redis keeps scores
 
@@ -56,9 +57,8 @@ def test_a_keys_class_overrides_its_tenants_and_the_default_is_standard():
     assert effective_priority("sheddable", "critical") == "sheddable"
     assert effective_priority(None, "critical") == "critical"
     assert effective_priority(None, None) == "standard"
-    assert WorkItem(request_id="r", deployment="d", prompt_token_ids=[], sampling=None).priority == (  # type: ignore[arg-type]
-        "standard"
-    )
+    unset = WorkItem(request_id="r", deployment="d", prompt_token_ids=[], sampling=None)  # type: ignore[arg-type]
+    assert unset.priority == "standard"
 
 
 def test_only_sheddable_work_is_shed_before_the_queue_is_full():
