@@ -88,3 +88,27 @@ def test_sheddable_requests_are_shed_first_when_the_queue_is_saturated(platform)
     error = shed.json()["error"]
     assert error["code"] == "shed" and "sheddable" in error["message"]
     assert int(shed.headers["retry-after"]) >= 1
+
+
+def test_a_deployments_priority_is_the_admins_to_set(platform):
+    with platform.admin() as admin:
+        admin.put(
+            "/v1/tenants/prio-own/quota",
+            json={"max_deployments": 1, "max_replicas": 1, "max_gpus": 1, "allowed_sources": ["*"]},
+        ).raise_for_status()
+        key = admin.post("/v1/keys", json={"tenant": "prio-own", "name": "k"}).json()["key"]
+        body = {"name": "prio-own-m", "source": "fake://m", "priority": "critical"}
+        with httpx.Client(base_url=platform.base_url, timeout=60) as tenant:
+            refused = tenant.post(
+                "/v1/deployments", json=body, headers={"Authorization": f"Bearer {key}"}
+            )
+        assert refused.status_code == 403 and refused.json()["error"]["param"] == "priority"
+        # The admin sets it; the deployment shows it.
+        made = deploy(admin, "prio-crit", source="fake://m", priority="critical")
+        assert made["priority"] == "critical"
+        assert (
+            admin.patch("/v1/deployments/prio-crit", json={"priority": "sheddable"}).json()[
+                "priority"
+            ]
+            == "sheddable"
+        )
