@@ -112,3 +112,13 @@ def test_a_deployments_priority_is_the_admins_to_set(platform):
             ]
             == "sheddable"
         )
+
+
+def test_the_cli_sets_a_priority_and_keeps_it_when_other_limits_change(platform):
+    set_ = platform.cli("tenants", "limits", "prio-cli", "--priority", "sheddable")
+    assert set_.returncode == 0, set_.stderr
+    assert "priority sheddable" in set_.stdout
+    kept = platform.cli("tenants", "limits", "prio-cli", "--rpm", "50")
+    assert "priority sheddable" in kept.stdout and "50 requests/min" in kept.stdout
+    bad = platform.cli("keys", "limits", "--tenant", "prio-cli", "--priority", "urgent")
+    assert bad.returncode != 0 and "priority" in bad.stdout + bad.stderr
