@@ -118,6 +118,10 @@ class Executor:
         await self._await_claim(work, spec, reader, window_s)
         return Running(work, reader, queued_s=time.monotonic() - started, spec=spec)
 
+    def forget_priorities(self) -> None:
+        """A priority class was set through this frontdoor: its next requests read it."""
+        self._priority.forget()
+
     async def refuse_if_full(self, spec: DeploymentSpec, queued: int) -> None:
         """CapacityError (503 queue_full) when `queued` requests already fill the queue."""
         depth = spec.queue_depth_limit or self._settings.queue_depth_limit

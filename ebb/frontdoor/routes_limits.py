@@ -85,6 +85,7 @@ async def set_tenant_limits(
     """A tenant's limits, shared by all its keys (each key may have its own as well)."""
     await services.ratelimits.set_limits(tenant_subject(tenant), body.limits())
     await services.priorities.set(tenant_subject(tenant), body.priority)
+    services.executor.forget_priorities()
     return {**_limits_view("tenant", tenant, body.limits()), "priority": body.priority}
 
 
@@ -117,4 +118,5 @@ async def set_key_limits(
     await _known_key(services, key_id)
     await services.ratelimits.set_limits(key_subject(key_id), body.limits())
     await services.priorities.set(key_subject(key_id), body.priority)
+    services.executor.forget_priorities()
     return {**_limits_view("key", key_id, body.limits()), "priority": body.priority}

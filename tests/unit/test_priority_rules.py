@@ -180,3 +180,41 @@ def test_the_plan_places_a_deployment_by_its_own_priority():
     actions = plan(World(demands=(critical,), gpus=gpus, pools={}))
     [launch] = [a for a in actions if isinstance(a, Launch)]
     assert launch.gpu is not None and launch.gpu.device_indexes == [1]
+
+
+# --- the frontdoor's view of a caller's class ----------------------------------------------
+
+
+class CountingStore:
+    def __init__(self) -> None:
+        self.reads = 0
+        self.priority = "critical"
+
+    async def effective(self, key_id: str, tenant: str) -> str:
+        self.reads += 1
+        return self.priority
+
+
+async def test_a_callers_class_is_read_once_a_second_and_again_after_a_change():
+    from ebb.frontdoor.priority import AdmissionPriority
+    from ebb.queue.schema import SamplingSpec
+
+    now = [0.0]
+    store = CountingStore()
+    admission = AdmissionPriority(store, 0.5, clock=lambda: now[0])  # type: ignore[arg-type]
+    work = WorkItem(
+        request_id="r",
+        deployment="d",
+        prompt_token_ids=[1],
+        sampling=SamplingSpec(max_tokens=1),
+        key_id="k",
+    )
+    assert (await admission.stamp(work)).priority == "critical"
+    store.priority = "sheddable"
+    assert (await admission.stamp(work)).priority == "critical"  # within the second
+    now[0] = 1.5
+    assert (await admission.stamp(work)).priority == "sheddable"
+    store.priority = "standard"
+    admission.forget()  # set through this frontdoor
+    assert (await admission.stamp(work)).priority == "standard"
+    assert store.reads == 3
