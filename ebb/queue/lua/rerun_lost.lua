@@ -2,7 +2,8 @@
 -- 'runner_lost') before its client saw any output: it keeps its id, so its usage is
 -- recorded once, by whichever runner finishes it; the lost runner can no longer finish
 -- it (finish.lua checks the runner). It goes back to the head of the queue (its first
--- enqueue time, in its priority class) with a fresh admission deadline, and wakes runners and the controller.
+-- enqueue time, in its priority class) with a fresh admission deadline, and wakes runners
+-- and the controller.
 -- KEYS: 1 queue, 2 request hash, 3 queue signal list, 4 controller wake list
 -- ARGV: 1 request id, 2 admission window ms, 3 deployment, 4 signal list max
 -- Returns 1 when queued again, 0 when the request was not lost (finished, cancelled...).
