@@ -237,6 +237,7 @@ class RunnerScripts:
         deployment_uid: str,
         prefix_affinity_ms: int = 0,
         prefix_step_wait_ms: int = 0,
+        critical_extra: int = 0,
     ) -> tuple[list[bytes], list[str], int, int, bool, set[str]]:
         """Claim up to `max_count` requests (at most `max_jobs` job attempts): the encoded
         work of each claimed one, the ids this runner was asked to abort, how many
@@ -245,7 +246,8 @@ class RunnerScripts:
         was claimed), and the ids of the claimed that are continuations. With
         `prefix_affinity_ms`, a request another runner holds the prompt prefix of waits
         for it that long, or while that runner is inside the engine step it was in when
-        the request came, up to `prefix_step_wait_ms` (see claim.lua)."""
+        the request came, up to `prefix_step_wait_ms` (see claim.lua). Once `max_count`
+        were claimed, up to `critical_extra` critical requests more."""
         claimed, cancelled, still_queued, jobs_queued, gone, continued = reply_list(
             self._claim(
                 keys=[
@@ -279,6 +281,7 @@ class RunnerScripts:
                     keys.CLAIMING_TTL_MS,
                     public_name(deployment),
                     deployment_uid,
+                    critical_extra,
                 ],
             )
         )

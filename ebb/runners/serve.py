@@ -242,7 +242,13 @@ class ServingLoop:
         held_jobs = sum(1 for h in self.held.values() if h.work.job_id)
         max_jobs = min(free, self._job_limit() - held_jobs, job_claims_per_step(self._max_slots))
         began = self._news.claim_begins()
-        result = self._queue.claim(self._spec.name, max(free, 0), max(max_jobs, 0), uid=self._uid)
+        result = self._queue.claim(
+            self._spec.name,
+            max(free, 0),
+            max(max_jobs, 0),
+            uid=self._uid,
+            critical_extra=self._critical_room(),
+        )
         self._news.claim_ended(began, queues_empty=result.queues_empty)
         claimed = self._take(result)
         if result.deployment_gone and not self._draining:
@@ -263,6 +269,15 @@ class ServingLoop:
     @property
     def _max_slots(self) -> int:
         return self._spec.max_concurrency
+
+    def _critical_room(self) -> int:
+        """Critical requests this runner may still take beyond its slots (a quarter of
+        them, at least one): a critical request waits for no slot to free, its engine
+        schedules it first (`priority`), and shed or standard work never uses these."""
+        if self._draining:
+            return 0
+        beyond = max(0, len(self.held) - self._max_slots)
+        return max(0, max(1, self._max_slots // 4) - beyond)
 
     def _job_limit(self) -> int:
         """Job slots now. While no synchronous request runs here or ran in the last

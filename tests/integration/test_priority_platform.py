@@ -122,3 +122,53 @@ def test_the_cli_sets_a_priority_and_keeps_it_when_other_limits_change(platform)
     assert "priority sheddable" in kept.stdout and "50 requests/min" in kept.stdout
     bad = platform.cli("keys", "limits", "--tenant", "prio-cli", "--priority", "urgent")
     assert bad.returncode != 0 and "priority" in bad.stdout + bad.stderr
+
+
+def test_a_critical_request_does_not_wait_for_a_full_runners_slot(platform):
+    with platform.admin() as admin:
+        deploy(
+            admin,
+            "prio-one-slot",
+            source="fake://m?step_ms=20",
+            min_replicas=1,
+            max_concurrency=1,
+        )
+        wait_until(
+            lambda: admin.get("/v1/deployments/prio-one-slot").json()["replicas"]["ready"] == 1,
+            60,
+            "the runner",
+        )
+        key = admin.post("/v1/keys", json={"tenant": "prio-c", "name": "c"}).json()["key"]
+        admin.put("/v1/tenants/prio-c/limits", json={"priority": "critical"})
+
+    async def scenario() -> tuple[httpx.Response, bool]:
+        async with httpx.AsyncClient(base_url=platform.base_url, timeout=120) as client:
+            first_token = asyncio.Event()
+
+            async def long_standard() -> None:
+                body = {"model": "prio-one-slot", "messages": MESSAGES, "max_tokens": 500}
+                headers = {"Authorization": f"Bearer {platform.admin_key}"}
+                async with client.stream(
+                    "POST",
+                    "/v1/chat/completions",
+                    json={**body, "stream": True},
+                    headers=headers,
+                ) as answer:
+                    async for _ in answer.aiter_lines():
+                        first_token.set()
+
+            standard = asyncio.ensure_future(long_standard())
+            await asyncio.wait_for(first_token.wait(), 60)
+            critical = await client.post(
+                "/v1/chat/completions",
+                json={"model": "prio-one-slot", "messages": MESSAGES, "max_tokens": 2},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+            still_running = not standard.done()
+            standard.cancel()
+            return critical, still_running
+
+    critical, standard_still_running = asyncio.run(scenario())
+    assert critical.status_code == 200, critical.text
+    # It was served beside the one slot's request, not after it.
+    assert standard_still_running

@@ -91,3 +91,17 @@ async def test_a_request_whose_runner_was_lost_goes_back_in_its_class(redis_url)
     assert await reaper.reap_expired_leases() == ["crit"]
     other = RunnerQueue(sync_client(redis_url), "other", lease_ttl_s=5, result_ttl_s=60)
     assert [w.request_id for w in other.claim(DEP, 1).claimed] == ["crit"]
+
+
+async def test_a_full_runner_still_takes_critical_work_but_nothing_else(redis_url):
+    queue = RequestQueue(async_client(redis_url), request_ttl_s=60)
+    for name, priority in [("std-1", "standard"), ("shed-1", "sheddable"), ("std-2", "standard")]:
+        await queue.enqueue(work(name, priority), admission_window_s=60, depth_limit=100)
+    runner = RunnerQueue(sync_client(redis_url), "r1", lease_ttl_s=5, result_ttl_s=60)
+    assert [w.request_id for w in runner.claim(DEP, 1).claimed] == ["std-1"]
+    # Its one slot is taken: beyond it, only critical requests, and none waits yet.
+    assert runner.claim(DEP, 0, critical_extra=1).claimed == []
+    await queue.enqueue(work("crit", "critical"), admission_window_s=60, depth_limit=100)
+    await queue.enqueue(work("crit-2", "critical"), admission_window_s=60, depth_limit=100)
+    assert [w.request_id for w in runner.claim(DEP, 0, critical_extra=1).claimed] == ["crit"]
+    assert sync_client(redis_url).zcard(keys.queue(DEP)) == 3
