@@ -62,6 +62,13 @@ def effective_priority(key_priority: str | None, tenant_priority: str | None) ->
     return DEFAULT_PRIORITY
 
 
+def critical_slots(max_concurrency: int) -> int:
+    """Critical requests a runner takes beyond its `max_concurrency` when those slots are
+    full (a quarter of them, at least one): critical work waits for no slot to free. Its
+    engine batches that many more sequences, so that they run at once."""
+    return max(1, max_concurrency // 4)
+
+
 def shed_depth(priority: str, depth_limit: int, shed_fraction: float) -> int:
     """The queue depth at which a request of `priority` is refused at once (0: never
     before the queue is full). Only sheddable work is shed early: once the queue holds

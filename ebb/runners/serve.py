@@ -40,7 +40,7 @@ from ebb import tracing
 from ebb.queue.continuation import remaining_sampling, replayable
 from ebb.queue.gpu_records import GpuDevice
 from ebb.queue.observations import RunnerStats
-from ebb.queue.priority import rank
+from ebb.queue.priority import critical_slots, rank
 from ebb.queue.runner_side import ClaimResult, Ending, RunnerQueue
 from ebb.queue.schema import (
     ChoiceDelta,
@@ -271,13 +271,13 @@ class ServingLoop:
         return self._spec.max_concurrency
 
     def _critical_room(self) -> int:
-        """Critical requests this runner may still take beyond its slots (a quarter of
-        them, at least one): a critical request waits for no slot to free, its engine
-        schedules it first (`priority`), and shed or standard work never uses these."""
+        """Critical requests this runner may still take beyond its slots
+        (`critical_slots`): its engine schedules them first (`priority`); standard and
+        sheddable work never uses these."""
         if self._draining:
             return 0
         beyond = max(0, len(self.held) - self._max_slots)
-        return max(0, max(1, self._max_slots // 4) - beyond)
+        return max(0, critical_slots(self._max_slots) - beyond)
 
     def _job_limit(self) -> int:
         """Job slots now. While no synchronous request runs here or ran in the last

@@ -218,3 +218,17 @@ async def test_a_callers_class_is_read_once_a_second_and_again_after_a_change():
     admission.forget()  # set through this frontdoor
     assert (await admission.stamp(work)).priority == "standard"
     assert store.reads == 3
+
+
+def test_a_runner_takes_a_quarter_of_its_slots_more_for_critical_work_and_its_engine_fits_them():
+    from pathlib import Path
+
+    from ebb.config import Settings
+    from ebb.queue.priority import critical_slots
+    from ebb.runners.process import engine_options
+
+    assert [critical_slots(n) for n in (1, 4, 32)] == [1, 1, 8]
+    options = engine_options(
+        Settings(), DeploymentSpec(name="m", source="s", max_concurrency=32), Path("/m"), 2048, None
+    )
+    assert options.max_num_seqs == 40
