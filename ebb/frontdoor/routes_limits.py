@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ebb.errors import NotFound
 from ebb.frontdoor.auth import AdminDep
 from ebb.frontdoor.services import ServicesDep
+from ebb.queue.priority import Priority
 from ebb.queue.ratelimits import RateLimits, key_subject, tenant_subject
 
 router = APIRouter(prefix="/v1")
@@ -27,6 +28,9 @@ class RateLimitsBody(BaseModel):
 
     requests_per_minute: int | None = Field(None, ge=1, le=10_000_000)
     tokens_per_minute: int | None = Field(None, ge=1, le=10_000_000_000)
+    # Who waits under saturation (ebb.queue.priority); null: a key inherits its tenant's,
+    # a tenant is standard.
+    priority: Priority | None = None
 
     def limits(self) -> RateLimits:
         return RateLimits(
@@ -53,6 +57,11 @@ async def list_tenants(caller: AdminDep, services: ServicesDep) -> dict[str, Any
     quotas = await services.quotas.all()
     for name in quotas:
         active.setdefault(name, 0)
+    priorities = await services.priorities.all()
+    for subject in priorities:
+        kind, _, name = subject.partition(":")
+        if kind == "tenant":
+            active.setdefault(name, 0)
     return {
         "object": "list",
         "data": [
@@ -62,6 +71,7 @@ async def list_tenants(caller: AdminDep, services: ServicesDep) -> dict[str, Any
                 "active_keys": count,
                 "limits": msgspec.structs.asdict(limits.get(tenant_subject(name)) or RateLimits()),
                 "quota": msgspec.structs.asdict(quotas[name]) if name in quotas else None,
+                "priority": priorities.get(tenant_subject(name)),
             }
             for name, count in sorted(active.items())
         ],
@@ -74,20 +84,26 @@ async def set_tenant_limits(
 ) -> dict[str, Any]:
     """A tenant's limits, shared by all its keys (each key may have its own as well)."""
     await services.ratelimits.set_limits(tenant_subject(tenant), body.limits())
-    return _limits_view("tenant", tenant, body.limits())
+    await services.priorities.set(tenant_subject(tenant), body.priority)
+    services.executor.forget_priorities()
+    return {**_limits_view("tenant", tenant, body.limits()), "priority": body.priority}
 
 
 @router.get("/tenants/{tenant}/limits")
 async def get_tenant_limits(
     tenant: TenantName, caller: AdminDep, services: ServicesDep
 ) -> dict[str, Any]:
-    return _limits_view("tenant", tenant, await services.ratelimits.limits(tenant_subject(tenant)))
+    subject = tenant_subject(tenant)
+    view = _limits_view("tenant", tenant, await services.ratelimits.limits(subject))
+    return {**view, "priority": await services.priorities.get(subject)}
 
 
 @router.get("/keys/{key_id}/limits")
 async def get_key_limits(key_id: str, caller: AdminDep, services: ServicesDep) -> dict[str, Any]:
     await _known_key(services, key_id)
-    return _limits_view("key", key_id, await services.ratelimits.limits(key_subject(key_id)))
+    subject = key_subject(key_id)
+    view = _limits_view("key", key_id, await services.ratelimits.limits(subject))
+    return {**view, "priority": await services.priorities.get(subject)}
 
 
 async def _known_key(services: ServicesDep, key_id: str) -> None:
@@ -101,4 +117,6 @@ async def set_key_limits(
 ) -> dict[str, Any]:
     await _known_key(services, key_id)
     await services.ratelimits.set_limits(key_subject(key_id), body.limits())
-    return _limits_view("key", key_id, body.limits())
+    await services.priorities.set(key_subject(key_id), body.priority)
+    services.executor.forget_priorities()
+    return {**_limits_view("key", key_id, body.limits()), "priority": body.priority}

@@ -28,6 +28,7 @@ from ebb.queue.delivery_store import DeliveryStore, delivery_record_ttl_s
 from ebb.queue.job_store import JobStore
 from ebb.queue.ledger import LedgerStore
 from ebb.queue.platform import PlatformState
+from ebb.queue.priority_store import PriorityStore
 from ebb.queue.quotas import QuotaStore
 from ebb.queue.ratelimits import RateLimitStore
 from ebb.queue.requests import RequestQueue
@@ -48,6 +49,7 @@ class Services:
     metrics: Metrics
     limiter: RateLimiter
     ratelimits: RateLimitStore
+    priorities: PriorityStore
     quotas: QuotaStore
     ledger: LedgerStore
     jobs: JobStore
@@ -75,7 +77,8 @@ def build_services(settings: Settings) -> Services:
         redis=client,
         state=state,
         queue=queue,
-        executor=Executor(settings, queue, state),
+        executor=Executor(settings, queue, state, PriorityStore(client)),
+        priorities=PriorityStore(client),
         catalog=ModelCatalog(state, engines),
         engines=engines,
         metrics=Metrics(

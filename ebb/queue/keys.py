@@ -52,7 +52,8 @@ QUEUE_SIGNAL_PREFIX = PREFIX + "qsig:"
 
 
 def queue(deployment: str) -> str:
-    """Sorted set of queued request ids, scored by enqueue time (ms)."""
+    """Sorted set of queued request ids, scored by enqueue time (ms) plus their priority
+    class's offset (ebb.queue.priority)."""
     return QUEUE_PREFIX + deployment
 
 
@@ -167,6 +168,7 @@ LEDGER_LINES_PREFIX = PREFIX + "ledger:lines:"  # list per hour: booked entries 
 LEDGER_SEEN_PREFIX = PREFIX + "ledger:seen:"  # hash per UTC day: request id -> 1 (billed once)
 RATE_LIMITS = PREFIX + "ratelimits"  # hash: "key:ID:rpm" / "tenant:T:tpm" ... -> int
 RATE_BUCKET_PREFIX = PREFIX + "rl:"  # hash per subject: token-bucket levels and times
+PRIORITIES = PREFIX + "priorities"  # hash: "key:ID" / "tenant:T" -> priority class
 
 # A rate-limit bucket left alone this long has refilled completely: let it expire.
 RATE_BUCKET_TTL_S = 120

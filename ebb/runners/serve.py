@@ -40,6 +40,7 @@ from ebb import tracing
 from ebb.queue.continuation import remaining_sampling, replayable
 from ebb.queue.gpu_records import GpuDevice
 from ebb.queue.observations import RunnerStats
+from ebb.queue.priority import critical_slots, rank
 from ebb.queue.runner_side import ClaimResult, Ending, RunnerQueue
 from ebb.queue.schema import (
     ChoiceDelta,
@@ -244,7 +245,13 @@ class ServingLoop:
         held_jobs = sum(1 for h in self.held.values() if h.work.job_id)
         max_jobs = min(free, self._job_limit() - held_jobs, job_claims_per_step(self._max_slots))
         began = self._news.claim_begins()
-        result = self._queue.claim(self._spec.name, max(free, 0), max(max_jobs, 0), uid=self._uid)
+        result = self._queue.claim(
+            self._spec.name,
+            max(free, 0),
+            max(max_jobs, 0),
+            uid=self._uid,
+            critical_extra=self._critical_room(),
+        )
         self._news.claim_ended(began, queues_empty=result.queues_empty)
         claimed = self._take(result)
         if result.deployment_gone and not self._draining:
@@ -265,6 +272,15 @@ class ServingLoop:
     @property
     def _max_slots(self) -> int:
         return self._spec.max_concurrency
+
+    def _critical_room(self) -> int:
+        """Critical requests this runner may still take beyond its slots
+        (`critical_slots`): its engine schedules them first (`priority`); standard and
+        sheddable work never uses these."""
+        if self._draining:
+            return 0
+        beyond = max(0, len(self.held) - self._max_slots)
+        return max(0, critical_slots(self._max_slots) - beyond)
 
     def _job_limit(self) -> int:
         """Job slots now. While no synchronous request runs here or ran in the last
@@ -335,7 +351,12 @@ class ServingLoop:
             return
         try:
             with self.engine_progress.calling():
-                self._engine.add_request(work.request_id, work.prompt_token_ids, work.sampling)
+                self._engine.add_request(
+                    work.request_id,
+                    work.prompt_token_ids,
+                    work.sampling,
+                    priority=rank(work.priority),
+                )
         except EngineRequestError as e:
             self._end(held, "failed", Failed(message=str(e), code="invalid_request"))
 
@@ -371,7 +392,9 @@ class ServingLoop:
         prompt = work.prompt_token_ids + so_far.token_ids
         sampling = remaining_sampling(work.sampling, so_far)
         try:
-            self._engine.add_request(work.request_id, prompt, sampling, held.replayed)
+            self._engine.add_request(
+                work.request_id, prompt, sampling, held.replayed, priority=rank(work.priority)
+            )
         except EngineRequestError as e:
             self._end(held, "failed", Failed(message=str(e), code="invalid_request"))
 
