@@ -14,6 +14,7 @@ from ebb.billing.pricing import token_cost_micros
 from ebb.errors import InsufficientQuota
 from ebb.frontdoor.budgets import cost_micros, max_cost_micros, refusal_message
 from ebb.frontdoor.errors_http import error_response, validation_error
+from ebb.frontdoor.observe import outcome_of
 from ebb.frontdoor.routes_limits import RateLimitsBody, TenantLimitsBody
 from ebb.queue.budget_periods import Period
 from ebb.queue.budgets import BudgetOutcome
@@ -119,3 +120,8 @@ def test_insufficient_quota_is_openais_429_and_tells_clients_not_to_retry():
     assert response.headers["x-should-retry"] == "false"
     assert b'"type":"insufficient_quota"' in response.body
     assert b'"code":"insufficient_quota"' in response.body
+
+
+def test_a_spend_caps_refusal_is_counted_apart_from_rate_limits():
+    assert outcome_of(429, "insufficient_quota") == ("rate_limited", "insufficient_quota")
+    assert outcome_of(429, "rate_limit_exceeded") == ("rate_limited", "429")
