@@ -7,6 +7,7 @@ from rich.table import Table
 
 from ebb.billing.pricing import format_micros
 from ebb.cli.api import Api, JsonObject, JsonOpt, console, err_console, print_json
+from ebb.cli.budgets import usage_budget
 from ebb.cli.deployment_options import BatchDiscountOpt, price_fields
 
 # `ebb usage reconcile` found the aggregates disagreeing with the raw records.
@@ -69,6 +70,9 @@ def _unit_economics_table(rows: list[JsonObject]) -> Table:
             "-" if cost is None else format_micros(cost),
         )
     return table
+
+
+usage_app.command("budget")(usage_budget)
 
 
 @usage_app.command("reconcile")

@@ -258,3 +258,22 @@ def test_budgets_in_the_limits_routes(admin):
     assert kept["budget"]["amount_micros"] == 7 and kept["requests_per_minute"] == 5
     assert admin.get("/v1/tenants/bud-bad/limits").json()["budget"]["period"] == "month"
     assert _set_budget(admin, "bud-bad", None)["budget"] is None
+
+
+def test_the_cli_sets_a_budget_and_shows_its_spend(platform, admin):
+    new_key(admin, "bud-cli")
+    set_ = platform.cli(
+        "tenants", "limits", "bud-cli", "--budget", "2.50", "--budget-period", "day"
+    )
+    assert set_.returncode == 0, set_.stderr
+    assert "0.000000 of 2.500000 spent per day" in set_.stdout
+    bad = platform.cli("tenants", "limits", "bud-cli", "--budget", "-1")
+    assert bad.returncode != 0 and "--budget" in bad.stderr
+    shown = platform.cli("usage", "budget", "--tenant", "bud-cli", "--json")
+    assert shown.returncode == 0, shown.stderr
+    budget = json.loads(shown.stdout)["data"][0]["budget"]
+    assert budget["amount_micros"] == 2_500_000 and budget["period"] == "day"
+    # Setting a rate limit from the CLI keeps the budget.
+    rpm = platform.cli("keys", "limits", "--tenant", "bud-cli", "--rpm", "50", "--json")
+    assert rpm.returncode == 0, rpm.stderr
+    assert json.loads(rpm.stdout)["budget"]["amount_micros"] == 2_500_000
