@@ -65,6 +65,7 @@ async def list_tenants(caller: AdminDep, services: ServicesDep) -> dict[str, Any
     quotas = await services.quotas.all()
     for name in quotas:
         active.setdefault(name, 0)
+    budgets = {name: await budget_view(services, tenant_subject(name)) for name in active}
     return {
         "object": "list",
         "data": [
@@ -74,6 +75,7 @@ async def list_tenants(caller: AdminDep, services: ServicesDep) -> dict[str, Any
                 "active_keys": count,
                 "limits": msgspec.structs.asdict(limits.get(tenant_subject(name)) or RateLimits()),
                 "quota": msgspec.structs.asdict(quotas[name]) if name in quotas else None,
+                "budget": budgets[name],
             }
             for name, count in sorted(active.items())
         ],

@@ -257,6 +257,8 @@ def test_budgets_in_the_limits_routes(admin):
     kept = admin.put("/v1/tenants/bud-bad/limits", json={"requests_per_minute": 5}).json()
     assert kept["budget"]["amount_micros"] == 7 and kept["requests_per_minute"] == 5
     assert admin.get("/v1/tenants/bud-bad/limits").json()["budget"]["period"] == "month"
+    listed = {t["tenant"]: t for t in admin.get("/v1/tenants").json()["data"]}
+    assert listed["bud-bad"]["budget"]["amount_micros"] == 7  # the console's tenants table
     assert _set_budget(admin, "bud-bad", None)["budget"] is None
 
 
