@@ -71,26 +71,41 @@ def describe(budget: JsonObject | None) -> str:
 
 
 def usage_budget(
-    tenant: str | None = typer.Option(None, help="The tenant (the admin's)."),
+    tenant: str | None = typer.Option(None, help="Only this tenant (the admin's)."),
     key: str | None = typer.Option(None, "--key", help="Also this key's id (the admin's)."),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Budgets and their spend this period: the caller's, or (admin) a tenant's."""
-    params = {"tenant": tenant, "key_id": key}
-    body = Api().call(
-        "GET", "/v1/budgets", params={k: v for k, v in params.items() if v is not None}
-    )
+    """Budgets and their spend this period: the caller's, or (admin) every one or a tenant's."""
+    body = _budgets(tenant, key)
     if as_json:
         print_json(body)
         return
+    console.print(budgets_table(body["data"]))
+
+
+def print_budgets(tenant: str | None) -> None:
+    """Under `ebb usage`: the budgets in force and their spend, if any is set."""
+    rows = [r for r in _budgets(tenant, None)["data"] if r["budget"]]
+    if rows:
+        console.print(budgets_table(rows))
+
+
+def _budgets(tenant: str | None, key: str | None) -> JsonObject:
+    params = {"tenant": tenant, "key_id": key}
+    return Api().call(
+        "GET", "/v1/budgets", params={k: v for k, v in params.items() if v is not None}
+    )
+
+
+def budgets_table(rows: list[JsonObject]) -> Table:
     table = Table("tenant", "key", "budget", "spent", "reserved", "soft limit", "resets at")
-    for row in body["data"]:
+    for row in rows:
         b = row["budget"]
         if b is None:
-            table.add_row(row["tenant"], row["key_id"] or "", "none", "", "", "", "")
+            table.add_row(row["tenant"] or "", row["key_id"] or "", "none", "", "", "", "")
             continue
         table.add_row(
-            row["tenant"],
+            row["tenant"] or "",
             row["key_id"] or "",
             f"{format_micros(b['amount_micros'])} / {b['period'] or 'lifetime'}",
             format_micros(b["spent_micros"]),
@@ -98,4 +113,4 @@ def usage_budget(
             f"{b['soft_limit']:.0%}",
             b["resets_at"] or "never",
         )
-    console.print(table)
+    return table

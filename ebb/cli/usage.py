@@ -7,7 +7,7 @@ from rich.table import Table
 
 from ebb.billing.pricing import format_micros
 from ebb.cli.api import Api, JsonObject, JsonOpt, console, err_console, print_json
-from ebb.cli.budgets import usage_budget
+from ebb.cli.budgets import print_budgets, usage_budget
 from ebb.cli.deployment_options import BatchDiscountOpt, price_fields
 
 # `ebb usage reconcile` found the aggregates disagreeing with the raw records.
@@ -53,6 +53,7 @@ def usage(
     console.print(table)
     if body["unit_economics"]:
         console.print(_unit_economics_table(body["unit_economics"]))
+    print_budgets(tenant)
 
 
 def _unit_economics_table(rows: list[JsonObject]) -> Table:

@@ -110,10 +110,10 @@ async def get_budgets(
     key_id: str | None = Query(None, max_length=128),
 ) -> dict[str, Any]:
     """The caller's budgets (its key's and its tenant's) with this period's spend; the
-    admin names a `tenant` (and optionally a `key_id`)."""
+    admin names a `tenant` (and optionally a `key_id`), or sees every budget set."""
     if caller.is_admin:
         if tenant is None:
-            raise InvalidRequest("Name the tenant whose budgets to show.", param="tenant")
+            return {"object": "list", "data": await _every_budget(services)}
         whose_tenant, whose_key = tenant, key_id
     else:
         if (tenant not in (None, caller.tenant)) or (key_id not in (None, caller.key_id)):
@@ -132,3 +132,20 @@ async def get_budgets(
         for key in owners
     ]
     return {"object": "list", "data": data}
+
+
+async def _every_budget(services: Services) -> list[dict[str, Any]]:
+    """Every subject with a budget, tenants first, as GET /v1/budgets lists them."""
+    tenants = {r.key_id: r.tenant for r in await services.state.list_api_keys()}
+    rows = []
+    for subject in sorted(await services.budgets.all_budgets(), key=lambda s: (s[0] == "k", s)):
+        kind, _, name = subject.partition(":")
+        rows.append(
+            {
+                "object": "budget",
+                "tenant": name if kind == "tenant" else tenants.get(name),
+                "key_id": name if kind == "key" else None,
+                "budget": await budget_view(services, subject),
+            }
+        )
+    return rows

@@ -166,6 +166,11 @@ class BudgetStore:
         raw = await self._redis.hget(keys.BUDGETS, subject)
         return None if raw is None else msgspec.json.decode(raw, type=Budget)
 
+    async def all_budgets(self) -> dict[str, Budget]:
+        """{subject: its budget} for every subject that has one."""
+        raw = await self._redis.hgetall(keys.BUDGETS)
+        return {reply_text(s): msgspec.json.decode(b, type=Budget) for s, b in raw.items()}
+
     async def budgets(self, subjects: list[str]) -> dict[str, Budget]:
         """{subject: its budget} for those of `subjects` that have one."""
         if not subjects:

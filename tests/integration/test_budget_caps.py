@@ -275,6 +275,11 @@ def test_the_cli_sets_a_budget_and_shows_its_spend(platform, admin):
     assert shown.returncode == 0, shown.stderr
     budget = json.loads(shown.stdout)["data"][0]["budget"]
     assert budget["amount_micros"] == 2_500_000 and budget["period"] == "day"
+    usage = platform.cli("usage", "--tenant", "bud-cli")  # `ebb usage` shows budgets too
+    assert usage.returncode == 0, usage.stderr
+    assert "2.500000 / day" in usage.stdout
+    every = admin.get("/v1/budgets").json()["data"]  # the admin, naming no tenant: all
+    assert any(r["tenant"] == "bud-cli" and r["key_id"] is None for r in every)
     # Setting a rate limit from the CLI keeps the budget.
     rpm = platform.cli("keys", "limits", "--tenant", "bud-cli", "--rpm", "50", "--json")
     assert rpm.returncode == 0, rpm.stderr
