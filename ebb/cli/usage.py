@@ -9,6 +9,7 @@ from ebb.billing.pricing import format_micros
 from ebb.cli.api import Api, JsonObject, JsonOpt, console, err_console, print_json
 from ebb.cli.budgets import print_budgets, usage_budget
 from ebb.cli.deployment_options import BatchDiscountOpt, price_fields
+from ebb.cli.usage_costs import gpu_costs_table
 
 # `ebb usage reconcile` found the aggregates disagreeing with the raw records.
 EXIT_DRIFT = 4
@@ -28,6 +29,9 @@ def usage(
         "deployment", "--group-by", help="Comma-separated: tenant, deployment, day, hour."
     ),
     tenant: str | None = typer.Option(None, help="Only this tenant."),
+    costs: bool = typer.Option(
+        False, "--costs", help="Where the GPU-seconds went, and cost per 1M output tokens."
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Usage and cost, whole hours, from the ledger."""
@@ -53,6 +57,8 @@ def usage(
     console.print(table)
     if body["unit_economics"]:
         console.print(_unit_economics_table(body["unit_economics"]))
+    if costs:
+        console.print(gpu_costs_table(body.get("gpu_costs", [])))
     print_budgets(tenant)
 
 

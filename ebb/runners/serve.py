@@ -52,6 +52,7 @@ from ebb.queue.schema import (
 )
 from ebb.runners.core_pinning import Pin
 from ebb.runners.engine import EngineAdapter, EngineRequestError, StepOutput
+from ebb.runners.gpu_shares import GpuShares
 from ebb.runners.idle import IdleAction, idle_action
 from ebb.runners.lifecycle import Lifecycle
 from ebb.runners.publisher import OutputPublisher
@@ -181,6 +182,8 @@ class ServingLoop:
         self._news = queue.work_news(spec.name)
         # Read by the heartbeat thread, whose watchdog ends a runner whose engine hangs.
         self.engine_progress = EngineProgress()
+        # Each request's share of the engine's time: waste told to the GPU meter.
+        self.gpu_shares = GpuShares()
 
     def held_ids(self) -> list[str]:
         return list(self.held)
@@ -301,6 +304,7 @@ class ServingLoop:
             if not self._queue.yield_job(self._spec.name, request_id, keep_output=keep):
                 continue  # no longer ours, or being cancelled: that path ends it
             del self.held[request_id]
+            self.gpu_shares.ended(request_id, thrown_away=not keep)
             with self.engine_progress.calling():
                 self._engine.abort([request_id])
             freed += 1
@@ -362,6 +366,8 @@ class ServingLoop:
             self._end(held, "failed", _LOST_UNREPLAYABLE)
             return
         held.replayed = len(so_far.token_ids)
+        if held.replayed:
+            self.gpu_shares.replaying(work.request_id)
         prompt = work.prompt_token_ids + so_far.token_ids
         sampling = remaining_sampling(work.sampling, so_far)
         try:
@@ -394,8 +400,10 @@ class ServingLoop:
         # requests admitted since the last step started, and those of this step.
         if self._pin is not None:
             self._pin.free_new_threads()
+        began_s = time.monotonic()
         with self.engine_progress.calling():
             outputs = self._engine.step()
+        self.gpu_shares.stepped(time.monotonic() - began_s, self.held)
         self.engine_progress.stepped()
         if self._pin is not None:
             self._pin.free_new_threads()
@@ -410,6 +418,7 @@ class ServingLoop:
             held.prompt_tokens = out.prompt_tokens - held.replayed
             held.completion_tokens = held.replayed + out.completion_tokens
             if out.choices:
+                self.gpu_shares.produced(out.request_id)
                 progress[out.request_id] = self._progress(held, out.choices)
                 held.first_output_ns = held.first_output_ns or time.time_ns()
             if out.finished:
@@ -441,8 +450,9 @@ class ServingLoop:
         (after publishing `progress`, the output of the step that completed them), handed
         to the publisher (held back until released, with `hold`); `then` runs once that
         is out."""
-        for held, _, _ in endings:
+        for held, state, _ in endings:
             self.held.pop(held.work.request_id, None)
+            self.gpu_shares.ended(held.work.request_id, thrown_away=state == "failed")
             if not held.work.job_id:
                 self._sync_seen_at = self._clock()
             if held.work.traceparent:
