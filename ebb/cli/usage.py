@@ -7,6 +7,7 @@ from rich.table import Table
 
 from ebb.billing.pricing import format_micros
 from ebb.cli.api import Api, JsonObject, JsonOpt, console, err_console, print_json
+from ebb.cli.budgets import print_budgets, usage_budget
 from ebb.cli.deployment_options import BatchDiscountOpt, price_fields
 from ebb.cli.usage_costs import gpu_costs_table
 
@@ -58,6 +59,7 @@ def usage(
         console.print(_unit_economics_table(body["unit_economics"]))
     if costs:
         console.print(gpu_costs_table(body.get("gpu_costs", [])))
+    print_budgets(tenant)
 
 
 def _unit_economics_table(rows: list[JsonObject]) -> Table:
@@ -75,6 +77,9 @@ def _unit_economics_table(rows: list[JsonObject]) -> Table:
             "-" if cost is None else format_micros(cost),
         )
     return table
+
+
+usage_app.command("budget")(usage_budget)
 
 
 @usage_app.command("reconcile")

@@ -189,6 +189,24 @@ def rate_bucket(subject: str) -> str:
     return RATE_BUCKET_PREFIX + subject
 
 
+# --- spend caps (budgets) -----------------------------------------------------------------
+
+BUDGETS = PREFIX + "budgets"  # hash: "key:ID" / "tenant:T" -> Budget (json), set by the admin
+# hash: tenant -> the URL its tenant-level events (budget.soft_limit_reached) are sent to
+TENANT_WEBHOOKS = PREFIX + "tenant_webhooks"
+BUDGET_SPEND_PREFIX = PREFIX + "spend:"  # hash per subject and period: committed, spent, soft
+
+# A period's spend outlives the period long enough for a request admitted at its very end
+# to settle into it (and to be read back); a lifetime budget's spend never expires.
+BUDGET_SPEND_TTL_S = {"day": 3 * 86400, "month": 63 * 86400}
+
+
+def budget_spend(subject: str, period_label: str) -> str:
+    """What a subject ("key:ID" / "tenant:T") spent and holds reserved in one period
+    (`period_label`: "d20261206", "m202612" or "life", see budget_periods)."""
+    return f"{BUDGET_SPEND_PREFIX}{subject}:{period_label}"
+
+
 # --- async jobs and webhook deliveries ----------------------------------------------------
 
 JOB_PREFIX = PREFIX + "job:"  # hash per job: JobRecord fields (see job_store)

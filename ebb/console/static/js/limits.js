@@ -7,6 +7,7 @@ import {
   cliHint,
   field,
   fmtInt,
+  fmtMicros,
   formError,
   h,
   numberOrNull,
@@ -32,8 +33,16 @@ export function tenantsTable(tenants) {
       { label: "Requests", num: true, cell: (t) => limitText(t.limits.requests_per_minute) },
       { label: "Tokens", num: true, cell: (t) => limitText(t.limits.tokens_per_minute) },
       { label: "Priority", cell: (t) => t.priority ?? "standard" },
+      { label: "Budget", cell: (t) => budgetText(t.budget) },
     ],
   });
+}
+
+/** "$1.20 of $50.00 per day", or "none": a spend cap and this period's spend. */
+export function budgetText(budget) {
+  if (!budget) return "none";
+  const per = budget.period ? `per ${budget.period}` : "lifetime";
+  return `${fmtMicros(budget.spent_micros)} of ${fmtMicros(budget.amount_micros)} ${per}`;
 }
 
 /** "Set a tenant's quota": what its own deployments may add up to (PUT .../quota). */
