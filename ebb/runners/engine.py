@@ -82,10 +82,13 @@ class EngineAdapter(Protocol):
         prompt_token_ids: list[int],
         sampling: SamplingSpec,
         continued: int = 0,
+        priority: int = 1,
     ) -> None:
         """`continued`: the last tokens of the prompt are this many of the request's own
         output so far (a continuation, see ebb.queue.continuation); its output goes on
-        after them, and `sampling` counts only what is left to generate."""
+        after them, and `sampling` counts only what is left to generate. `priority`: its
+        class's rank (ebb.queue.priority.rank, 0 most urgent), for an engine whose
+        scheduler orders by it; others may ignore it."""
         ...
 
     def abort(self, request_ids: Iterable[str]) -> None: ...

@@ -147,6 +147,9 @@ def _engine_args(options: EngineOptions, cuda: bool) -> EngineArgs:
         tensor_parallel_size=options.tensor_parallel_size,
         # The runner keeps its own metrics; vLLM's periodic stat logging is per-step work.
         disable_log_stats=True,
+        # Critical requests first in the engine's waiting queue, and the last preempted
+        # when KV blocks run out (each request's class rank: ebb.queue.priority).
+        scheduling_policy="priority",
         # Sleep mode is a GPU feature (a no-op on CPU): it enables the sleeping tier.
         enable_sleep_mode=cuda,
         **chosen,
@@ -303,6 +306,7 @@ class VllmEngine:
         prompt_token_ids: list[int],
         sampling: SamplingSpec,
         continued: int = 0,
+        priority: int = 1,
     ) -> None:
         # A continuation's replayed output is prompt to vLLM: its detokenizer starts from
         # those tokens, so the first new token's text joins them as it would have.
@@ -322,7 +326,8 @@ class VllmEngine:
             (engine_input,) = self._engine.renderer.render_cmpl(
                 [TokensPrompt(prompt_token_ids=list(prompt_token_ids))]
             )
-            self._engine.add_request(request_id, engine_input, params)
+            # vLLM's priority scheduler: lower first, ties by arrival (FCFS within a class).
+            self._engine.add_request(request_id, engine_input, params, priority=priority)
         except (VLLMClientError, ValueError) as error:
             raise EngineRequestError(str(error)) from error
         self._requests[request_id] = _Request(sampling.logprobs, len(prompt_token_ids))

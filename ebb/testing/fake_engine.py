@@ -134,6 +134,7 @@ class FakeEngine:
         prompt_token_ids: list[int],
         sampling: SamplingSpec,
         continued: int = 0,
+        priority: int = 1,
     ) -> None:
         """A continuation (`continued` > 0) answers as the uninterrupted request would
         have: the reply is chosen by the prompt without the replayed tokens, and goes on
