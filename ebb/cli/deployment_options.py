@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -220,7 +221,29 @@ SETTINGS = (
         "task",
         "serving",
     ),
+    DeploymentOption(
+        "scaling",
+        str | None,
+        typer.Option(
+            None,
+            help="The scaling block as JSON, e.g. "
+            '\'{"policy": "slo", "slo": {"ttft_p90_s": 1}}\' (docs/COLDSTART.md).',
+        ),
+        "scaling",
+        read=lambda text: _json_object(text, "--scaling"),
+    ),
 )
+
+
+def _json_object(text: str, flag: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{flag} is not JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag} takes a JSON object")
+    return value
+
 
 BatchDiscountOpt = typer.Option(
     None, "--batch-discount", min=0, max=100, help="Batch API token prices: percent off."

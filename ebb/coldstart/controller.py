@@ -45,6 +45,7 @@ from ebb.coldstart.launcher import Launcher, NoWarmStarts, PoolLauncher, WarmSta
 from ebb.coldstart.leader import AlwaysLeader, Leadership
 from ebb.coldstart.plan import STARTS, Action, ClearBackoff, MarkUnschedulable, plan
 from ebb.coldstart.policy import PolicyConfig
+from ebb.coldstart.scaling_tracker import ScalingSource, ScalingTracker
 from ebb.coldstart.state import ControllerState
 from ebb.coldstart.world import Backoff
 from ebb.coldstart.world_reader import NodeLauncher, WorldReader
@@ -94,6 +95,7 @@ class Controller:
         specs: DecidedSpecs | None = None,
         decisions: DecisionLog | None = None,
         nodes: NodeLauncher | None = None,
+        scaling: ScalingSource | None = None,
     ):
         """`warm`: where forked starts come from (none: every launch is fresh);
         `gpu_meter`: closes dead runners' GPU metering when `settings.metering` is on;
@@ -103,7 +105,9 @@ class Controller:
         `specs`: where the launcher reads the specs of the runners it is told to start;
         `decisions`: where each plan is logged (none: the controller's own log only);
         `nodes`: the cluster's nodes, for the plan to prefer one (`launchers.node_source`;
-        none: the launcher's scheduler places every runner)."""
+        none: the launcher's scheduler places every runner);
+        `scaling`: what the deployments' scaling policies measure (none: only the
+        queue-only rule and the schedule act)."""
         self._settings = settings
         self._state = state
         self._launcher = launcher
@@ -128,6 +132,7 @@ class Controller:
                 "EBB_STEM_POOLS names node pools, which only a cluster launcher has: set "
                 "EBB_LAUNCHER=kubernetes or ray, or use EBB_PREWARM on one host"
             )
+        self._scaling = ScalingTracker(scaling)
         self._reader = WorldReader(
             settings,
             state,
@@ -136,6 +141,7 @@ class Controller:
             default_gpus=default_runner_gpus(settings),
             gpus=gpus,
             nodes=nodes,
+            scaling=self._scaling,
         )
         self._executor = Executor(
             state,
@@ -244,8 +250,10 @@ class Controller:
             alive=self._alive,
             backoffs=self._backoff,
             shown_unschedulable=self._unschedulable,
+            wall_s=self._clock.time(),
         )
         actions = plan(world, self._policy)
+        actions = self._scaling.after_plan(actions, world.wall_s)
         if world.gpus is not None:
             self._unschedulable = _shown_after(self._unschedulable, actions)
         if not actions:

@@ -29,6 +29,7 @@ from ebb.coldstart.plan import (
     MarkUnschedulable,
     WakeSleeper,
 )
+from ebb.coldstart.scaling_actions import DrainReady
 from ebb.coldstart.state import ControllerState
 from ebb.launching.stem_pools import DEFAULT_POOL
 from ebb.launching.tiers import Tier
@@ -46,6 +47,14 @@ class GpuRecords(Protocol):
     async def return_sleeper(self, runner_id: str, deployment: str) -> None: ...
 
     async def evict_sleeper(self, runner_id: str, deployment: str) -> bool: ...
+
+
+@runtime_checkable
+@runtime_checkable
+class ReadyDrains(Protocol):
+    """A state that can tell a ready runner to drain (stop claiming, finish, exit)."""
+
+    async def drain_ready(self, runner_id: str, deployment: str) -> bool: ...
 
 
 @runtime_checkable
@@ -132,7 +141,24 @@ class Executor:
             await self._state.set_deployment_status(action.deployment, error="", error_log="")
         elif isinstance(action, Drain):
             await self._drain(action)
+        elif isinstance(action, DrainReady):
+            await self._drain_ready(action)
         return False
+
+    async def _drain_ready(self, action: DrainReady) -> None:
+        if not isinstance(self._state, ReadyDrains):
+            log.warning(
+                "coldstart: %s (%s) not drained: this platform's runners take no drain "
+                "request (%s)",
+                action.runner_id,
+                action.deployment,
+                action.reason,
+            )
+            return
+        if await self._state.drain_ready(action.runner_id, action.deployment):
+            log.info(
+                "coldstart: %s (%s) drains: %s", action.runner_id, action.deployment, action.reason
+            )
 
     async def _wake(self, action: WakeSleeper) -> bool:
         """Take sleepers of the deployment until one of the candidates (or, without GPU

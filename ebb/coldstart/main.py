@@ -17,6 +17,7 @@ from ebb.coldstart.launchers import make_launcher, node_source
 from ebb.coldstart.leader import LeaderElection
 from ebb.coldstart.preparer import Preparer
 from ebb.coldstart.rollouts import RolloutDriver
+from ebb.coldstart.scaling_reads import RedisScalingSource
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.process_guard import exit_when_orphaned
@@ -60,6 +61,7 @@ async def _main(settings: Settings) -> None:
         specs=specs,
         decisions=DecisionLog(settings.logs_dir),
         nodes=node_source(settings, launcher),
+        scaling=RedisScalingSource(state),
     )
     preparer = Preparer(settings, state, EngineRegistry.from_settings(settings))
     rollouts = RolloutDriver(state)

@@ -38,6 +38,8 @@ from ebb.coldstart.placement import (
 from ebb.coldstart.plan_gpus import GpuLedger
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
 from ebb.coldstart.priority import by_urgency
+from ebb.coldstart.scaling_actions import DrainReady, Scaled
+from ebb.coldstart.scaling_plan import scale_decision
 from ebb.coldstart.world import Demand, World
 from ebb.launching.stem_pools import StemPool
 from ebb.launching.tiers import Tier, WarmState, launch_tier
@@ -114,7 +116,17 @@ class Launch:
     gpus: float = 0  # what the runner asks of its node (a stem: its pool's)
 
 
-Action = ClearBackoff | MarkUnschedulable | Drain | DropStem | WakeSleeper | AssignStem | Launch
+Action = (
+    ClearBackoff
+    | MarkUnschedulable
+    | Drain
+    | DropStem
+    | WakeSleeper
+    | AssignStem
+    | Launch
+    | DrainReady
+    | Scaled
+)
 STARTS = (WakeSleeper, AssignStem, Launch)
 
 
@@ -191,7 +203,12 @@ class _Planner:
             actions.append(ClearBackoff(demand.name))
             backoff = None
         snap = demand_snapshot(demand)
-        missing = desired_replicas(snap, policy) - snap.serving
+        desired = desired_replicas(snap, policy)
+        scaled = scale_decision(self._world, demand, snap, policy)
+        if scaled is not None:  # a non-default `scaling` block: its policies decide
+            desired, decided = scaled
+            actions += decided
+        missing = desired - snap.serving
         if missing <= 0 or (backoff is not None and self._world.now_s < backoff.next_try_s):
             return actions
         sleepers = list(demand.sleepers)
@@ -340,8 +357,10 @@ __all__ = [
     "AssignStem",
     "ClearBackoff",
     "Drain",
+    "DrainReady",
     "DropStem",
     "Launch",
+    "Scaled",
     "MarkUnschedulable",
     "WakeSleeper",
     "plan",

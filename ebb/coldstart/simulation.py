@@ -30,6 +30,7 @@ from ebb.coldstart.simulation_state import InMemoryState, Queued
 from ebb.coldstart.simulation_trace import TraceRequest, load_azure_trace
 from ebb.config import Settings
 from ebb.launching.tiers import WarmState
+from ebb.queue.scaling_spec import ScalingSpec
 from ebb.queue.schema import DeploymentSpec
 
 __all__ = [
@@ -61,6 +62,8 @@ class ScalingSettings:
     # Runners beyond the pool are forked from the fork server (else fresh processes).
     fork_server: bool = True
     controller_poll_s: float = 0.5
+    # The deployment's `scaling` block (the default: the queue-only rule, fixed window).
+    scaling: ScalingSpec = ScalingSpec()
 
     def spec(self, name: str = DEPLOYMENT) -> DeploymentSpec:
         return DeploymentSpec(
@@ -71,6 +74,7 @@ class ScalingSettings:
             idle_timeout_s=self.idle_timeout_s,
             max_concurrency=self.target_concurrency,
             admission_timeout_s=self.admission_timeout_s,
+            scaling=self.scaling,
         )
 
 
@@ -85,9 +89,13 @@ class SimulatedPlatform:
         policy: PolicyConfig = PolicyConfig(),
         *,
         failing: frozenset[str] = frozenset(),
+        wall_start_s: float | None = None,
     ):
+        """`wall_start_s`: the wall clock at simulated time 0 (schedules read it)."""
         self.settings = settings
-        self.clock = ManualClock()
+        self.clock = (
+            ManualClock() if wall_start_s is None else ManualClock(wall_start_s=wall_start_s)
+        )
         self.state = InMemoryState(self.clock)
         self.launcher = SimulatedLauncher(
             self.clock, self.state, model, forks=settings.fork_server, failing=failing
@@ -96,7 +104,13 @@ class SimulatedPlatform:
             prewarm=settings.prewarm, controller_poll_s=settings.controller_poll_s, metering=False
         )
         self.controller = Controller(
-            platform, self.state, self.launcher, policy, warm=self.launcher, clock=self.clock
+            platform,
+            self.state,
+            self.launcher,
+            policy,
+            warm=self.launcher,
+            clock=self.clock,
+            scaling=self.state,
         )
         self._next_reconcile_s = 0.0
 
@@ -160,6 +174,13 @@ class SimulationResult:
     # Runners serving the deployment at each tick (of `tick_s`): when capacity was held.
     serving_per_tick: list[int] = field(default_factory=list)
     tick_s: float = 0.0
+    # Each admitted request's time to first token (queue wait and prefill).
+    ttfts_s: list[float] = field(default_factory=list)
+
+    def slo_attainment(self, ttft_s: float) -> float:
+        """Share of all requests (refused ones miss) with a first token within `ttft_s`."""
+        met = sum(t <= ttft_s for t in self.ttfts_s)
+        return met / self.requests if self.requests else 1.0
 
     @property
     def refused_fraction(self) -> float:
@@ -260,6 +281,8 @@ class _Replay:
         now = self.platform.clock.now_s
         self.result.admitted += 1
         self.result.waits_s.append(now - queued.enqueued_s)
+        prefill_s = queued.request.prompt_tokens / self.launcher.model.prefill_tokens_per_s
+        self.result.ttfts_s.append(now - queued.enqueued_s + prefill_s)
         if proc.ready_at_s is not None and proc.ready_at_s > queued.enqueued_s:
             self.result.admitted_after_start += 1
 

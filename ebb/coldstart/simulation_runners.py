@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ebb.coldstart.clock import ManualClock
 from ebb.coldstart.fork_client import Exit
+from ebb.coldstart.scaling_tracker import Latency
 from ebb.coldstart.simulation_state import InMemoryState, Queued
 from ebb.coldstart.simulation_trace import TraceRequest
 from ebb.launching.tiers import Tier, WarmState
@@ -97,6 +98,7 @@ class SimulatedLauncher:
         self.procs: dict[str, SimRunner] = {}
         self._exits: list[Exit] = []
         self.launches: list[tuple[str, str | None, Tier]] = []
+        state.cold_starts_ms = model.cold_starts_ms()
 
     # --- Launcher and WarmStarts ---------------------------------------------------------
 
@@ -187,15 +189,40 @@ class SimulatedLauncher:
                 proc.busy_until_s = [t for t in proc.busy_until_s if t > now]
                 if not proc.busy_until_s:
                     proc.last_active_s = now
-            while queue and len(proc.busy_until_s) < spec.max_concurrency:
+            draining = self._state.records[proc.runner_id].state is RunnerState.DRAINING
+            while queue and not draining and len(proc.busy_until_s) < spec.max_concurrency:
                 queued = queue.popleft()
                 proc.busy_until_s.append(now + self.model.service_s(queued.request))
                 proc.last_active_s = now
+                self._record_first_token(deployment, queued, now)
                 if on_claim is not None:
                     on_claim(queued, proc)
-            if not proc.busy_until_s and self._idle_drains(proc, deployment):
+            self._state.held[proc.runner_id] = len(proc.busy_until_s)
+            if not proc.busy_until_s and (draining or self._idle_drains(proc, deployment)):
+                if draining:
+                    self._exit_drained(proc)
                 drained.append(proc.runner_id)
         return drained
+
+    def _record_first_token(self, deployment: str, queued: Queued, now: float) -> None:
+        """Its time to first token (queue wait and prefill) and per output token."""
+        request = queued.request
+        first_s = now + request.prompt_tokens / self.model.prefill_tokens_per_s
+        self._state.served.append(
+            Latency(
+                deployment,
+                self._clock.time() + (first_s - now),
+                first_s - queued.enqueued_s,
+                1 / self.model.decode_tokens_per_s,
+            )
+        )
+
+    def _exit_drained(self, proc: SimRunner) -> None:
+        self._state.update_runner(
+            proc.runner_id, state=RunnerState.EXITED, exited_ms=self._clock.ms()
+        )
+        self._state.held.pop(proc.runner_id, None)
+        self.exit(proc.runner_id, 0)
 
     def _idle_drains(self, proc: SimRunner, deployment: str) -> bool:
         spec = self._state.deployments[deployment]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import msgspec
 
 from ebb.coldstart.clock import ManualClock
+from ebb.coldstart.scaling_tracker import Latency, RunnerLoad
 from ebb.coldstart.simulation_trace import TraceRequest
 from ebb.queue.platform import QueueSnapshot
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
@@ -55,6 +56,11 @@ class InMemoryState:
         self._sleepers: dict[str, dict[str, None]] = {}
         self._wakes: dict[str, None] = {}
         self.cached: dict[str, frozenset[str]] = {}  # node -> sources, as prefetchers say
+        # What the scaling policies measure (`ScalingSource`): requests each runner holds,
+        # requests served (first token), the cold starts the runner model takes.
+        self.held: dict[str, int] = {}
+        self.served: list[Latency] = []
+        self.cold_starts_ms: dict[str, dict[str, float]] = {}
 
     # --- ControllerState: deployments ----------------------------------------------------
 
@@ -163,6 +169,26 @@ class InMemoryState:
         enqueued_s = self.clock.now_s if at_s is None else at_s
         self.queues.setdefault(deployment, deque()).append(Queued(request, enqueued_s))
         self._wakes[deployment] = None
+
+    # --- ScalingSource and ReadyDrains -------------------------------------------------------
+
+    async def runner_load(self, runner_ids: list[str]) -> dict[str, RunnerLoad]:
+        return {r: RunnerLoad(self.held.get(r, 0)) for r in runner_ids}
+
+    async def latencies_after(self, cursor: bytes) -> tuple[bytes, list[Latency]]:
+        start = int(cursor or b"0")
+        return str(len(self.served)).encode(), self.served[start:]
+
+    async def cold_start_ms(self, deployment: str) -> dict[str, dict[str, float]]:
+        return self.cold_starts_ms
+
+    async def drain_ready(self, runner_id: str, deployment: str) -> bool:
+        """As a drain request: the runner claims no more and exits once it holds nothing."""
+        record = self.records.get(runner_id)
+        if record is None or record.state is not RunnerState.READY:
+            return False
+        self.update_runner(runner_id, state=RunnerState.DRAINING)
+        return True
 
     def take_wakes(self) -> set[str]:
         wakes, self._wakes = set(self._wakes), {}

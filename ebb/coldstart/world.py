@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ebb.coldstart.placement import GpuNeed, NodeCapacity
+from ebb.coldstart.scaling_inputs import Measured
 from ebb.launching.stem_pools import StemPool
 from ebb.launching.tiers import WarmState
 from ebb.queue.gpu_records import GpuPlacement, HostInventory
@@ -47,6 +48,10 @@ class Demand:
     # The GPUs one runner asks of a cluster node (its engine's tensor parallel size, or the
     # cluster launcher's default); 0 locally.
     node_gpus: int = 0
+    # What its scaling policies measure (latency, utilisation, idle periods), and the
+    # cold start a new runner of it is expected to take (schedules start that far ahead).
+    measured: Measured = field(default_factory=Measured)
+    cold_start_s: float = 0.0
 
     @property
     def name(self) -> str:
@@ -89,6 +94,7 @@ class World:
     warm: WarmState = WarmState.OFF
     gpus: Gpus | None = None
     now_s: float = 0.0  # the controller's monotonic clock
+    wall_s: float = 0.0  # wall-clock time (schedules, measurements)
 
     @property
     def live(self) -> list[RunnerRecord]:

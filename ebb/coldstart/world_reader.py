@@ -17,12 +17,16 @@ from ebb.coldstart.gpu_need import estimate_need
 from ebb.coldstart.gpu_reader import GpuReader
 from ebb.coldstart.launcher import WarmStarts
 from ebb.coldstart.placement import NodeCapacity
+from ebb.coldstart.scaling_tracker import ScalingTracker
 from ebb.coldstart.state import ControllerState
 from ebb.coldstart.world import Backoff, Demand, Gpus, World, serves
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.launching.stem_pools import StemPool, runner_gpus
+from ebb.queue.scaling_spec import ScalingSpec
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
+
+DEFAULT_SCALING = ScalingSpec()
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,7 @@ class WorldReader:
         gpus: GpuReader | None = None,
         nodes: NodeLauncher | None = None,
         engines: EngineRegistry | None = None,
+        scaling: ScalingTracker | None = None,
     ):
         """`default_gpus`: what a runner asks of its node when its engine does not say;
         `gpus`: this platform's GPUs (None: runners start on CPU); `nodes`: the cluster
@@ -58,6 +63,7 @@ class WorldReader:
         self._gpus = gpus
         self._nodes = nodes
         self._engines = engines
+        self._scaling = scaling
 
     async def read(
         self,
@@ -67,14 +73,22 @@ class WorldReader:
         alive: Callable[[str], bool],
         backoffs: Mapping[str, Backoff],
         shown_unschedulable: Mapping[str, str] | None,
+        wall_s: float = 0.0,
     ) -> World:
         """`runners`: every record as exit collection left it; `alive(runner)`: its
         process or heartbeat vouches for it."""
         gpus = await self._gpus.read(shown_unschedulable) if self._gpus is not None else None
         live = [r for r in runners if r.state.is_live]
+        units = await self._state.serving_units()
+        if self._scaling is not None:
+            await self._scaling.read_latencies([spec.name for spec in units])
         demands = [
-            await self._demand(spec, [r for r in live if serves(r, spec)], backoffs, gpus)
-            for spec in await self._state.serving_units()
+            await self._measured(
+                await self._demand(spec, [r for r in live if serves(r, spec)], backoffs, gpus),
+                [r for r in live if serves(r, spec)],
+                wall_s,
+            )
+            for spec in units
         ]
         caches = await self._state.node_caches()
         waiting = [r for r in live if r.state is RunnerState.PREWARMED and not r.deployment]
@@ -88,6 +102,7 @@ class WorldReader:
             warm=self._warm.warm_state(),
             gpus=gpus,
             now_s=now_s,
+            wall_s=wall_s,
         )
 
     async def _demand(
@@ -125,6 +140,15 @@ class WorldReader:
             )
         return demand
 
+    async def _measured(self, demand: Demand, runners: list[RunnerRecord], wall_s: float) -> Demand:
+        """`demand` with what its scaling policies measure (only for a scaling block)."""
+        if self._scaling is None or not self._scaling.tracks(demand.spec):
+            return demand
+        ready = [r.runner_id for r in runners if r.state is RunnerState.READY]
+        queued = demand.queue_depth + demand.job_depth
+        measured, cold_start_s = await self._scaling.measure(demand.spec, ready, wall_s, queued)
+        return dataclasses.replace(demand, measured=measured, cold_start_s=cold_start_s)
+
     async def _read_nodes(
         self, demands: list[Demand], caches: Mapping[str, frozenset[str]]
     ) -> tuple[NodeCapacity, ...] | None:
@@ -144,7 +168,9 @@ class WorldReader:
 
 
 def _may_start(demand: Demand) -> bool:
-    """Whether the policy could ask for a start: something queued, or fewer runners than
-    the deployment's minimum."""
+    """Whether the policy could ask for a start: something queued, fewer runners than
+    the deployment's minimum, or a `scaling` block (its policies and schedule start
+    runners with nothing queued)."""
     queued = demand.queue_depth + demand.job_depth > 0
-    return queued or demand.ready + demand.starting < demand.spec.min_replicas
+    scaled = demand.spec.scaling != DEFAULT_SCALING
+    return queued or scaled or demand.ready + demand.starting < demand.spec.min_replicas

@@ -25,6 +25,7 @@ from ebb.frontdoor.deploy_versions import (
 )
 from ebb.frontdoor.quotas import check_source
 from ebb.frontdoor.routes_limits import TENANT_PATTERN
+from ebb.frontdoor.routes_scaling import ScalingBody
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.version_quotas import check_version_quota, versions_limit, versions_refusal
 from ebb.queue.gpus import GpuState
@@ -127,10 +128,13 @@ class DeploymentPatch(BaseModel):
     )
     serving: ServingBody | None = None
     engine: EngineBody | None = None
+    scaling: ScalingBody | None = None
 
     def changes(self, engine: EngineSpec, serving: ServingOptions) -> dict[str, Any]:
         """The fields given, `engine` and `serving` merged over the current options."""
-        fields = self.model_dump(exclude_none=True, exclude={"engine", "serving", "env"})
+        fields = self.model_dump(exclude_none=True, exclude={"engine", "serving", "env", "scaling"})
+        if self.scaling is not None:
+            fields["scaling"] = self.scaling.spec()
         if self.engine is not None:
             given = self.engine.model_dump(exclude_none=True)
             fields["engine"] = msgspec.structs.replace(engine, **given)
@@ -165,6 +169,13 @@ def _check_bounds(spec: DeploymentSpec) -> None:
             f"min_replicas ({spec.min_replicas}) must not exceed max_replicas "
             f"({spec.max_replicas}).",
             param="min_replicas",
+        )
+    scheduled = max((e.min_replicas for e in spec.scaling.schedule), default=0)
+    if scheduled > spec.max_replicas:
+        raise InvalidRequest(
+            f"scaling.schedule asks for {scheduled} replicas, more than max_replicas "
+            f"({spec.max_replicas}).",
+            param="scaling.schedule",
         )
 
 

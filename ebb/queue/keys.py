@@ -92,6 +92,10 @@ def runner(runner_id: str) -> str:
     return RUNNER_PREFIX + runner_id
 
 
+# A field of the runner hash, outside its RunnerRecord: the controller asked it to drain.
+RUNNER_DRAIN_REQUESTED = "drain_requested"
+
+
 RUNNER_SIGNAL_PREFIX = PREFIX + "rsig:"
 
 

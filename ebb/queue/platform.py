@@ -229,6 +229,13 @@ class PlatformState:
         # Its requests continue elsewhere at the next reap, not a lease TTL from now.
         await self._scripts.expire_leases_of(runner_id)
 
+    async def drain_ready(self, runner_id: str, deployment: str) -> bool:
+        """Ask a ready runner to drain (a scaling policy gives it back): it reads the
+        request within seconds (`serve._SPEC_REFRESH_S`), stops claiming, finishes what it holds and
+        exits. A runner no longer serving ignores it."""
+        await self.redis.hset(keys.runner(runner_id), keys.RUNNER_DRAIN_REQUESTED, deployment)
+        return True
+
     async def runners(self) -> list[RunnerRecord]:
         ids = await self.redis.smembers(keys.RUNNERS)
         if not ids:

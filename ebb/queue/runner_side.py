@@ -63,6 +63,7 @@ class Ending:
     prompt_tokens: int
     completion_tokens: int
     ttft_ms: float | None = None  # from its enqueueing to its first output, when it had one
+    tpot_ms: float | None = None  # per output token after the first
 
 
 @dataclass(frozen=True)
@@ -297,6 +298,7 @@ class RunnerQueue:
             deployment=deployment,
             version=version,
             ttft_ms=ending.ttft_ms,
+            tpot_ms=ending.tpot_ms,
             tenant=work.tenant,
             prompt_tokens=ending.prompt_tokens,
             completion_tokens=ending.completion_tokens,
@@ -382,6 +384,11 @@ class RunnerQueue:
     def report_stats(self, stats: RunnerStats) -> None:
         """Publish the engine's latest figures for /metrics (they expire with the runner)."""
         report_runner_stats(self._redis, stats)
+
+    def drain_requested(self) -> bool:
+        """Whether the controller asked this runner to drain (`PlatformState.drain_ready`)."""
+        field = keys.RUNNER_DRAIN_REQUESTED
+        return bool(self._redis.hexists(keys.runner(self.runner_id), field))
 
     def count_scale_down(self, deployment: str) -> None:
         self._redis.hincrby(keys.SCALE_DECISIONS, f"{deployment}|down", 1)

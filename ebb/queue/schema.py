@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from ebb.queue.scaling_spec import ScalingSpec
+
 
 class SamplingSpec(msgspec.Struct, kw_only=True, frozen=True):
     """Engine-neutral sampling parameters, already validated by the frontdoor."""
@@ -265,6 +267,7 @@ class DeploymentSpec(msgspec.Struct, kw_only=True):
     priority: str = "standard"
     engine: EngineSpec = msgspec.field(default_factory=EngineSpec)
     serving: ServingOptions = msgspec.field(default_factory=ServingOptions)
+    scaling: ScalingSpec = msgspec.field(default_factory=ScalingSpec)
 
 
 class RunnerState(enum.StrEnum):
@@ -352,6 +355,8 @@ class UsageRecord(msgspec.Struct, kw_only=True):
     # From enqueue to the first output, as the runner saw it; None: no output (failed
     # before any, an embedding). Rollouts compare versions by it.
     ttft_ms: float | None = None
+    # Per output token after the first, as the runner saw it (scaling policies' p90).
+    tpot_ms: float | None = None
 
 
 class ColdStartRecord(msgspec.Struct, kw_only=True):

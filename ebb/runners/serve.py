@@ -161,6 +161,7 @@ class ServingLoop:
         self._sleeping = False
         self._last_active = clock()
         self._spec_read_at = clock()
+        self._drain_checked_at = clock()
         self._stats_at = -math.inf
         # Called once, with the work item, when the next token this runner publishes is
         # out: the last phase of a cold start (set again after each wake-up).
@@ -223,6 +224,7 @@ class ServingLoop:
             # `OutputPublisher`), goes out now.
             self._publisher.release()
             self._maybe_report_stats()
+            self._maybe_heed_drain_request()
             if self._engine.has_unfinished():
                 self._step()
             elif self._draining and not self.held:
@@ -504,7 +506,15 @@ class ServingLoop:
         self._publisher.submit(
             progress or {},
             [
-                Ending(h.work, state, event, h.prompt_tokens, h.completion_tokens, _ttft_ms(h))
+                Ending(
+                    h.work,
+                    state,
+                    event,
+                    h.prompt_tokens,
+                    h.completion_tokens,
+                    _ttft_ms(h),
+                    _tpot_ms(h, time.time_ns()),
+                )
                 for h, state, event in endings
             ],
             then=published,
@@ -570,6 +580,17 @@ class ServingLoop:
                 now - self._last_active,
             )
 
+    def _maybe_heed_drain_request(self) -> None:
+        """The controller's scaling policy gives this runner back: drain (what it holds
+        finishes first). Read every `_SPEC_REFRESH_S`."""
+        now = self._clock()
+        if self._draining or now - self._drain_checked_at < _SPEC_REFRESH_S:
+            return
+        self._drain_checked_at = now
+        if self._queue.drain_requested():
+            self._queue.count_scale_down(self._spec.name)
+            self._start_draining("the controller's scaling policy gives it back")
+
     def _start_draining(self, why: str) -> None:
         self._draining = True
         self._lifecycle.to(RunnerState.DRAINING)
@@ -577,6 +598,13 @@ class ServingLoop:
         log.info(
             "runner: %s draining (%s), %d in flight", self._queue.runner_id, why, len(self.held)
         )
+
+
+def _tpot_ms(held: Held, now_ns: int) -> float | None:
+    """Per output token after the first (scaling policies keep a p90 of it)."""
+    if not held.first_output_ns or held.completion_tokens < 2:
+        return None
+    return max(0.0, (now_ns - held.first_output_ns) / 1e6 / (held.completion_tokens - 1))
 
 
 def _ttft_ms(held: Held) -> float | None:

@@ -163,6 +163,17 @@ def test_a_bad_price_is_a_usage_error(bodies: list[dict[str, Any]]) -> None:
     assert bodies == []
 
 
+def test_scaling_is_sent_as_the_json_object_given(bodies: list[dict[str, Any]]) -> None:
+    block = '{"policy": "utilisation", "keep_alive": "learned"}'
+    ok = CliRunner().invoke(
+        app, ["deploy", "m", "--source", "fake://m", "--no-wait", "--scaling", block]
+    )
+    assert ok.exit_code == 0, ok.output
+    assert bodies[0]["scaling"] == {"policy": "utilisation", "keep_alive": "learned"}
+    bad = CliRunner().invoke(app, ["deploy", "n", "--source", "fake://m", "--scaling", "slo"])
+    assert bad.exit_code == 2 and "--scaling is not JSON" in bad.output
+
+
 def test_every_field_of_the_deployments_api_has_an_option() -> None:
     """A field added to POST /v1/deployments without an option fails here (name, source
     and env are `ebb deploy`'s own parameters)."""

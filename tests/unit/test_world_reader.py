@@ -87,3 +87,26 @@ async def test_demand_sleepers_dead_stems_and_nodes_with_their_caches():
         runners, now_s=0.0, alive=lambda r: True, backoffs={}, shown_unschedulable=None
     )
     assert unreadable.nodes is None and unreadable.demands[0].queue_depth == 1
+
+
+async def test_a_scaling_block_may_start_with_nothing_queued_and_is_measured():
+    from ebb.coldstart.scaling_tracker import ScalingTracker
+    from ebb.queue.scaling_spec import ScalingSpec
+
+    clock = ManualClock()
+    state = InMemoryState(clock)
+    state.cold_starts_ms = {"fresh": {"total": 12_000.0}}
+    state.deployments["m"] = DeploymentSpec(
+        name="m", source=SRC, uid="dep_m", scaling=ScalingSpec(policy="utilisation")
+    )
+    cluster = Cluster([NodeCapacity("n1", free_gpus=2)])
+    read = WorldReader(
+        Settings(), state, NoWarmStarts(), pools={}, default_gpus=1, nodes=cluster,
+        scaling=ScalingTracker(state),
+    )  # fmt: skip
+    world = await read.read(
+        [], now_s=0.0, alive=lambda _: True, backoffs={}, shown_unschedulable=None, wall_s=5.0
+    )
+    assert world.nodes is not None, "a schedule or policy may start a runner: nodes read"
+    assert world.wall_s == 5.0 and world.demands[0].cold_start_s == 12.0
+    assert world.demands[0].measured.utilisation == ((5.0, 0.0),)

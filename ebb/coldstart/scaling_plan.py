@@ -1,0 +1,53 @@
+"""Where `plan.plan` asks a deployment's `scaling` block (`scaling.decide`) instead of
+the queue-only rule alone, and turns the decision into actions. Pure.
+"""
+
+from __future__ import annotations
+
+from ebb.coldstart.policy import DemandSnapshot, PolicyConfig
+from ebb.coldstart.scaling import decide
+from ebb.coldstart.scaling_actions import DrainReady, Scaled
+from ebb.coldstart.world import Demand, World, serves
+from ebb.queue.scaling_spec import ScalingSpec
+from ebb.queue.schema import RunnerState
+
+DEFAULT = ScalingSpec()
+
+
+def scale_decision(
+    world: World, demand: Demand, snap: DemandSnapshot, config: PolicyConfig
+) -> tuple[int, list[Scaled | DrainReady]] | None:
+    """(desired runners, the actions that record and carry out the decision); None for a
+    deployment on the default block, which the queue-only rule sizes as before."""
+    scaling = demand.spec.scaling
+    if scaling == DEFAULT:
+        return None
+    ready = [
+        r.runner_id
+        for r in world.runners
+        if serves(r, demand.spec) and r.state is RunnerState.READY
+    ]
+    decision = decide(
+        scaling,
+        snap,
+        demand.measured,
+        ready=ready,
+        wall_s=world.wall_s,
+        cold_start_s=demand.cold_start_s,
+        fixed_keep_alive_s=demand.spec.idle_timeout_s,
+        config=config,
+    )
+    actions: list[Scaled | DrainReady] = []
+    if decision.worth_logging(snap.serving):
+        actions.append(
+            Scaled(
+                demand.name,
+                scaling.policy,
+                decision.desired,
+                decision.direction,
+                decision.reasons,
+            )
+        )
+    why = "; ".join(decision.reasons)
+    actions += [DrainReady(r, demand.name, why) for r in decision.drain]
+    return decision.desired, actions

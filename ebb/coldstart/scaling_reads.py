@@ -1,0 +1,48 @@
+"""The platform's records as a `ScalingSource`: each runner's load from its last stats
+(`RunnerStats`: requests in its batch, NVML's utilisation of its GPUs), finished
+requests' time to first token and per output token from the usage stream, the
+deployment's measured cold starts."""
+
+from __future__ import annotations
+
+import time
+
+from ebb.coldstart.scaling_tracker import Latency, RunnerLoad
+from ebb.queue.observations import ObservationReader
+from ebb.queue.platform import PlatformState
+
+# Usage records read per reconcile at most: a burst's backlog is read over a few passes.
+_BATCH = 10_000
+
+
+class RedisScalingSource:
+    def __init__(self, state: PlatformState):
+        self._state = state
+        self._stats = ObservationReader(state.redis)
+
+    async def runner_load(self, runner_ids: list[str]) -> dict[str, RunnerLoad]:
+        loads = {}
+        for stats in await self._stats.runner_stats(runner_ids):
+            gpus = [g.utilization_pct for g in stats.gpus]
+            gpu_pct = sum(gpus) / len(gpus) if gpus else None
+            loads[stats.runner_id] = RunnerLoad(stats.batch_size, gpu_pct)
+        return loads
+
+    async def latencies_after(self, cursor: bytes) -> tuple[bytes, list[Latency]]:
+        """From now on at first (b""): the history before this controller is not read."""
+        after = cursor or f"{int(time.time() * 1000)}-0".encode()
+        after, records = await self._state.usage_after(after, count=_BATCH)
+        latencies = [
+            Latency(
+                r.deployment,
+                r.finished_at_s,
+                r.ttft_ms / 1000 if r.ttft_ms is not None else None,
+                r.tpot_ms / 1000 if r.tpot_ms is not None else None,
+            )
+            for r in records
+            if r.state == "finished"
+        ]
+        return after, latencies
+
+    async def cold_start_ms(self, deployment: str) -> dict[str, dict[str, float]]:
+        return await self._state.cold_start_ms(deployment)

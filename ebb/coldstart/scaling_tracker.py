@@ -1,0 +1,215 @@
+"""The controller's memory for the scaling policies: what `Measured` carries, gathered
+reconcile by reconcile from a `ScalingSource` (the platform's records; the simulator's),
+and the last scale-out and scale-in of each deployment (for the reversal gap).
+
+Only deployments with a non-default `scaling` block are measured: the default costs no
+read. Kept in memory like the backoffs: a new leader starts measuring afresh (its
+policies hold until their windows fill; the queue-only rule still starts runners).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar, runtime_checkable
+
+from ebb.coldstart.estimate import tier_estimate_s
+from ebb.coldstart.keepalive import percentile
+from ebb.coldstart.scaling_actions import Scaled
+from ebb.coldstart.scaling_inputs import Measured
+from ebb.launching.tiers import Tier
+from ebb.queue.scaling_spec import ScalingSpec
+from ebb.queue.schema import DeploymentSpec
+from ebb.queue.versions import public_name
+
+# One utilisation sample per this long: a 30-minute window is 180 samples.
+SAMPLE_EVERY_S = 10.0
+# Idle periods remembered per deployment (the keep-alive histogram's history).
+PERIODS_KEPT = 1000
+# A hold (a policy's move not made) repeated is logged again after this long.
+HOLD_LOGGED_EVERY_S = 60.0
+# The recent peak of requests held at once is over this long.
+PEAK_WINDOW_S = 30.0
+DEFAULT = ScalingSpec()
+A = TypeVar("A")
+
+
+@dataclass(frozen=True)
+class Latency:
+    deployment: str
+    finished_s: float  # wall clock
+    ttft_s: float | None
+    tpot_s: float | None = None
+
+
+@dataclass(frozen=True)
+class RunnerLoad:
+    held: int  # requests it holds
+    gpu_pct: float | None = None  # NVML's utilisation of its GPUs (None: on CPU)
+
+
+@runtime_checkable
+class ScalingSource(Protocol):
+    """Where the measurements come from (Redis: `scaling_reads.RedisScalingSource`)."""
+
+    async def runner_load(self, runner_ids: list[str]) -> dict[str, RunnerLoad]:
+        """How loaded each runner is now (absent: unknown, taken as idle)."""
+        ...
+
+    async def latencies_after(self, cursor: bytes) -> tuple[bytes, list[Latency]]:
+        """Requests finished after `cursor` (b"": from now on), and the next cursor."""
+        ...
+
+    async def cold_start_ms(self, deployment: str) -> dict[str, dict[str, float]]: ...
+
+
+@dataclass
+class _Memory:
+    latencies: deque[tuple[float, float | None, float | None]] = field(default_factory=deque)
+    utilisation: deque[tuple[float, float]] = field(default_factory=deque)
+    idle_since_s: dict[str, float] = field(default_factory=dict)  # per runner
+    periods_s: deque[float] = field(default_factory=lambda: deque(maxlen=PERIODS_KEPT))
+    deployment_idle_since_s: float | None = None
+    peaks: deque[tuple[float, int]] = field(default_factory=deque)  # (when, held)
+    last_out_s: float = -math.inf
+    last_in_s: float = -math.inf
+    hold_logged: tuple[object, ...] = ()
+    hold_logged_s: float = -math.inf
+
+
+class ScalingTracker:
+    def __init__(self, source: ScalingSource | None):
+        self._source = source
+        self._memory: dict[str, _Memory] = {}
+        self._cursor = b""
+
+    def tracks(self, spec: DeploymentSpec) -> bool:
+        return self._source is not None and spec.scaling != DEFAULT
+
+    async def read_latencies(self, units: Sequence[str]) -> None:
+        """Take in what finished since the last reconcile (once per reconcile), and forget
+        the deployments no longer among `units` (the serving units now)."""
+        for gone in set(self._memory) - set(units):
+            del self._memory[gone]
+        if self._source is None or not self._memory:
+            return
+        self._cursor, finished = await self._source.latencies_after(self._cursor)
+        # Usage records name the deployment, not the version: a rollout's two units
+        # share what either served.
+        by_public: dict[str, list[_Memory]] = {}
+        for unit, memory in self._memory.items():
+            by_public.setdefault(public_name(unit), []).append(memory)
+        for done in finished:
+            for memory in by_public.get(done.deployment, []):
+                memory.latencies.append((done.finished_s, done.ttft_s, done.tpot_s))
+
+    async def measure(
+        self, spec: DeploymentSpec, ready: Sequence[str], wall_s: float, queued: int = 0
+    ) -> tuple[Measured, float]:
+        """What `spec`'s policies see now (`queued`: requests and jobs waiting), and its
+        expected (slowest tier) cold start."""
+        assert self._source is not None
+        memory = self._memory.setdefault(spec.name, _Memory())
+        loads = await self._source.runner_load(list(ready))
+        held = {r: load.held for r, load in loads.items()}
+        self._track_idle(memory, held, ready, wall_s)
+        self._track_deployment(memory, sum(held.values()), queued, wall_s)
+        self._sample(memory, spec, [loads.get(r, RunnerLoad(0)) for r in ready], wall_s)
+        cold = tier_estimate_s(await self._source.cold_start_ms(spec.name), Tier.FRESH)
+        window_s = spec.scaling.slo.window_s if spec.scaling.slo else 60.0
+        while memory.latencies and memory.latencies[0][0] < wall_s - window_s:
+            memory.latencies.popleft()
+        ttfts = [t for _, t, _ in memory.latencies if t is not None]
+        tpots = [t for _, _, t in memory.latencies if t is not None]
+        measured = Measured(
+            ttft_p90_s=percentile(ttfts, 90) if ttfts else None,
+            tpot_p90_s=percentile(tpots, 90) if tpots else None,
+            utilisation=tuple(memory.utilisation),
+            idle_periods_s=tuple(memory.periods_s),
+            idle_s=_since(memory.deployment_idle_since_s, wall_s),
+            peak_held=max((n for _, n in memory.peaks), default=0),
+            held=held,
+            idle_for_s={r: wall_s - s for r, s in memory.idle_since_s.items()},
+            last_out_s=memory.last_out_s,
+            last_in_s=memory.last_in_s,
+        )
+        return measured, cold
+
+    def after_plan(self, actions: list[A], wall_s: float) -> list[A]:
+        """Remember the policies' moves, for the reversal gap; returns `actions` less a
+        decision that only repeats a hold logged within `HOLD_LOGGED_EVERY_S` (a target
+        broken for minutes is one line a minute in the log, not one a reconcile)."""
+        kept: list[A] = []
+        for action in actions:
+            if isinstance(action, Scaled):
+                memory = self._memory.setdefault(action.deployment, _Memory())
+                if action.direction > 0:
+                    memory.last_out_s = wall_s
+                elif action.direction < 0:
+                    memory.last_in_s = wall_s
+                elif self._repeats_hold(memory, action, wall_s):
+                    continue
+            kept.append(action)
+        return kept
+
+    @staticmethod
+    def _repeats_hold(memory: _Memory, action: Scaled, wall_s: float) -> bool:
+        key = (action.policy, action.desired, tuple(r.split(" ")[0] for r in action.reasons))
+        if memory.hold_logged == key and wall_s - memory.hold_logged_s < HOLD_LOGGED_EVERY_S:
+            return True
+        memory.hold_logged, memory.hold_logged_s = key, wall_s
+        return False
+
+    @staticmethod
+    def _track_idle(
+        memory: _Memory, held: dict[str, int], ready: Sequence[str], wall_s: float
+    ) -> None:
+        """Since when each ready runner has held nothing."""
+        for runner_id in list(memory.idle_since_s):
+            if runner_id not in ready or held.get(runner_id, 0) > 0:
+                del memory.idle_since_s[runner_id]
+        for runner_id in ready:
+            if held.get(runner_id, 0) == 0:
+                memory.idle_since_s.setdefault(runner_id, wall_s)
+
+    @staticmethod
+    def _track_deployment(memory: _Memory, held: int, queued: int, wall_s: float) -> None:
+        """The deployment's idle periods: from holding and queueing nothing to its next
+        request (seen queued, or held by a runner); and its recent peak."""
+        busy = held + queued > 0
+        since = memory.deployment_idle_since_s
+        if busy and since is not None:
+            memory.periods_s.append(wall_s - since)
+            memory.deployment_idle_since_s = None
+        elif not busy and since is None:
+            memory.deployment_idle_since_s = wall_s
+        memory.peaks.append((wall_s, held + queued))
+        while memory.peaks and memory.peaks[0][0] < wall_s - PEAK_WINDOW_S:
+            memory.peaks.popleft()
+
+    @staticmethod
+    def _sample(
+        memory: _Memory, spec: DeploymentSpec, loads: list[RunnerLoad], wall_s: float
+    ) -> None:
+        """Utilisation: NVML's on a runner with GPUs, its busy-slot share on CPU; the
+        mean over the ready runners (0 with none: nothing to keep busy)."""
+        if memory.utilisation and wall_s - memory.utilisation[-1][0] < SAMPLE_EVERY_S:
+            return
+        shares = [
+            load.gpu_pct / 100
+            if load.gpu_pct is not None
+            else load.held / max(spec.max_concurrency, 1)
+            for load in loads
+        ]
+        share = sum(shares) / len(shares) if shares else 0.0
+        memory.utilisation.append((wall_s, min(1.0, share)))
+        rule = spec.scaling.utilisation
+        keep_s = max(rule.up_for_s, rule.down_for_s) + SAMPLE_EVERY_S
+        while memory.utilisation and memory.utilisation[0][0] < wall_s - keep_s:
+            memory.utilisation.popleft()
+
+
+def _since(start_s: float | None, wall_s: float) -> float:
+    return 0.0 if start_s is None else wall_s - start_s

@@ -1,0 +1,67 @@
+"""A deployment's scaling block (`DeploymentSpec.scaling`): which policy sizes it, its
+latency target, its utilisation rule, its keep-alive and its schedule of minimum replicas.
+
+The defaults are today's behaviour: the queue-only policy, the fixed idle window
+(`idle_timeout_s`), no schedule. `ebb.coldstart.scaling` reads this block; the deploy API
+validates it (`routes_scaling.ScalingBody`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+
+
+def parse_hhmm(text: str) -> int:
+    """Minutes after midnight of "HH:MM" (ValueError when it is not one)."""
+    hours, sep, minutes = text.partition(":")
+    if not sep or not (hours.isdigit() and minutes.isdigit()) or len(minutes) != 2:
+        raise ValueError(f"{text!r} is not HH:MM")
+    h, m = int(hours), int(minutes)
+    if not (0 <= h <= 24 and 0 <= m < 60) or (h == 24 and m):
+        raise ValueError(f"{text!r} is not a time of day (00:00 to 24:00)")
+    return h * 60 + m
+
+
+class SloTarget(msgspec.Struct, kw_only=True, frozen=True):
+    """p90 latencies the deployment keeps, measured over `window_s` (None: not targeted)."""
+
+    ttft_p90_s: float | None = None
+    tpot_p90_s: float | None = None
+    window_s: float = 60.0
+
+
+class UtilisationRule(msgspec.Struct, kw_only=True, frozen=True):
+    """The operating rule: above `up_pct` busy for `up_for_s` adds a replica; below
+    `down_pct` for `down_for_s` drains one."""
+
+    up_pct: float = 70.0
+    up_for_s: float = 300.0
+    down_pct: float = 25.0
+    down_for_s: float = 1800.0
+
+
+class ScheduleEntry(msgspec.Struct, kw_only=True, frozen=True):
+    """At least `min_replicas` ready on `days` from `start` to `end` ("HH:MM", in `tz`; an
+    `end` at or before `start` runs past midnight)."""
+
+    days: tuple[str, ...] = WEEKDAYS
+    start: str = msgspec.field(name="from", default="00:00")
+    end: str = msgspec.field(name="to", default="00:00")
+    tz: str = "UTC"
+    min_replicas: int = 1
+
+
+class ScalingSpec(msgspec.Struct, kw_only=True, frozen=True):
+    policy: Literal["queue", "slo", "utilisation"] = "queue"
+    slo: SloTarget | None = None
+    utilisation: UtilisationRule = UtilisationRule()
+    # fixed: the idle window (`idle_timeout_s`); learned: from the deployment's own idle
+    # times (Shahrad et al.'s hybrid histogram), the idle window while history is short.
+    keep_alive: Literal["fixed", "learned"] = "fixed"
+    schedule: tuple[ScheduleEntry, ...] = ()
+    # A scale-out after a scale-in (or the reverse) waits at least this long.
+    reversal_gap_s: float = 300.0
