@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from ebb.engine_options import DTYPES, GpuCapacity, check_engine
 from ebb.engines import EngineRegistry
 from ebb.errors import Conflict, InvalidRequest, NotFound
-from ebb.frontdoor import tenancy
+from ebb.frontdoor import adapters, tenancy
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.deploy_versions import (
@@ -88,6 +88,13 @@ class EngineBody(BaseModel):
         None, gt=0, le=4096, description="The runner's GPU memory, instead of the estimate."
     )
     enforce_eager: bool | None = None
+    # LoRA: serve adapter deployments on this one (see ebb.frontdoor.adapters).
+    enable_lora: bool | None = Field(None, description="Serve LoRA adapter deployments.")
+    max_loras: int | None = Field(None, ge=1, le=256, description="Adapters in one batch.")
+    max_lora_rank: int | None = Field(None, ge=1, le=512, description="Highest adapter rank.")
+    max_cpu_loras: int | None = Field(
+        None, ge=1, le=4096, description="Adapters kept loaded in host memory (LRU)."
+    )
 
 
 class DeploymentPatch(BaseModel):
@@ -141,6 +148,11 @@ class DeploymentCreate(DeploymentPatch):
     )
     # Served back in listings: bounded like a URL.
     source: str = Field(min_length=1, max_length=MAX_SOURCE_CHARS)
+    base: DeploymentName | None = Field(
+        None,
+        description="A LoRA adapter deployment: the deployment whose runners serve it; "
+        "source is then the adapter's directory (peft's save_pretrained).",
+    )
     env: dict[str, str] | None = Field(
         None,
         description="The version's environment (secrets such as HF_TOKEN), stored encrypted; "
@@ -275,6 +287,9 @@ async def create_deployment(
         uid=new_deployment_uid(),
     )
     spec = tenancy.created_by(caller, spec)
+    if spec.base:  # a LoRA adapter, served by its base's runners
+        weights_dir = services.settings.weights_dir
+        spec = await adapters.check_new_adapter(services.state, caller, spec, weights_dir)
     _check_bounds(spec)
     await _check_engine(services.state, spec)
     seal_env(services, body.env)  # refused before anything is stored
@@ -286,14 +301,15 @@ async def create_deployment(
             param="name",
         )
     await keep_first_env(services, spec, body.env)
-    if services.engines.entry_for(spec.source).prepares_weights:
+    if not spec.base and services.engines.entry_for(spec.source).prepares_weights:
         # The controller's preparer prefetches them, so the first cold start finds the
         # weights in the cache; until it reports, they are asked for.
         await services.state.set_deployment_status(
             spec.name, **WeightsStatus(WeightsState.PREPARING).fields()
         )
     await services.state.wake(spec.name)
-    services.catalog.warm(spec)  # its tokenizer, once the weights are ready
+    if not spec.base:
+        services.catalog.warm(spec)  # its tokenizer, once the weights are ready
     return await deployment_view(services.state, spec)
 
 
@@ -350,6 +366,7 @@ _TENANT_FIELDS = (
     "weights",
     "weights_progress",
     "cold_start_ms",
+    "base",
 )
 
 

@@ -283,7 +283,11 @@ class RunnerQueue:
     def _finish(self, ending: Ending, pipe: redis.client.Pipeline | None) -> bool:
         work = ending.work
         deployment, version = split_unit(work.deployment)
+        base = ""
+        if work.adapter is not None:  # billed to the adapter, on its own line
+            base, (deployment, version) = deployment, split_unit(work.adapter.name)
         usage = UsageRecord(
+            base=base,
             request_id=work.request_id,
             # Billed under the public name, so `ebb usage` sums a deployment's versions.
             deployment=deployment,

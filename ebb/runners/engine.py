@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ebb.engine_options import LoraLimits
 from ebb.queue.schema import ChoiceDelta, SamplingSpec
 
 
@@ -45,6 +46,16 @@ class EngineStats:
 
 
 @dataclass(frozen=True)
+class LoraAdapter:
+    """A LoRA adapter a request runs with: `name` and `int_id` identify it to the engine
+    (one id per adapter for the engine's life), `path` is its verified local copy."""
+
+    name: str
+    int_id: int
+    path: Path
+
+
+@dataclass(frozen=True)
 class EngineOptions:
     """What one engine build gets: the deployment's engine options (`EngineSpec`, None
     where it leaves the engine's own choice) and, on a GPU, its placement's share."""
@@ -65,6 +76,8 @@ class EngineOptions:
     gpu_memory_utilization: float | None = None
     # "embed": run the model as a pooling model (requests with SamplingSpec.embed only).
     task: str = "generate"
+    # LoRA on (requests may name a `LoraAdapter`), with these limits; None: off.
+    lora: LoraLimits | None = None
 
 
 class EngineAdapter(Protocol):
@@ -82,10 +95,13 @@ class EngineAdapter(Protocol):
         prompt_token_ids: list[int],
         sampling: SamplingSpec,
         continued: int = 0,
+        lora: LoraAdapter | None = None,
     ) -> None:
         """`continued`: the last tokens of the prompt are this many of the request's own
         output so far (a continuation, see ebb.queue.continuation); its output goes on
-        after them, and `sampling` counts only what is left to generate."""
+        after them, and `sampling` counts only what is left to generate. `lora`: run it
+        with that adapter (loaded on first use, kept LRU by the engine); an engine built
+        without LoRA refuses it (EngineRequestError)."""
         ...
 
     def abort(self, request_ids: Iterable[str]) -> None: ...
