@@ -109,3 +109,12 @@ def test_jobs_for_an_adapter_are_refused_not_stranded(admin, adapters):
     body = {"model": "ad-one", "endpoint": "completions", "body": {"prompt": "Hi", "max_tokens": 2}}
     response = admin.post("/v1/jobs", json=body)
     assert response.status_code == 400 and "adapter" in response.json()["error"]["message"]
+
+
+def test_ebb_deploy_makes_an_adapter_deployment(platform, admin, adapters):
+    source = write_adapter(adapters / "from-cli")
+    done = platform.cli("deploy", "ad-cli", "--base", BASE, "--source", str(source))
+    assert done.returncode == 0, done.stderr
+    view = admin.get("/v1/deployments/ad-cli").json()
+    assert view["base"] == BASE and view["source"] == str(source)
+    assert _complete(admin, "ad-cli")["choices"][0]["text"].startswith("[ad-cli] ")
