@@ -302,7 +302,9 @@ class VllmEngine:
         preload()
         cuda = _has_cuda()
         # On CPU: the KV cache size vLLM reads (GiB, instead of a memory-utilization share).
-        vllm_compat.apply_before_load(cuda=cuda, kv_cache_gib=options.kv_cache_gib)
+        vllm_compat.apply_before_load(
+            cuda=cuda, kv_cache_gib=options.kv_cache_gib, lora=options.lora is not None
+        )
         from vllm.v1.engine.llm_engine import LLMEngine
 
         with _phase("config"):
