@@ -2,8 +2,7 @@
 the real vLLM engine through the runner's seam (`RunnerAdapters` + `VllmEngine`).
 
 A zero-initialised adapter (peft's default: lora_B = 0) must answer exactly as its base;
-a random one differently, and as transformers + peft do on the first tokens (vLLM computes
-in the checkpoint's bf16, transformers here in float32: later tokens may drift apart).
+a random one differently, and as transformers + peft do on the first tokens.
 One engine serves the whole module.
 """
 
@@ -13,6 +12,7 @@ import time
 from collections import defaultdict
 
 import pytest
+from support.lora import FIRST_TOKENS, peft_adapters
 
 from ebb.engine_options import LoraLimits
 from ebb.queue.schema import AdapterRef, SamplingSpec, WorkItem
@@ -23,41 +23,11 @@ pytestmark = pytest.mark.e2e
 
 QUESTION = "What is the capital of France?"
 LIMITS = LoraLimits(max_loras=2, max_lora_rank=16, max_cpu_loras=4)
-# Matched against transformers + peft greedily; what vLLM's bf16 keeps equal to float32.
-FIRST_TOKENS = 4
 
 
 @pytest.fixture(scope="module")
 def made(default_local_model, tmp_path_factory):
-    """Adapters peft saved from the base: zero, random and too-high rank; and the
-    random one's greedy tokens under transformers + peft."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    root = tmp_path_factory.mktemp("lora")
-    tokenizer = AutoTokenizer.from_pretrained(default_local_model.path)
-    messages = [{"role": "user", "content": QUESTION}]
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
-    base = AutoModelForCausalLM.from_pretrained(default_local_model.path, dtype=torch.float32)
-    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
-    model = get_peft_model(base, config)
-    model.save_pretrained(root / "zero")  # as peft initialises it: lora_B = 0
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_A" in name or "lora_B" in name:
-                param.normal_(0, 0.1)
-    model.save_pretrained(root / "random")
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=FIRST_TOKENS, do_sample=False)
-    expected = out[0][len(prompt) :].tolist()
-    wide = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(default_local_model.path),
-        LoraConfig(r=32, target_modules=["q_proj"]),
-    )
-    wide.save_pretrained(root / "wide")
-    return {"root": root, "prompt": prompt, "random_tokens": expected}
+    return peft_adapters(default_local_model.path, tmp_path_factory.mktemp("lora"), QUESTION)
 
 
 @pytest.fixture(scope="module")

@@ -82,3 +82,40 @@ def _write_safetensors(path: Path, shapes: dict[str, list[int]]) -> None:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         f.write(bytes(offset))
+
+
+# Greedy tokens compared with transformers + peft: the first few, where two float32
+# implementations agree (summation order may part them on a near tie later).
+FIRST_TOKENS = 4
+
+
+def peft_adapters(model_path: Path, root: Path, question: str) -> dict:
+    """Adapters peft saves from the model at `model_path` under `root`: "zero" (as peft
+    initialises it, lora_B = 0), "random" (seeded) and "wide" (rank 32); with the chat
+    prompt of `question` and the random one's first greedy tokens under transformers."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    messages = [{"role": "user", "content": question}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model = get_peft_model(
+        base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+    )
+    model.save_pretrained(root / "zero")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_A" in name or "lora_B" in name:
+                param.normal_(0, 0.1)
+    model.save_pretrained(root / "random")
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=FIRST_TOKENS, do_sample=False)
+    wide = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_path),
+        LoraConfig(r=32, target_modules=["q_proj"]),
+    )
+    wide.save_pretrained(root / "wide")
+    return {"root": root, "prompt": prompt, "random_tokens": out[0][len(prompt) :].tolist()}
