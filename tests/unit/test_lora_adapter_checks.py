@@ -11,8 +11,10 @@ from support.lora import TINY_CONFIG, write_adapter
 
 from ebb.engine_options import GpuCapacity, LoraLimits, check_engine, lora_limits
 from ebb.errors import InvalidRequest
+from ebb.frontdoor.quotas import footprint, use_of
 from ebb.queue.prefix import affinity_key, prefix_key
-from ebb.queue.schema import AdapterRef, EngineSpec, SamplingSpec, WorkItem
+from ebb.queue.schema import AdapterRef, DeploymentSpec, EngineSpec, SamplingSpec, WorkItem
+from ebb.queue.versions import TrafficSplit
 from ebb.runners.adapters import RunnerAdapters
 from ebb.runners.engine import EngineOptions, EngineRequestError, LoraAdapter
 from ebb.testing.fake_engine import FakeEngine
@@ -163,3 +165,9 @@ def test_an_adapters_requests_share_one_affinity_key_whatever_their_prompt():
 
 def _fields(work: WorkItem) -> dict:
     return {f: getattr(work, f) for f in work.__struct_fields__}
+
+
+def test_an_adapter_counts_against_a_quota_as_a_deployment_without_runners():
+    adapter = DeploymentSpec(name="a", source="/x", base="b", max_replicas=4)
+    use = use_of([footprint(adapter, TrafficSplit(weights={1: 100}), {})])
+    assert (use.deployments, use.replicas, use.gpus) == (1, 0, 0)
