@@ -123,6 +123,19 @@ async def served_by_base(
     return Routed(spec=base, status=read.status, depth=read.depth), ref
 
 
+def refuse_new_version(existing: DeploymentSpec, base: str | None) -> None:
+    """A 400 for a new version that is, or would make, an adapter: an adapter's checks
+    and binding to its base are made at creation only, so versions of adapters (and a
+    model turned adapter) are refused until they are checked as a new one is."""
+    if existing.base or base:
+        raise InvalidRequest(
+            f"{existing.name!r} cannot get a new version as an adapter: versions of LoRA "
+            "adapter deployments are not supported yet. Delete it and deploy it again, or "
+            "deploy the adapter under a new name.",
+            param="base",
+        )
+
+
 def refuse_adapter(spec: DeploymentSpec, what: str) -> None:
     """A 400 for an endpoint adapters do not serve yet (`what`)."""
     if spec.base:

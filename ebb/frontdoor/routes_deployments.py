@@ -279,6 +279,7 @@ async def create_deployment(
         and not create_only
         and tenancy.manages(caller, {"owner": existing.owner})
     ):
+        adapters.refuse_new_version(existing, body.base)
         return await _deploy_version(services, caller, existing, body)
     tenancy.check_new_name(caller, body.name, existing)  # before any answer on the name
     spec = DeploymentSpec(

@@ -118,3 +118,13 @@ def test_ebb_deploy_makes_an_adapter_deployment(platform, admin, adapters):
     view = admin.get("/v1/deployments/ad-cli").json()
     assert view["base"] == BASE and view["source"] == str(source)
     assert _complete(admin, "ad-cli")["choices"][0]["text"].startswith("[ad-cli] ")
+
+
+def test_a_new_version_cannot_make_or_change_an_adapter_unchecked(admin, adapters, tmp_path):
+    wide = str(write_adapter(tmp_path / "wide", rank=64))
+    for name in ("ad-one", BASE):
+        body = {"name": name, "source": wide, "base": BASE}
+        response = admin.post("/v1/deployments", json=body)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "base"
+    assert admin.get("/v1/deployments/ad-one").json()["source"] != wide
