@@ -53,8 +53,9 @@ def test_two_adapters_answer_through_one_base_runner(admin, platform_redis, adap
     ]
     runners = admin.get(f"/v1/deployments/{BASE}").json()["runners"]
     assert len(runners) == 1
-    for name in ("ad-one", "ad-two"):
-        assert admin.get(f"/v1/deployments/{name}").json()["runners"] == []
+    for name in ("ad-one", "ad-two"):  # nothing of their own: no runners, no preparation
+        view = admin.get(f"/v1/deployments/{name}").json()
+        assert view["runners"] == [] and view["weights"] == "unknown", view
 
 
 def test_adapters_are_listed_with_their_parent(admin, adapters):
