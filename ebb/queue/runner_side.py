@@ -18,6 +18,7 @@ from ebb.queue.continuation import OutputSoFar, output_so_far
 from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.gpus import read_placement
 from ebb.queue.observations import (
+    ADAPTER_LOADS,
     ENGINE_STALLS,
     RunnerStats,
     counter_field,
@@ -346,6 +347,11 @@ class RunnerQueue:
 
     def leave_pool(self) -> None:
         self._redis.srem(keys.STEMS, self.runner_id)
+
+    def count_adapter_load(self, adapter: str, base: str) -> None:
+        """A LoRA adapter was loaded into this runner for a request (a cold load)."""
+        field = counter_field(ADAPTER_LOADS, (adapter, base))
+        self._redis.hincrbyfloat(keys.METRIC_COUNTERS, field, 1)
 
     def stop_claiming(self, deployment: str) -> None:
         """This runner claims no more: the next request queued for `deployment` wakes the

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,8 @@ class RunnerAdapters:
     _next_id: int = 1
     _base_config: dict[str, Any] | None = None
     cold_loads: int = 0
+    # Told each cold load's adapter (its public name): the runner counts it for /metrics.
+    on_cold_load: Callable[[str], None] | None = None
 
     def for_work(self, work: WorkItem) -> LoraAdapter | None:
         """The adapter `work` runs with (None: the base model); EngineRequestError with
@@ -86,6 +89,8 @@ class RunnerAdapters:
         self._next_id += 1
         self._kept[ref.uid] = (adapter, local)
         self.cold_loads += 1
+        if self.on_cold_load is not None:
+            self.on_cold_load(name)
         while len(self._kept) > limits.max_cpu_loras:
             _, (dropped, entry) = self._kept.popitem(last=False)
             release(entry)  # the engine dropped it too (same LRU, same bound)

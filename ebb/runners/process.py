@@ -9,6 +9,7 @@ into the deployment's cold-start statistics.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -35,6 +36,7 @@ from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.gpus import SLEEPER_EXIT
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
+from ebb.queue.versions import public_name
 from ebb.runners import core_pinning, load_reserve, stall
 from ebb.runners.adapters import RunnerAdapters
 from ebb.runners.devices import use_placement
@@ -222,6 +224,9 @@ def _run(
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
     loop.read_gpus = nvml.reader()
     loop.adapters = _adapters(settings, spec)
+    loop.adapters.on_cold_load = functools.partial(
+        _count_adapter_load, queue, public_name(spec.name)
+    )
     loop.jobs_beside_sync = jobs_beside_sync(settings.job_slots_beside_sync, visible_gpu_count())
     if core_pinning.pin_wanted(settings.engine_core_pin):
         loop.engine_thread_placement = functools.partial(
@@ -400,6 +405,12 @@ def _adapters(settings: Settings, spec: DeploymentSpec) -> RunnerAdapters:
         base_source=spec.source,
         cache_options=CacheOptions.from_settings(settings),
     )
+
+
+def _count_adapter_load(queue: RunnerQueue, base: str, adapter: str) -> None:
+    # A metric: never worth failing the request that loaded the adapter.
+    with contextlib.suppress(*UNAVAILABLE_ERRORS):
+        queue.count_adapter_load(adapter, base)
 
 
 def _load_engine(

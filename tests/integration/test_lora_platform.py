@@ -8,6 +8,7 @@ import pytest
 from support import wait_until
 from support.billing import deploy, ledger_caught_up, raw_usage, usage_total
 from support.lora import write_adapter
+from support.metrics import scrape
 
 pytestmark = pytest.mark.integration
 
@@ -129,3 +130,9 @@ def test_a_new_version_cannot_make_or_change_an_adapter_unchecked(admin, adapter
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == "base"
     assert admin.get("/v1/deployments/ad-one").json()["source"] != wide
+
+
+def test_cold_loads_are_counted_per_adapter_on_metrics(admin, adapters):
+    _complete(admin, "ad-two")
+    loads = scrape(admin).value("ebb_adapter_loads_total", deployment="ad-two", base=BASE)
+    assert loads == 1  # loaded once, then kept by the runner (LRU)
