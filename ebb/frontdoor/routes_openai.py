@@ -305,7 +305,7 @@ async def _collect(
         elif isinstance(event, Failed):
             if await services.executor.rerun(running, event):
                 return await _collect(services, running, new_builder, reservation, observed)
-            raise JobError(f"The request failed while running: {event.message}", code=event.code)
+            raise _failure(event)
     raise JobError("the request ended without a result")
 
 
@@ -379,7 +379,16 @@ async def _stream_chunks(
                 ):
                     yield chunk
                 return
-            raise JobError(f"The request failed while running: {event.message}", code=event.code)
+            raise _failure(event)
+
+
+def _failure(event: Failed) -> EbbError:
+    """What a request that failed on its runner answers: a 400 when its LoRA adapter could
+    not be served (the deployment's input is at fault), else a failed job's error."""
+    message = f"The request failed while running: {event.message}"
+    if event.code == "invalid_adapter":
+        return InvalidRequest(message, param="model", code=event.code)
+    return JobError(message, code=event.code)
 
 
 # Bodies up to this size are rendered and tokenized on the event loop: a short prompt

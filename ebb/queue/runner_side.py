@@ -348,10 +348,18 @@ class RunnerQueue:
     def leave_pool(self) -> None:
         self._redis.srem(keys.STEMS, self.runner_id)
 
-    def count_adapter_load(self, adapter: str, base: str) -> None:
-        """A LoRA adapter was loaded into this runner for a request (a cold load)."""
-        field = counter_field(ADAPTER_LOADS, (adapter, base))
-        self._redis.hincrbyfloat(keys.METRIC_COUNTERS, field, 1)
+    def adapter_loaded(self, adapter: str, base: str) -> None:
+        """LoRA adapter deployment `adapter` was loaded into this runner of `base` for a
+        request (a cold load, counted): whatever failure its status showed is over."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hincrbyfloat(keys.METRIC_COUNTERS, counter_field(ADAPTER_LOADS, (adapter, base)), 1)
+        pipe.hset(keys.deployment_status(adapter), "error", "")
+        pipe.execute()
+
+    def adapter_failed(self, adapter: str, error: str) -> None:
+        """Adapter `adapter` could not be served here: its deployment shows as failing,
+        with the reason, until a runner loads it."""
+        self._redis.hset(keys.deployment_status(adapter), "error", error)
 
     def stop_claiming(self, deployment: str) -> None:
         """This runner claims no more: the next request queued for `deployment` wakes the

@@ -37,6 +37,12 @@ from ebb.weights_cache.adapters import (
 log = logging.getLogger(__name__)
 
 
+class AdapterUnavailable(EngineRequestError):
+    """The request's adapter cannot be served here (the client answer is a 400)."""
+
+    code = "invalid_adapter"
+
+
 @dataclass
 class RunnerAdapters:
     """One runner's adapters. `limits`: its engine's LoRA limits (None: LoRA off);
@@ -52,8 +58,11 @@ class RunnerAdapters:
     _next_id: int = 1
     _base_config: dict[str, Any] | None = None
     cold_loads: int = 0
-    # Told each cold load's adapter (its public name): the runner counts it for /metrics.
+    # Told each cold load's adapter (its public name), and each adapter that could not be
+    # served with the reason: the runner counts the first, shows the second as the
+    # adapter deployment's status.
     on_cold_load: Callable[[str], None] | None = None
+    on_failure: Callable[[str, str], None] | None = None
 
     def for_work(self, work: WorkItem) -> LoraAdapter | None:
         """The adapter `work` runs with (None: the base model); EngineRequestError with
@@ -62,7 +71,7 @@ class RunnerAdapters:
         if ref is None:
             return None
         if self.limits is None:
-            raise EngineRequestError(
+            raise AdapterUnavailable(
                 f"the base runs without LoRA; deploy it with engine.enable_lora=true to "
                 f"serve the adapter {public_name(ref.name)!r}"
             )
@@ -70,7 +79,12 @@ class RunnerAdapters:
         if kept is not None:
             self._kept.move_to_end(ref.uid)
             return kept[0]
-        return self._load(ref, self.limits)
+        try:
+            return self._load(ref, self.limits)
+        except EngineRequestError as e:
+            if self.on_failure is not None:
+                self.on_failure(public_name(ref.name), str(e))
+            raise
 
     def _load(self, ref: AdapterRef, limits: LoraLimits) -> LoraAdapter:
         name = public_name(ref.name)
@@ -79,12 +93,12 @@ class RunnerAdapters:
                 ref.source, self.weights_dir, options=self.cache_options, hold=True
             )
         except WeightsError as e:
-            raise EngineRequestError(f"the adapter {name!r} {e.message}") from e
+            raise AdapterUnavailable(f"the adapter {name!r} cannot be served: {e.message}") from e
         try:
             check_against_base(read_adapter(local.path), self._config(), limits.max_lora_rank)
         except WeightsError as e:
             release(local)
-            raise EngineRequestError(f"the adapter {name!r} cannot be served: {e.message}") from e
+            raise AdapterUnavailable(f"the adapter {name!r} cannot be served: {e.message}") from e
         adapter = LoraAdapter(name=name, int_id=self._next_id, path=local.path)
         self._next_id += 1
         self._kept[ref.uid] = (adapter, local)

@@ -18,7 +18,10 @@ from ebb.queue.schema import ChoiceDelta, SamplingSpec
 
 
 class EngineRequestError(ValueError):
-    """The engine refused a request (bad parameters it alone could detect)."""
+    """The engine refused a request (bad parameters it alone could detect); `code` is the
+    request's failure code (ebb.errors')."""
+
+    code = "invalid_request"
 
 
 @dataclass(frozen=True)

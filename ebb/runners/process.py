@@ -224,9 +224,8 @@ def _run(
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
     loop.read_gpus = nvml.reader()
     loop.adapters = _adapters(settings, spec)
-    loop.adapters.on_cold_load = functools.partial(
-        _count_adapter_load, queue, public_name(spec.name)
-    )
+    loop.adapters.on_cold_load = functools.partial(_adapter_loaded, queue, public_name(spec.name))
+    loop.adapters.on_failure = functools.partial(_adapter_failed, queue)
     loop.jobs_beside_sync = jobs_beside_sync(settings.job_slots_beside_sync, visible_gpu_count())
     if core_pinning.pin_wanted(settings.engine_core_pin):
         loop.engine_thread_placement = functools.partial(
@@ -407,10 +406,17 @@ def _adapters(settings: Settings, spec: DeploymentSpec) -> RunnerAdapters:
     )
 
 
-def _count_adapter_load(queue: RunnerQueue, base: str, adapter: str) -> None:
-    # A metric: never worth failing the request that loaded the adapter.
+# An adapter's metric and status: never worth failing the request that loaded it.
+
+
+def _adapter_loaded(queue: RunnerQueue, base: str, adapter: str) -> None:
     with contextlib.suppress(*UNAVAILABLE_ERRORS):
-        queue.count_adapter_load(adapter, base)
+        queue.adapter_loaded(adapter, base)
+
+
+def _adapter_failed(queue: RunnerQueue, adapter: str, error: str) -> None:
+    with contextlib.suppress(*UNAVAILABLE_ERRORS):
+        queue.adapter_failed(adapter, error)
 
 
 def _load_engine(

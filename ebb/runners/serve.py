@@ -337,7 +337,7 @@ class ServingLoop:
         try:
             self._add(work, work.prompt_token_ids, work.sampling)
         except EngineRequestError as e:
-            self._end(held, "failed", Failed(message=str(e), code="invalid_request"))
+            self._end(held, "failed", Failed(message=str(e), code=e.code))
 
     def _continue(self, held: Held) -> None:
         """Go on with a request another runner lost (or gave back): replay its output so
@@ -371,7 +371,7 @@ class ServingLoop:
         try:
             self._add(work, prompt, sampling, held.replayed)
         except EngineRequestError as e:
-            self._end(held, "failed", Failed(message=str(e), code="invalid_request"))
+            self._end(held, "failed", Failed(message=str(e), code=e.code))
 
     def _add(
         self, work: WorkItem, prompt: list[int], sampling: SamplingSpec, continued: int = 0

@@ -136,3 +136,21 @@ def test_cold_loads_are_counted_per_adapter_on_metrics(admin, adapters):
     _complete(admin, "ad-two")
     loads = scrape(admin).value("ebb_adapter_loads_total", deployment="ad-two", base=BASE)
     assert loads == 1  # loaded once, then kept by the runner (LRU)
+
+
+def test_an_adapter_broken_after_deploy_fails_its_request_and_shows_failing(
+    admin, adapters, tmp_path
+):
+    source = write_adapter(tmp_path / "breaks")
+    deploy(admin, "ad-breaks", str(source), base=BASE)
+    (source / "adapter_model.safetensors").unlink()
+    body = {"model": "ad-breaks", "prompt": "Hi", "max_tokens": 2}
+    response = admin.post("/v1/completions", json=body)
+    assert response.status_code == 400, response.text
+    assert "no adapter_model.safetensors" in response.json()["error"]["message"]
+    view = admin.get("/v1/deployments/ad-breaks").json()
+    assert view["status"] == "failing" and "adapter_model.safetensors" in view["error"]
+    write_adapter(source)  # fixed: the next request loads it, and the status clears
+    assert _complete(admin, "ad-breaks")["choices"][0]["text"].startswith("[ad-breaks] ")
+    view = admin.get("/v1/deployments/ad-breaks").json()
+    assert view["status"] != "failing" and view["error"] is None
