@@ -289,6 +289,8 @@ async def create_deployment(
     )
     spec = tenancy.created_by(caller, spec)
     if spec.base:  # a LoRA adapter, served by its base's runners
+        if not caller.is_admin:  # before its files are read: only within its prefixes
+            check_source(caller.tenant, await services.quotas.get(caller.tenant), spec.source)
         weights_dir = services.settings.weights_dir
         spec = await adapters.check_new_adapter(services.state, caller, spec, weights_dir)
     _check_bounds(spec)

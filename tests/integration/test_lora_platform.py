@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 from support import wait_until
-from support.billing import deploy, ledger_caught_up, raw_usage, usage_total
+from support.billing import (
+    deploy,
+    ledger_caught_up,
+    new_key,
+    raw_usage,
+    tenant_client,
+    usage_total,
+)
 from support.lora import write_adapter
 from support.metrics import scrape
 
@@ -154,3 +161,14 @@ def test_an_adapter_broken_after_deploy_fails_its_request_and_shows_failing(
     assert _complete(admin, "ad-breaks")["choices"][0]["text"].startswith("[ad-breaks] ")
     view = admin.get("/v1/deployments/ad-breaks").json()
     assert view["status"] != "failing" and view["error"] is None
+
+
+def test_a_tenants_adapter_path_is_checked_against_its_prefixes_before_it_is_read(
+    platform, admin, adapters
+):
+    tenant = tenant_client(platform, new_key(admin, "lora-t"))
+    body = {"name": "lora-t-probe", "base": BASE, "source": "/etc"}
+    response = tenant.post("/v1/deployments", json=body)
+    assert response.status_code == 403, response.text
+    error = response.json()["error"]
+    assert error["param"] == "source" and "may not deploy from any source" in error["message"]
