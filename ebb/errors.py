@@ -88,6 +88,16 @@ class RateLimited(EbbError):
         self.retry_after_s = retry_after_s
 
 
+class InsufficientQuota(EbbError):
+    """429 past a spend cap (a budget), shaped as OpenAI's own `insufficient_quota`: not
+    retryable, as waiting helps only once the budget's period resets or it is raised (the
+    frontdoor sends `x-should-retry: false`, which OpenAI's clients obey)."""
+
+    status_code = 429
+    error_type = "insufficient_quota"
+    code = "insufficient_quota"
+
+
 # --- capacity errors: the platform could not take the work now -----------------------
 
 

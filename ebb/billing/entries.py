@@ -8,7 +8,9 @@ construction and any difference is real drift.
   Only finished and cancelled requests are billed: a request that failed while running
   (the engine broke, or it was invalid for the engine) and one that was never admitted
   cost nothing.
-- A GPU segment is cut at hour boundaries into one entry per hour it spans.
+- A GPU segment is cut at hour boundaries into one entry per hour it spans; each entry's
+  `gpu_ms` is split by use (serving, loading, idle, asleep, wasted: `gpu_split.py`) in
+  the segment's proportions, exactly, so the uses of every entry add up to its `gpu_ms`.
 - An entry whose hour is already closed (`closed_through_ms`) is booked into the oldest
   open hour instead: a closed hour never changes, and nothing is lost.
 """
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from ebb.billing.gpu_split import USE_METRICS, USES, allocate, use_metric
 from ebb.billing.pricing import gpu_cost_micros, token_cost_micros
 from ebb.queue.ledger import HOUR_MS, RawRecord
 from ebb.queue.metering import GpuSegment
@@ -34,6 +37,7 @@ METRICS = (
     "token_cost_micros",
     "gpu_ms",
     "gpu_cost_micros",
+    *USE_METRICS,
 )
 
 
@@ -154,6 +158,7 @@ def book_gpu(entry_id: str, seg: GpuSegment, closed_through_ms: int) -> list[Ent
                 counts={
                     "gpu_ms": gpu_ms,
                     "gpu_cost_micros": gpu_cost_micros(gpu_ms, m.price_per_gpu_second_micros),
+                    **gpu_uses(gpu_ms, seg.uses_ms),
                 },
                 detail={
                     "kind": "gpu",
@@ -167,3 +172,9 @@ def book_gpu(entry_id: str, seg: GpuSegment, closed_through_ms: int) -> list[Ent
         )
         start = stop
     return entries
+
+
+def gpu_uses(gpu_ms: int, uses_ms: dict[str, int] | None) -> dict[str, int]:
+    """One entry's `gpu_ms` by use, as metrics: exactly `gpu_ms` in all (gpu_split.py)."""
+    parts = allocate(gpu_ms, uses_ms or {})
+    return {use_metric(u): parts[u] for u in USES}

@@ -11,6 +11,13 @@ from then on), and once at exit. Live segments end at the runner's last heartbea
 runner that is SIGKILLed is closed by the controller from that same heartbeat: nothing
 is lost but the time since it, which is under a heartbeat interval (a runner killed before
 its first heartbeat is closed where it was last seen: ready, or launched).
+
+Each segment the runner writes carries its account of that time by use (`gpu_split.py`:
+serving, loading, idle, asleep, wasted), which the runner keeps from its lifecycle and
+heartbeat (`observe`). A runner launched for demand holds its time back until it first
+serves (the periodic writes wait; see `gpu_split.py`), so that one which never serves
+books its whole life as wasted at exit; capacity kept on purpose (the pre-warmed pool,
+`min_replicas`) writes its time as it goes.
 """
 
 from __future__ import annotations
@@ -21,10 +28,11 @@ from collections.abc import Callable
 
 import redis
 
+from ebb.billing.gpu_split import PhaseClock, use_of
 from ebb.config import Settings
 from ebb.gpus.count import billed_gpus
 from ebb.queue.metering import POOL_DEPLOYMENT, GpuMeter, GpuMeterScript
-from ebb.queue.schema import DeploymentSpec
+from ebb.queue.schema import DeploymentSpec, RunnerState
 from ebb.queue.versions import public_name
 
 log = logging.getLogger(__name__)
@@ -79,29 +87,67 @@ class RunnerMeter(threading.Thread):
         self._unit = ""  # the serving unit (deployment version) whose spec it re-reads
         self._uid = ""  # ... of this deployment only (DeploymentSpec.uid)
         self._done = threading.Event()
+        self.clock = PhaseClock()
+        # How long time may stay undecided (never served) before it is written as it was:
+        # past its idle timeout, only min_replicas keeps a runner that serves nothing.
+        self._hold_s = 0.0
 
-    def begin(self, spec: DeploymentSpec | None) -> None:
-        """From launch on, bill to `spec`'s owner (None: the pre-warmed pool)."""
+    def observe(self, state: RunnerState, holding: bool) -> None:
+        """The runner is in `state`, holding requests or not (its lifecycle's changes and
+        each heartbeat): what its time is used for from now on."""
+        self.clock.enter(use_of(state, holding))
+
+    def waste(self, ms: float) -> None:
+        """`ms` of the runner's serving time bought nothing (ebb/runners/gpu_shares.py)."""
+        self.clock.waste(ms)
+
+    def holding_back(self) -> bool:
+        """Whether the time so far is undecided (see the module docstring): not written yet."""
+        if self.clock.served or self.clock.kept:
+            return False
+        if self.clock.use != "idle" or self.clock.idle_s() < self._hold_s:
+            return True  # loading, asleep, or idle for less than its idle timeout
+        self.clock.keep()  # idle past its idle timeout: kept by min_replicas, on purpose
+        return False
+
+    def _switch(self, *, final: bool = False) -> None:
+        uses = self.clock.take(final=final) or {self.clock.use: 1}
+        if final:
+            self._script.close(self._runner_id, self._meter, end="exited_ms", uses_ms=uses)
+        else:
+            self._script.switch(self._runner_id, self._meter, end="heartbeat_ms", uses_ms=uses)
+
+    def _attribute(self, spec: DeploymentSpec | None) -> None:
         self._meter = meter_for(self._runner_id, spec, self._gpus)
         self._unit = spec.name if spec else ""
         self._uid = spec.uid if spec else ""
-        self._script.switch(self._runner_id, self._meter, end="heartbeat_ms")
+        self._hold_s = spec.idle_timeout_s + self._interval_s if spec else 0.0
+        if spec is None or spec.min_replicas > 0:
+            self.clock.keep()  # the pre-warmed pool, min_replicas: capacity kept on purpose
+
+    def begin(self, spec: DeploymentSpec | None) -> None:
+        """From launch on, bill to `spec`'s owner (None: the pre-warmed pool)."""
+        self._attribute(spec)
+        # Who pays, stored now (no segment yet: end 0): a launched runner is loading.
+        self.clock.enter("loading" if spec else "idle")
+        self._script.switch(self._runner_id, self._meter, end=0)
         self.start()
 
     def assign(self, spec: DeploymentSpec, gpus: int) -> None:
         """The runner took `spec` (a pre-warmed one: its pool time ends at this heartbeat),
         holding `gpus` devices (`held_gpus`) from now on."""
         self._gpus = gpus
-        self._meter = meter_for(self._runner_id, spec, self._gpus)
-        self._unit = spec.name
-        self._uid = spec.uid
-        self._script.switch(self._runner_id, self._meter, end="heartbeat_ms")
+        self._switch()  # the pool's time, then this deployment's from here
+        self.clock.restart_undecided()
+        self._attribute(spec)
 
     def run(self) -> None:
         while not self._done.wait(self._interval_s):
+            if self.holding_back():
+                continue
             try:
                 self._refresh()
-                self._script.switch(self._runner_id, self._meter, end="heartbeat_ms")
+                self._switch()
             except Exception:  # a Redis blip: the next segment covers this one's time
                 log.exception("runner: %s GPU metering failed", self._runner_id)
 
@@ -112,7 +158,7 @@ class RunnerMeter(threading.Thread):
         if self.is_alive():
             self.join()
         try:
-            self._script.close(self._runner_id, self._meter, end="exited_ms")
+            self._switch(final=True)
         except Exception:
             log.exception("runner: %s could not close its GPU metering", self._runner_id)
 
@@ -126,6 +172,10 @@ class RunnerMeter(threading.Thread):
 
 class NoMeter:
     """Metering switched off (EBB_METERING=0)."""
+
+    def observe(self, state: RunnerState, holding: bool) -> None: ...
+
+    def waste(self, ms: float) -> None: ...
 
     def begin(self, spec: DeploymentSpec | None) -> None: ...
 

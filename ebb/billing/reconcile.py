@@ -7,6 +7,8 @@ Any difference between what is stored and what the raw records say is drift. Exp
 hour files are checked too when an exporter is given: same bytes as recorded, same sums.
 Hours whose raw token records were trimmed (closed, exported, past the retention) are
 compared with their exported files only: the raw check covers the hours retained.
+The stored GPU time's split by use (serving, loading, idle, asleep, wasted) must add up
+to its metered `gpu_ms` in every hour, tenant and deployment (drift `where="split"`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import msgspec
 
 from ebb.billing.entries import METRICS, aggregate_field, book, hour_iso
 from ebb.billing.export import S3HourExporter
+from ebb.billing.gpu_costs import unsplit_gpu_ms
 from ebb.queue.ledger import LedgerStore, RawRecord
 from ebb.queue.metering import HourClosed
 
@@ -33,7 +36,7 @@ class Drift:
     field: str
     stored: int
     recomputed: int
-    where: str = "aggregates"  # or "s3"
+    where: str = "aggregates"  # or "s3", or "split" (stored: GPU ms by use, recomputed: metered)
 
 
 @dataclass
@@ -74,6 +77,10 @@ async def reconcile(store: LedgerStore, exporter: S3HourExporter | None = None) 
     if trimmed_ms:
         report.trimmed_before = hour_iso(trimmed_ms)
     report.drift = compare(_since(stored, trimmed_ms), _since(recomputed, trimmed_ms))
+    report.drift += [
+        Drift(hour_iso(hour), f"{who}|gpu_ms_by_use", used, gpu_ms, "split")
+        for hour, who, used, gpu_ms in unsplit_gpu_ms(stored)
+    ]
     report.pending_exports = len(await store.pending_exports())
     if exporter is not None:
         await _check_exports(store, exporter, stored, report)

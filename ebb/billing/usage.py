@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ebb.billing.entries import METRICS, book, hour_iso, split_field
+from ebb.billing.gpu_costs import gpu_cost_rows
 from ebb.billing.pricing import divide_half_up
 from ebb.queue.ledger import LedgerView
 from ebb.queue.metering import POOL_DEPLOYMENT, HourClosed
@@ -51,7 +52,8 @@ def with_unfolded(view: LedgerView) -> Aggregates:
 def report(
     aggregates: Aggregates, query: UsageQuery, gpu_second_cost_micros: int
 ) -> dict[str, Any]:
-    """{"data": rows, "total": metrics, "unit_economics": per deployment} for the query."""
+    """{"data": rows, "total": metrics, "unit_economics": per deployment, "gpu_costs": per
+    tenant and deployment} for the query."""
     groups: dict[tuple[str, ...], dict[str, int]] = defaultdict(lambda: dict.fromkeys(METRICS, 0))
     per_deployment: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(METRICS, 0))
     total = dict.fromkeys(METRICS, 0)
@@ -83,6 +85,10 @@ def report(
             for name, counts in sorted(per_deployment.items())
             if name != POOL_DEPLOYMENT and counts["gpu_ms"]
         ],
+        # Where the GPU-seconds went, per tenant and deployment (gpu_costs.py).
+        "gpu_costs": gpu_cost_rows(
+            aggregates, query.start_ms, query.end_ms, query.tenant, gpu_second_cost_micros
+        ),
     }
 
 

@@ -119,6 +119,14 @@ SETTINGS = (
         "admission_timeout_s",
     ),
     DeploymentOption(
+        "priority",
+        str | None,
+        typer.Option(
+            None, help="critical, standard or sheddable: never shares a GPU with another class."
+        ),
+        "priority",
+    ),
+    DeploymentOption(
         "max_model_len",
         int | None,
         typer.Option(None, help="Context length (default: the model's)."),

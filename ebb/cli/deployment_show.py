@@ -57,6 +57,7 @@ _CONFIG_ORDER = (
     "owner",
     "visibility",
     "shared_with",
+    "priority",
     "min_replicas",
     "max_replicas",
     "idle_timeout_s",

@@ -8,6 +8,8 @@ import typer
 from rich.table import Table
 
 from ebb.cli.api import Api, JsonOpt, console, print_json
+from ebb.cli.budgets import BudgetOpt, BudgetPeriodOpt, SoftLimitOpt, budget_fields, describe
+from ebb.cli.priority_option import PriorityOpt
 
 keys_app = typer.Typer(
     help="Create, list and revoke API keys; set rate limits.", no_args_is_help=True
@@ -87,19 +89,31 @@ def keys_limits(
     tenant: str | None = typer.Option(None, help="A tenant (shared by all its keys)."),
     rpm: int | None = RpmOpt,
     tpm: int | None = TpmOpt,
+    priority: str | None = PriorityOpt,
+    budget: str | None = BudgetOpt,
+    budget_period: str = BudgetPeriodOpt,
+    soft_limit: float = SoftLimitOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Set (or, with neither --rpm nor --tpm, remove) the limits of a key or a tenant."""
+    """Set (or, with none of --rpm, --tpm and --priority, remove) the limits of a key or
+    a tenant. With --budget alone, only the budget changes."""
     if (key is None) == (tenant is None):
         raise typer.BadParameter("give exactly one of --key and --tenant")
     path = f"/v1/keys/{key}/limits" if key else f"/v1/tenants/{tenant}/limits"
-    body = Api().call("PUT", path, json={"requests_per_minute": rpm, "tokens_per_minute": tpm})
+    api = Api()
+    spend_cap = budget_fields(budget, budget_period, soft_limit)
+    limits = {"requests_per_minute": rpm, "tokens_per_minute": tpm, "priority": priority}
+    if spend_cap and rpm is None and tpm is None and priority is None:
+        current = api.call("GET", path)
+        limits = {k: current.get(k) for k in limits}
+    body = api.call("PUT", path, json={**limits, **spend_cap})
     if as_json:
         print_json(body)
         return
     console.print(
         f"{key or tenant}: {_limit(body['requests_per_minute'])} requests/min, "
-        f"{_limit(body['tokens_per_minute'])} tokens/min"
+        f"{_limit(body['tokens_per_minute'])} tokens/min, "
+        f"priority {body.get('priority') or 'inherited'}, {describe(body.get('budget'))}"
     )
 
 

@@ -6,6 +6,16 @@ import typer
 from rich.table import Table
 
 from ebb.cli.api import Api, JsonOpt, console, print_json
+from ebb.cli.budgets import (
+    BudgetOpt,
+    BudgetPeriodOpt,
+    SoftLimitOpt,
+    WebhookUrlOpt,
+    budget_fields,
+    describe,
+    webhook_fields,
+)
+from ebb.cli.priority_option import PriorityOpt
 
 tenants_app = typer.Typer(
     help="Tenants: list them; show or set a tenant's quota and rate limits.",
@@ -96,19 +106,28 @@ def limits(
     tenant: str = typer.Argument(..., help="The tenant (its keys share these)."),
     rpm: int | None = typer.Option(None, "--rpm", min=1, help="Requests per minute."),
     tpm: int | None = typer.Option(None, "--tpm", min=1, help="Tokens per minute."),
+    priority: str | None = PriorityOpt,
+    budget: str | None = BudgetOpt,
+    budget_period: str = BudgetPeriodOpt,
+    soft_limit: float = SoftLimitOpt,
+    webhook_url: str | None = WebhookUrlOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Show a tenant's rate limits; with --rpm/--tpm, set them (the other stays)."""
+    """Show a tenant's rate limits, priority and budget; with --rpm/--tpm/--priority,
+    --budget or --webhook-url, set them (the others stay)."""
     api = Api()
     path = f"/v1/tenants/{tenant}/limits"
     body = api.call("GET", path)
-    if rpm is not None or tpm is not None:
+    settings = {**budget_fields(budget, budget_period, soft_limit), **webhook_fields(webhook_url)}
+    if rpm is not None or tpm is not None or priority is not None or settings:
         body = api.call(
             "PUT",
             path,
             json={
                 "requests_per_minute": body["requests_per_minute"] if rpm is None else rpm,
                 "tokens_per_minute": body["tokens_per_minute"] if tpm is None else tpm,
+                "priority": body.get("priority") if priority is None else priority,
+                **settings,
             },
         )
     if as_json:
@@ -116,5 +135,6 @@ def limits(
         return
     console.print(
         f"{tenant}: {_limit(body['requests_per_minute'])} requests/min, "
-        f"{_limit(body['tokens_per_minute'])} tokens/min"
+        f"{_limit(body['tokens_per_minute'])} tokens/min, "
+        f"priority {body.get('priority') or 'standard'}, {describe(body.get('budget'))}"
     )

@@ -7,7 +7,9 @@ from rich.table import Table
 
 from ebb.billing.pricing import format_micros
 from ebb.cli.api import Api, JsonObject, JsonOpt, console, err_console, print_json
+from ebb.cli.budgets import print_budgets, usage_budget
 from ebb.cli.deployment_options import BatchDiscountOpt, price_fields
+from ebb.cli.usage_costs import gpu_costs_table
 
 # `ebb usage reconcile` found the aggregates disagreeing with the raw records.
 EXIT_DRIFT = 4
@@ -27,6 +29,9 @@ def usage(
         "deployment", "--group-by", help="Comma-separated: tenant, deployment, day, hour."
     ),
     tenant: str | None = typer.Option(None, help="Only this tenant."),
+    costs: bool = typer.Option(
+        False, "--costs", help="Where the GPU-seconds went, and cost per 1M output tokens."
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Usage and cost, whole hours, from the ledger."""
@@ -52,6 +57,9 @@ def usage(
     console.print(table)
     if body["unit_economics"]:
         console.print(_unit_economics_table(body["unit_economics"]))
+    if costs:
+        console.print(gpu_costs_table(body.get("gpu_costs", [])))
+    print_budgets(tenant)
 
 
 def _unit_economics_table(rows: list[JsonObject]) -> Table:
@@ -69,6 +77,9 @@ def _unit_economics_table(rows: list[JsonObject]) -> Table:
             "-" if cost is None else format_micros(cost),
         )
     return table
+
+
+usage_app.command("budget")(usage_budget)
 
 
 @usage_app.command("reconcile")

@@ -25,6 +25,7 @@ from typing import Any
 
 from ebb.coldstart.placement import Placement
 from ebb.config import Settings
+from ebb.gpus.count import HELD_GPUS_ENV
 from ebb.launching.tiers import Tier
 
 RUNNER_APP = "ebb-runner"
@@ -212,7 +213,7 @@ def runner_pod(
                 "image": template.image,
                 "command": ["python"],
                 "args": args,
-                "env": _env(template, launched),
+                "env": _env(template, launched, shape.gpus),
                 "envFrom": [{"configMapRef": {"name": template.config_map}}],
                 "resources": _resources(template, shape, shm),
                 "readinessProbe": {
@@ -278,9 +279,10 @@ def _policy_skips(template: PodTemplate) -> dict[str, str]:
     }
 
 
-def _env(template: PodTemplate, launched_ms: int) -> list[dict[str, Any]]:
+def _env(template: PodTemplate, launched_ms: int, gpus: int) -> list[dict[str, Any]]:
     """The pod's own variables (they win over the ConfigMap's) and, key by key, the
-    platform secrets a runner needs; EBB_REDIS_URL must exist, the others may not."""
+    platform secrets a runner needs; EBB_REDIS_URL must exist, the others may not. A pod
+    asking for GPUs names how many, which is what its runner is billed for."""
     env: list[dict[str, Any]] = [
         {"name": "EBB_RUNNER_FOLLOWS_PARENT", "value": "0"},
         {"name": "EBB_RUNNER_READY_FILE", "value": READY_FILE},
@@ -290,6 +292,8 @@ def _env(template: PodTemplate, launched_ms: int) -> list[dict[str, Any]]:
         {"name": "EBB_HOME", "value": f"{HOME}/.ebb"},
         {"name": "EBB_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
+    if gpus:
+        env.append({"name": HELD_GPUS_ENV, "value": str(gpus)})
     for key in template.secret_keys:
         ref = {"name": template.env_secret, "key": key, "optional": key != "EBB_REDIS_URL"}
         env.append({"name": key, "valueFrom": {"secretKeyRef": ref}})

@@ -15,6 +15,8 @@ its weights, a KV-cache budget and a reserve for activations and CUDA graphs (`G
 estimated by `gpu_need`). It is placed only on a device whose free memory exceeds that
 need by `MARGIN_SAME` (20 %), or by `MARGIN_OTHER` (40 %) when the device already serves
 a different model: a neighbour's KV cache growing must not push either into swapping.
+Nor is it placed on a device an awake runner of another priority class uses: only
+services of the same priority share a GPU (`ebb.queue.priority`).
 Free memory is the smaller of what NVML last reported and the device's total less what
 live runners reserved (a runner still loading has not taken its memory yet). A sleeping
 runner (vLLM sleep level 1: weights offloaded to host RAM, KV dropped) reserves only its
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 from ebb.launching.stem_pools import StemPool
 from ebb.launching.tiers import WarmState
 from ebb.queue.gpu_records import GpuDevice, GpuPlacement, HostInventory
+from ebb.queue.priority import class_name
 from ebb.queue.schema import RunnerRecord, RunnerState
 
 # --- nodes ---------------------------------------------------------------------------------
@@ -202,12 +205,20 @@ class _Slot:
     device: GpuDevice
     available_bytes: int
     models: frozenset[str]
+    # The priority classes of the awake runners on it.
+    priorities: frozenset[str] = frozenset()
 
     def margin_for(self, model_key: str) -> float:
         return MARGIN_OTHER if self.models - {model_key} else MARGIN_SAME
 
-    def fits(self, need_bytes: int, model_key: str) -> bool:
-        return self.available_bytes > need_bytes * self.margin_for(model_key)
+    def shares_with(self, priority: str) -> bool:
+        """Whether a runner of `priority` may join this device's runners."""
+        return not self.priorities - {class_name(priority)}
+
+    def fits(self, need_bytes: int, model_key: str, priority: str = "") -> bool:
+        return self.shares_with(priority) and (
+            self.available_bytes > need_bytes * self.margin_for(model_key)
+        )
 
 
 def place(
@@ -218,25 +229,28 @@ def place(
     tensor_parallel_size: int | None = None,
     deployment: str = "",
     holding: Collection[str] = (),
+    priority: str = "",
 ) -> PlacementResult:
     """Where a runner with `need` goes, given every host's devices and what live runners
     hold. `tensor_parallel_size` None lets placement split a model too large for any one
     device; a number pins the split. `holding`: the hosts whose cache holds the weights,
-    preferred over a tighter fit elsewhere."""
+    preferred over a tighter fit elsewhere. `priority`: its deployment's class; only
+    devices no awake runner of another class uses are considered."""
     slots = _slots(inventories, list(held))
     if not slots:
         return NoGpus()
     sizes = _sizes(need, slots, tensor_parallel_size)
     for size in sizes:
-        chosen = _choose(need, slots, size, holding)
+        chosen = _choose(need, slots, size, holding, priority)
         if chosen is not None:
-            return Placed(_placement(need, chosen, deployment))
-    return Refused(_refusal(need, slots, sizes[-1]))
+            return Placed(_placement(need, chosen, deployment, priority))
+    return Refused(_refusal(need, slots, sizes[-1], priority))
 
 
 def _slots(inventories: Sequence[HostInventory], held: list[Held]) -> list[_Slot]:
     reserved: dict[tuple[str, int], int] = {}
     models: dict[tuple[str, int], set[str]] = {}
+    classes: dict[tuple[str, int], set[str]] = {}
     for h in held:
         p = h.placement
         for index in p.device_indexes:
@@ -245,13 +259,22 @@ def _slots(inventories: Sequence[HostInventory], held: list[Held]) -> list[_Slot
             reserved[key] = reserved.get(key, 0) + taken
             if not h.asleep:
                 models.setdefault(key, set()).add(p.model_key)
+                classes.setdefault(key, set()).add(class_name(p.priority))
     slots = []
     for inventory in inventories:
         for device in inventory.devices:
             key = (inventory.host, device.index)
             by_reservation = device.total_bytes - reserved.get(key, 0)
             available = max(0, min(device.free_bytes, by_reservation))
-            slots.append(_Slot(inventory.host, device, available, frozenset(models.get(key, ()))))
+            slots.append(
+                _Slot(
+                    inventory.host,
+                    device,
+                    available,
+                    frozenset(models.get(key, ())),
+                    frozenset(classes.get(key, ())),
+                )
+            )
     return slots
 
 
@@ -271,7 +294,11 @@ def _sizes(need: GpuNeed, slots: list[_Slot], requested: int | None) -> list[int
 
 
 def _choose(
-    need: GpuNeed, slots: list[_Slot], size: int, holding: Collection[str] = ()
+    need: GpuNeed,
+    slots: list[_Slot],
+    size: int,
+    holding: Collection[str] = (),
+    priority: str = "",
 ) -> list[_Slot] | None:
     """The tightest-fitting `size` devices of one host, on a host in `holding` if one
     fits; or None."""
@@ -279,7 +306,7 @@ def _choose(
     best: list[_Slot] | None = None
     for host in sorted({s.host for s in slots}):
         fitting = sorted(
-            (s for s in slots if s.host == host and s.fits(per_device, need.model_key)),
+            (s for s in slots if s.host == host and s.fits(per_device, need.model_key, priority)),
             key=lambda s: (s.available_bytes, s.device.index),
         )
         if len(fitting) < size:
@@ -298,7 +325,9 @@ def _left(group: list[_Slot]) -> int:
     return sum(s.available_bytes for s in group)
 
 
-def _placement(need: GpuNeed, group: list[_Slot], deployment: str) -> GpuPlacement:
+def _placement(
+    need: GpuNeed, group: list[_Slot], deployment: str, priority: str = ""
+) -> GpuPlacement:
     per_device = need.per_device_bytes(len(group))
     smallest_total = min(s.device.total_bytes for s in group)
     # Rounded up to a hundredth: vLLM's budget must cover the need, never fall short of it.
@@ -311,6 +340,7 @@ def _placement(need: GpuNeed, group: list[_Slot], deployment: str) -> GpuPlaceme
         model_key=need.model_key,
         deployment=deployment,
         host_ram_bytes_asleep=need.host_ram_asleep_bytes,
+        priority=class_name(priority),
     )
 
 
@@ -318,9 +348,15 @@ def gib(n_bytes: int) -> str:
     return f"{n_bytes / GIB:.1f} GiB"
 
 
-def _refusal(need: GpuNeed, slots: list[_Slot], size: int) -> str:
+def _refusal(need: GpuNeed, slots: list[_Slot], size: int, priority: str = "") -> str:
     """Why nothing fits, with the numbers of the device that came closest."""
-    largest = max(slots, key=lambda s: (s.available_bytes, -s.device.index))
+    shareable = [s for s in slots if s.shares_with(priority)]
+    if not shareable:
+        return (
+            f"every GPU serves another priority class than {class_name(priority)!r}, and "
+            "only services of the same priority share a GPU"
+        )
+    largest = max(shareable, key=lambda s: (s.available_bytes, -s.device.index))
     margin = largest.margin_for(need.model_key)
     pct = round((margin - 1) * 100)
     beside = " beside another model" if margin == MARGIN_OTHER else ""

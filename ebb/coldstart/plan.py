@@ -37,6 +37,7 @@ from ebb.coldstart.placement import (
 )
 from ebb.coldstart.plan_gpus import GpuLedger
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
+from ebb.coldstart.priority import by_urgency
 from ebb.coldstart.world import Demand, World
 from ebb.launching.stem_pools import StemPool
 from ebb.launching.tiers import Tier, WarmState, launch_tier
@@ -133,7 +134,8 @@ def plan(world: World, policy: PolicyConfig = PolicyConfig()) -> list[Action]:
     actions: list[Action] = []
     actions += planner.recheck_unschedulable()
     actions += planner.drain_over_budget()
-    for demand in world.demands:
+    # Scarce stems and devices go to the most urgent waiting work first.
+    for demand in by_urgency(world.demands):
         actions += planner.scale(demand, policy)
     actions += _refill(world)
     return actions
@@ -236,6 +238,7 @@ class _Planner:
             tensor_parallel_size=demand.spec.engine.tensor_parallel_size,
             deployment=demand.name,
             holding=_holding(self._world, demand.spec.source),
+            priority=demand.spec.priority,
         )
         if isinstance(result, Refused):
             return None, result.reason

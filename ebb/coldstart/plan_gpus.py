@@ -63,7 +63,10 @@ class GpuLedger:
             model_key=own.model_key,
         )
         held = self.held(besides=runner_id)
-        return isinstance(place(need, inventory, held, tensor_parallel_size=own.gpu_count), Placed)
+        placed = place(
+            need, inventory, held, tensor_parallel_size=own.gpu_count, priority=own.priority
+        )
+        return isinstance(placed, Placed)
 
     def over_sleep_budget(self) -> list[tuple[str, str, str]]:
         """(runner, deployment, why) of this host's sleepers beyond its RAM budget for

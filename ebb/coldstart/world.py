@@ -34,6 +34,8 @@ class Demand:
     queue_depth: int = 0  # queued synchronous requests
     job_depth: int = 0  # queued async job attempts: demand like requests
     oldest_wait_s: float = 0.0
+    # The class of its most urgent waiting request ("": none): orders cold starts.
+    head_priority: str = ""
     ready: int = 0
     starting: int = 0  # launched, loading, or woken and not ready yet
     # Its sleeping runners (not being woken): the fastest start there is.

@@ -103,6 +103,7 @@ class WorldReader:
             queue_depth=queue.depth,
             job_depth=queue.job_depth,
             oldest_wait_s=queue.oldest_wait_s,
+            head_priority=queue.head_priority,
             ready=sum(r.state is RunnerState.READY for r in runners),
             starting=sum(r.is_starting for r in runners),
             sleepers=tuple(

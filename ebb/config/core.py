@@ -159,6 +159,14 @@ class FrontdoorSettings(BaseModel):
         description="Requests waiting per deployment before new ones are refused at once "
         "with `503`; a deployment's own `queue_depth_limit` replaces it.",
     )
+    shed_queue_fraction: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Once a deployment's queue holds this share of its depth limit, "
+        "requests of priority class `sheddable` are refused at once with `503` (code "
+        "`shed`), keeping the room for `critical` and `standard` work; 1: shed only when full.",
+    )
     max_n: int = Field(default=8, description="The largest `n` (choices per request).")
     result_ttl_s: int = Field(
         default=600,

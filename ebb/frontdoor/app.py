@@ -22,6 +22,7 @@ from ebb.frontdoor import (
     routes_admin,
     routes_apidocs,
     routes_batches,
+    routes_budgets,
     routes_deployments,
     routes_embeddings,
     routes_files,
@@ -103,6 +104,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_versions.router)
     app.include_router(routes_usage.router)
     app.include_router(routes_limits.router)
+    app.include_router(routes_budgets.router)
     app.include_router(routes_quotas.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_jobs.router)

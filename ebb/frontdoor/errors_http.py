@@ -16,7 +16,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ebb.errors import CapacityError, EbbError, InvalidRequest, NotFound, RateLimited
+from ebb.errors import (
+    CapacityError,
+    EbbError,
+    InsufficientQuota,
+    InvalidRequest,
+    NotFound,
+    RateLimited,
+)
 
 # Where FastAPI found a parameter; our messages name the parameter alone.
 _LOCATIONS = {"body", "query", "path", "header", "cookie"}
@@ -40,6 +47,8 @@ def error_response(error: EbbError) -> JSONResponse:
         headers["x-ebb-version"] = str(error.version)
     if isinstance(error, CapacityError | RateLimited):
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+    if isinstance(error, InsufficientQuota):  # OpenAI's clients would retry a 429 otherwise
+        headers["x-should-retry"] = "false"
     return JSONResponse(error.to_body(), status_code=error.status_code, headers=headers)
 
 

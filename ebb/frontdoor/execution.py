@@ -30,9 +30,11 @@ from ebb import backoff
 from ebb.coldstart.estimate import retry_after_for
 from ebb.config import Settings
 from ebb.errors import CapacityError, JobError, NotFound
+from ebb.frontdoor.priority import AdmissionPriority
 from ebb.queue.connection import UNAVAILABLE_ERRORS
 from ebb.queue.platform import PlatformState
-from ebb.queue.requests import EventReader, QueueFull, RequestQueue
+from ebb.queue.priority_store import PriorityStore
+from ebb.queue.requests import EventReader, QueueFull, QueueShed, RequestQueue
 from ebb.queue.schema import (
     Claimed,
     Continued,
@@ -75,11 +77,18 @@ class Running:
 
 
 class Executor:
-    def __init__(self, settings: Settings, queue: RequestQueue, state: PlatformState):
+    def __init__(
+        self,
+        settings: Settings,
+        queue: RequestQueue,
+        state: PlatformState,
+        priorities: PriorityStore | None = None,
+    ):
         self._settings = settings
         self._queue = queue
         self._state = state
         self._retry_after = RetryAfterCache(state)
+        self._priority = AdmissionPriority(priorities, settings.shed_queue_fraction)
 
     async def admit(
         self, work: WorkItem, spec: DeploymentSpec, status: dict[str, str] | None = None
@@ -91,14 +100,27 @@ class Executor:
         await self._refuse_if_failing(spec, status)
         # Bound to this deployment: a runner of a later one of the same name refuses it.
         work = msgspec.structs.replace(work, deployment_uid=spec.uid)
+        work = await self._priority.stamp(work)
         started = time.monotonic()
         try:
-            await self._queue.enqueue(work, admission_window_s=window_s, depth_limit=depth)
+            await self._queue.enqueue(
+                work,
+                admission_window_s=window_s,
+                depth_limit=depth,
+                shed_depth=self._priority.shed_depth(work, depth),
+            )
         except QueueFull as e:
             raise await self._queue_full(spec, depth) from e
+        except QueueShed as e:
+            message = self._priority.shed_message(work, spec, depth)
+            raise await self._capacity_error(spec, message, code="shed") from e
         reader = self._queue.events(work.request_id)
         await self._await_claim(work, spec, reader, window_s)
         return Running(work, reader, queued_s=time.monotonic() - started, spec=spec)
+
+    def forget_priorities(self) -> None:
+        """A priority class was set through this frontdoor: its next requests read it."""
+        self._priority.forget()
 
     async def refuse_if_full(self, spec: DeploymentSpec, queued: int) -> None:
         """CapacityError (503 queue_full) when `queued` requests already fill the queue."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from ebb.frontdoor.metrics_gpu_split import GpuUseFamilies
 from ebb.queue import observations
 from ebb.queue.observations import ObservationReader, RunnerStats
 from ebb.queue.platform import PlatformState
@@ -86,6 +87,7 @@ class ScrapedFamilies:
             ["deployment"],
             registry=registry,
         )
+        self.gpu_uses = GpuUseFamilies(registry, tenant_label)
 
     async def read(self, state: PlatformState, reader: ObservationReader) -> list[Metric]:
         await self._fold_streams(state, reader)
@@ -103,7 +105,7 @@ class ScrapedFamilies:
             "ebb_gpu_second_cost", "What one GPU-second costs the platform (EBB_GPU_SECOND_COST)"
         )
         cost.add_metric([], self._gpu_second_cost)
-        return [*families, backlog, cost]
+        return [*families, backlog, cost, self.gpu_uses.yardstick()]
 
     async def _fold_streams(self, state: PlatformState, reader: ObservationReader) -> None:
         self._cold_starts_seen, records = await state.cold_starts_after(self._cold_starts_seen)
@@ -115,10 +117,12 @@ class ScrapedFamilies:
             tenant = self._tenant_label(u.tenant)
             self.prompt_tokens.labels(u.deployment, tenant).inc(u.prompt_tokens)
             self.completion_tokens.labels(u.deployment, tenant).inc(u.completion_tokens)
+            self.gpu_uses.fold_usage(u)
         self._gpu_seen, segments = await reader.gpu_segments_after(self._gpu_seen)
         for segment in segments:
             gpu_s = segment.duration_ms / 1000 * segment.meter.gpu_count
             self.gpu_seconds.labels(segment.meter.deployment).inc(max(0.0, gpu_s))
+            self.gpu_uses.fold_segment(segment)
 
 
 def _seed_stalls(

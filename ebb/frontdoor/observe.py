@@ -37,8 +37,8 @@ def outcome_of(status: int, code: str) -> tuple[str, str]:
         return ("error", code) if code else ("ok", str(status))
     if status == 499:
         return "cancelled", "499"
-    if status == 429:
-        return "rate_limited", "429"
+    if status == 429:  # a spend cap's refusal is told apart from a rate limit's
+        return "rate_limited", "insufficient_quota" if code == "insufficient_quota" else "429"
     if status == 503:
         return "unavailable", code or "503"
     if status < 500:

@@ -64,7 +64,10 @@ async def queue_parked(services: Services, job_id: str) -> str:
         return "failed" if await services.jobs.fail_parked(job_id, error) else "gone"
     try:
         queued = await services.jobs.unpark(
-            record, work, rate_reserved_tokens=reservation.reserved_tokens
+            record,
+            work,
+            rate_reserved_tokens=reservation.reserved_tokens,
+            budget_reservation=reservation.budget_reservation,
         )
     except BaseException:
         await asyncio.shield(reservation.settle())

@@ -4,7 +4,8 @@ A request reserves one request and its worst case in tokens (prompt + max_tokens
 before it is queued, and settles once it ends: a request that never ran (503, the client
 left while it was queued) gets everything back; one that ran keeps what it really used,
 the engine's counts when it finished, else the prompt and the tokens streamed so far.
-The admin key is never limited.
+The admin key is never limited. A request's spend cap (`budgets.py`) is reserved and
+settled with its rate limits, through the same `Reservation`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import logging
 import math
 
 from ebb.errors import InvalidRequest, RateLimited
+from ebb.frontdoor.budgets import BudgetGate, BudgetHold, cost_micros
 from ebb.frontdoor.caller import Caller
+from ebb.queue.budget_schema import BudgetReservation
 from ebb.queue.ratelimits import LimitOutcome, RateLimitStore
 from ebb.queue.schema import Finished, Progress, WorkItem
 
@@ -32,24 +35,36 @@ class Reservation:
         self.ran = False  # a runner claimed it
         self._streamed_tokens = 0
         self._final_tokens: int | None = None
+        self._final_counts: tuple[int, int] | None = None  # prompt, completion
         self._settled = False
+        self.budget: BudgetHold | None = None  # the spend caps' part, if any applied
 
     @property
     def reserved_tokens(self) -> int:
         """Tokens taken from a limit (0 when no limit applied: nothing to give back)."""
         return self._reserved_tokens if self._store is not None else 0
 
+    @property
+    def budget_reservation(self) -> BudgetReservation | None:
+        """The spend caps' part, for a job to carry until the collector settles it."""
+        return self.budget.reservation if self.budget is not None else None
+
     def observe(self, event: object) -> None:
         if isinstance(event, Progress):
             self._streamed_tokens += sum(c.token_count for c in event.choices)
         elif isinstance(event, Finished):
             self._final_tokens = event.prompt_tokens + event.completion_tokens
+            self._final_counts = (event.prompt_tokens, event.completion_tokens)
 
     async def settle(self) -> None:
         """Once, whatever happened; never raises."""
-        if self._store is None or self._settled:
+        if self._settled:
             return
         self._settled = True
+        if self.budget is not None:
+            await self.budget.settle(self._cost_micros() if self.ran else None)
+        if self._store is None:
+            return
         if not self.ran:
             requests, tokens = 1, self._reserved_tokens
         else:
@@ -65,15 +80,33 @@ class Reservation:
         except Exception:  # the response is what matters; the bucket refills within a minute
             log.exception("frontdoor: could not settle the rate limits of %s", w.request_id)
 
+    def _cost_micros(self) -> int:
+        """What the request that ran is billed: the engine's counts, else what streamed."""
+        prompt = len(self._work.prompt_token_ids)
+        prompt, completion = self._final_counts or (prompt, self._streamed_tokens)
+        return cost_micros(self._work, prompt, completion)
+
 
 class RateLimiter:
-    def __init__(self, store: RateLimitStore):
+    def __init__(self, store: RateLimitStore, budgets: BudgetGate | None = None):
         self._store = store
+        self._budgets = budgets
 
     async def reserve(self, caller: Caller, work: WorkItem) -> Reservation:
-        """Reserve for `work`; raises RateLimited (429) or InvalidRequest (400, too large)."""
+        """Reserve for `work`; raises RateLimited (429), InsufficientQuota (429, a spend
+        cap) or InvalidRequest (400, too large)."""
         if caller.is_admin:
             return Reservation(None, work, 0)
+        reservation = await self._reserve_rate(caller, work)
+        if self._budgets is not None:
+            try:
+                reservation.budget = await self._budgets.reserve(caller, work)
+            except BaseException:
+                await reservation.settle()  # refused: the rate limits get it all back
+                raise
+        return reservation
+
+    async def _reserve_rate(self, caller: Caller, work: WorkItem) -> Reservation:
         tokens = worst_case_tokens(work)
         outcome = await self._store.reserve(caller.key_id, caller.tenant, tokens)
         if outcome.status == "limited":

@@ -29,6 +29,7 @@ from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.version_quotas import check_version_quota, versions_limit, versions_refusal
 from ebb.queue.gpus import GpuState
 from ebb.queue.platform import PlatformState
+from ebb.queue.priority import Priority
 from ebb.queue.schema import (
     DeploymentSpec,
     EngineSpec,
@@ -126,6 +127,10 @@ class DeploymentPatch(BaseModel):
     )
     shared_with: list[Annotated[str, StringConstraints(pattern=TENANT_PATTERN)]] | None = Field(
         None, max_length=256, description="Tenants that may call a private deployment."
+    )
+    # The admin's to set (see tenancy): deployments of different classes never share a GPU.
+    priority: Priority | None = Field(
+        None, description="critical, standard or sheddable: never shares a GPU with another."
     )
     serving: ServingBody | None = None
     engine: EngineBody | None = None

@@ -51,6 +51,7 @@ from ebb.queue.job_schema import JobEvent, JobRecord, JobStatus, attempt_request
 from ebb.queue.job_store import IdempotencyConflict, JobStore
 from ebb.queue.schema import DeploymentSpec, SamplingSpec, ToolCallFormat, WorkItem
 from ebb.queue.versions import public_name
+from ebb.webhooks.job_budgets import settle_job_budget
 from ebb.webhooks.job_limits import give_back_unused
 from ebb.webhooks.signing import new_secret
 from ebb.webhooks.ssrf import UnsafeUrl, resolve_target
@@ -67,8 +68,9 @@ MetadataValue = Annotated[str, StringConstraints(max_length=512)]
 
 
 def job_events() -> list[JobEvent]:
-    """The events a job's webhook can subscribe to (batch.completed is a batch's)."""
-    return [e for e in JobEvent if e is not JobEvent.BATCH_COMPLETED]
+    """The events a job's webhook can subscribe to (batch.completed is a batch's, and
+    budget.soft_limit_reached a tenant's)."""
+    return [e for e in JobEvent if e.startswith("job.")]
 
 
 class WebhookSpec(BaseModel):
@@ -207,6 +209,7 @@ async def _submit(
         # collector when the job ends (429 here when the caller is over them).
         reservation = await services.limiter.reserve(caller, record.work)
     record.rate_reserved_tokens = reservation.reserved_tokens
+    record.budget_reservation = reservation.budget_reservation
     try:
         job_id, replayed = await services.jobs.submit(
             record,
@@ -275,6 +278,7 @@ async def create_job(
     # line and queues it when the limits allow).
     reservation = await services.limiter.reserve(caller, record.work)
     record.rate_reserved_tokens = reservation.reserved_tokens
+    record.budget_reservation = reservation.budget_reservation
     try:
         job_id, replayed = await services.jobs.submit(
             record,
@@ -350,6 +354,7 @@ async def cancel_job(job_id: str, caller: CallerDep, services: ServicesDep) -> d
     outcome = await services.jobs.cancel(job_id)
     if outcome == "withdrawn":  # never ran, and the collector never sees it settle
         await give_back_unused(services.ratelimits, record, ran=False)
+        await settle_job_budget(services.budgets, record, ran=False)
     if outcome in JobStatus.__members__.values():
         raise Conflict(
             f"Job {job_id} already {outcome}; there is nothing to cancel.", code="job_settled"

@@ -15,6 +15,7 @@ from fastapi import Depends, Request
 
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
+from ebb.frontdoor.budgets import BudgetGate
 from ebb.frontdoor.catalog import ModelCatalog
 from ebb.frontdoor.draining import Drain
 from ebb.frontdoor.execution import Executor
@@ -23,11 +24,13 @@ from ebb.frontdoor.metrics import Metrics
 from ebb.frontdoor.ratelimit import RateLimiter
 from ebb.home import resolve_admin_key
 from ebb.queue.batch_store import BatchStore
+from ebb.queue.budgets import BudgetStore
 from ebb.queue.connection import async_client, short_command_client
 from ebb.queue.delivery_store import DeliveryStore, delivery_record_ttl_s
 from ebb.queue.job_store import JobStore
 from ebb.queue.ledger import LedgerStore
 from ebb.queue.platform import PlatformState
+from ebb.queue.priority_store import PriorityStore
 from ebb.queue.quotas import QuotaStore
 from ebb.queue.ratelimits import RateLimitStore
 from ebb.queue.requests import RequestQueue
@@ -48,6 +51,7 @@ class Services:
     metrics: Metrics
     limiter: RateLimiter
     ratelimits: RateLimitStore
+    priorities: PriorityStore
     quotas: QuotaStore
     ledger: LedgerStore
     jobs: JobStore
@@ -56,6 +60,7 @@ class Services:
     batches: BatchStore
     files: FileStore
     stream_views: StreamViews
+    budgets: BudgetStore
     drain: Drain = field(default_factory=Drain)
 
 
@@ -68,6 +73,10 @@ def build_services(settings: Settings) -> Services:
     # A request record must outlive its admission window and generation.
     queue = RequestQueue(client, request_ttl_s=max(settings.result_ttl_s, 3600))
     ratelimits = RateLimitStore(client)
+    budgets = BudgetStore(
+        client,
+        delivery_ttl_s=delivery_record_ttl_s(settings.webhook_give_up_s, settings.job_retention_s),
+    )
     engines = EngineRegistry.from_settings(settings)
     return Services(
         settings=settings,
@@ -75,7 +84,8 @@ def build_services(settings: Settings) -> Services:
         redis=client,
         state=state,
         queue=queue,
-        executor=Executor(settings, queue, state),
+        executor=Executor(settings, queue, state, PriorityStore(client)),
+        priorities=PriorityStore(client),
         catalog=ModelCatalog(state, engines),
         engines=engines,
         metrics=Metrics(
@@ -84,7 +94,7 @@ def build_services(settings: Settings) -> Services:
             max_tenants=settings.metrics_max_tenants,
             gpu_second_cost_micros=settings.gpu_second_cost_micros,
         ),
-        limiter=RateLimiter(ratelimits),
+        limiter=RateLimiter(ratelimits, BudgetGate(budgets)),
         ratelimits=ratelimits,
         quotas=QuotaStore(client),
         ledger=LedgerStore(client),
@@ -107,6 +117,7 @@ def build_services(settings: Settings) -> Services:
         ),
         files=file_store(settings),
         stream_views=StreamViews(client, ttl_s=max(settings.result_ttl_s, 3600)),
+        budgets=budgets,
     )
 
 

@@ -36,6 +36,7 @@ ADMIN_ONLY_FIELDS = (
     "price_per_gpu_second_micros",
     "visibility",
     "shared_with",
+    "priority",
 )
 # Fields of a deployment body's `serving` only the admin may set: the Batch API's price.
 ADMIN_ONLY_SERVING_FIELDS = ("batch_discount_pct",)

@@ -1,7 +1,8 @@
 """What a launcher hands a runner process through its environment (besides its command line).
 
 The devices it holds are not among them: a placed runner reads its placement from Redis
-and narrows `CUDA_VISIBLE_DEVICES` itself (`ebb.gpus`).
+and narrows `CUDA_VISIBLE_DEVICES` itself (`ebb.gpus`); only how many a pod holds,
+`ebb.gpus.count.HELD_GPUS_ENV`, which is what it is billed for.
 """
 
 from __future__ import annotations

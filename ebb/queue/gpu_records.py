@@ -47,6 +47,9 @@ class GpuPlacement(msgspec.Struct, kw_only=True, frozen=True):
     deployment: str = ""
     # What a sleeping runner of this placement keeps in host RAM (its offloaded weights).
     host_ram_bytes_asleep: int = 0
+    # Its deployment's priority class: no other class is placed on its devices ("": a
+    # record from before classes, standard).
+    priority: str = ""
 
     @property
     def gpu_count(self) -> int:

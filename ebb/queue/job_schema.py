@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from ebb.queue.budget_schema import BudgetReservation
 from ebb.queue.schema import ToolCallFormat, WorkItem
 
 
@@ -41,6 +42,9 @@ class JobEvent(enum.StrEnum):
     CANCELLED = "job.cancelled"
     # Not a job's: a Batch API batch settled (its deliveries use the batch id as job id).
     BATCH_COMPLETED = "batch.completed"
+    # Not a job's: a budget's spend crossed its soft limit (lua/budget_settle.lua; the
+    # delivery's job id is the period's spend key).
+    BUDGET_SOFT_LIMIT_REACHED = "budget.soft_limit_reached"
 
     @classmethod
     def ending(cls, status: JobStatus) -> JobEvent:
@@ -96,6 +100,9 @@ class JobRecord(msgspec.Struct, kw_only=True):
     # Tokens taken from the caller's rate limits at submission (0: none applied); the
     # collector gives back what the job did not use once it settles.
     rate_reserved_tokens: int = 0
+    # Its reservation against the caller's spend caps (None: no budget applied); the
+    # collector settles it to the job's cost once it settles (ebb/webhooks/job_budgets).
+    budget_reservation: BudgetReservation | None = None
     # Parked (accepted before its request could be tokenized): the passing state it waits
     # for ("weights_preparing") and its submission (JSON), to be tokenized once that passed.
     waiting_for: str = ""
@@ -140,7 +147,17 @@ class DeliveryAttempt(msgspec.Struct, kw_only=True, frozen=True):
 
 
 _JSON_FIELDS = frozenset(
-    {"work", "webhook_events", "metadata", "result", "usage", "error", "last_error", "tools"}
+    {
+        "work",
+        "webhook_events",
+        "metadata",
+        "result",
+        "usage",
+        "error",
+        "last_error",
+        "tools",
+        "budget_reservation",
+    }
 )
 
 

@@ -52,7 +52,8 @@ QUEUE_SIGNAL_PREFIX = PREFIX + "qsig:"
 
 
 def queue(deployment: str) -> str:
-    """Sorted set of queued request ids, scored by enqueue time (ms)."""
+    """Sorted set of queued request ids, scored by enqueue time (ms) plus their priority
+    class's offset (ebb.queue.priority)."""
     return QUEUE_PREFIX + deployment
 
 
@@ -167,6 +168,7 @@ LEDGER_LINES_PREFIX = PREFIX + "ledger:lines:"  # list per hour: booked entries 
 LEDGER_SEEN_PREFIX = PREFIX + "ledger:seen:"  # hash per UTC day: request id -> 1 (billed once)
 RATE_LIMITS = PREFIX + "ratelimits"  # hash: "key:ID:rpm" / "tenant:T:tpm" ... -> int
 RATE_BUCKET_PREFIX = PREFIX + "rl:"  # hash per subject: token-bucket levels and times
+PRIORITIES = PREFIX + "priorities"  # hash: "key:ID" / "tenant:T" -> priority class
 
 # A rate-limit bucket left alone this long has refilled completely: let it expire.
 RATE_BUCKET_TTL_S = 120
@@ -185,6 +187,24 @@ def ledger_lines(hour_ms: int) -> str:
 def rate_bucket(subject: str) -> str:
     """Token buckets of one rate-limited subject, "key:ID" or "tenant:NAME"."""
     return RATE_BUCKET_PREFIX + subject
+
+
+# --- spend caps (budgets) -----------------------------------------------------------------
+
+BUDGETS = PREFIX + "budgets"  # hash: "key:ID" / "tenant:T" -> Budget (json), set by the admin
+# hash: tenant -> the URL its tenant-level events (budget.soft_limit_reached) are sent to
+TENANT_WEBHOOKS = PREFIX + "tenant_webhooks"
+BUDGET_SPEND_PREFIX = PREFIX + "spend:"  # hash per subject and period: committed, spent, soft
+
+# A period's spend outlives the period long enough for a request admitted at its very end
+# to settle into it (and to be read back); a lifetime budget's spend never expires.
+BUDGET_SPEND_TTL_S = {"day": 3 * 86400, "month": 63 * 86400}
+
+
+def budget_spend(subject: str, period_label: str) -> str:
+    """What a subject ("key:ID" / "tenant:T") spent and holds reserved in one period
+    (`period_label`: "d20261206", "m202612" or "life", see budget_periods)."""
+    return f"{BUDGET_SPEND_PREFIX}{subject}:{period_label}"
 
 
 # --- async jobs and webhook deliveries ----------------------------------------------------

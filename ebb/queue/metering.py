@@ -44,6 +44,9 @@ class GpuSegment(msgspec.Struct, kw_only=True, frozen=True):
     meter: GpuMeter
     start_ms: int
     end_ms: int
+    # The runner's own milliseconds by use over this segment (ebb/billing/gpu_split.py),
+    # proportions only; None when no runner accounted for it (the controller closed it).
+    uses_ms: dict[str, int] | None = None
 
     @property
     def duration_ms(self) -> int:
@@ -57,6 +60,7 @@ class HourClosed(msgspec.Struct, kw_only=True, frozen=True):
 
 
 _meter_decoder = msgspec.json.Decoder(GpuMeter)
+_uses_decoder = msgspec.json.Decoder(dict[str, int])
 
 
 def decode_gpu_entry(fields: Mapping[bytes, bytes]) -> GpuSegment | HourClosed:
@@ -68,6 +72,7 @@ def decode_gpu_entry(fields: Mapping[bytes, bytes]) -> GpuSegment | HourClosed:
             meter=_meter_decoder.decode(fields[b"g"]),
             start_ms=int(fields[b"s"]),
             end_ms=int(fields[b"e"]),
+            uses_ms=_uses_decoder.decode(fields[b"p"]) if b"p" in fields else None,
         )
     except (KeyError, msgspec.DecodeError) as e:
         raise ValueError(f"not a GPU usage entry: {dict(fields)!r}") from e
@@ -89,14 +94,29 @@ class GpuMeterScript(Generic[_Reply]):
     def __init__(self, client: redis.Redis | aioredis.Redis) -> None:
         self._script: Script | AsyncScript = client.register_script(lua_source("meter_gpu"))
 
-    def switch(self, runner_id: str, meter: GpuMeter, *, end: int | EndField) -> _Reply:
-        """Bill the time up to `end` to the attribution so far, then bill to `meter`."""
-        return self._call(runner_id, end, meter, "switch", close=False)
+    def switch(
+        self,
+        runner_id: str,
+        meter: GpuMeter,
+        *,
+        end: int | EndField,
+        uses_ms: Mapping[str, int] | None = None,
+    ) -> _Reply:
+        """Bill the time up to `end` to the attribution so far, then bill to `meter`;
+        `uses_ms`: the runner's account of that time by use (GpuSegment.uses_ms)."""
+        return self._call(runner_id, end, meter, "switch", close=False, uses_ms=uses_ms)
 
-    def close(self, runner_id: str, meter: GpuMeter, *, end: int | EndField) -> _Reply:
+    def close(
+        self,
+        runner_id: str,
+        meter: GpuMeter,
+        *,
+        end: int | EndField,
+        uses_ms: Mapping[str, int] | None = None,
+    ) -> _Reply:
         """Bill the rest up to `end` and stop metering; `meter` is used only when the
         runner never stored an attribution of its own (it died before its first meter)."""
-        return self._call(runner_id, end, meter, "fallback", close=True)
+        return self._call(runner_id, end, meter, "fallback", close=True, uses_ms=uses_ms)
 
     def _call(
         self,
@@ -106,10 +126,12 @@ class GpuMeterScript(Generic[_Reply]):
         mode: Literal["switch", "fallback"],
         *,
         close: bool,
+        uses_ms: Mapping[str, int] | None,
     ) -> _Reply:
+        uses = msgspec.json.encode(dict(uses_ms)) if uses_ms else b""
         reply = self._script(
             keys=[keys.runner(runner_id), keys.GPU_USAGE],
-            args=[end, msgspec.json.encode(meter), mode, "1" if close else "0"],
+            args=[end, msgspec.json.encode(meter), mode, "1" if close else "0", uses],
         )
         # The script answers an integer: as is from a blocking client, awaited from an
         # asyncio one; the overloads of __init__ tie _Reply to the client's kind.

@@ -21,6 +21,7 @@ from ebb.queue.connection import MAX_BLOCK_S
 from ebb.queue.deployment_scripts import DeploymentScripts
 from ebb.queue.gpus import SLEEPER_EXIT
 from ebb.queue.node_caches import read_node_caches_async
+from ebb.queue.priority import class_of_score, class_score_ranges, enqueued_ms_of_score
 from ebb.queue.records import decode_runner, encode_runner, parse_cold_start
 from ebb.queue.replies import reply_entries, reply_hash, reply_text, reply_texts
 from ebb.queue.schema import (
@@ -60,6 +61,8 @@ class QueueSnapshot:
     depth: int
     oldest_wait_s: float  # of synchronous requests and job attempts alike
     job_depth: int = 0  # async job attempts waiting in the deployment's job queue
+    # The class of the most urgent synchronous request waiting ("": none waits).
+    head_priority: str = ""
 
 
 class PlatformState:
@@ -155,18 +158,27 @@ class PlatformState:
         }
 
     async def queue_snapshot(self, deployment: str) -> QueueSnapshot:
+        """Its depths, and the wait of its oldest request (the oldest of each priority
+        class's head: a queue's own head is its most urgent class's oldest)."""
         pipe = self.redis.pipeline(transaction=False)
-        for queue in (keys.queue(deployment), keys.job_queue(deployment)):
-            pipe.zcard(queue)
-            pipe.zrange(queue, 0, 0, withscores=True)
+        queue = keys.queue(deployment)
+        pipe.zcard(queue)
+        for low, high in class_score_ranges():
+            pipe.zrangebyscore(queue, low, f"({high}", start=0, num=1, withscores=True)
+        pipe.zcard(keys.job_queue(deployment))
+        pipe.zrange(keys.job_queue(deployment), 0, 0, withscores=True)
         pipe.time()
-        depth, oldest, job_depth, oldest_job, (now_s, now_us) = await pipe.execute()
-        enqueued_ms = [head[0][1] for head in (oldest, oldest_job) if head]
+        depth, *heads, job_depth, oldest_job, (now_s, now_us) = await pipe.execute()
+        enqueued_ms = [enqueued_ms_of_score(head[0][1]) for head in heads if head]
+        enqueued_ms += [head[0][1] for head in (oldest_job,) if head]
         wait_s = 0.0
         if enqueued_ms:
             now_ms = int(now_s) * 1000 + int(now_us) / 1000
             wait_s = max(0.0, (now_ms - float(min(enqueued_ms))) / 1000)
-        return QueueSnapshot(depth=depth, oldest_wait_s=wait_s, job_depth=job_depth)
+        head = next((class_of_score(h[0][1]) for h in heads if h), "")
+        return QueueSnapshot(
+            depth=depth, oldest_wait_s=wait_s, job_depth=job_depth, head_priority=head
+        )
 
     async def count_scale_up(self, deployment: str, count: int) -> None:
         await self.redis.hincrby(keys.SCALE_DECISIONS, f"{deployment}|up", count)

@@ -39,6 +39,10 @@ class QueueFull(Exception):
     pass
 
 
+class QueueShed(Exception):
+    """A sheddable request refused: its queue already holds its shed depth."""
+
+
 class RepeatFilter:
     """Drops Progress events seen before in one attempt (numbered by `seq`, which restarts
     with each Claimed event): a write retried across a Redis restart can land twice. Also
@@ -80,17 +84,21 @@ class RequestQueue:
         self._request_ttl_s = request_ttl_s
 
     async def enqueue(
-        self, work: WorkItem, *, admission_window_s: float, depth_limit: int
+        self, work: WorkItem, *, admission_window_s: float, depth_limit: int, shed_depth: int = 0
     ) -> Admission:
-        """Queue `work`; raises QueueFull when the deployment's queue is at its limit."""
+        """Queue `work`; raises QueueFull when the deployment's queue is at its limit,
+        QueueShed when it holds `shed_depth` (> 0) requests already."""
         outcome = await self._scripts.enqueue(
             work,
             admission_window_ms=int(admission_window_s * 1000),
             depth_limit=depth_limit,
             request_ttl_s=self._request_ttl_s,
+            shed_depth=shed_depth,
         )
         if outcome == "full":
             raise QueueFull(work.deployment)
+        if outcome == "shed":
+            raise QueueShed(work.deployment)
         if outcome == "duplicate":
             raise ValueError(f"request id {work.request_id} already exists")
         return Admission(work.request_id, outcome)

@@ -184,11 +184,18 @@ class RunnerQueue:
         return WorkNews(self._redis, channels, own_channel=own, clock=clock)
 
     def claim(
-        self, deployment: str, max_count: int, max_jobs: int = 0, *, uid: str = ""
+        self,
+        deployment: str,
+        max_count: int,
+        max_jobs: int = 0,
+        *,
+        uid: str = "",
+        critical_extra: int = 0,
     ) -> ClaimResult:
         """Claim up to `max_count` requests; async job attempts fill at most `max_jobs` of
         those slots, and only when no synchronous request is waiting. Only while the
-        deployment's uid is still `uid`, the one this runner serves (see claim.lua)."""
+        deployment's uid is still `uid`, the one this runner serves (see claim.lua). With
+        those slots filled, up to `critical_extra` critical requests more."""
         claimed, cancelled, sync_waiting, jobs_waiting, gone, continued = self._scripts.claim(
             runner_id=self.runner_id,
             deployment=deployment,
@@ -199,6 +206,7 @@ class RunnerQueue:
             deployment_uid=uid,
             prefix_affinity_ms=self._prefix_affinity_ms,
             prefix_step_wait_ms=self._prefix_step_wait_ms,
+            critical_extra=critical_extra,
         )
         works = [decode_work(work) for work in claimed]
         return ClaimResult(works, cancelled, sync_waiting, jobs_waiting, gone, frozenset(continued))

@@ -105,6 +105,9 @@ class WorkItem(msgspec.Struct, kw_only=True, frozen=True):
     # The identity (DeploymentSpec.uid) of the deployment it was admitted for: a runner of
     # another deployment of the same name refuses it ("": not stamped, any runner).
     deployment_uid: str = ""
+    # Its priority class (ebb.queue.priority): its key's, else its tenant's. It orders
+    # claims and the engine's own scheduler where it has one.
+    priority: str = "standard"
     # A request for a LoRA adapter deployment: queued for its base's runners (`deployment`
     # is the base's unit), which run it with this adapter. None: the base model itself.
     adapter: AdapterRef | None = None
@@ -276,6 +279,9 @@ class DeploymentSpec(msgspec.Struct, kw_only=True):
     # "private" only the tenants in `shared_with` (what tenant-created deployments are).
     visibility: Literal["public", "private"] = "public"
     shared_with: list[str] = []
+    # Its priority class (ebb.queue.priority): placement never puts runners of different
+    # classes on one GPU, and its waiting work's class orders cold starts.
+    priority: str = "standard"
     engine: EngineSpec = msgspec.field(default_factory=EngineSpec)
     serving: ServingOptions = msgspec.field(default_factory=ServingOptions)
     # A LoRA adapter deployment: `source` is a PEFT adapter served by the runners of the

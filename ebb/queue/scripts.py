@@ -23,6 +23,7 @@ from redis.exceptions import NoScriptError
 
 from ebb.queue import keys
 from ebb.queue.prefix import affinity_key
+from ebb.queue.priority import score_offset_ms
 from ebb.queue.replies import reply_bytes, reply_int, reply_list, reply_text, reply_texts
 from ebb.queue.schema import WorkItem, encode
 from ebb.queue.versions import public_name
@@ -99,9 +100,16 @@ class QueueScripts:
         self._expire_runner = register_async(client, "leases_expire_runner")
 
     async def enqueue(
-        self, work: WorkItem, *, admission_window_ms: int, depth_limit: int, request_ttl_s: int
-    ) -> int | Literal["full", "duplicate"]:
-        """Queue `work`: its admission deadline (ms), or why it was refused."""
+        self,
+        work: WorkItem,
+        *,
+        admission_window_ms: int,
+        depth_limit: int,
+        request_ttl_s: int,
+        shed_depth: int = 0,
+    ) -> int | Literal["full", "shed", "duplicate"]:
+        """Queue `work` in its priority class: its admission deadline (ms), or why it was
+        refused ('shed': `shed_depth` > 0 requests were already queued)."""
         dep = work.deployment
         reply = reply_list(
             await self._enqueue(
@@ -121,12 +129,15 @@ class QueueScripts:
                     request_ttl_s,
                     keys.SIGNAL_LIST_MAX,
                     affinity_key(work),
+                    score_offset_ms(work.priority),
+                    shed_depth,
                 ],
             )
         )
         if reply_int(reply[0]):
             return reply_int(reply[1])
-        return "full" if reply_text(reply[1]) == "full" else "duplicate"
+        why = reply_text(reply[1])
+        return why if why in ("full", "shed") else "duplicate"  # type: ignore[return-value]  # narrowed by `in`
 
     async def withdraw(self, work: WorkItem, *, state: Literal["withdrawn", "cancelled"]) -> bool:
         """True when `work` was taken back before any runner claimed it."""
@@ -226,6 +237,7 @@ class RunnerScripts:
         deployment_uid: str,
         prefix_affinity_ms: int = 0,
         prefix_step_wait_ms: int = 0,
+        critical_extra: int = 0,
     ) -> tuple[list[bytes], list[str], int, int, bool, set[str]]:
         """Claim up to `max_count` requests (at most `max_jobs` job attempts): the encoded
         work of each claimed one, the ids this runner was asked to abort, how many
@@ -234,7 +246,8 @@ class RunnerScripts:
         was claimed), and the ids of the claimed that are continuations. With
         `prefix_affinity_ms`, a request another runner holds the prompt prefix of waits
         for it that long, or while that runner is inside the engine step it was in when
-        the request came, up to `prefix_step_wait_ms` (see claim.lua)."""
+        the request came, up to `prefix_step_wait_ms` (see claim.lua). Once `max_count`
+        were claimed, up to `critical_extra` critical requests more."""
         claimed, cancelled, still_queued, jobs_queued, gone, continued = reply_list(
             self._claim(
                 keys=[
@@ -268,6 +281,7 @@ class RunnerScripts:
                     keys.CLAIMING_TTL_MS,
                     public_name(deployment),
                     deployment_uid,
+                    critical_extra,
                 ],
             )
         )

@@ -59,23 +59,28 @@ class EmbeddingInputs:
         prompt_token_ids: list[int],
         sampling: SamplingSpec,
         continued: int = 0,
+        priority: int = 1,
         lora: LoraAdapter | None = None,
     ) -> None:
         lengths = sampling.embed_input_lengths
         if not (sampling.embed and lengths):
             if lora is not None:
-                self._engine.add_request(request_id, prompt_token_ids, sampling, continued, lora)
+                self._engine.add_request(
+                    request_id, prompt_token_ids, sampling, continued, priority=priority, lora=lora
+                )
             elif continued:
-                self._engine.add_request(request_id, prompt_token_ids, sampling, continued)
+                self._engine.add_request(
+                    request_id, prompt_token_ids, sampling, continued, priority=priority
+                )
             else:
-                self._engine.add_request(request_id, prompt_token_ids, sampling)
+                self._engine.add_request(request_id, prompt_token_ids, sampling, priority=priority)
             return
         inputs = split_inputs(prompt_token_ids, lengths)
         one = msgspec.structs.replace(sampling, embed_input_lengths=[])
         added: list[str] = []
         try:
             for i, ids in enumerate(inputs):
-                self._engine.add_request(f"{request_id}/{i}", ids, one)
+                self._engine.add_request(f"{request_id}/{i}", ids, one, priority=priority)
                 added.append(f"{request_id}/{i}")
         except EngineRequestError:
             self._engine.abort(added)  # all or none of its inputs run

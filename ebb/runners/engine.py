@@ -98,13 +98,16 @@ class EngineAdapter(Protocol):
         prompt_token_ids: list[int],
         sampling: SamplingSpec,
         continued: int = 0,
+        priority: int = 1,
         lora: LoraAdapter | None = None,
     ) -> None:
         """`continued`: the last tokens of the prompt are this many of the request's own
         output so far (a continuation, see ebb.queue.continuation); its output goes on
-        after them, and `sampling` counts only what is left to generate. `lora`: run it
-        with that adapter (loaded on first use, kept LRU by the engine); an engine built
-        without LoRA refuses it (EngineRequestError)."""
+        after them, and `sampling` counts only what is left to generate. `priority`: its
+        class's rank (ebb.queue.priority.rank, 0 most urgent), for an engine whose
+        scheduler orders by it; others may ignore it. `lora`: run it with that adapter
+        (loaded on first use, kept LRU by the engine); an engine built without LoRA
+        refuses it (EngineRequestError)."""
         ...
 
     def abort(self, request_ids: Iterable[str]) -> None: ...

@@ -170,6 +170,9 @@ def _engine_args(options: EngineOptions, cuda: bool) -> EngineArgs:
         tensor_parallel_size=options.tensor_parallel_size,
         # The runner keeps its own metrics; vLLM's periodic stat logging is per-step work.
         disable_log_stats=True,
+        # Critical requests first in the engine's waiting queue, and the last preempted
+        # when KV blocks run out (each request's class rank: ebb.queue.priority).
+        scheduling_policy="priority",
         # Sleep mode is a GPU feature (a no-op on CPU): it enables the sleeping tier.
         enable_sleep_mode=cuda,
         **chosen,
@@ -328,6 +331,7 @@ class VllmEngine:
         prompt_token_ids: list[int],
         sampling: SamplingSpec,
         continued: int = 0,
+        priority: int = 1,
         lora: LoraAdapter | None = None,
     ) -> None:
         # A continuation's replayed output is prompt to vLLM: its detokenizer starts from
@@ -348,8 +352,13 @@ class VllmEngine:
             (engine_input,) = self._engine.renderer.render_cmpl(
                 [TokensPrompt(prompt_token_ids=list(prompt_token_ids))]
             )
+            # vLLM's priority scheduler: lower first, ties by arrival (FCFS within a class).
             self._engine.add_request(
-                request_id, engine_input, params, lora_request=_lora_request(lora)
+                request_id,
+                engine_input,
+                params,
+                priority=priority,
+                lora_request=_lora_request(lora),
             )
         except (VLLMClientError, ValueError) as error:
             raise EngineRequestError(str(error)) from error

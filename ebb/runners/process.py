@@ -34,6 +34,7 @@ from ebb.process_memory import start_memory_reporter
 from ebb.queue.connection import UNAVAILABLE_ERRORS, sync_client
 from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.gpus import SLEEPER_EXIT
+from ebb.queue.priority import critical_slots
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
 from ebb.queue.versions import public_name
@@ -96,6 +97,9 @@ class Heartbeat(threading.Thread):
         # The serving loop's engine, reported with each beat and watched (`stall`).
         self.progress = stall.EngineProgress()
         self.watchdog: Callable[[], None] = lambda: None
+        # Told at each beat whether the runner held requests or stepped since the last one.
+        self.on_beat: Callable[[bool], None] = lambda holding: None
+        self._steps_seen = 0
 
     def run(self) -> None:
         while not self.done.wait(self._interval_s):
@@ -104,9 +108,12 @@ class Heartbeat(threading.Thread):
                 log.warning("runner: parent %d is gone, draining", self._parent)
                 self._stop_runner.set()
             self.watchdog()  # before renewing the leases of requests a hung engine holds
+            held = self.held_ids()
+            steps, self._steps_seen = self._steps_seen, self.progress.steps
+            self.on_beat(bool(held) or steps != self._steps_seen)
             try:
                 self._queue.heartbeat(
-                    self.held_ids(),
+                    held,
                     engine_steps=self.progress.steps,
                     engine_busy_ms=round(self.progress.busy_s() * 1000),
                 )
@@ -139,14 +146,16 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
     )
     heartbeat.start()
     start_memory_reporter(settings.platform_redis_url("a runner"), "runner", runner_id=runner_id)
-    lifecycle = Lifecycle(
-        queue,
-        on_change=_ready_file(settings.runner_ready_file) if settings.runner_ready_file else None,
-    )
     # A runner launched for a deployment holds its placement's GPUs from launch on; a stem
     # holds what its launcher named (on one host: none, until it is assigned).
     placement = queue.placement() if deployment else None
     meter = runner_meter(settings, client, runner_id, queue.deployment, gpus=held_gpus(placement))
+    lifecycle = Lifecycle(
+        queue,
+        on_change=_on_change(settings, meter, heartbeat),
+    )
+    # What its GPU time is used for (billing/gpu_split.py), from each beat.
+    heartbeat.on_beat = lambda holding: meter.observe(lifecycle.state, holding)
     redis_gone = False
     try:
         meter.begin(_launched_for(queue, deployment) if deployment else None)
@@ -233,6 +242,7 @@ def _run(
         )
     loop.on_first_output = _become_ready(lifecycle, queue, deployment, tier, clock)
     heartbeat.held_ids = loop.held_ids
+    loop.gpu_shares.on_waste = meter.waste
     heartbeat.progress = loop.engine_progress
     give_up = stall.die_of_stall(
         queue, deployment, loop.held_ids, lifecycle, settings.engine_stall_s
@@ -342,6 +352,21 @@ def _wait_as_stem(lifecycle: Lifecycle, queue: RunnerQueue, stop: threading.Even
     return queue.wait_for_assignment(timeout_s=5.0)
 
 
+def _on_change(
+    settings: Settings, meter: RunnerMeter | NoMeter, heartbeat: Heartbeat
+) -> Callable[[RunnerState], None]:
+    """What each lifecycle transition tells: the GPU meter what the time is used for from
+    now on, and a pod's readiness file (when one is asked for)."""
+    ready_file = _ready_file(settings.runner_ready_file) if settings.runner_ready_file else None
+
+    def follow(state: RunnerState) -> None:
+        meter.observe(state, bool(heartbeat.held_ids()))
+        if ready_file is not None:
+            ready_file(state)
+
+    return follow
+
+
 def _ready_file(path: Path) -> Callable[[RunnerState], None]:
     """Keeps `path` present exactly while the runner is READY: a pod's readiness probe
     reads the runner's own state from it."""
@@ -376,7 +401,9 @@ def engine_options(
     return EngineOptions(
         model_path=model_path,
         max_model_len=spec.max_model_len or model_len,
-        max_num_seqs=engine.max_num_seqs or spec.max_concurrency,
+        # Room for the critical requests a full runner still takes (ebb.queue.priority).
+        max_num_seqs=engine.max_num_seqs
+        or spec.max_concurrency + critical_slots(spec.max_concurrency),
         kv_cache_gib=settings.kv_cache_gib,
         source=spec.source,
         dtype=engine.dtype,

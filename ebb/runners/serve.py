@@ -41,6 +41,7 @@ from ebb import tracing
 from ebb.queue.continuation import remaining_sampling, replayable
 from ebb.queue.gpu_records import GpuDevice
 from ebb.queue.observations import RunnerStats
+from ebb.queue.priority import critical_slots, rank
 from ebb.queue.runner_side import ClaimResult, Ending, RunnerQueue
 from ebb.queue.schema import (
     ChoiceDelta,
@@ -55,6 +56,7 @@ from ebb.queue.schema import (
 from ebb.runners.adapters import RunnerAdapters
 from ebb.runners.core_pinning import Pin
 from ebb.runners.engine import EngineAdapter, EngineRequestError, StepOutput
+from ebb.runners.gpu_shares import GpuShares
 from ebb.runners.idle import IdleAction, idle_action
 from ebb.runners.lifecycle import Lifecycle
 from ebb.runners.publisher import OutputPublisher
@@ -186,6 +188,8 @@ class ServingLoop:
         self._news = queue.work_news(spec.name)
         # Read by the heartbeat thread, whose watchdog ends a runner whose engine hangs.
         self.engine_progress = EngineProgress()
+        # Each request's share of the engine's time: waste told to the GPU meter.
+        self.gpu_shares = GpuShares()
 
     def held_ids(self) -> list[str]:
         return list(self.held)
@@ -246,7 +250,13 @@ class ServingLoop:
         held_jobs = sum(1 for h in self.held.values() if h.work.job_id)
         max_jobs = min(free, self._job_limit() - held_jobs, job_claims_per_step(self._max_slots))
         began = self._news.claim_begins()
-        result = self._queue.claim(self._spec.name, max(free, 0), max(max_jobs, 0), uid=self._uid)
+        result = self._queue.claim(
+            self._spec.name,
+            max(free, 0),
+            max(max_jobs, 0),
+            uid=self._uid,
+            critical_extra=self._critical_room(),
+        )
         self._news.claim_ended(began, queues_empty=result.queues_empty)
         claimed = self._take(result)
         if result.deployment_gone and not self._draining:
@@ -267,6 +277,15 @@ class ServingLoop:
     @property
     def _max_slots(self) -> int:
         return self._spec.max_concurrency
+
+    def _critical_room(self) -> int:
+        """Critical requests this runner may still take beyond its slots
+        (`critical_slots`): its engine schedules them first (`priority`); standard and
+        sheddable work never uses these."""
+        if self._draining:
+            return 0
+        beyond = max(0, len(self.held) - self._max_slots)
+        return max(0, critical_slots(self._max_slots) - beyond)
 
     def _job_limit(self) -> int:
         """Job slots now. While no synchronous request runs here or ran in the last
@@ -306,6 +325,7 @@ class ServingLoop:
             if not self._queue.yield_job(self._spec.name, request_id, keep_output=keep):
                 continue  # no longer ours, or being cancelled: that path ends it
             del self.held[request_id]
+            self.gpu_shares.ended(request_id, thrown_away=not keep)
             with self.engine_progress.calling():
                 self._engine.abort([request_id])
             freed += 1
@@ -366,6 +386,8 @@ class ServingLoop:
             self._end(held, "failed", _LOST_UNREPLAYABLE)
             return
         held.replayed = len(so_far.token_ids)
+        if held.replayed:
+            self.gpu_shares.replaying(work.request_id)
         prompt = work.prompt_token_ids + so_far.token_ids
         sampling = remaining_sampling(work.sampling, so_far)
         try:
@@ -376,16 +398,20 @@ class ServingLoop:
     def _add(
         self, work: WorkItem, prompt: list[int], sampling: SamplingSpec, continued: int = 0
     ) -> None:
-        """Into the engine's batch, with its LoRA adapter if it names one (loaded here
-        first, outside the engine call the stall watchdog times)."""
+        """Into the engine's batch at its priority class's rank, with its LoRA adapter if
+        it names one (loaded here first, outside the engine call the stall watchdog
+        times)."""
         lora = self.adapters.for_work(work)
+        priority = rank(work.priority)
         with self.engine_progress.calling():
             if lora is not None:
-                self._engine.add_request(work.request_id, prompt, sampling, continued, lora)
-            elif continued:
-                self._engine.add_request(work.request_id, prompt, sampling, continued)
+                self._engine.add_request(
+                    work.request_id, prompt, sampling, continued, priority=priority, lora=lora
+                )
             else:
-                self._engine.add_request(work.request_id, prompt, sampling)
+                self._engine.add_request(
+                    work.request_id, prompt, sampling, continued, priority=priority
+                )
 
     def _progress(self, held: Held, choices: list[ChoiceDelta]) -> Progress:
         held.published += 1
@@ -412,8 +438,10 @@ class ServingLoop:
         # requests admitted since the last step started, and those of this step.
         if self._pin is not None:
             self._pin.free_new_threads()
+        began_s = time.monotonic()
         with self.engine_progress.calling():
             outputs = self._engine.step()
+        self.gpu_shares.stepped(time.monotonic() - began_s, self.held)
         self.engine_progress.stepped()
         if self._pin is not None:
             self._pin.free_new_threads()
@@ -428,6 +456,7 @@ class ServingLoop:
             held.prompt_tokens = out.prompt_tokens - held.replayed
             held.completion_tokens = held.replayed + out.completion_tokens
             if out.choices:
+                self.gpu_shares.produced(out.request_id)
                 progress[out.request_id] = self._progress(held, out.choices)
                 held.first_output_ns = held.first_output_ns or time.time_ns()
             if out.finished:
@@ -459,8 +488,9 @@ class ServingLoop:
         (after publishing `progress`, the output of the step that completed them), handed
         to the publisher (held back until released, with `hold`); `then` runs once that
         is out."""
-        for held, _, _ in endings:
+        for held, state, _ in endings:
             self.held.pop(held.work.request_id, None)
+            self.gpu_shares.ended(held.work.request_id, thrown_away=state == "failed")
             if not held.work.job_id:
                 self._sync_seen_at = self._clock()
             if held.work.traceparent:

@@ -146,6 +146,7 @@ class FakeEngine:
         prompt_token_ids: list[int],
         sampling: SamplingSpec,
         continued: int = 0,
+        priority: int = 1,
         lora: LoraAdapter | None = None,
     ) -> None:
         """A continuation (`continued` > 0) answers as the uninterrupted request would

@@ -37,6 +37,7 @@ from ebb.openai.response_builder import (
     usage,
 )
 from ebb.queue import observations
+from ebb.queue.budgets import BudgetStore
 from ebb.queue.delivery_store import delivery_record_ttl_s
 from ebb.queue.deployment_condition import waiting_for
 from ebb.queue.job_schema import (
@@ -50,6 +51,7 @@ from ebb.queue.job_store import Announcement, JobStore
 from ebb.queue.platform import PlatformState
 from ebb.queue.ratelimits import RateLimitStore
 from ebb.queue.schema import Failed, Finished, Progress
+from ebb.webhooks.job_budgets import settle_job_budget
 from ebb.webhooks.job_limits import give_back_unused
 from ebb.webhooks.views import event_body
 
@@ -73,6 +75,17 @@ class JobCollector:
         self._state = PlatformState(store.redis)
         # Settles each job's rate-limit reservation once it ends (None: not this collector's).
         self._ratelimits = ratelimits
+        # And its spend-cap reservation, with them (job_budgets).
+        self._budgets = (
+            BudgetStore(
+                store.redis,
+                delivery_ttl_s=delivery_record_ttl_s(
+                    settings.webhook_give_up_s, settings.job_retention_s
+                ),
+            )
+            if ratelimits is not None
+            else None
+        )
         self._settings = settings
         self._delivery_ttl_s = delivery_record_ttl_s(
             settings.webhook_give_up_s, settings.job_retention_s
@@ -139,6 +152,8 @@ class JobCollector:
             )
             if record is not None and self._ratelimits is not None:
                 await give_back_unused(self._ratelimits, record, ran=False)
+            if record is not None and self._budgets is not None:
+                await settle_job_budget(self._budgets, record, ran=False)
 
     async def _waiting_for(self, record: JobRecord) -> str:
         """What the job waited on: what it was parked for, else its deployment's state."""
@@ -287,6 +302,9 @@ class JobCollector:
                 ran = bool(record.started_ms or attempt.get("claimed_ms"))
                 total = used.get("total_tokens", 0) if isinstance(used, dict) else 0
                 await give_back_unused(self._ratelimits, record, ran=ran, used_tokens=total)
+            if self._budgets is not None:
+                ran = bool(record.started_ms or attempt.get("claimed_ms"))
+                await settle_job_budget(self._budgets, record, ran=ran, usage=outcome.get("usage"))
         return done
 
     # --- 2d: events ------------------------------------------------------------------

@@ -226,13 +226,17 @@ def test_tenant_and_key_rate_limits(page, admin):
     page.get_by_label("Tenant or key id").fill("acme")
     page.get_by_label("Requests per minute").fill("120")
     page.get_by_label("Tokens per minute").fill("50000")
+    page.get_by_label("Priority").select_option("critical")
     page.get_by_role("button", name="Set limits").click()
     expect(page.get_by_text("Limits of tenant acme: 120/min requests")).to_be_visible()
     row = page.locator('.table-wrap[aria-label="Tenants"] tr[data-key="acme"]')
     expect(row.locator('td[data-label="Requests"]')).to_have_text("120/min")
     expect(row.locator('td[data-label="Tokens"]')).to_have_text("50,000/min")
+    expect(row.locator('td[data-label="Priority"]')).to_have_text("critical")
     tenants = {t["tenant"]: t for t in admin.get("/v1/tenants").json()["data"]}
     assert tenants["acme"]["limits"] == {"requests_per_minute": 120, "tokens_per_minute": 50000}
+    assert tenants["acme"]["priority"] == "critical"
+    page.get_by_label("Priority").select_option("")
 
     # A key that does not exist: the platform's answer lands next to the id.
     page.get_by_label("Limits of").select_option("key")

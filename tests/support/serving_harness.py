@@ -90,8 +90,10 @@ class ObservedEngine(FakeEngine):
         self.batches: list[frozenset[str]] = []
         self.breaks_at_step: int | None = None
 
-    def add_request(self, request_id: str, prompt_token_ids, sampling, continued=0) -> None:
-        super().add_request(request_id, prompt_token_ids, sampling, continued)
+    def add_request(
+        self, request_id: str, prompt_token_ids, sampling, continued=0, priority=1
+    ) -> None:
+        super().add_request(request_id, prompt_token_ids, sampling, continued, priority)
         self.running.add(request_id)
 
     def abort(self, request_ids: Iterable[str]) -> None:

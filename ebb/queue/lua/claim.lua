@@ -33,7 +33,8 @@
 --       11 runner key prefix, 12 prefix owners ttl s, 13 prefix owners max,
 --       14 runner signal list prefix, 15 prefix wait for an owner inside a step ms,
 --       16 claiming marker ttl ms, 17 the deployment's public name, 18 the runner's
---       deployment uid
+--       deployment uid, 19 critical requests it may take beyond ARGV[2] once that many
+--       were claimed (absent: 0; see the end)
 -- Returns {{id, work, id, work, ...}, {cancelled ids...}, synchronous requests still queued,
 -- job attempts still queued, 1 when the runner's deployment is gone else 0, {ids of the
 -- claimed that are continuations (see reap.lua, job_yield.lua)}} (the third
@@ -108,9 +109,14 @@ end
 -- Takes from `queue`, oldest first, until `want` requests were claimed or the first
 -- `scan` queued ones were looked at. Entries no longer queued are dropped; expired ones
 -- are marked so; with `affinity`, one left for its prefix's runner stays queued.
-local function take(queue, want, watch, affinity, scan)
+local function take(queue, want, watch, affinity, scan, below)
   local taken = 0
-  local heads = redis.call('ZRANGE', queue, 0, scan - 1)
+  local heads
+  if below then
+    heads = redis.call('ZRANGEBYSCORE', queue, '-inf', '(' .. below, 'LIMIT', 0, scan)
+  else
+    heads = redis.call('ZRANGE', queue, 0, scan - 1)
+  end
   for _, id in ipairs(heads) do
     if taken >= want then break end
     local rkey = ARGV[4] .. id
@@ -145,8 +151,15 @@ if KEYS[6] and jobs > 0 and redis.call('ZCARD', KEYS[1]) == 0 then
   end
   got = got + taken
 end
+-- A runner whose slots this claim filled still takes critical requests (scored below 0,
+-- see ebb/queue/priority.py), up to ARGV[19] more: critical work waits for no slot to
+-- free; the engine's scheduler runs it first (by priority).
+local critical_extra = tonumber(ARGV[19] or '0')
+if critical_extra > 0 and got >= want then
+  got = got + take(KEYS[1], critical_extra, nil, false, critical_extra, 0)
+end
 -- Room left after this claim: what a request left for this runner's prefix needs.
-redis.call('HSET', KEYS[4], 'free_slots', want - got, 'polled_ms', now)
+redis.call('HSET', KEYS[4], 'free_slots', math.max(0, want - got), 'polled_ms', now)
 if got > 0 then
   redis.call('HSET', KEYS[4], 'last_claim_ms', now)
 end

@@ -5,8 +5,11 @@
 --       5 the deployment's claiming marker (optional)
 -- ARGV: 1 request id, 2 work (json), 3 deployment, 4 admission window ms (0: none),
 --       5 queue depth limit, 6 request ttl s, 7 signal list max, 8 prompt prefix key
---       ('' for none: see claim.lua)
--- Returns {1, deadline_ms} when queued, {0, 'full'} or {0, 'duplicate'} when refused.
+--       ('' for none: see claim.lua), 9 priority offset ms added to the score (see
+--       ebb/queue/priority.py; absent: 0), 10 shed depth: refused as 'shed' once this
+--       many are queued (a sheddable request under saturation; absent or 0: never)
+-- Returns {1, deadline_ms} when queued, {0, 'full'}, {0, 'shed'} or {0, 'duplicate'} when
+-- refused.
 -- The same work sent again is the same admission: a client retrying across a Redis restart
 -- resends a script that ran before Redis died (its reply lost, its writes in the
 -- append-only file), and it must hear what the first run answered, not a refusal. This is
@@ -23,13 +26,18 @@ local depth = redis.call('ZCARD', KEYS[1])
 if depth >= tonumber(ARGV[5]) then
   return {0, 'full'}
 end
+local shed = tonumber(ARGV[10] or '0')
+if shed > 0 and depth >= shed then
+  return {0, 'shed'}
+end
+local offset = tonumber(ARGV[9] or '0')
 local window = tonumber(ARGV[4])
 local deadline = 0
 if window > 0 then deadline = now + window end
 redis.call('HSET', KEYS[2], 'work', ARGV[2], 'state', 'queued', 'deployment', ARGV[3],
-  'deadline_ms', deadline, 'enqueued_ms', now, 'prefix', ARGV[8] or '')
+  'deadline_ms', deadline, 'enqueued_ms', now, 'prefix', ARGV[8] or '', 'score_offset_ms', offset)
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[6]))
-redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZADD', KEYS[1], now + offset, ARGV[1])
 local max = tonumber(ARGV[7])
 wake_runners(KEYS[3], max)
 -- The controller is woken when the queue stops being empty (a deployment at zero gets a

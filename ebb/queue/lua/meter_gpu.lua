@@ -12,6 +12,8 @@
 --          stored yet), then ARGV[2] is stored for what follows;
 --         'fallback': billed to the stored attribution, ARGV[2] only when none is stored
 --       4 '1' closes the runner's metering
+--       5 the runner's milliseconds by use over the segment (json, GpuSegment.uses_ms) or
+--          '' when no runner accounted for it
 -- An end that is not known yet (no heartbeat, no recorded exit) meters nothing and does not
 -- close: whoever knows the end later closes the interval.
 -- Returns the metered milliseconds (0 when nothing was written), -1 when already closed,
@@ -40,8 +42,13 @@ if stop > 0 then
     meta = ARGV[2]
   end
   if start > 0 and stop > start and meta ~= '' then
-    redis.call('XADD', KEYS[2], '*', 'g', meta, 's', string.format('%d', start),
-      'e', string.format('%d', stop))
+    if ARGV[5] and ARGV[5] ~= '' then
+      redis.call('XADD', KEYS[2], '*', 'g', meta, 's', string.format('%d', start),
+        'e', string.format('%d', stop), 'p', ARGV[5])
+    else
+      redis.call('XADD', KEYS[2], '*', 'g', meta, 's', string.format('%d', start),
+        'e', string.format('%d', stop))
+    end
     metered = stop - start
   end
   if stop > start then

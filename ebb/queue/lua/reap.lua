@@ -34,7 +34,7 @@ for _, id in ipairs(expired) do
   local rkey = ARGV[1] .. id
   local ekey = ARGV[2] .. id
   local f = redis.call('HMGET', rkey, 'state', 'job', 'cancel_requested', 'continuations',
-    'deployment', 'enqueued_ms', 'work')
+    'deployment', 'enqueued_ms', 'work', 'score_offset_ms')
   if f[1] == 'claimed' then
     local attempt = (tonumber(f[4]) or 0) + 1
     if f[3] ~= '1' and f[5] and attempt <= tonumber(ARGV[5]) and replayable(f[7]) then
@@ -48,7 +48,8 @@ for _, id in ipairs(expired) do
         'deadline_ms', deadline)
       -- msgspec's encoding of Continued(attempt): tag field 'type', then the attempt.
       redis.call('XADD', ekey, '*', 'e', '{"type":"continued","attempt":' .. attempt .. '}')
-      redis.call('ZADD', queue, tonumber(f[6]) or now, id)
+      -- Back at its first enqueue time, in its priority class (see enqueue.lua).
+      redis.call('ZADD', queue, (tonumber(f[6]) or now) + (tonumber(f[8]) or 0), id)
       wake_runners(ARGV[8] .. f[5], max)
       wake_controller(KEYS[2], f[5], max)
     else

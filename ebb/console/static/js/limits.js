@@ -7,6 +7,7 @@ import {
   cliHint,
   field,
   fmtInt,
+  fmtMicros,
   formError,
   h,
   numberOrNull,
@@ -31,8 +32,17 @@ export function tenantsTable(tenants) {
       { label: "Active keys", num: true, cell: (t) => fmtInt(t.active_keys) },
       { label: "Requests", num: true, cell: (t) => limitText(t.limits.requests_per_minute) },
       { label: "Tokens", num: true, cell: (t) => limitText(t.limits.tokens_per_minute) },
+      { label: "Priority", cell: (t) => t.priority ?? "standard" },
+      { label: "Budget", cell: (t) => budgetText(t.budget) },
     ],
   });
+}
+
+/** "$1.20 of $50.00 per day", or "none": a spend cap and this period's spend. */
+export function budgetText(budget) {
+  if (!budget) return "none";
+  const per = budget.period ? `per ${budget.period}` : "lifetime";
+  return `${fmtMicros(budget.spent_micros)} of ${fmtMicros(budget.amount_micros)} ${per}`;
 }
 
 /** "Set a tenant's quota": what its own deployments may add up to (PUT .../quota). */
@@ -174,6 +184,17 @@ export function limitsSection(ctx, onSet) {
         min: "1",
         step: "1",
       }),
+      field({
+        label: "Priority",
+        param: "priority",
+        options: [
+          { value: "", label: "Inherited (a tenant: standard)" },
+          { value: "critical", label: "Critical: claimed first" },
+          { value: "standard", label: "Standard" },
+          { value: "sheddable", label: "Sheddable: refused first under load" },
+        ],
+        value: "",
+      }),
     ),
     formError(),
     done,
@@ -198,6 +219,7 @@ export function limitsSection(ctx, onSet) {
     const body = {
       requests_per_minute: numberOrNull(control("requests_per_minute")),
       tokens_per_minute: numberOrNull(control("tokens_per_minute")),
+      priority: control("priority").value || null,
     };
     const path =
       subject === "key"
@@ -206,7 +228,7 @@ export function limitsSection(ctx, onSet) {
     submit.disabled = true;
     try {
       const set = await ctx.api.put(path, body);
-      done.textContent = `Limits of ${subject} ${target}: ${limitText(set.requests_per_minute)} requests, ${limitText(set.tokens_per_minute)} tokens.`;
+      done.textContent = `Limits of ${subject} ${target}: ${limitText(set.requests_per_minute)} requests, ${limitText(set.tokens_per_minute)} tokens, priority ${set.priority ?? "inherited"}.`;
       await Promise.all([reload(), onSet()]);
     } catch (error) {
       // The key id or tenant name is the path, not a body field: its errors go there.
