@@ -72,6 +72,7 @@ def check_engine(engine: EngineSpec, *, max_concurrency: int, capacity: GpuCapac
     _check_parallelism(engine, capacity)
     _check_memory(engine, capacity)
     _check_cluster_shape(engine)
+    _check_lora(engine)
     if engine.max_num_seqs is not None and engine.max_num_seqs < max_concurrency:
         raise _invalid(
             f"engine.max_num_seqs ({engine.max_num_seqs}) is below max_concurrency "
@@ -164,6 +165,60 @@ def _check_cluster_shape(engine: EngineSpec) -> None:
         raise _invalid(
             f"engine.host_memory_gib must be more than 0 and at most {MAX_HOST_MEMORY_GIB}.",
             "host_memory_gib",
+        )
+
+
+# LoRA (adapter deployments on a base): what enable_lora gives each limit left unset. Four
+# adapters in one batch and sixteen kept loaded cost a 135M-8B base little memory (an
+# adapter of rank 16 on the attention projections is a few MB); rank 16 is vLLM's default.
+LORA_MAX_LORAS = 4
+LORA_MAX_RANK = 16
+LORA_MAX_CPU_LORAS = 16
+# The ranks vLLM's LoRA kernels are built for (its `max_lora_rank` choices).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass(frozen=True)
+class LoraLimits:
+    """A LoRA-enabled engine's limits: adapters per batch, highest rank, adapters kept."""
+
+    max_loras: int
+    max_lora_rank: int
+    max_cpu_loras: int
+
+
+def lora_limits(engine: EngineSpec) -> LoraLimits | None:
+    """The limits the engine runs LoRA with; None when LoRA is off."""
+    if not engine.enable_lora:
+        return None
+    max_loras = engine.max_loras or LORA_MAX_LORAS
+    return LoraLimits(
+        max_loras=max_loras,
+        max_lora_rank=engine.max_lora_rank or LORA_MAX_RANK,
+        max_cpu_loras=max(engine.max_cpu_loras or LORA_MAX_CPU_LORAS, max_loras),
+    )
+
+
+def _check_lora(engine: EngineSpec) -> None:
+    rank = engine.max_lora_rank
+    if rank is not None and rank not in LORA_RANKS:
+        raise _invalid(
+            f"engine.max_lora_rank must be one of {', '.join(map(str, LORA_RANKS))} (the "
+            f"ranks vLLM's LoRA kernels support); {rank} is not: pick the next one up.",
+            "max_lora_rank",
+        )
+    given = engine.max_loras is not None or engine.max_cpu_loras is not None or rank is not None
+    if given and not engine.enable_lora:
+        raise _invalid(
+            "engine.max_loras, max_lora_rank and max_cpu_loras apply to a LoRA base: set "
+            "engine.enable_lora=true as well.",
+            "enable_lora",
+        )
+    if engine.max_loras and engine.max_cpu_loras and engine.max_cpu_loras < engine.max_loras:
+        raise _invalid(
+            f"engine.max_cpu_loras ({engine.max_cpu_loras}) must be at least max_loras "
+            f"({engine.max_loras}): the adapters in a batch are also kept loaded.",
+            "max_cpu_loras",
         )
 
 

@@ -189,6 +189,36 @@ SETTINGS = (
         "engine",
     ),
     DeploymentOption(
+        "enable_lora",
+        bool | None,
+        typer.Option(
+            None, "--enable-lora/--no-lora", help="Serve LoRA adapter deployments (--base)."
+        ),
+        "enable_lora",
+        "engine",
+    ),
+    DeploymentOption(
+        "max_loras",
+        int | None,
+        typer.Option(None, help="LoRA: adapters in one batch."),
+        "max_loras",
+        "engine",
+    ),
+    DeploymentOption(
+        "max_lora_rank",
+        int | None,
+        typer.Option(None, help="LoRA: the highest adapter rank served."),
+        "max_lora_rank",
+        "engine",
+    ),
+    DeploymentOption(
+        "max_cpu_loras",
+        int | None,
+        typer.Option(None, help="LoRA: adapters kept loaded (LRU)."),
+        "max_cpu_loras",
+        "engine",
+    ),
+    DeploymentOption(
         "tool_parser",
         str | None,
         typer.Option(
@@ -277,6 +307,19 @@ ADMIN = (
         list[str] | None,
         typer.Option(None, "--share-with", help="A tenant that may call it (repeat for several)."),
         "shared_with",
+    ),
+)
+
+
+# A LoRA adapter deployment (`ebb deploy NAME --base BASE --source ADAPTER_DIR`).
+ADAPTER = (
+    DeploymentOption(
+        "base",
+        str | None,
+        typer.Option(
+            None, help="A LoRA adapter: the deployment serving it (--source: the adapter's dir)."
+        ),
+        "base",
     ),
 )
 

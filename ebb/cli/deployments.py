@@ -35,7 +35,7 @@ def _deployments_table(rows: list[JsonObject]) -> Table:
     return table
 
 
-DEPLOY_OPTIONS = opts.OptionSet(*opts.SETTINGS, *opts.ADMIN)
+DEPLOY_OPTIONS = opts.OptionSet(*opts.SETTINGS, *opts.ADMIN, *opts.ADAPTER)
 SCALE_OPTIONS = opts.OptionSet(*opts.SETTINGS)
 
 

@@ -43,6 +43,12 @@ _SHARED_COUNTERS = {
         "EBB_ENGINE_STALL_S while they held requests",
         ["deployment"],
     ),
+    observations.ADAPTER_LOADS: (
+        "ebb_adapter_loads",
+        "LoRA adapters loaded into a base's runner for a request (cold loads), by adapter "
+        "deployment and base",
+        ["deployment", "base"],
+    ),
 }
 
 

@@ -16,8 +16,14 @@ from ebb.frontdoor.catalog import ModelCatalog, ModelInfo
 from ebb.queue.schema import DeploymentSpec
 
 
-async def model_card(catalog: ModelCatalog, spec: DeploymentSpec) -> dict[str, Any]:
-    info = await _known_info(catalog, spec)
+async def model_card(
+    catalog: ModelCatalog, spec: DeploymentSpec, base: DeploymentSpec | None = None
+) -> dict[str, Any]:
+    """`spec`'s card; an adapter's model facts are its `base`'s (None: unknown)."""
+    if spec.base:
+        info = None if base is None else await _known_info(catalog, base)
+    else:
+        info = await _known_info(catalog, spec)
     embed = spec.serving.task == "embed"
     chat = None if info is None else _serves_chat(info, spec) and not embed
     return {
@@ -25,6 +31,8 @@ async def model_card(catalog: ModelCatalog, spec: DeploymentSpec) -> dict[str, A
         "object": "model",
         "created": int(spec.created_at_s),
         "owned_by": "ebb",
+        # A LoRA adapter names its base, as vLLM's server lists its LoRA modules.
+        "parent": spec.base or None,
         "max_model_len": spec.max_model_len if info is None else info.max_model_len,
         "capabilities": {
             "chat_completions": chat,

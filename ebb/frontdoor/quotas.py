@@ -72,7 +72,10 @@ def live_versions(split: TrafficSplit) -> set[int]:
 def footprint(
     spec: DeploymentSpec, split: TrafficSplit, versions: Mapping[int, VersionRecord]
 ) -> Footprint:
-    """`spec` (the deployment's record) with its split and version records."""
+    """`spec` (the deployment's record) with its split and version records. A LoRA
+    adapter holds no runners: it counts as a deployment, with no replicas or GPUs."""
+    if spec.base:
+        return Footprint(0, (0,))
     gpus = []
     for number in sorted(live_versions(split)):
         record = versions.get(number)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from ebb.engine_options import DTYPES, GpuCapacity, check_engine
 from ebb.engines import EngineRegistry
 from ebb.errors import Conflict, InvalidRequest, NotFound
-from ebb.frontdoor import tenancy
+from ebb.frontdoor import adapters, tenancy
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.deploy_versions import (
@@ -90,6 +90,13 @@ class EngineBody(BaseModel):
         None, gt=0, le=4096, description="The runner's GPU memory, instead of the estimate."
     )
     enforce_eager: bool | None = None
+    # LoRA: serve adapter deployments on this one (see ebb.frontdoor.adapters).
+    enable_lora: bool | None = Field(None, description="Serve LoRA adapter deployments.")
+    max_loras: int | None = Field(None, ge=1, le=256, description="Adapters in one batch.")
+    max_lora_rank: int | None = Field(None, ge=1, le=512, description="Highest adapter rank.")
+    max_cpu_loras: int | None = Field(
+        None, ge=1, le=4096, description="Adapters kept loaded in host memory (LRU)."
+    )
 
 
 class DeploymentPatch(BaseModel):
@@ -150,6 +157,11 @@ class DeploymentCreate(DeploymentPatch):
     )
     # Served back in listings: bounded like a URL.
     source: str = Field(min_length=1, max_length=MAX_SOURCE_CHARS)
+    base: DeploymentName | None = Field(
+        None,
+        description="A LoRA adapter deployment: the deployment whose runners serve it; "
+        "source is then the adapter's directory (peft's save_pretrained).",
+    )
     env: dict[str, str] | None = Field(
         None,
         description="The version's environment (secrets such as HF_TOKEN), stored encrypted; "
@@ -283,6 +295,7 @@ async def create_deployment(
         and not create_only
         and tenancy.manages(caller, {"owner": existing.owner})
     ):
+        adapters.refuse_new_version(existing, body.base)
         return await _deploy_version(services, caller, existing, body)
     tenancy.check_new_name(caller, body.name, existing)  # before any answer on the name
     spec = DeploymentSpec(
@@ -291,6 +304,11 @@ async def create_deployment(
         uid=new_deployment_uid(),
     )
     spec = tenancy.created_by(caller, spec)
+    if spec.base:  # a LoRA adapter, served by its base's runners
+        if not caller.is_admin:  # before its files are read: only within its prefixes
+            check_source(caller.tenant, await services.quotas.get(caller.tenant), spec.source)
+        weights_dir = services.settings.weights_dir
+        spec = await adapters.check_new_adapter(services.state, caller, spec, weights_dir)
     _check_bounds(spec)
     await _check_engine(services.state, spec)
     seal_env(services, body.env)  # refused before anything is stored
@@ -302,14 +320,15 @@ async def create_deployment(
             param="name",
         )
     await keep_first_env(services, spec, body.env)
-    if services.engines.entry_for(spec.source).prepares_weights:
+    if not spec.base and services.engines.entry_for(spec.source).prepares_weights:
         # The controller's preparer prefetches them, so the first cold start finds the
         # weights in the cache; until it reports, they are asked for.
         await services.state.set_deployment_status(
             spec.name, **WeightsStatus(WeightsState.PREPARING).fields()
         )
     await services.state.wake(spec.name)
-    services.catalog.warm(spec)  # its tokenizer, once the weights are ready
+    if not spec.base:
+        services.catalog.warm(spec)  # its tokenizer, once the weights are ready
     return await deployment_view(services.state, spec)
 
 
@@ -366,6 +385,7 @@ _TENANT_FIELDS = (
     "weights",
     "weights_progress",
     "cold_start_ms",
+    "base",
 )
 
 

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from ebb import tracing
 from ebb.errors import CapacityError, Conflict, InvalidRequest, NotFound, PermissionDenied
+from ebb.frontdoor.adapters import refuse_adapter
 from ebb.frontdoor.auth import CallerDep, RidingCallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.catalog import WEIGHTS_PREPARING
@@ -391,7 +392,9 @@ async def _view(services: Services, job_id: str) -> dict[str, Any]:
 
 async def _deployment(services: Services, caller: Caller, model: str) -> DeploymentSpec:
     # The job's attempts run on one version, picked by the traffic split.
-    return (await routed(services.state, caller, model)).spec
+    spec = (await routed(services.state, caller, model)).spec
+    refuse_adapter(spec, "jobs")
+    return spec
 
 
 @dataclass(frozen=True)

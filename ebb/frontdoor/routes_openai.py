@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ebb.errors import EbbError, InvalidRequest, JobError
 from ebb.frontdoor import tenancy
+from ebb.frontdoor.adapters import served_by_base
 from ebb.frontdoor.auth import CallerDep, calling
 from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
@@ -67,13 +68,16 @@ inference = APIRouter(prefix="/v1", route_class=RequestOnlyRoute)
 @router.get("/models")
 async def list_models(caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     specs = await tenancy.visible_deployments(services.state, caller)
-    return {"object": "list", "data": [await model_card(services.catalog, s) for s in specs]}
+    by_name = {s.name: s for s in await services.state.list_deployments()}
+    cards = [await model_card(services.catalog, s, by_name.get(s.base)) for s in specs]
+    return {"object": "list", "data": cards}
 
 
 @router.get("/models/{model_id}")
 async def retrieve_model(model_id: str, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     spec = await tenancy.visible_deployment(services.state, caller, model_id)
-    return await model_card(services.catalog, spec)
+    base = await services.state.get_deployment(spec.base) if spec.base else None
+    return await model_card(services.catalog, spec, base)
 
 
 class Answer(Protocol):
@@ -200,9 +204,11 @@ async def _serve_observed(
     body = _json_body(request)
     parsed = await answer.parse(body)
     route = await routed(services.state, caller, parsed.model, request.headers)
-    spec = route.spec
+    priced = route.spec  # the deployment named: its prices, even when its base serves it
     observed.deployment = parsed.model
-    observed.version = version_of(spec)
+    observed.version = version_of(priced)
+    route, adapter = await served_by_base(services.state, route, request.headers)
+    spec = route.spec
     require_generative(spec)
     # A full queue refuses at once: no tokenizing, no enqueue attempt (enqueue.lua checks
     # again, atomically, for requests that find room here).
@@ -226,9 +232,10 @@ async def _serve_observed(
         tenant=caller.tenant,
         enqueued_at_s=time.time(),
         key_id=caller.key_id,
-        price_per_1m_input_tokens_micros=spec.price_per_1m_input_tokens_micros,
-        price_per_1m_output_tokens_micros=spec.price_per_1m_output_tokens_micros,
+        price_per_1m_input_tokens_micros=priced.price_per_1m_input_tokens_micros,
+        price_per_1m_output_tokens_micros=priced.price_per_1m_output_tokens_micros,
         traceparent=observed.traceparent(),
+        adapter=adapter,
     )
     created_s = int(time.time())
     builder = prepared.builder(request_id, created_s)
@@ -298,7 +305,7 @@ async def _collect(
         elif isinstance(event, Failed):
             if await services.executor.rerun(running, event):
                 return await _collect(services, running, new_builder, reservation, observed)
-            raise JobError(f"The request failed while running: {event.message}", code=event.code)
+            raise _failure(event)
     raise JobError("the request ended without a result")
 
 
@@ -372,7 +379,16 @@ async def _stream_chunks(
                 ):
                     yield chunk
                 return
-            raise JobError(f"The request failed while running: {event.message}", code=event.code)
+            raise _failure(event)
+
+
+def _failure(event: Failed) -> EbbError:
+    """What a request that failed on its runner answers: a 400 when its LoRA adapter could
+    not be served (the deployment's input is at fault), else a failed job's error."""
+    message = f"The request failed while running: {event.message}"
+    if event.code == "invalid_adapter":
+        return InvalidRequest(message, param="model", code=event.code)
+    return JobError(message, code=event.code)
 
 
 # Bodies up to this size are rendered and tokenized on the event loop: a short prompt

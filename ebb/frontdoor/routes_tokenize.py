@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from ebb.errors import InvalidRequest
+from ebb.frontdoor.adapters import refuse_adapter
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.services import Services, ServicesDep
@@ -121,6 +122,7 @@ async def _model(
     """The deployment a request for `model` would run on (404 as chat gives it) and its
     tokenizer and context length, once its weights are ready."""
     spec = (await routed(services.state, caller, model)).spec
+    refuse_adapter(spec, "/tokenize and /detokenize")
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     info = await services.catalog.info(spec, wait_s=window_s)
     return spec, info.tokenizer, info.max_model_len

@@ -25,5 +25,6 @@ def read_deployments(client: redis.Redis) -> list[DeploymentSpec]:
 
 
 def read_serving_units(client: redis.Redis) -> list[DeploymentSpec]:
-    """Every deployment version that has traffic or may hold work, as its serving unit."""
-    return read_units(client, read_deployments(client))
+    """Every deployment version that has traffic or may hold work, as its serving unit
+    (LoRA adapters are none: their base's runners serve them, as `serving_units` says)."""
+    return read_units(client, [s for s in read_deployments(client) if not s.base])

@@ -24,6 +24,7 @@ JOBS = "jobs"  # labels: deployment, outcome
 WEBHOOK_DELIVERIES = "webhook_deliveries"  # labels: outcome
 WEIGHTS_FETCHED_BYTES = "weights_fetched_bytes"  # labels: source kind (s3, hf, gguf, ...)
 ENGINE_STALLS = "engine_stalls"  # labels: deployment (runners killed by their watchdog)
+ADAPTER_LOADS = "adapter_loads"  # labels: deployment (a LoRA adapter), base
 
 # Stream entries read per scrape round trip.
 _READ_BATCH = 1000

@@ -128,8 +128,10 @@ class PlatformState:
 
     async def serving_units(self) -> list[DeploymentSpec]:
         """What the controller scales: each version of each deployment that has traffic
-        or may hold work, as its own unit (`ebb.queue.versions`)."""
-        return await VersionStore(self.redis).units(await self.list_deployments())
+        or may hold work, as its own unit (`ebb.queue.versions`). LoRA adapters are none:
+        their base's runners serve them."""
+        specs = [s for s in await self.list_deployments() if not s.base]
+        return await VersionStore(self.redis).units(specs)
 
     async def serving_unit(self, unit: str) -> DeploymentSpec | None:
         """The spec of one serving unit (a deployment's version), None once deleted."""

@@ -17,8 +17,19 @@ from __future__ import annotations
 import hashlib
 from array import array
 
+from ebb.queue.schema import WorkItem
+
 BLOCK_TOKENS = 64
 PREFIX_TOKENS = 256
+
+
+def affinity_key(work: WorkItem) -> str:
+    """The key claim.lua matches `work` to a runner by: a LoRA adapter's request goes to
+    the runner that last claimed one of that adapter (it holds the adapter loaded, and
+    its KV blocks are the adapter's own), whatever its prompt; others by prompt prefix."""
+    if work.adapter is not None:
+        return "lora-" + work.adapter.uid
+    return prefix_key(work.prompt_token_ids)
 
 
 def prefix_key(prompt_token_ids: list[int]) -> str:

@@ -18,6 +18,7 @@ from ebb.queue.continuation import OutputSoFar, output_so_far
 from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.gpus import read_placement
 from ebb.queue.observations import (
+    ADAPTER_LOADS,
     ENGINE_STALLS,
     RunnerStats,
     counter_field,
@@ -292,7 +293,11 @@ class RunnerQueue:
     def _finish(self, ending: Ending, pipe: redis.client.Pipeline | None) -> bool:
         work = ending.work
         deployment, version = split_unit(work.deployment)
+        base = ""
+        if work.adapter is not None:  # billed to the adapter, on its own line
+            base, (deployment, version) = deployment, split_unit(work.adapter.name)
         usage = UsageRecord(
+            base=base,
             request_id=work.request_id,
             # Billed under the public name, so `ebb usage` sums a deployment's versions.
             deployment=deployment,
@@ -352,6 +357,19 @@ class RunnerQueue:
 
     def leave_pool(self) -> None:
         self._redis.srem(keys.STEMS, self.runner_id)
+
+    def adapter_loaded(self, adapter: str, base: str) -> None:
+        """LoRA adapter deployment `adapter` was loaded into this runner of `base` for a
+        request (a cold load, counted): whatever failure its status showed is over."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hincrbyfloat(keys.METRIC_COUNTERS, counter_field(ADAPTER_LOADS, (adapter, base)), 1)
+        pipe.hset(keys.deployment_status(adapter), "error", "")
+        pipe.execute()
+
+    def adapter_failed(self, adapter: str, error: str) -> None:
+        """Adapter `adapter` could not be served here: its deployment shows as failing,
+        with the reason, until a runner loads it."""
+        self._redis.hset(keys.deployment_status(adapter), "error", error)
 
     def stop_claiming(self, deployment: str) -> None:
         """This runner claims no more: the next request queued for `deployment` wakes the

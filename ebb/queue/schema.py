@@ -78,6 +78,16 @@ class ToolCallFormat(msgspec.Struct, kw_only=True, frozen=True):
     parallel: bool = True
 
 
+class AdapterRef(msgspec.Struct, kw_only=True, frozen=True):
+    """The adapter a work item runs with: its deployment (`name`, a unit name, billed
+    under its public name), identity and source, fetched through the runner's weight
+    cache."""
+
+    name: str
+    uid: str
+    source: str
+
+
 class WorkItem(msgspec.Struct, kw_only=True, frozen=True):
     request_id: str
     deployment: str
@@ -100,6 +110,9 @@ class WorkItem(msgspec.Struct, kw_only=True, frozen=True):
     # Its priority class (ebb.queue.priority): its key's, else its tenant's. It orders
     # claims and the engine's own scheduler where it has one.
     priority: str = "standard"
+    # A request for a LoRA adapter deployment: queued for its base's runners (`deployment`
+    # is the base's unit), which run it with this adapter. None: the base model itself.
+    adapter: AdapterRef | None = None
 
 
 class TopLogprob(msgspec.Struct, frozen=True):
@@ -208,6 +221,12 @@ class EngineSpec(msgspec.Struct, kw_only=True, frozen=True):
     accelerator: str | None = None
     # On a cluster: a runner pod's host memory; None: sized from the model's weights.
     host_memory_gib: float | None = None
+    # LoRA: the engine serves adapter deployments that name this one as their base.
+    # None: off, and the limits below take ebb.runners.adapters' defaults when it is on.
+    enable_lora: bool | None = None
+    max_loras: int | None = None  # adapters in one batch (resident on the device)
+    max_lora_rank: int | None = None  # the highest adapter rank it accepts
+    max_cpu_loras: int | None = None  # adapters kept loaded in host memory (LRU)
 
 
 class ServingOptions(msgspec.Struct, kw_only=True, frozen=True):
@@ -268,6 +287,11 @@ class DeploymentSpec(msgspec.Struct, kw_only=True):
     engine: EngineSpec = msgspec.field(default_factory=EngineSpec)
     serving: ServingOptions = msgspec.field(default_factory=ServingOptions)
     scaling: ScalingSpec = msgspec.field(default_factory=ScalingSpec)
+    # A LoRA adapter deployment: `source` is a PEFT adapter served by the runners of the
+    # deployment named `base` (of identity `base_uid`, bound at creation); it has no
+    # runners, queue or weights preparation of its own. "": a model of its own.
+    base: str = ""
+    base_uid: str = ""
 
 
 class RunnerState(enum.StrEnum):
@@ -357,6 +381,9 @@ class UsageRecord(msgspec.Struct, kw_only=True):
     ttft_ms: float | None = None
     # Per output token after the first, as the runner saw it (scaling policies' p90).
     tpot_ms: float | None = None
+    # An adapter's request (`deployment` is the adapter, billed at its prices): the base
+    # deployment whose runner served it ("" for a model's own request).
+    base: str = ""
 
 
 class ColdStartRecord(msgspec.Struct, kw_only=True):

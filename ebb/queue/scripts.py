@@ -22,7 +22,7 @@ from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoScriptError
 
 from ebb.queue import keys
-from ebb.queue.prefix import prefix_key
+from ebb.queue.prefix import affinity_key
 from ebb.queue.priority import score_offset_ms
 from ebb.queue.replies import reply_bytes, reply_int, reply_list, reply_text, reply_texts
 from ebb.queue.schema import WorkItem, encode
@@ -128,7 +128,7 @@ class QueueScripts:
                     depth_limit,
                     request_ttl_s,
                     keys.SIGNAL_LIST_MAX,
-                    prefix_key(work.prompt_token_ids),
+                    affinity_key(work),
                     score_offset_ms(work.priority),
                     shed_depth,
                 ],

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ebb.queue.schema import ChoiceDelta, SamplingSpec
-from ebb.runners.engine import EngineAdapter, EngineRequestError, EngineStats, StepOutput
+from ebb.runners.engine import (
+    EngineAdapter,
+    EngineRequestError,
+    EngineStats,
+    LoraAdapter,
+    StepOutput,
+)
 
 
 def split_inputs(prompt_token_ids: list[int], lengths: list[int]) -> list[list[int]]:
@@ -54,10 +60,15 @@ class EmbeddingInputs:
         sampling: SamplingSpec,
         continued: int = 0,
         priority: int = 1,
+        lora: LoraAdapter | None = None,
     ) -> None:
         lengths = sampling.embed_input_lengths
         if not (sampling.embed and lengths):
-            if continued:
+            if lora is not None:
+                self._engine.add_request(
+                    request_id, prompt_token_ids, sampling, continued, priority=priority, lora=lora
+                )
+            elif continued:
                 self._engine.add_request(
                     request_id, prompt_token_ids, sampling, continued, priority=priority
                 )

@@ -13,11 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ebb.engine_options import LoraLimits
 from ebb.queue.schema import ChoiceDelta, SamplingSpec
 
 
 class EngineRequestError(ValueError):
-    """The engine refused a request (bad parameters it alone could detect)."""
+    """The engine refused a request (bad parameters it alone could detect); `code` is the
+    request's failure code (ebb.errors')."""
+
+    code = "invalid_request"
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,16 @@ class EngineStats:
 
 
 @dataclass(frozen=True)
+class LoraAdapter:
+    """A LoRA adapter a request runs with: `name` and `int_id` identify it to the engine
+    (one id per adapter for the engine's life), `path` is its verified local copy."""
+
+    name: str
+    int_id: int
+    path: Path
+
+
+@dataclass(frozen=True)
 class EngineOptions:
     """What one engine build gets: the deployment's engine options (`EngineSpec`, None
     where it leaves the engine's own choice) and, on a GPU, its placement's share."""
@@ -65,6 +79,8 @@ class EngineOptions:
     gpu_memory_utilization: float | None = None
     # "embed": run the model as a pooling model (requests with SamplingSpec.embed only).
     task: str = "generate"
+    # LoRA on (requests may name a `LoraAdapter`), with these limits; None: off.
+    lora: LoraLimits | None = None
 
 
 class EngineAdapter(Protocol):
@@ -83,12 +99,15 @@ class EngineAdapter(Protocol):
         sampling: SamplingSpec,
         continued: int = 0,
         priority: int = 1,
+        lora: LoraAdapter | None = None,
     ) -> None:
         """`continued`: the last tokens of the prompt are this many of the request's own
         output so far (a continuation, see ebb.queue.continuation); its output goes on
         after them, and `sampling` counts only what is left to generate. `priority`: its
         class's rank (ebb.queue.priority.rank, 0 most urgent), for an engine whose
-        scheduler orders by it; others may ignore it."""
+        scheduler orders by it; others may ignore it. `lora`: run it with that adapter
+        (loaded on first use, kept LRU by the engine); an engine built without LoRA
+        refuses it (EngineRequestError)."""
         ...
 
     def abort(self, request_ids: Iterable[str]) -> None: ...

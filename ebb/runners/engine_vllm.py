@@ -22,12 +22,19 @@ from ebb.gpus.count import visible_gpu_count
 from ebb.queue.schema import ChoiceDelta, FinishReason, SamplingSpec, TokenLogprob, TopLogprob
 from ebb.runners import vllm_compat
 from ebb.runners.core_pinning import usable_core_count
-from ebb.runners.engine import EngineOptions, EngineRequestError, EngineStats, StepOutput
+from ebb.runners.engine import (
+    EngineOptions,
+    EngineRequestError,
+    EngineStats,
+    LoraAdapter,
+    StepOutput,
+)
 
 if TYPE_CHECKING:
     from vllm import PoolingParams, SamplingParams
     from vllm.engine.arg_utils import EngineArgs
     from vllm.logprobs import Logprob
+    from vllm.lora.request import LoRARequest
     from vllm.outputs import CompletionOutput, PoolingRequestOutput, RequestOutput
     from vllm.sampling_params import StructuredOutputsParams
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -115,6 +122,15 @@ def preload() -> None:
     _preloaded = True
 
 
+def _lora_request(lora: LoraAdapter | None) -> LoRARequest | None:
+    """vLLM's handle on an adapter: by its id vLLM keeps it loaded (LRU, max_cpu_loras)."""
+    if lora is None:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(lora.name, lora.int_id, str(lora.path))
+
+
 def _engine_args(options: EngineOptions, cuda: bool) -> EngineArgs:
     from vllm.engine.arg_utils import EngineArgs
 
@@ -129,6 +145,13 @@ def _engine_args(options: EngineOptions, cuda: bool) -> EngineArgs:
     if cuda and options.gpu_memory_utilization is not None:
         # The placement's share: a second runner on the device must pass vLLM's check.
         chosen["gpu_memory_utilization"] = options.gpu_memory_utilization
+    if options.lora is not None:
+        chosen |= {
+            "enable_lora": True,
+            "max_loras": options.lora.max_loras,
+            "max_lora_rank": options.lora.max_lora_rank,
+            "max_cpu_loras": options.lora.max_cpu_loras,
+        }
     if options.task == "embed":
         # An embedding deployment: vLLM's pooling runner, converting a generative
         # checkpoint into an embedding model (last-token pooling, normalized) if need be.
@@ -282,7 +305,9 @@ class VllmEngine:
         preload()
         cuda = _has_cuda()
         # On CPU: the KV cache size vLLM reads (GiB, instead of a memory-utilization share).
-        vllm_compat.apply_before_load(cuda=cuda, kv_cache_gib=options.kv_cache_gib)
+        vllm_compat.apply_before_load(
+            cuda=cuda, kv_cache_gib=options.kv_cache_gib, lora=options.lora is not None
+        )
         from vllm.v1.engine.llm_engine import LLMEngine
 
         with _phase("config"):
@@ -307,6 +332,7 @@ class VllmEngine:
         sampling: SamplingSpec,
         continued: int = 0,
         priority: int = 1,
+        lora: LoraAdapter | None = None,
     ) -> None:
         # A continuation's replayed output is prompt to vLLM: its detokenizer starts from
         # those tokens, so the first new token's text joins them as it would have.
@@ -327,7 +353,13 @@ class VllmEngine:
                 [TokensPrompt(prompt_token_ids=list(prompt_token_ids))]
             )
             # vLLM's priority scheduler: lower first, ties by arrival (FCFS within a class).
-            self._engine.add_request(request_id, engine_input, params, priority=priority)
+            self._engine.add_request(
+                request_id,
+                engine_input,
+                params,
+                priority=priority,
+                lora_request=_lora_request(lora),
+            )
         except (VLLMClientError, ValueError) as error:
             raise EngineRequestError(str(error)) from error
         self._requests[request_id] = _Request(sampling.logprobs, len(prompt_token_ids))

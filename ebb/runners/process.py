@@ -9,6 +9,7 @@ into the deployment's cold-start statistics.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -23,6 +24,7 @@ from pathlib import Path
 from ebb import tracing
 from ebb.billing.gpu import NoMeter, RunnerMeter, runner_meter
 from ebb.config import Settings
+from ebb.engine_options import lora_limits
 from ebb.engines import EngineRegistry
 from ebb.gpus import nvml
 from ebb.gpus.count import held_gpus, visible_gpu_count
@@ -35,7 +37,9 @@ from ebb.queue.gpus import SLEEPER_EXIT
 from ebb.queue.priority import critical_slots
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
+from ebb.queue.versions import public_name
 from ebb.runners import core_pinning, load_reserve, stall
+from ebb.runners.adapters import RunnerAdapters
 from ebb.runners.devices import use_placement
 from ebb.runners.embedding_inputs import EmbeddingInputs
 from ebb.runners.engine import EngineAdapter, EngineOptions
@@ -228,6 +232,9 @@ def _run(
     clock.lap("engine")
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
     loop.read_gpus = nvml.reader()
+    loop.adapters = _adapters(settings, spec)
+    loop.adapters.on_cold_load = functools.partial(_adapter_loaded, queue, public_name(spec.name))
+    loop.adapters.on_failure = functools.partial(_adapter_failed, queue)
     loop.jobs_beside_sync = jobs_beside_sync(settings.job_slots_beside_sync, visible_gpu_count())
     if core_pinning.pin_wanted(settings.engine_core_pin):
         loop.engine_thread_placement = functools.partial(
@@ -410,7 +417,33 @@ def engine_options(
         enforce_eager=engine.enforce_eager,
         gpu_memory_utilization=placement.gpu_memory_utilization if placement else None,
         task=spec.serving.task,
+        lora=lora_limits(engine),
     )
+
+
+def _adapters(settings: Settings, spec: DeploymentSpec) -> RunnerAdapters:
+    """The LoRA adapters this runner may serve, fetched into this host's weight cache."""
+    from ebb.weights_cache import CacheOptions
+
+    return RunnerAdapters(
+        settings.weights_dir,
+        limits=lora_limits(spec.engine),
+        base_source=spec.source,
+        cache_options=CacheOptions.from_settings(settings),
+    )
+
+
+# An adapter's metric and status: never worth failing the request that loaded it.
+
+
+def _adapter_loaded(queue: RunnerQueue, base: str, adapter: str) -> None:
+    with contextlib.suppress(*UNAVAILABLE_ERRORS):
+        queue.adapter_loaded(adapter, base)
+
+
+def _adapter_failed(queue: RunnerQueue, adapter: str, error: str) -> None:
+    with contextlib.suppress(*UNAVAILABLE_ERRORS):
+        queue.adapter_failed(adapter, error)
 
 
 def _load_engine(

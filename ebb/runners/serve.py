@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 
 from ebb import tracing
 from ebb.queue.continuation import remaining_sampling, replayable
@@ -49,8 +50,10 @@ from ebb.queue.schema import (
     Finished,
     Progress,
     RunnerState,
+    SamplingSpec,
     WorkItem,
 )
+from ebb.runners.adapters import RunnerAdapters
 from ebb.runners.core_pinning import Pin
 from ebb.runners.engine import EngineAdapter, EngineRequestError, StepOutput
 from ebb.runners.gpu_shares import GpuShares
@@ -169,6 +172,8 @@ class ServingLoop:
         # The figures of this runner's GPUs (NVML) for metrics; none on a CPU host. The
         # seam where a GPU inventory's reader plugs in.
         self.read_gpus: Callable[[], list[GpuDevice]] = list
+        # The LoRA adapters its requests name (a base's runner; see ebb.runners.adapters).
+        self.adapters = RunnerAdapters(Path(), limits=None)
         # Job slots while a synchronous request runs here (EBB_JOB_SLOTS_BESIDE_SYNC);
         # None: `job_slots` whatever runs. See `_job_limit`.
         self.jobs_beside_sync: int | None = None
@@ -352,15 +357,9 @@ class ServingLoop:
             self._continue(held)
             return
         try:
-            with self.engine_progress.calling():
-                self._engine.add_request(
-                    work.request_id,
-                    work.prompt_token_ids,
-                    work.sampling,
-                    priority=rank(work.priority),
-                )
+            self._add(work, work.prompt_token_ids, work.sampling)
         except EngineRequestError as e:
-            self._end(held, "failed", Failed(message=str(e), code="invalid_request"))
+            self._end(held, "failed", Failed(message=str(e), code=e.code))
 
     def _continue(self, held: Held) -> None:
         """Go on with a request another runner lost (or gave back): replay its output so
@@ -394,11 +393,27 @@ class ServingLoop:
         prompt = work.prompt_token_ids + so_far.token_ids
         sampling = remaining_sampling(work.sampling, so_far)
         try:
-            self._engine.add_request(
-                work.request_id, prompt, sampling, held.replayed, priority=rank(work.priority)
-            )
+            self._add(work, prompt, sampling, held.replayed)
         except EngineRequestError as e:
-            self._end(held, "failed", Failed(message=str(e), code="invalid_request"))
+            self._end(held, "failed", Failed(message=str(e), code=e.code))
+
+    def _add(
+        self, work: WorkItem, prompt: list[int], sampling: SamplingSpec, continued: int = 0
+    ) -> None:
+        """Into the engine's batch at its priority class's rank, with its LoRA adapter if
+        it names one (loaded here first, outside the engine call the stall watchdog
+        times)."""
+        lora = self.adapters.for_work(work)
+        priority = rank(work.priority)
+        with self.engine_progress.calling():
+            if lora is not None:
+                self._engine.add_request(
+                    work.request_id, prompt, sampling, continued, priority=priority, lora=lora
+                )
+            else:
+                self._engine.add_request(
+                    work.request_id, prompt, sampling, continued, priority=priority
+                )
 
     def _progress(self, held: Held, choices: list[ChoiceDelta]) -> Progress:
         held.published += 1

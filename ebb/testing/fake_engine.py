@@ -14,11 +14,19 @@ import re
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ebb.engine_options import LoraLimits
 from ebb.queue.schema import ChoiceDelta, FinishReason, SamplingSpec, TokenLogprob, TopLogprob
-from ebb.runners.engine import EngineOptions, EngineRequestError, EngineStats, StepOutput
+from ebb.runners.engine import (
+    EngineOptions,
+    EngineRequestError,
+    EngineStats,
+    LoraAdapter,
+    StepOutput,
+)
 from ebb.testing.fake_model import FAKE_JSON_REPLY, FAKE_REPLY, FakeModel
 
 
@@ -104,9 +112,13 @@ def _first_to_hang(name: str) -> bool:
 
 
 class FakeEngine:
-    def __init__(self, model: FakeModel, *, pooling: bool = False):
+    def __init__(self, model: FakeModel, *, pooling: bool = False, lora: LoraLimits | None = None):
         self.model = model
         self.pooling = pooling
+        # LoRA as vLLM models it: adapters loaded on first use, kept LRU (max_cpu_loras).
+        self.lora = lora
+        self.loaded_adapters: OrderedDict[int, str] = OrderedDict()
+        self.adapter_loads = 0
         self._embeddings: dict[str, tuple[int, list[float]]] = {}
         self._requests: dict[str, _Request] = {}
         # Prefix-cache figures as vLLM would count them, against the last few prompts.
@@ -126,7 +138,7 @@ class FakeEngine:
             time.sleep(model.load_s)  # simulates weight loading
         if model.fail:
             raise RuntimeError(f"fake engine {model.name} failed to load (fail=1)")
-        return cls(model, pooling=options.task == "embed")
+        return cls(model, pooling=options.task == "embed", lora=options.lora)
 
     def add_request(
         self,
@@ -135,6 +147,7 @@ class FakeEngine:
         sampling: SamplingSpec,
         continued: int = 0,
         priority: int = 1,
+        lora: LoraAdapter | None = None,
     ) -> None:
         """A continuation (`continued` > 0) answers as the uninterrupted request would
         have: the reply is chosen by the prompt without the replayed tokens, and goes on
@@ -155,6 +168,8 @@ class FakeEngine:
             return
         original = prompt_token_ids[: len(prompt_token_ids) - continued]
         reply = _reply(original, sampling)
+        if lora is not None:
+            reply = self._with_adapter(lora, reply)
         cached = self._count_prefix_hits(list(prompt_token_ids))
         request = _Request(
             prompt_tokens=len(prompt_token_ids),
@@ -165,6 +180,22 @@ class FakeEngine:
             _Choice(i, reply, continued, replayed=continued) for i in range(sampling.n)
         ]
         self._requests[request_id] = request
+
+    def _with_adapter(self, lora: LoraAdapter, reply: bytes) -> bytes:
+        """Load `lora` (LRU) and answer as it would: a plain reply starts with its name,
+        so each adapter answers differently, and always alike."""
+        if self.lora is None:
+            raise EngineRequestError("this engine runs without LoRA; it cannot serve adapters")
+        if lora.int_id in self.loaded_adapters:
+            self.loaded_adapters.move_to_end(lora.int_id)
+        else:
+            self.adapter_loads += 1
+            self.loaded_adapters[lora.int_id] = lora.name
+            while len(self.loaded_adapters) > self.lora.max_cpu_loras:
+                self.loaded_adapters.popitem(last=False)
+        if reply != (FAKE_REPLY * 8).encode():
+            return reply  # guided decoding's JSON, tool calls: the schema decides
+        return f"[{lora.name}] ".encode() + reply
 
     def _count_prefix_hits(self, prompt: list[int]) -> int:
         """The tokens of `prompt` found in the prefix cache (counted as vLLM's figures

@@ -76,6 +76,19 @@ class LocalModel:
     manifest_path: Path | None = None  # what `verify()` checks the files against
 
 
+@dataclass(frozen=True)
+class Layout:
+    """What a cache entry holds: `check(root)` refuses (WeightsError) a directory its
+    reader could not load, before it is published; `context_len(root)` is the
+    LocalModel's max_model_len (0 where that means nothing, e.g. an adapter)."""
+
+    check: Callable[[Path], object]
+    context_len: Callable[[Path], int]
+
+
+# A Hugging Face checkpoint vLLM loads: every model's layout.
+HF_LAYOUT = Layout(check_hf_layout, lambda root: max_model_len(read_config(root), root))
+
 # Sources whose current version is asked of a server that may be unreachable.
 _REMOTE = (SourceKind.S3, SourceKind.HF)
 # Each kind's backend reads that kind's Source class only; mypy cannot tie a key to its
@@ -101,9 +114,10 @@ class _Job:
     backend: Backend[Any]
     version: Version
     key: str
+    layout: Layout = HF_LAYOUT
 
     def model(self, root: Path, manifest: Manifest, entry_dir: Path) -> LocalModel:
-        context_len = max_model_len(read_config(root), root)
+        context_len = self.layout.context_len(root)
         return LocalModel(
             self.given, root, context_len, manifest.size_bytes, entry_dir / MANIFEST_NAME
         )
@@ -116,6 +130,7 @@ def ensure(
     *,
     options: CacheOptions | None = None,
     hold: bool = False,
+    layout: Layout = HF_LAYOUT,
 ) -> LocalModel:
     """A local HF-layout copy of `source`, prepared once per version and cached.
 
@@ -126,12 +141,13 @@ def ensure(
     Raises InvalidRequest for a source that is malformed (see `parse_source`),
     WeightsNotFound / WeightsAuthError / WeightsTransientError (after retries) from the
     remote, WeightsError when it cannot be prepared; nothing half-written is published.
+    `layout` is what the entry must hold (a LoRA adapter's: `ebb.weights_cache.adapters`).
     """
     options = options or CacheOptions()
     parsed = parse_source(source)
     store = Store(cache_dir)
     backend, version, key = _resolve(store, parsed, options)
-    job = _Job(source, parsed, backend, version, key)
+    job = _Job(source, parsed, backend, version, key, layout)
     held = store.hold(key) if hold else None
     try:
         model = _ensure_locked(store, job, progress, options)
@@ -315,7 +331,7 @@ def _build(
             hashed: Mapping[str, FileEntry] = {}
             if not in_place:
                 hashed = job.backend.fetch(job.source, job.version, staged, progress) or {}
-            check_hf_layout(root)
+            job.layout.check(root)
             names = model_files(root)
             fresh = hash_files(
                 root, [n for n in names if n not in hashed], progress, durable=not in_place

@@ -54,6 +54,9 @@ _online_lock = threading.Lock()
 _online_users = 0
 _saved_offline = False
 
+# A model's config.json, or a LoRA adapter's (served by a base; see weights_cache.adapters).
+_CONFIG_NAMES = frozenset({"config.json", "adapter_config.json"})
+
 
 @dataclass(frozen=True)
 class _HubFile:
@@ -127,7 +130,7 @@ class HfBackend:
             if isinstance(e, RepoFile) and wanted(e.path)
         ]
         names = {f.name for f in files}
-        if "config.json" not in names or not any(n.endswith(".safetensors") for n in names):
+        if _CONFIG_NAMES.isdisjoint(names) or not any(n.endswith(".safetensors") for n in names):
             shown = ", ".join(sorted(e.path for e in tree)[:12]) or "nothing"
             raise WeightsNotFound(
                 f"{source.uri} is not a checkpoint vLLM can serve from safetensors: it needs "

@@ -80,6 +80,9 @@ _AUTH_HINT = (
     "s3:ListBucket and s3:GetObject on this bucket"
 )
 
+# A model's config.json, or a LoRA adapter's (served by a base; see weights_cache.adapters).
+_CONFIG_NAMES = frozenset({"config.json", "adapter_config.json"})
+
 
 @dataclass(frozen=True)
 class _Object:
@@ -256,7 +259,7 @@ def _check_listing(source: S3Source, found: list[_Object], skipped: list[str]) -
             f"there are no objects under {source.uri}/ (bucket {source.bucket!r}, prefix "
             f"{source.list_prefix!r}); check the prefix, e.g. with `aws s3 ls {source.uri}/`"
         )
-    if "config.json" not in names or not any(n.endswith(".safetensors") for n in names):
+    if _CONFIG_NAMES.isdisjoint(names) or not any(n.endswith(".safetensors") for n in names):
         shown = ", ".join(sorted(names | set(skipped))[:12])
         raise WeightsNotFound(
             f"{source.uri}/ is not a checkpoint in Hugging Face layout: it needs config.json "

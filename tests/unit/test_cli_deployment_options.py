@@ -177,7 +177,7 @@ def test_scaling_is_sent_as_the_json_object_given(bodies: list[dict[str, Any]]) 
 def test_every_field_of_the_deployments_api_has_an_option() -> None:
     """A field added to POST /v1/deployments without an option fails here (name, source
     and env are `ebb deploy`'s own parameters)."""
-    options = (*opts.SETTINGS, *opts.ADMIN)
+    options = (*opts.SETTINGS, *opts.ADMIN, *opts.ADAPTER)
     top = {o.field for o in options if not o.section}
     assert top | {"name", "source", "env"} == set(DeploymentCreate.model_fields) - {
         "engine",

@@ -1,0 +1,174 @@
+"""LoRA adapter deployments through the whole platform (`ebb up`, fake engine): two
+adapters answer through one base runner, listed with their parent and billed on their
+own lines; bad adapters are refused at deploy saying what to change."""
+
+from __future__ import annotations
+
+import pytest
+from support import wait_until
+from support.billing import (
+    deploy,
+    ledger_caught_up,
+    new_key,
+    raw_usage,
+    tenant_client,
+    usage_total,
+)
+from support.lora import write_adapter
+from support.metrics import scrape
+
+pytestmark = pytest.mark.integration
+
+BASE = "lora-base"
+LORA_ON = {"engine": {"enable_lora": True, "max_loras": 2}}
+
+
+def _complete(admin, model: str, max_tokens: int = 12) -> dict:
+    body = {"model": model, "prompt": "Hi", "max_tokens": max_tokens, "temperature": 0}
+    response = admin.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.fixture(scope="module")
+def adapters(platform, admin, tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapters")
+    deploy(admin, BASE, "fake://lb?ctx=1024", idle_timeout_s=600, **LORA_ON)
+    prices = {"price_per_1m_input_tokens_micros": 7_000_000}
+    for name, rank in (("ad-one", 8), ("ad-two", 16)):
+        src = str(write_adapter(root / name, rank=rank))
+        deploy(admin, name, src, base=BASE, **prices)
+        prices = {"price_per_1m_input_tokens_micros": 9_000_000}
+    return root
+
+
+def test_two_adapters_answer_through_one_base_runner(admin, platform_redis, adapters):
+    # The base is at zero: the adapter's request wakes it.
+    one = _complete(admin, "ad-one")
+    two = _complete(admin, "ad-two")
+    base = _complete(admin, BASE)
+    assert one["choices"][0]["text"].startswith("[ad-one] ")
+    assert two["choices"][0]["text"].startswith("[ad-two] ")
+    assert not base["choices"][0]["text"].startswith("[")
+    assert one["model"] == "ad-one"
+    records = {r.request_id: r for r in raw_usage(platform_redis)}
+    served = [records[x["id"]] for x in (one, two, base)]
+    assert {r.runner_id for r in served} == {served[0].runner_id}, "one base runner"
+    assert [(r.deployment, r.base) for r in served] == [
+        ("ad-one", BASE),
+        ("ad-two", BASE),
+        (BASE, ""),
+    ]
+    runners = admin.get(f"/v1/deployments/{BASE}").json()["runners"]
+    assert len(runners) == 1
+    for name in ("ad-one", "ad-two"):  # nothing of their own: no runners, no preparation
+        view = admin.get(f"/v1/deployments/{name}").json()
+        assert view["runners"] == [] and view["weights"] == "unknown", view
+
+
+def test_adapters_are_listed_with_their_parent(admin, adapters):
+    models = {m["id"]: m for m in admin.get("/v1/models").json()["data"]}
+    assert models["ad-one"]["parent"] == BASE and models["ad-two"]["parent"] == BASE
+    assert models[BASE]["parent"] is None
+    assert admin.get("/v1/models/ad-one").json()["parent"] == BASE
+
+
+def test_adapters_are_billed_on_their_own_lines_at_their_own_prices(
+    admin, platform_redis, adapters
+):
+    _complete(admin, "ad-one")
+    wait_until(lambda: ledger_caught_up(platform_redis), 20, "the ledger to fold the usage")
+    rows = {r["deployment"]: r for r in usage_total(admin, group_by="deployment")["data"]}
+    one, two = rows["ad-one"], rows["ad-two"]
+    assert one["prompt_tokens"] and two["prompt_tokens"]
+    assert one["token_cost_micros"] == one["prompt_tokens"] * 7
+    assert two["token_cost_micros"] == two["prompt_tokens"] * 9
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "says"),
+    [
+        ({"base": "no-such-base"}, "base", "no deployment 'no-such-base'"),
+        ({"base": "lora-off"}, "base", "engine.enable_lora=true"),
+        ({"base": BASE, "adapter": {"rank": 64}}, "source", "max_lora_rank 16"),
+        ({"base": BASE, "adapter": {"targets": ("lm_head",)}}, "source", "targets lm_head"),
+        ({"base": BASE, "adapter": None}, "source", "no adapter_config.json"),
+        ({"base": BASE, "source": "gguf:x/y.gguf"}, "source", "directory peft"),
+    ],
+)
+def test_a_bad_adapter_is_refused_at_deploy_saying_what_to_change(
+    admin, adapters, tmp_path, fields, param, says
+):
+    if admin.get("/v1/deployments/lora-off").status_code == 404:
+        deploy(admin, "lora-off", "fake://off")
+    fields = dict(fields)
+    shape = fields.pop("adapter", {})
+    source = tmp_path / "bad"
+    source.mkdir()
+    if shape is not None:
+        write_adapter(source, **shape)
+    body = {"name": "ad-bad", "source": str(source), **fields}
+    response = admin.post("/v1/deployments", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and says in error["message"], error
+
+
+def test_jobs_for_an_adapter_are_refused_not_stranded(admin, adapters):
+    body = {"model": "ad-one", "endpoint": "completions", "body": {"prompt": "Hi", "max_tokens": 2}}
+    response = admin.post("/v1/jobs", json=body)
+    assert response.status_code == 400 and "adapter" in response.json()["error"]["message"]
+
+
+def test_ebb_deploy_makes_an_adapter_deployment(platform, admin, adapters):
+    source = write_adapter(adapters / "from-cli")
+    done = platform.cli("deploy", "ad-cli", "--base", BASE, "--source", str(source))
+    assert done.returncode == 0, done.stderr
+    view = admin.get("/v1/deployments/ad-cli").json()
+    assert view["base"] == BASE and view["source"] == str(source)
+    assert _complete(admin, "ad-cli")["choices"][0]["text"].startswith("[ad-cli] ")
+
+
+def test_a_new_version_cannot_make_or_change_an_adapter_unchecked(admin, adapters, tmp_path):
+    wide = str(write_adapter(tmp_path / "wide", rank=64))
+    for name in ("ad-one", BASE):
+        body = {"name": name, "source": wide, "base": BASE}
+        response = admin.post("/v1/deployments", json=body)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "base"
+    assert admin.get("/v1/deployments/ad-one").json()["source"] != wide
+
+
+def test_cold_loads_are_counted_per_adapter_on_metrics(admin, adapters):
+    _complete(admin, "ad-two")
+    loads = scrape(admin).value("ebb_adapter_loads_total", deployment="ad-two", base=BASE)
+    assert loads == 1  # loaded once, then kept by the runner (LRU)
+
+
+def test_an_adapter_broken_after_deploy_fails_its_request_and_shows_failing(
+    admin, adapters, tmp_path
+):
+    source = write_adapter(tmp_path / "breaks")
+    deploy(admin, "ad-breaks", str(source), base=BASE)
+    (source / "adapter_model.safetensors").unlink()
+    body = {"model": "ad-breaks", "prompt": "Hi", "max_tokens": 2}
+    response = admin.post("/v1/completions", json=body)
+    assert response.status_code == 400, response.text
+    assert "no adapter_model.safetensors" in response.json()["error"]["message"]
+    view = admin.get("/v1/deployments/ad-breaks").json()
+    assert view["status"] == "failing" and "adapter_model.safetensors" in view["error"]
+    write_adapter(source)  # fixed: the next request loads it, and the status clears
+    assert _complete(admin, "ad-breaks")["choices"][0]["text"].startswith("[ad-breaks] ")
+    view = admin.get("/v1/deployments/ad-breaks").json()
+    assert view["status"] != "failing" and view["error"] is None
+
+
+def test_a_tenants_adapter_path_is_checked_against_its_prefixes_before_it_is_read(
+    platform, admin, adapters
+):
+    tenant = tenant_client(platform, new_key(admin, "lora-t"))
+    body = {"name": "lora-t-probe", "base": BASE, "source": "/etc"}
+    response = tenant.post("/v1/deployments", json=body)
+    assert response.status_code == 403, response.text
+    error = response.json()["error"]
+    assert error["param"] == "source" and "may not deploy from any source" in error["message"]
