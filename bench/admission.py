@@ -1,7 +1,8 @@
 """Admission at speed: what one frontdoor admits and refuses, through the fake engine.
 
     .venv/bin/python -m bench.admission [--clients 16 64 --requests 2000 --burst 200]
-                                        [--bursts 5] [--workers 2]
+                                        [--bursts 5] [--workers 2] [--as-tenant]
+                                        [--budget-micros N]
 
 Admitted: closed-loop clients send non-streamed chat requests (one output token) to a
 deployment with one ready fake runner (step 0 ms, 256 slots); requests/s end to end and
@@ -14,6 +15,11 @@ The platform runs the test engines (EBB_TEST_ENGINES=1), on this machine's cores
 the load generator, so the numbers are for that whole machine. Beside each rate, the CPU
 milliseconds each process (frontdoor, runner, redis, controller) spent per request: on a
 busy machine those move far less than wall-clock rates do.
+
+With `--as-tenant` the requests carry a tenant's key rather than the admin key, so each
+one also passes its rate limits, priority class and spend cap (the admin key skips them);
+`--budget-micros N` gives that tenant a monthly budget of N micros, large enough that it
+never refuses, so the budget is reserved and settled on every request.
 
 With `--workers N` the platform's frontdoor runs N processes (EBB_FRONTDOOR_WORKERS),
 and a second, single-process frontdoor on the same Redis is measured against it in the
@@ -245,6 +251,16 @@ def _answers(url: str) -> bool:
         return False
 
 
+def tenant_key(admin: httpx.Client, budget_micros: int) -> str:
+    """A key of the tenant `bench` (deployments are public: it may call them), with a
+    monthly budget of `budget_micros` when above 0."""
+    key = admin.post("/v1/keys", json={"tenant": "bench"}).json()["key"]
+    if budget_micros:
+        budget = {"amount_micros": budget_micros, "period": "month"}
+        admin.put("/v1/tenants/bench/limits", json={"budget": budget}).raise_for_status()
+    return key
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[16, 64])
@@ -257,6 +273,8 @@ def main() -> None:
         default=1,
         help="EBB_FRONTDOOR_WORKERS; above 1, also compares against one process",
     )
+    parser.add_argument("--as-tenant", action="store_true", help="a tenant's key, not the admin's")
+    parser.add_argument("--budget-micros", type=int, default=0, help="with --as-tenant")
     args = parser.parse_args()
 
     platform = Platform(
@@ -264,7 +282,13 @@ def main() -> None:
         redis_url=None,
         env_extra={"EBB_TEST_ENGINES": "1", "EBB_FRONTDOOR_WORKERS": str(args.workers)},
     ).start()
-    results: dict = {"workers": args.workers, "admitted": [], "refused": None}
+    results: dict = {
+        "workers": args.workers,
+        "as_tenant": args.as_tenant,
+        "budget_micros": args.budget_micros,
+        "admitted": [],
+        "refused": None,
+    }
     try:
         with platform.admin() as admin:
             deploy(admin, "fast", source="fake://m?step_ms=0", min_replicas=1, max_concurrency=256)
@@ -276,7 +300,8 @@ def main() -> None:
                 admission_timeout_s=600,
             )
             wait_until(lambda: deployment(admin, "fast")["replicas"]["ready"] == 1, 60, "runner")
-        url, key = platform.base_url, platform.admin_key
+            key = tenant_key(admin, args.budget_micros) if args.as_tenant else platform.admin_key
+        url = platform.base_url
         asyncio.run(admitted(url, key, 4, 100))  # warm the frontdoor and the runner
         for clients in args.clients:
             row, cpu = cpu_ms_per_request(
