@@ -175,9 +175,12 @@ def adapter_job(record: JobRecord, target: JobTarget) -> JobRecord:
 
 
 def refuse_new_version(existing: DeploymentSpec, base: str | None) -> None:
-    """A 400 for a new version that is, or would make, an adapter: an adapter's checks
-    and binding to its base are made at creation only, so versions of adapters (and a
-    model turned adapter) are refused until they are checked as a new one is."""
+    """A 400 for a new version that is, or would make, an adapter. Checking a version's
+    source as `check_new_adapter` does would be easy; serving it is not: a version
+    shares its adapter's uid, which keys a runner's loaded adapters (`AdapterRef.uid`),
+    so a runner holding version 1 would answer for version 2; and a rollout waits for a
+    ready runner of the new version's unit (`ebb.queue.rollout.warmed`), which an adapter
+    never has. Until both are keyed by version, versions of adapters are refused."""
     if existing.base or base:
         raise InvalidRequest(
             f"{existing.name!r} cannot get a new version as an adapter: versions of LoRA "
