@@ -13,6 +13,7 @@ adapter's name and prices (the runner's usage record).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -21,9 +22,10 @@ from ebb.engine_options import LoraLimits, lora_limits
 from ebb.errors import InvalidRequest, NotFound
 from ebb.frontdoor import tenancy
 from ebb.frontdoor.caller import Caller
-from ebb.frontdoor.version_routing import ROUTE_KEY_HEADER, Routed
+from ebb.frontdoor.version_routing import ROUTE_KEY_HEADER, Routed, routed
+from ebb.queue.job_schema import JobRecord
 from ebb.queue.platform import PlatformState
-from ebb.queue.schema import AdapterRef, DeploymentSpec
+from ebb.queue.schema import AdapterRef, DeploymentSpec, WorkItem
 from ebb.queue.versions import pick_version, public_name, route_point
 from ebb.weights_cache import LocalDirSource, Source, SourceKind, parse_source
 from ebb.weights_cache.adapters import (
@@ -123,24 +125,66 @@ async def served_by_base(
     return Routed(spec=base, status=read.status, depth=read.depth), ref
 
 
+@dataclass(frozen=True)
+class JobTarget:
+    """Where a job (or a Batch API line) naming `named` runs: `spec` is the unit whose
+    queue and tokenizer it uses (an adapter's base), `named` prices it and names it, and
+    `adapter` (None for a plain deployment) is what the base's runner runs it with."""
+
+    spec: DeploymentSpec
+    named: DeploymentSpec
+    adapter: AdapterRef | None
+
+    @property
+    def batch_discount_pct(self) -> int:
+        """The Batch API's discount: the named deployment's, as its prices are."""
+        return self.named.serving.batch_discount_pct
+
+
+async def job_target(state: PlatformState, caller: Caller, model: str) -> JobTarget:
+    """The unit a job for `model` (which `caller` may call) runs on, picked by the traffic
+    split (its base's, for an adapter); the 404s of `routed` and `served_by_base`."""
+    route = await routed(state, caller, model)
+    served, adapter = await served_by_base(state, route)
+    return JobTarget(spec=served.spec, named=route.spec, adapter=adapter)
+
+
+def adapter_work(work: WorkItem, target: JobTarget) -> WorkItem:
+    """`work`, made for `target.spec`, carrying `target`'s adapter and priced at the
+    adapter's prices (a synchronous request's work item exactly); unchanged otherwise."""
+    if target.adapter is None:
+        return work
+    return msgspec.structs.replace(
+        work,
+        adapter=target.adapter,
+        price_per_1m_input_tokens_micros=target.named.price_per_1m_input_tokens_micros,
+        price_per_1m_output_tokens_micros=target.named.price_per_1m_output_tokens_micros,
+    )
+
+
+def adapter_job(record: JobRecord, target: JobTarget) -> JobRecord:
+    """A job record made for `target.spec`, run as `target`'s adapter and shown (`model`,
+    listing by model) under the adapter's name; unchanged for a plain deployment."""
+    if target.adapter is None:
+        return record
+    return msgspec.structs.replace(
+        record,
+        deployment=public_name(target.named.name),
+        work=adapter_work(record.work, target),
+    )
+
+
 def refuse_new_version(existing: DeploymentSpec, base: str | None) -> None:
-    """A 400 for a new version that is, or would make, an adapter: an adapter's checks
-    and binding to its base are made at creation only, so versions of adapters (and a
-    model turned adapter) are refused until they are checked as a new one is."""
+    """A 400 for a new version that is, or would make, an adapter. Checking a version's
+    source as `check_new_adapter` does would be easy; serving it is not: a version
+    shares its adapter's uid, which keys a runner's loaded adapters (`AdapterRef.uid`),
+    so a runner holding version 1 would answer for version 2; and a rollout waits for a
+    ready runner of the new version's unit (`ebb.queue.rollout.warmed`), which an adapter
+    never has. Until both are keyed by version, versions of adapters are refused."""
     if existing.base or base:
         raise InvalidRequest(
             f"{existing.name!r} cannot get a new version as an adapter: versions of LoRA "
             "adapter deployments are not supported yet. Delete it and deploy it again, or "
             "deploy the adapter under a new name.",
             param="base",
-        )
-
-
-def refuse_adapter(spec: DeploymentSpec, what: str) -> None:
-    """A 400 for an endpoint adapters do not serve yet (`what`)."""
-    if spec.base:
-        raise InvalidRequest(
-            f"{public_name(spec.name)!r} is a LoRA adapter of {spec.base!r}; {what} are not "
-            "served for adapters yet: use chat or completions, or the base model.",
-            param="model",
         )

@@ -19,9 +19,9 @@ import asyncio
 import logging
 
 from ebb.errors import CapacityError, EbbError, RateLimited
+from ebb.frontdoor.adapters import adapter_work, job_target
 from ebb.frontdoor.routes_jobs import decode_parked, first_attempt, prepare_job
 from ebb.frontdoor.services import Services
-from ebb.frontdoor.version_routing import routed
 from ebb.queue.connection import UNAVAILABLE_ERRORS
 from ebb.queue.job_schema import JobErrorInfo, JobStatus
 
@@ -52,9 +52,12 @@ async def queue_parked(services: Services, job_id: str) -> str:
         return "gone"
     payload, caller = decode_parked(record)
     try:
-        spec = (await routed(services.state, caller, payload.model)).spec
-        prepared = await prepare_job(services, spec, payload, 0.0)
-        work = first_attempt(caller, spec, prepared, job_id, traceparent=record.work.traceparent)
+        target = await job_target(services.state, caller, payload.model)
+        prepared = await prepare_job(services, target.spec, payload, 0.0)
+        work = first_attempt(
+            caller, target.spec, prepared, job_id, traceparent=record.work.traceparent
+        )
+        work = adapter_work(work, target)
         reservation = await services.limiter.reserve(caller, work)
     except (CapacityError, RateLimited):
         return "waiting"

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from ebb import tracing
 from ebb.errors import CapacityError, Conflict, InvalidRequest, NotFound, PermissionDenied
-from ebb.frontdoor.adapters import refuse_adapter
+from ebb.frontdoor.adapters import JobTarget, adapter_job, job_target
 from ebb.frontdoor.auth import CallerDep, RidingCallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.catalog import WEIGHTS_PREPARING
@@ -42,7 +42,6 @@ from ebb.frontdoor.routes_embeddings import (
 )
 from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.frontdoor.services import Services, ServicesDep
-from ebb.frontdoor.version_routing import routed
 from ebb.openai.response_builder import CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT
 from ebb.openai.schema import parse_chat_request, parse_completion_request
 from ebb.openai.translate import Prepared, prepare_chat, prepare_completion, require_generative
@@ -172,7 +171,8 @@ async def _submit(
         raise InvalidRequest(
             f"ttl_s must be at most {settings.job_max_ttl_s}; got {ttl_s}.", param="ttl_s"
         )
-    spec = await _deployment(services, caller, payload.model)
+    target = await _deployment(services, caller, payload.model)
+    spec = target.spec
     try:
         # No wait: weights still being prepared park the job rather than hold the client.
         prepared: _Queued | None = await prepare_job(services, spec, payload, 0.0)
@@ -197,6 +197,7 @@ async def _submit(
         traceparent=traceparent,
         job_id=job_id,
     )
+    record = adapter_job(record, target)
     submission = msgspec.json.encode(payload.model_dump(mode="json"), order="sorted")
     if prepared is None:
         # Parked: tokenized, reserved against the limits and queued by the parked-jobs
@@ -259,11 +260,13 @@ async def create_job(
     CapacityError (weights_preparing) when its weights are not ready within
     `weights_wait_s` (default: the deployment's admission window).
     """
-    spec = await _deployment(services, caller, payload.model)
+    target = await _deployment(services, caller, payload.model)
+    spec = target.spec
     prepared = await prepare_job(services, spec, payload, weights_wait_s)
     record = _new_record(caller, spec, payload, prepared, services.settings.job_max_attempts)
-    if batch and spec.serving.batch_discount_pct:
-        keep = 100 - spec.serving.batch_discount_pct
+    record = adapter_job(record, target)
+    if batch and target.batch_discount_pct:
+        keep = 100 - target.batch_discount_pct
         work = msgspec.structs.replace(
             record.work,
             price_per_1m_input_tokens_micros=record.work.price_per_1m_input_tokens_micros
@@ -390,11 +393,10 @@ async def _view(services: Services, job_id: str) -> dict[str, Any]:
     return job_view(record, status=status, deliveries=await services.deliveries.for_job(job_id))
 
 
-async def _deployment(services: Services, caller: Caller, model: str) -> DeploymentSpec:
-    # The job's attempts run on one version, picked by the traffic split.
-    spec = (await routed(services.state, caller, model)).spec
-    refuse_adapter(spec, "jobs")
-    return spec
+async def _deployment(services: Services, caller: Caller, model: str) -> JobTarget:
+    # The job's attempts run on one version, picked by the traffic split (an adapter's
+    # base's: ebb.frontdoor.adapters).
+    return await job_target(services.state, caller, model)
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,10 @@ serves them; `vllm bench serve` and guidellm call them there).
 prompt and generation prompt), both as `{count, max_model_len, tokens, token_strs}`;
 `{model, tokens}` gives `{prompt}`, the ids' text. The model is found as for chat: a
 caller tokenizes only with deployments it may call (another tenant's private one is 404),
-with the frontdoor's tokenizer, without a runner. `add_special_tokens` is honoured for a
-prompt; what ebb's tokenizer cannot do (`continue_final_message`, no generation prompt,
-token strings, special tokens around a rendered chat) is refused unless sent with vLLM's
-default.
+with the frontdoor's tokenizer, without a runner (a LoRA adapter: its base's).
+`add_special_tokens` is honoured for a prompt; what ebb's tokenizer cannot do
+(`continue_final_message`, no generation prompt, token strings, special tokens around a
+rendered chat) is refused unless sent with vLLM's default.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from ebb.errors import InvalidRequest
-from ebb.frontdoor.adapters import refuse_adapter
+from ebb.frontdoor.adapters import served_by_base
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.services import Services, ServicesDep
@@ -120,9 +120,10 @@ async def _model(
     services: Services, caller: Any, model: str
 ) -> tuple[DeploymentSpec, PromptTokenizer, int]:
     """The deployment a request for `model` would run on (404 as chat gives it) and its
-    tokenizer and context length, once its weights are ready."""
-    spec = (await routed(services.state, caller, model)).spec
-    refuse_adapter(spec, "/tokenize and /detokenize")
+    tokenizer and context length, once its weights are ready (an adapter's: its base's,
+    whose tokenizer and chat template its requests are rendered with)."""
+    route, _ = await served_by_base(services.state, await routed(services.state, caller, model))
+    spec = route.spec
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     info = await services.catalog.info(spec, wait_s=window_s)
     return spec, info.tokenizer, info.max_model_len

@@ -4,6 +4,8 @@ own lines; bad adapters are refused at deploy saying what to change."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from support import wait_until
 from support.billing import (
@@ -114,10 +116,91 @@ def test_a_bad_adapter_is_refused_at_deploy_saying_what_to_change(
     assert error["param"] == param and says in error["message"], error
 
 
-def test_jobs_for_an_adapter_are_refused_not_stranded(admin, adapters):
-    body = {"model": "ad-one", "endpoint": "completions", "body": {"prompt": "Hi", "max_tokens": 2}}
+def _records_of(platform_redis, deployment: str, request_id: str) -> list:
+    return [
+        r
+        for r in raw_usage(platform_redis)
+        if r.deployment == deployment and r.request_id.startswith(request_id)
+    ]
+
+
+def test_a_job_for_an_adapter_runs_on_its_base_billed_as_the_adapter(
+    admin, platform_redis, adapters
+):
+    body = {
+        "model": "ad-one",
+        "endpoint": "completions",
+        "body": {"prompt": "Hi", "max_tokens": 12},
+    }
     response = admin.post("/v1/jobs", json=body)
-    assert response.status_code == 400 and "adapter" in response.json()["error"]["message"]
+    assert response.status_code == 202, response.text
+    job_id = response.json()["id"]
+
+    def done() -> dict | None:
+        view = admin.get(f"/v1/jobs/{job_id}").json()
+        return view if view["status"] in ("succeeded", "failed", "expired") else None
+
+    job = wait_until(done, 60, f"job {job_id} to settle")
+    assert job["status"] == "succeeded", job
+    assert job["model"] == "ad-one"
+    assert job["result"]["choices"][0]["text"].startswith("[ad-one] ")
+    records = wait_until(
+        lambda: _records_of(platform_redis, "ad-one", job_id), 20, "the job's usage record"
+    )
+    assert [(r.base, r.price_per_1m_input_tokens_micros) for r in records] == [(BASE, 7_000_000)]
+    listed = admin.get("/v1/jobs", params={"model": "ad-one"}).json()["data"]
+    assert job_id in {j["id"] for j in listed}
+
+
+def test_a_batch_line_for_an_adapter_runs_as_the_adapter_at_its_discount(
+    admin, platform_redis, adapters
+):
+    source = str(write_adapter(adapters / "batched"))
+    serving = {"batch_discount_pct": 50}
+    deploy(admin, "ad-batch", source, base=BASE, serving=serving,
+           price_per_1m_input_tokens_micros=8_000_000)  # fmt: skip
+    line = {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"model": "ad-batch", "prompt": "Hi", "max_tokens": 12},
+    }
+    uploaded = admin.post(
+        "/v1/files",
+        files={"file": ("in.jsonl", json.dumps(line).encode() + b"\n")},
+        data={"purpose": "batch"},
+    )
+    assert uploaded.status_code == 200, uploaded.text
+    body = {"input_file_id": uploaded.json()["id"], "endpoint": "/v1/completions",
+            "completion_window": "24h"}  # fmt: skip
+    created = admin.post("/v1/batches", json=body)
+    assert created.status_code == 200, created.text
+    batch_id = created.json()["id"]
+
+    def settled() -> dict | None:
+        batch = admin.get(f"/v1/batches/{batch_id}").json()
+        return batch if batch["status"] in ("completed", "failed", "expired") else None
+
+    batch = wait_until(settled, 60, f"batch {batch_id} to settle")
+    assert batch["status"] == "completed" and batch["request_counts"]["failed"] == 0, batch
+    output = admin.get(f"/v1/files/{batch['output_file_id']}/content").text
+    answer = json.loads(output.splitlines()[0])["response"]["body"]
+    assert answer["choices"][0]["text"].startswith("[ad-batch] ")
+    records = wait_until(
+        lambda: _records_of(platform_redis, "ad-batch", ""), 20, "the line's usage record"
+    )
+    assert [(r.base, r.price_per_1m_input_tokens_micros) for r in records] == [(BASE, 4_000_000)]
+
+
+def test_tokenize_on_an_adapter_uses_its_bases_tokenizer(admin, adapters):
+    for path, field in (("/tokenize", "prompt"), ("/detokenize", "tokens")):
+        value = "Hello there" if field == "prompt" else [1, 2, 3]
+        answers = []
+        for model in ("ad-one", BASE):
+            response = admin.post(path, json={"model": model, field: value})
+            assert response.status_code == 200, response.text
+            answers.append(response.json())
+        assert answers[0] == answers[1]
 
 
 def test_ebb_deploy_makes_an_adapter_deployment(platform, admin, adapters):
