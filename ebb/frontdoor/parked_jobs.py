@@ -55,6 +55,7 @@ async def queue_parked(services: Services, job_id: str) -> str:
         spec = (await routed(services.state, caller, payload.model)).spec
         prepared = await prepare_job(services, spec, payload, 0.0)
         work = first_attempt(caller, spec, prepared, job_id, traceparent=record.work.traceparent)
+        work = await services.executor.stamp_priority(work)
         reservation = await services.limiter.reserve(caller, work)
     except (CapacityError, RateLimited):
         return "waiting"

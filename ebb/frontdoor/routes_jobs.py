@@ -197,6 +197,7 @@ async def _submit(
         traceparent=traceparent,
         job_id=job_id,
     )
+    record.work = await services.executor.stamp_priority(record.work)  # the caller's class
     submission = msgspec.json.encode(payload.model_dump(mode="json"), order="sorted")
     if prepared is None:
         # Parked: tokenized, reserved against the limits and queued by the parked-jobs
@@ -262,6 +263,7 @@ async def create_job(
     spec = await _deployment(services, caller, payload.model)
     prepared = await prepare_job(services, spec, payload, weights_wait_s)
     record = _new_record(caller, spec, payload, prepared, services.settings.job_max_attempts)
+    record.work = await services.executor.stamp_priority(record.work)  # the caller's class
     if batch and spec.serving.batch_discount_pct:
         keep = 100 - spec.serving.batch_discount_pct
         work = msgspec.structs.replace(
