@@ -5,6 +5,7 @@ and a tenant refused a deployment's priority is told what it may set."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -112,3 +113,29 @@ def test_a_tenant_refused_a_deployments_priority_is_told_what_it_may_set(platfor
     # Not the pricing and sharing commands: what a tenant may set, and what it may not.
     assert "ebb price" not in message and "ebb deployments share" not in message
     assert "may set" in message and "but not its priority" in message
+
+
+def test_a_batch_line_is_queued_in_its_callers_class(platform):
+    with platform.admin() as admin:
+        deploy(admin, "prio-batchq", source="fake://m?load_s=600", admission_timeout_s=600)
+        key = caller_key(admin, "prio-bcrit", "critical")
+    client = platform.openai(api_key=key)
+    line = {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "prio-batchq", "messages": MESSAGES, "max_tokens": 1},
+    }
+    uploaded = client.files.create(
+        file=("in.jsonl", json.dumps(line).encode() + b"\n"), purpose="batch"
+    )
+    client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    r = platform.redis()
+    queued = wait_until(
+        lambda: r.zrange(keys.job_queue("prio-batchq"), 0, -1, withscores=True),
+        60,
+        "the batch line's job queued",
+    )
+    assert [class_of_score(score) for _, score in queued] == ["critical"]
