@@ -30,7 +30,7 @@ from ebb import backoff
 from ebb.coldstart.estimate import retry_after_for
 from ebb.config import Settings
 from ebb.errors import CapacityError, JobError, NotFound
-from ebb.frontdoor.priority import AdmissionPriority
+from ebb.frontdoor.priority import AdmissionPriority, shed_message
 from ebb.queue.connection import UNAVAILABLE_ERRORS
 from ebb.queue.platform import PlatformState
 from ebb.queue.priority_store import PriorityStore
@@ -122,11 +122,24 @@ class Executor:
         """A priority class was set through this frontdoor: its next requests read it."""
         self._priority.forget()
 
-    async def refuse_if_full(self, spec: DeploymentSpec, queued: int) -> None:
-        """CapacityError (503 queue_full) when `queued` requests already fill the queue."""
+    async def stamp_priority(self, work: WorkItem) -> WorkItem:
+        """`work` in its caller's priority class (its key's, else its tenant's): what an
+        async job's attempts are queued in, as `admit` does for a synchronous request."""
+        return await self._priority.stamp(work)
+
+    async def refuse_if_full(
+        self, spec: DeploymentSpec, queued: int, *, key_id: str = "", tenant: str = ""
+    ) -> None:
+        """CapacityError (503 queue_full) when `queued` requests already fill the queue,
+        or (503 shed) when the caller (`key_id` of `tenant`) is sheddable and `queued`
+        reached its shed depth: `admit` would refuse it, after the tokenizing."""
         depth = spec.queue_depth_limit or self._settings.queue_depth_limit
         if queued >= depth:
             raise await self._queue_full(spec, depth)
+        shed_at = await self._priority.caller_shed_depth(key_id, tenant, depth)
+        if shed_at and queued >= shed_at:
+            message = shed_message(spec, shed_at, depth)
+            raise await self._capacity_error(spec, message, code="shed")
 
     async def _queue_full(self, spec: DeploymentSpec, depth: int) -> CapacityError:
         return await self._capacity_error(

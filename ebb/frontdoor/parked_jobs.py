@@ -58,6 +58,7 @@ async def queue_parked(services: Services, job_id: str) -> str:
             caller, target.spec, prepared, job_id, traceparent=record.work.traceparent
         )
         work = adapter_work(work, target)
+        work = await services.executor.stamp_priority(work)
         reservation = await services.limiter.reserve(caller, work)
     except (CapacityError, RateLimited):
         return "waiting"

@@ -35,10 +35,20 @@ class AdmissionPriority:
         """`work` in its key's class, else its tenant's, else standard."""
         if self._store is None:
             return work
-        return msgspec.structs.replace(work, priority=await self._class_of(self._store, work))
+        return msgspec.structs.replace(
+            work, priority=await self._class_of(self._store, work.key_id, work.tenant)
+        )
 
-    async def _class_of(self, store: PriorityStore, work: WorkItem) -> Priority:
-        caller = (work.key_id, work.tenant)
+    async def caller_shed_depth(self, key_id: str, tenant: str, depth_limit: int) -> int:
+        """`shed_depth` for a request of this caller not built yet (the early check,
+        before tokenizing); its class is read once and serves its `stamp` too."""
+        if self._store is None:
+            return 0
+        priority = await self._class_of(self._store, key_id, tenant)
+        return shed_depth(priority, depth_limit, self._shed_fraction)
+
+    async def _class_of(self, store: PriorityStore, key_id: str, tenant: str) -> Priority:
+        caller = (key_id, tenant)
         now = self._clock()
         known = self._known.get(caller)
         if known is not None and now - known[0] < _FRESH_S:
@@ -58,10 +68,14 @@ class AdmissionPriority:
         return shed_depth(work.priority, depth_limit, self._shed_fraction)
 
     def shed_message(self, work: WorkItem, spec: DeploymentSpec, depth_limit: int) -> str:
-        at = self.shed_depth(work, depth_limit)
-        return (
-            f"Shed: {spec.name!r} is saturated ({at} or more requests waiting of "
-            f"{depth_limit}) and this request's priority class is 'sheddable', refused "
-            "first so that critical and standard work can run. Retry after the indicated "
-            "time, or ask for a higher priority."
-        )
+        return shed_message(spec, self.shed_depth(work, depth_limit), depth_limit)
+
+
+def shed_message(spec: DeploymentSpec, at: int, depth_limit: int) -> str:
+    """Why a sheddable request was refused: `at` of `depth_limit` were waiting."""
+    return (
+        f"Shed: {spec.name!r} is saturated ({at} or more requests waiting of "
+        f"{depth_limit}) and this request's priority class is 'sheddable', refused "
+        "first so that critical and standard work can run. Retry after the indicated "
+        "time, or ask for a higher priority."
+    )

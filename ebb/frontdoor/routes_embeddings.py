@@ -139,8 +139,11 @@ async def embeddings(request: Request) -> JSONResponse:
     route = await routed(services.state, caller, req.model, request.headers)
     spec = route.spec
     require_embedding(spec, req.model)
-    # As for chat: a full queue refuses before the tokenizer is waited for or run.
-    await services.executor.refuse_if_full(spec, route.depth)
+    # As for chat: a full queue (or a saturated one, a sheddable caller) refuses before the
+    # tokenizer is waited for or run.
+    await services.executor.refuse_if_full(
+        spec, route.depth, key_id=caller.key_id, tenant=caller.tenant
+    )
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     model = await services.catalog.info(spec, wait_s=window_s)
     inputs = await asyncio.to_thread(tokenize_inputs, req, model.tokenizer, model.max_model_len)

@@ -198,6 +198,7 @@ async def _submit(
         job_id=job_id,
     )
     record = adapter_job(record, target)
+    record.work = await services.executor.stamp_priority(record.work)  # the caller's class
     submission = msgspec.json.encode(payload.model_dump(mode="json"), order="sorted")
     if prepared is None:
         # Parked: tokenized, reserved against the limits and queued by the parked-jobs
@@ -265,6 +266,7 @@ async def create_job(
     prepared = await prepare_job(services, spec, payload, weights_wait_s)
     record = _new_record(caller, spec, payload, prepared, services.settings.job_max_attempts)
     record = adapter_job(record, target)
+    record.work = await services.executor.stamp_priority(record.work)  # the caller's class
     if batch and target.batch_discount_pct:
         keep = 100 - target.batch_discount_pct
         work = msgspec.structs.replace(

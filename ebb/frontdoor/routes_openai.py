@@ -210,9 +210,11 @@ async def _serve_observed(
     route, adapter = await served_by_base(services.state, route, request.headers)
     spec = route.spec
     require_generative(spec)
-    # A full queue refuses at once: no tokenizing, no enqueue attempt (enqueue.lua checks
-    # again, atomically, for requests that find room here).
-    await services.executor.refuse_if_full(spec, route.depth)
+    # A full queue refuses at once, and a saturated one a sheddable caller: no tokenizing,
+    # no enqueue attempt (enqueue.lua checks again, atomically, for requests let through).
+    await services.executor.refuse_if_full(
+        spec, route.depth, key_id=caller.key_id, tenant=caller.tenant
+    )
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     model = await services.catalog.info(spec, wait_s=window_s)
     prepared: Prepared = await _off_loop_if_long(

@@ -99,17 +99,27 @@ async def managed_deployment(state: PlatformState, caller: Caller, name: str) ->
     return spec
 
 
+def _admin_only_message(field: str) -> str:
+    if field == "priority":
+        # A class decides which GPUs its runners may share and whose work waits: the
+        # admin's, for deployments and callers alike.
+        return (
+            "priority is set by the admin ('ebb deploy --priority'): a deployment's class "
+            "decides which GPUs its runners may share. A tenant may set its deployment's "
+            "source, scaling and serving settings, within its quota, but not its priority, "
+            "prices, visibility or sharing; the class its own requests are queued in comes "
+            "from its key's or tenant's limits, which the admin sets too. Leave it out."
+        )
+    return f"{field} is set by the admin ('ebb price', 'ebb deployments share'); leave it out."
+
+
 def check_fields(caller: Caller, given: dict[str, Any]) -> None:
     """Refuse, for a tenant, body fields that are the admin's (`given`: the fields sent)."""
     if caller.is_admin:
         return
     for field in ADMIN_ONLY_FIELDS:
         if given.get(field) is not None:
-            raise PermissionDenied(
-                f"{field} is set by the admin ('ebb price', 'ebb deployments share'); "
-                "leave it out.",
-                param=field,
-            )
+            raise PermissionDenied(_admin_only_message(field), param=field)
     serving = given.get("serving") or {}
     for field in ADMIN_ONLY_SERVING_FIELDS:
         if serving.get(field) is not None:

@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 
 from ebb.queue import keys
 from ebb.queue.job_schema import ANNOUNCED_PREFIX, TERMINAL_STATUSES, JobRecord
+from ebb.queue.priority import score_offset_ms
 from ebb.queue.replies import reply_int, reply_list, reply_text, reply_texts
 from ebb.queue.schema import WorkItem, encode
 from ebb.queue.scripts import Arg, register_async
@@ -62,8 +63,9 @@ class JobScripts:
         submission_digest: str,
         parked: bool = False,
     ) -> tuple[Submitted, str]:
-        """Store `record` (its hash `fields`) and queue its first attempt in the job
-        queue of the unit its work names (the version the traffic split picked), or,
+        """Store `record` (its hash `fields`) and queue its first attempt, in its work's
+        priority class, in the job queue of the unit its work names (the version the
+        traffic split picked), or,
         `parked`, in the parked set without an attempt; with an idempotency digest, a key
         seen before answers with its job id instead."""
         unit = record.work.deployment
@@ -92,6 +94,7 @@ class JobScripts:
                     encode(record.work),
                     keys.JOB_PREFIX,
                     "1" if parked else "",
+                    score_offset_ms(record.work.priority),
                     *_pairs(fields),
                 ],
             )
@@ -151,6 +154,7 @@ class JobScripts:
                         unit,
                         keys.SIGNAL_LIST_MAX,
                         encode(work),
+                        score_offset_ms(work.priority),
                         *_pairs(fields),
                     ],
                 )
@@ -197,6 +201,7 @@ class JobScripts:
                     keys.SIGNAL_LIST_MAX,
                     why,
                     record.attempt + 1,
+                    score_offset_ms(work.priority),
                 ],
             )
         )

@@ -231,7 +231,8 @@ JOB_ATTEMPT_TTL_S = 7 * 86400
 
 
 def job_queue(deployment: str) -> str:
-    """Sorted set of queued job attempts (request ids), scored by enqueue time (ms).
+    """Sorted set of queued job attempts (request ids), scored by enqueue time (ms) plus
+    their priority class's offset (ebb.queue.priority), as the synchronous queue is.
 
     Separate from the synchronous queue so that a runner takes jobs only when no
     synchronous request waits (see claim.lua)."""

@@ -165,12 +165,16 @@ class PlatformState:
         pipe.zcard(queue)
         for low, high in class_score_ranges():
             pipe.zrangebyscore(queue, low, f"({high}", start=0, num=1, withscores=True)
-        pipe.zcard(keys.job_queue(deployment))
-        pipe.zrange(keys.job_queue(deployment), 0, 0, withscores=True)
+        jobs = keys.job_queue(deployment)
+        pipe.zcard(jobs)
+        # Job attempts wait in classes too (job_submit.lua): the oldest of each class.
+        for low, high in class_score_ranges():
+            pipe.zrangebyscore(jobs, low, f"({high}", start=0, num=1, withscores=True)
         pipe.time()
-        depth, *heads, job_depth, oldest_job, (now_s, now_us) = await pipe.execute()
-        enqueued_ms = [enqueued_ms_of_score(head[0][1]) for head in heads if head]
-        enqueued_ms += [head[0][1] for head in (oldest_job,) if head]
+        depth, *replies, (now_s, now_us) = await pipe.execute()
+        classes = len(class_score_ranges())
+        heads, job_depth, job_heads = replies[:classes], replies[classes], replies[classes + 1 :]
+        enqueued_ms = [enqueued_ms_of_score(head[0][1]) for head in heads + job_heads if head]
         wait_s = 0.0
         if enqueued_ms:
             now_ms = int(now_s) * 1000 + int(now_us) / 1000

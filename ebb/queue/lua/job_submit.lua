@@ -9,7 +9,8 @@
 -- ARGV: 1 job id, 2 request id, 3 serving unit (the version the split picked), 4 job ttl ms (queued longer: expired),
 --       5 key ttl s, 6 idempotency value ('' without a key), 7 submission digest,
 --       8 signal list max, 9 work (json), 10 job key prefix, 11 parked ('1' or ''),
---       12.. job field, value pairs
+--       12 the class's score offset ms added to the attempt's score (see
+--       ebb/queue/priority.py and enqueue.lua), 13.. job field, value pairs
 -- Returns {1, job id} when created, {2, job id} when replayed, {3, job id} on conflict.
 if ARGV[6] ~= '' then
   local existing = redis.call('GET', KEYS[6])
@@ -25,7 +26,7 @@ if ARGV[6] ~= '' then
 end
 local now = now_ms()
 local ttl = tonumber(ARGV[5])
-redis.call('HSET', KEYS[1], unpack(ARGV, 12, #ARGV))
+redis.call('HSET', KEYS[1], unpack(ARGV, 13, #ARGV))
 local deadline = now + tonumber(ARGV[4])
 redis.call('HSET', KEYS[1], 'created_ms', now, 'expires_ms', deadline)
 redis.call('EXPIRE', KEYS[1], ttl)
@@ -36,9 +37,9 @@ if ARGV[11] == '1' then
   redis.call('ZADD', KEYS[9], now, ARGV[1])
 else
   redis.call('HSET', KEYS[2], 'work', ARGV[9], 'state', 'queued', 'deployment', ARGV[3],
-    'deadline_ms', deadline, 'enqueued_ms', now, 'job', ARGV[1])
+    'deadline_ms', deadline, 'enqueued_ms', now, 'job', ARGV[1], 'score_offset_ms', ARGV[12])
   redis.call('EXPIRE', KEYS[2], ttl)
-  redis.call('ZADD', KEYS[3], now, ARGV[2])
+  redis.call('ZADD', KEYS[3], now + tonumber(ARGV[12]), ARGV[2])
   wake_runners(KEYS[7], max)
 end
 wake_controller(KEYS[8], ARGV[3], max)

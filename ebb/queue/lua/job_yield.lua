@@ -1,7 +1,7 @@
 -- A runner gives back a job attempt it holds, so that a synchronous request waiting for a
 -- slot can have it (preemption): the attempt goes back to its deployment's job queue at
--- its first place in line, under the same id. What it generated stays on its events
--- stream, followed by a 'continued' event: the runner that claims it next replays that
+-- its first place in line (in its priority class, see enqueue.lua), under the same id.
+-- What it generated stays on its events stream, followed by a 'continued' event: the runner that claims it next replays that
 -- output and goes on (see ebb/queue/continuation.py), and the collector builds the job's
 -- result from the whole stream. Nothing was billed yet: usage is recorded once, when the
 -- attempt ends, counting every token. It keeps no admission deadline: it started within
@@ -14,7 +14,7 @@
 -- ARGV: 1 request id, 2 runner id, 3 signal list max, 4 '1' to keep its output
 -- Returns 1 when given back, 0 when it was not this runner's to give (or a cancel waits).
 local fields = redis.call('HMGET', KEYS[1], 'state', 'runner', 'cancel_requested', 'job',
-  'enqueued_ms', 'continuations')
+  'enqueued_ms', 'continuations', 'score_offset_ms')
 if fields[1] ~= 'claimed' or fields[2] ~= ARGV[2] or fields[3] == '1' or not fields[4] then
   return 0
 end
@@ -31,7 +31,7 @@ else
   redis.call('HDEL', KEYS[1], 'continued')
   redis.call('DEL', KEYS[2])
 end
-redis.call('ZADD', KEYS[4], tonumber(fields[5]) or 0, ARGV[1])
+redis.call('ZADD', KEYS[4], (tonumber(fields[5]) or 0) + (tonumber(fields[7]) or 0), ARGV[1])
 redis.call('ZREM', KEYS[6], fields[4])
 wake_runners(KEYS[5], tonumber(ARGV[3]))
 return 1
