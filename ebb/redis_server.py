@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -34,10 +35,15 @@ _STABLE_AFTER_S = 30.0
 _START_TIMEOUT_S = 30.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(*, avoid: Collection[int] = ()) -> int:
+    """A port nothing listens on now, never one of `avoid`: ports this platform binds only
+    later (the frontdoor's), which the kernel would hand out as free until then."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in avoid:
+            return port
 
 
 def redis_password(home: Path) -> str:
@@ -63,7 +69,8 @@ class EmbeddedRedis:
     _next_start_s: float = 0.0
 
     def __post_init__(self) -> None:
-        self.port = self.port or free_port()
+        # The frontdoor binds its port after Redis is up: Redis must not take it first.
+        self.port = self.port or free_port(avoid={self.settings.port})
         self._password = redis_password(self.settings.home)
 
     @property

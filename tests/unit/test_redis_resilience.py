@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from ebb.config import Settings
 from ebb.frontdoor import redis_down
 from ebb.queue.connection import retries_for
-from ebb.redis_server import PASSWORD_FILE, EmbeddedRedis
+from ebb.redis_server import PASSWORD_FILE, EmbeddedRedis, free_port
 
 
 @pytest.mark.parametrize("outage_s", [0.5, 5, 30])
@@ -35,6 +35,30 @@ def test_the_embedded_redis_password_is_generated_once_owner_only(tmp_path):
     assert f"requirepass {password}\n" in config and "appendfsync always\n" in config
     assert "bind 127.0.0.1\n" in config and "appendonly yes\n" in config
     assert first.url.endswith("@127.0.0.1:6390/0") and password in first.url
+
+
+def test_the_embedded_redis_never_takes_the_frontdoors_port(tmp_path, monkeypatch):
+    """`ebb up` starts Redis before the frontdoor binds its port, so the kernel may offer
+    that port as free: a bench once saw Redis take it and the frontdoor fail to bind."""
+    offered = iter([8123, 8123, 9001])
+
+    class Socket:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, address):
+            self.port = next(offered)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr("ebb.redis_server.socket.socket", Socket)
+    assert EmbeddedRedis(Settings(home=tmp_path, port=8123)).port == 9001
+    offered = iter([8123])
+    assert free_port() == 8123  # nothing to avoid: the first the kernel offers
 
 
 def _app(error: Exception) -> TestClient:
