@@ -5,6 +5,7 @@ does worse than the old one.
 Each pass, per deployment with an active rollout:
   1. warming: once the new version's unit has a READY runner, its first step's share
      goes to it (before that it takes no traffic, so nobody waits on its cold start);
+     a LoRA adapter's version at once (it has no runners: its base's serve it);
   2. scheduled (interval > 0): the usage records of the current step (the platform's own
      per-request outcomes and times to first token) are judged; the rollout rolls back
      at once when the new version is worse by more than the margins, and is promoted
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from ebb.queue.job_moves import JobMoves
 from ebb.queue.platform import PlatformState
 from ebb.queue.rollout import RolloutRefused, Verdict, health_of, judge, promote, rollback, warmed
-from ebb.queue.schema import RunnerState, UsageRecord
+from ebb.queue.schema import DeploymentSpec, RunnerState, UsageRecord
 from ebb.queue.version_store import VersionStore
 from ebb.queue.versions import TrafficSplit, unit_name
 
@@ -74,7 +75,7 @@ class RolloutDriver:
             scheduled.add(spec.name)
             try:
                 if rollout.state == "warming":
-                    await self._when_warm(spec.name, rollout.to_version)
+                    await self._when_warm(spec, rollout.to_version)
                 elif rollout.interval_s > 0:
                     await self._on_schedule(spec.name, split)
             except RolloutRefused:
@@ -98,11 +99,16 @@ class RolloutDriver:
                 moved = await self._moves.move_queued(unit, target)
                 log.info("coldstart: moved %d queued jobs from %s to %s", moved, unit, target)
 
-    async def _when_warm(self, name: str, version: int) -> None:
+    async def _when_warm(self, spec: DeploymentSpec, version: int) -> None:
+        """Traffic moves once the new version can answer: a ready runner of its own, or
+        at once for a LoRA adapter, which has none (its base's runners load it on its
+        first request, as they do any adapter's, and its base wakes for it)."""
+        name = spec.name
         unit = unit_name(name, version)
-        runners = await self._state.runners()
-        if not any(r.deployment == unit and r.state is RunnerState.READY for r in runners):
-            return
+        if not spec.base:
+            runners = await self._state.runners()
+            if not any(r.deployment == unit and r.state is RunnerState.READY for r in runners):
+                return
         now = self._clock()
         moved = await self._store.update_split(name, lambda s: warmed(s, now))
         log.info("coldstart: %s v%d is warm; traffic now %s", name, version, moved.weights)

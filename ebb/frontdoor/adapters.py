@@ -51,7 +51,15 @@ async def check_new_adapter(
             "`GET /v1/models` lists for you.",
             param="base",
         )
-    limits = _base_limits(spec, base)
+    _check_source(spec, base, _base_limits(spec, base), weights_dir)
+    return msgspec.structs.replace(spec, base_uid=base.uid, min_replicas=0)
+
+
+def _check_source(
+    spec: DeploymentSpec, base: DeploymentSpec, limits: LoraLimits, weights_dir: Path
+) -> None:
+    """The adapter's files against `base`, when the frontdoor can read them (a local
+    source; a remote one is checked by the runner that loads it)."""
     source = _adapter_source(spec.source)
     if isinstance(source, LocalDirSource):
         try:
@@ -61,7 +69,6 @@ async def check_new_adapter(
         except AdapterError as e:
             message = f"The adapter at {spec.source} cannot be served: {e.message}."
             raise InvalidRequest(message, param="source") from e
-    return msgspec.structs.replace(spec, base_uid=base.uid, min_replicas=0)
 
 
 def _base_limits(adapter: DeploymentSpec, base: DeploymentSpec) -> LoraLimits:
@@ -175,16 +182,32 @@ def adapter_job(record: JobRecord, target: JobTarget) -> JobRecord:
 
 
 def refuse_new_version(existing: DeploymentSpec, base: str | None) -> None:
-    """A 400 for a new version that is, or would make, an adapter. Checking a version's
-    source as `check_new_adapter` does would be easy; serving it is not: a version
-    shares its adapter's uid, which keys a runner's loaded adapters (`AdapterRef.uid`),
-    so a runner holding version 1 would answer for version 2; and a rollout waits for a
-    ready runner of the new version's unit (`ebb.queue.rollout.warmed`), which an adapter
-    never has. Until both are keyed by version, versions of adapters are refused."""
-    if existing.base or base:
+    """A 400 for a new version that would make an adapter of a model or move an adapter
+    to another base: a version keeps what its deployment is (`base` is the deployment's,
+    not a version's). A new version of an adapter names its base or leaves it out."""
+    if base and base != existing.base:
+        if existing.base:
+            why = f"it is an adapter of {existing.base!r}, and its versions keep that base"
+        else:
+            why = "it is a model of its own, and its versions cannot be LoRA adapters"
         raise InvalidRequest(
-            f"{existing.name!r} cannot get a new version as an adapter: versions of LoRA "
-            "adapter deployments are not supported yet. Delete it and deploy it again, or "
-            "deploy the adapter under a new name.",
+            f"{existing.name!r} cannot get a new version with base {base!r}: {why}. Leave "
+            "base out, or deploy the adapter under a new name.",
             param="base",
         )
+
+
+async def check_adapter_version(
+    state: PlatformState, spec: DeploymentSpec, weights_dir: Path
+) -> None:
+    """A new version of an adapter (`spec`, composed over its latest version): its source
+    gets the checks it got at creation, against the base it is bound to; InvalidRequest
+    naming `source` (or `base`, once that base is gone) with what to change."""
+    base = await state.get_deployment(spec.base)
+    if base is None or (spec.base_uid and base.uid != spec.base_uid):
+        raise InvalidRequest(
+            f"The base {spec.base!r} of the adapter {spec.name!r} was deleted; deploy the "
+            "adapter again under a new name on a base.",
+            param="base",
+        )
+    _check_source(spec, base, _base_limits(spec, base), weights_dir)

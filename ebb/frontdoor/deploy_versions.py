@@ -93,7 +93,9 @@ async def deploy_version(
         max_versions=max_versions,
     )
     unit = unit_name(existing.name, record.version)
-    if services.engines.entry_for(spec.source).prepares_weights:
+    # An adapter's version has no weights preparation of its own (its base's runners
+    # fetch it through their cache on its first request).
+    if not spec.base and services.engines.entry_for(spec.source).prepares_weights:
         await services.state.set_deployment_status(
             unit, **WeightsStatus(WeightsState.PREPARING).fields()
         )

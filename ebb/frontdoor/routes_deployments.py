@@ -344,6 +344,9 @@ async def _deploy_version(
         check_source(caller.tenant, quota, body.source)
 
     async def check(spec: DeploymentSpec) -> None:
+        if spec.base:  # a LoRA adapter's version: its files, as at creation
+            weights_dir = services.settings.weights_dir
+            await adapters.check_adapter_version(services.state, spec, weights_dir)
         _check_bounds(spec)
         await _check_engine(services.state, spec)
         if not caller.is_admin:

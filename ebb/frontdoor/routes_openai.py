@@ -204,7 +204,8 @@ async def _serve_observed(
     body = _json_body(request)
     parsed = await answer.parse(body)
     route = await routed(services.state, caller, parsed.model, request.headers)
-    priced = route.spec  # the deployment named: its prices, even when its base serves it
+    # The deployment named: its prices and version, even when its base serves it.
+    priced = route.spec
     observed.deployment = parsed.model
     observed.version = version_of(priced)
     route, adapter = await served_by_base(services.state, route, request.headers)
@@ -261,7 +262,7 @@ async def _serve_observed(
                 headers={
                     "Cache-Control": "no-cache",
                     "X-Request-Id": request_id,
-                    **version_headers(spec),
+                    **version_headers(priced),
                 },
             )
         result = await unless_disconnected(
@@ -278,7 +279,7 @@ async def _serve_observed(
         )
         return JSONResponse(
             await answer.whole(result),
-            headers={"X-Request-Id": request_id, **version_headers(spec)},
+            headers={"X-Request-Id": request_id, **version_headers(priced)},
         )
     except ClientGone:
         # Nobody is listening; 499 is what proxies log for a client that closed first.

@@ -18,6 +18,7 @@ import hashlib
 from array import array
 
 from ebb.queue.schema import WorkItem
+from ebb.queue.versions import adapter_version_key
 
 BLOCK_TOKENS = 64
 PREFIX_TOKENS = 256
@@ -25,10 +26,10 @@ PREFIX_TOKENS = 256
 
 def affinity_key(work: WorkItem) -> str:
     """The key claim.lua matches `work` to a runner by: a LoRA adapter's request goes to
-    the runner that last claimed one of that adapter (it holds the adapter loaded, and
+    the runner that last claimed one of that adapter's version (it holds it loaded, and
     its KV blocks are the adapter's own), whatever its prompt; others by prompt prefix."""
     if work.adapter is not None:
-        return "lora-" + work.adapter.uid
+        return "lora-" + adapter_version_key(work.adapter)
     return prefix_key(work.prompt_token_ids)
 
 

@@ -21,7 +21,7 @@ from typing import Literal
 
 import msgspec
 
-from ebb.queue.schema import DeploymentSpec
+from ebb.queue.schema import AdapterRef, DeploymentSpec
 
 # "@" is not allowed in deployment names, so a unit name is never a deployment's name.
 VERSION_SEPARATOR = _VERSION_SEP = "@v"
@@ -57,6 +57,15 @@ def split_unit(unit: str) -> tuple[str, int]:
 
 def public_name(unit: str) -> str:
     return split_unit(unit)[0]
+
+
+def adapter_version_key(ref: AdapterRef) -> str:
+    """What tells one version of a LoRA adapter from another: its versions share the
+    adapter's identity (`uid`) but not its files, so a runner keeps (and claiming's
+    affinity matches) each version apart. Version 1's key is the bare uid, as it was
+    before adapters had versions."""
+    version = split_unit(ref.name)[1]
+    return ref.uid if version == 1 else f"{ref.uid}{_VERSION_SEP}{version}"
 
 
 class VersionRecord(msgspec.Struct, kw_only=True, frozen=True):

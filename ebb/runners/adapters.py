@@ -24,7 +24,7 @@ from typing import Any
 from ebb.engine_options import LoraLimits
 from ebb.errors import WeightsError
 from ebb.queue.schema import AdapterRef, WorkItem
-from ebb.queue.versions import public_name
+from ebb.queue.versions import adapter_version_key, public_name
 from ebb.runners.engine import EngineRequestError, LoraAdapter
 from ebb.weights_cache import CacheOptions, LocalModel, release
 from ebb.weights_cache.adapters import (
@@ -53,7 +53,8 @@ class RunnerAdapters:
     limits: LoraLimits | None
     base_source: str = ""
     cache_options: CacheOptions | None = None
-    # adapter uid -> (what the engine gets, the held cache entry), least recent first.
+    # adapter version key (`adapter_version_key`: versions share a uid, not files) ->
+    # (what the engine gets, the held cache entry), least recent first.
     _kept: OrderedDict[str, tuple[LoraAdapter, LocalModel]] = field(default_factory=OrderedDict)
     _next_id: int = 1
     _base_config: dict[str, Any] | None = None
@@ -75,9 +76,10 @@ class RunnerAdapters:
                 f"the base runs without LoRA; deploy it with engine.enable_lora=true to "
                 f"serve the adapter {public_name(ref.name)!r}"
             )
-        kept = self._kept.get(ref.uid)
+        key = adapter_version_key(ref)
+        kept = self._kept.get(key)
         if kept is not None:
-            self._kept.move_to_end(ref.uid)
+            self._kept.move_to_end(key)
             return kept[0]
         try:
             return self._load(ref, self.limits)
@@ -99,9 +101,10 @@ class RunnerAdapters:
         except WeightsError as e:
             release(local)
             raise AdapterUnavailable(f"the adapter {name!r} cannot be served: {e.message}") from e
-        adapter = LoraAdapter(name=name, int_id=self._next_id, path=local.path)
+        # The engine gets the unit's name (`NAME@vN`): vLLM tells adapters apart by name.
+        adapter = LoraAdapter(name=ref.name, int_id=self._next_id, path=local.path)
         self._next_id += 1
-        self._kept[ref.uid] = (adapter, local)
+        self._kept[adapter_version_key(ref)] = (adapter, local)
         self.cold_loads += 1
         if self.on_cold_load is not None:
             self.on_cold_load(name)

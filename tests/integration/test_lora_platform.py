@@ -214,11 +214,11 @@ def test_ebb_deploy_makes_an_adapter_deployment(platform, admin, adapters):
 
 def test_a_new_version_cannot_make_or_change_an_adapter_unchecked(admin, adapters, tmp_path):
     wide = str(write_adapter(tmp_path / "wide", rank=64))
-    for name in ("ad-one", BASE):
+    for name, param in (("ad-one", "source"), (BASE, "base")):
         body = {"name": name, "source": wide, "base": BASE}
         response = admin.post("/v1/deployments", json=body)
         assert response.status_code == 400, response.text
-        assert response.json()["error"]["param"] == "base"
+        assert response.json()["error"]["param"] == param
     assert admin.get("/v1/deployments/ad-one").json()["source"] != wide
 
 
