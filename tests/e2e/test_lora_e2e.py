@@ -70,9 +70,9 @@ def _run_all(engine, adapters, made, names: list[str | None]) -> dict[str, list[
         lora = None if name is None else adapters.for_work(_work(made, name))
         engine.add_request(f"{name}-{i}", made["prompt"], sampling, lora=lora)
     tokens: dict[str, list[int]] = defaultdict(list)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600  # a hang guard, not a timing check
     while engine.has_unfinished():
-        assert time.monotonic() < deadline, "engine still busy after 120 s"
+        assert time.monotonic() < deadline, "engine still busy after 600 s"
         for output in engine.step():
             for choice in output.choices:
                 tokens[output.request_id.rsplit("-", 1)[0]] += choice.token_ids
@@ -93,12 +93,18 @@ def test_a_random_adapter_answers_differently_and_as_transformers_peft(engine, a
 
 
 def test_one_batch_mixes_the_base_and_its_adapters(engine, adapters, made):
+    """Each request of a mixed batch answers as it does alone. Compared on the first
+    tokens: a batch of three sums in another order than a batch of one, which may part
+    two greedy answers later on a near tie (a clean CI run once saw it). On CPU the bug
+    this guards against answered the base's request as the last loaded adapter (random)
+    from its first token."""
     alone = {
-        name: _run_all(engine, adapters, made, [name])[str(name)]
+        str(name): _run_all(engine, adapters, made, [name])[str(name)][:FIRST_TOKENS]
         for name in (None, "zero", "random")
     }
+    assert alone["None"] != alone["random"]  # else the comparison below proves nothing
     together = _run_all(engine, adapters, made, [None, "zero", "random"])
-    assert together == {str(k): v for k, v in alone.items()}
+    assert {name: tokens[:FIRST_TOKENS] for name, tokens in together.items()} == alone
 
 
 def test_an_adapter_above_the_bases_rank_is_refused_with_the_reason(adapters, made):
