@@ -1,4 +1,5 @@
-// Deploy a model: the form, then the weight prefetch and the first cold start as they happen.
+// Deploy a model: the form, then the weight prefetch and the first cold start as they happen
+// (a LoRA adapter has neither: it loads into its base's runner on its first request).
 
 import { fetchSchema } from "../api.js";
 import {
@@ -33,6 +34,8 @@ function readForm(form, prices) {
     source: value("source").value.trim(),
     ...readScaling(form),
   };
+  const base = value("base").value.trim();
+  if (base) body.base = base;
   readPrices(form, prices, body);
   readEngine(form, body);
   readOptions(form, body);
@@ -54,7 +57,9 @@ function checkLocally(form, body) {
     showFieldError(
       form,
       "source",
-      "Enter where the weights come from, e.g. gguf:PACKAGE/FILE.gguf or a local directory.",
+      body.base
+        ? "Enter the PEFT adapter directory: a local directory, s3:// or hf://."
+        : "Enter where the weights come from, e.g. gguf:PACKAGE/FILE.gguf or a local directory.",
     );
     ok = false;
   }
@@ -70,6 +75,7 @@ function checkLocally(form, body) {
 
 // `ebb deploy` flags by API field: the hint after a deploy is the same deployment as a command.
 const FLAGS = {
+  base: "--base",
   min_replicas: "--min",
   max_replicas: "--max",
   idle_timeout_s: "--idle-timeout",
@@ -129,11 +135,17 @@ export async function render(ctx) {
     ctx.api.get("/v1/deployments", { signal: ctx.signal }).catch(() => ({ data: [] })),
   ]);
   const prices = priceFields(schema);
-  const sources = [...new Set(list.data.map((d) => d.source))];
+  const sources = [...new Set(list.data.map((d) => d.source).filter(Boolean))];
   const datalist = h(
     "datalist",
     { id: "known-sources" },
     sources.map((src) => h("option", { value: src })),
+  );
+  // An adapter's base is a model, never another adapter.
+  const bases = h(
+    "datalist",
+    { id: "known-bases" },
+    list.data.filter((d) => !d.base).map((d) => h("option", { value: d.name })),
   );
   const submit = h("button", { type: "submit", class: "button primary" }, "Deploy");
   const form = h(
@@ -159,8 +171,19 @@ export async function render(ctx) {
         spellcheck: "false",
         hint: "Where the weights come from: gguf:PACKAGE/FILE.gguf, a local directory, …",
       }),
+      field({
+        label: "Base deployment",
+        param: "base",
+        list: "known-bases",
+        autocomplete: "off",
+        spellcheck: "false",
+        hint:
+          "Optional. Makes this a LoRA adapter of that deployment (one with LoRA on): " +
+          "Source is then the PEFT adapter directory, and the base's runners serve it.",
+      }),
     ),
     datalist,
+    bases,
     h(
       "fieldset",
       {},
@@ -189,7 +212,8 @@ export async function render(ctx) {
     submit.textContent = "Deploying…";
     try {
       const created = await ctx.api.post("/v1/deployments", body, { signal: ctx.signal });
-      clear(area, progressPanel(ctx, created), cliHint(cliCommand(body)));
+      const base = created.base || body.base;
+      clear(area, progressPanel(ctx, created, base), cliHint(cliCommand(body)));
     } catch (error) {
       if (error.name === "AbortError") return;
       showFormError(form, error);
@@ -302,7 +326,27 @@ function coldStartStep(s, d, seen) {
   }
 }
 
-function progressPanel(ctx, created) {
+/** An adapter has no weights to prefetch nor runners to start: its base's runner loads it. */
+function adapterStep(s, base, d) {
+  if (d?.error) {
+    s.set("failed", "failing", h("p", { class: "error" }, d.error));
+    return;
+  }
+  s.set(
+    "waiting",
+    "on first request",
+    h(
+      "p",
+      {},
+      "Registered as a LoRA adapter of ",
+      h("code", {}, base),
+      `: it loads into ${base}'s runner on its first request (a base at zero is woken by it), ` +
+        "with no weights or cold start of its own.",
+    ),
+  );
+}
+
+function progressPanel(ctx, created, base) {
   const name = created.name;
   const version = created.deployed_version;
   const createdStep = step("created", version > 1 ? "Version created" : "Deployment created");
@@ -319,13 +363,18 @@ function progressPanel(ctx, created) {
   );
   const weights = step("weights", "Weights prefetch");
   const cold = step("cold-start", "First cold start");
+  const adapter = step("adapter", `Served by ${base}`);
   const seen = new Map();
-  const title = h("h2", { id: "deploy-progress-title" }, `Deploying ${name}`);
+  const title = h(
+    "h2",
+    { id: "deploy-progress-title" },
+    base ? `${name} is registered` : `Deploying ${name}`,
+  );
   const panel = h(
     "section",
     { class: "card", "aria-labelledby": "deploy-progress-title" },
     title,
-    h("ol", { class: "steps" }, createdStep.el, weights.el, cold.el),
+    h("ol", { class: "steps" }, createdStep.el, ...(base ? [adapter.el] : [weights.el, cold.el])),
     h(
       "div",
       { class: "actions" },
@@ -341,10 +390,15 @@ function progressPanel(ctx, created) {
       ),
     ),
   );
+  if (base) adapterStep(adapter, base, created);
   ctx.every(1000, async () => {
     const d = await ctx.api.get(`/v1/deployments/${encodeURIComponent(name)}`, {
       signal: ctx.signal,
     });
+    if (base) {
+      adapterStep(adapter, base, d);
+      return;
+    }
     weightsStep(weights, d);
     coldStartStep(cold, d, seen);
     title.textContent = d.status === "ready" ? `${name} is ready` : `Deploying ${name}`;

@@ -21,11 +21,24 @@ function statusCell(d) {
   );
 }
 
+const detailLink = (name) => h("a", { href: `#/deployments/${encodeURIComponent(name)}` }, name);
+
+/** The name, and for a LoRA adapter the base deployment whose runners serve it. */
+function nameCell(d) {
+  if (!d.base) return detailLink(d.name);
+  return h(
+    "div",
+    { class: "status-cell" },
+    detailLink(d.name),
+    h("span", { class: "sub", dataset: { base: d.base } }, "adapter of ", detailLink(d.base)),
+  );
+}
+
 function deploymentsTable(rows, minute, today) {
   const columns = [
     {
       label: "Name",
-      cell: (d) => h("a", { href: `#/deployments/${encodeURIComponent(d.name)}` }, d.name),
+      cell: nameCell,
     },
     { label: "Status", cell: statusCell },
     ...replicaStates(rows).map((s) => ({

@@ -256,6 +256,17 @@ export async function render(ctx) {
     clear(status, badge(d.status));
     clear(
       meta,
+      ...(d.base
+        ? [
+            "LoRA adapter of ",
+            h(
+              "a",
+              { href: `#/deployments/${encodeURIComponent(d.base)}`, dataset: { base: d.base } },
+              d.base,
+            ),
+            " (served by its runners) · ",
+          ]
+        : []),
       ...(d.source ? ["Source ", h("code", {}, d.source), " · "] : []),
       `created ${fmtTime(d.created_at_s)} · ${d.min_replicas}–${d.max_replicas} replicas · idle timeout ${d.idle_timeout_s} s`,
       engineSummary(d),
