@@ -203,7 +203,7 @@ def thread_count_is_ours() -> bool:
     return "OMP_NUM_THREADS" in _defaulted
 
 
-def _env_default(name: str, values: Mapping[str, str], without: str) -> Patch:
+def _env_default(name: str, values: Mapping[str, str], without: str, *, once: bool = True) -> Patch:
     # Optional: vLLM works without any of these defaults, only slower or less quietly.
     return Patch(
         name=name,
@@ -211,15 +211,20 @@ def _env_default(name: str, values: Mapping[str, str], without: str) -> Patch:
         check=lambda: _vllm_reads(*values),
         install=_set_defaults(values),
         without=without,
+        once=once,
     )
 
 
 # The engine core runs in this process: ~12 s to a ready engine instead of ~31 s for
-# three processes that each import vLLM again.
+# three processes that each import vLLM again. Read at each engine build, so it is set
+# again before each CPU build (`apply_before_load`): a process whose environment was reset since
+# its first build (a test module's teardown) would otherwise build the next engine in
+# other processes, where this module's patches of vLLM's functions do not reach.
 IN_PROCESS_ENGINE_CORE = _env_default(
     "in-process-engine-core",
     {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
     "the engine core runs in processes that import vLLM again (slower starts)",
+    once=False,
 )
 
 # Runners are offline and disposable; usage reporting would only try the network.
@@ -673,6 +678,13 @@ _SHRINK_PARAMETERS = ("inputs", "lora_b_weights", "output_tensor", "lora_indices
 
 
 def _lora_shrink_check() -> str | None:
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+        # The guard patches functions in this process; an engine core in another one
+        # would run vLLM's own, and answer base requests with an adapter.
+        return (
+            "the engine core would run in another process (VLLM_ENABLE_V1_MULTIPROCESSING "
+            "is not 0), which this patch does not reach; leave the variable unset"
+        )
     lora_ops, punica_cpu = _lora_torch_ops()
     return callable_with(lora_ops, "bgmv_shrink", _SHRINK_PARAMETERS) or callable_with(
         punica_cpu, "bgmv_shrink", _SHRINK_PARAMETERS
@@ -680,6 +692,9 @@ def _lora_shrink_check() -> str | None:
 
 
 def _without_lora_rows_zeroed(shrink: Callable[..., None]) -> Callable[..., None]:
+    if getattr(shrink, "_ebb_base_rows_unadapted", False):
+        return shrink  # already guarded (the patch is checked at every LoRA engine build)
+
     @functools.wraps(shrink)
     def shrink_adapted_rows_only(
         inputs: Any,
@@ -694,6 +709,7 @@ def _without_lora_rows_zeroed(shrink: Callable[..., None]) -> Callable[..., None
             rows = min(output_tensor.shape[0], unadapted.shape[0])
             output_tensor[:rows][unadapted[:rows]] = 0  # their expand then adds nothing
 
+    shrink_adapted_rows_only._ebb_base_rows_unadapted = True  # type: ignore[attr-defined]
     return shrink_adapted_rows_only
 
 
@@ -716,6 +732,7 @@ LORA_BASE_ROWS_UNADAPTED = Patch(
     check=_lora_shrink_check,
     install=_install_lora_shrink_guard,
     without="a base model's requests batched with LoRA adapters' would run with an adapter",
+    once=False,  # the engine core's process is checked at each build
 )
 
 
@@ -727,6 +744,7 @@ def apply_before_load(*, cuda: bool, kv_cache_gib: int, lora: bool = False) -> N
     """
     if cuda:
         return
+    apply(IN_PROCESS_ENGINE_CORE)
     apply(cpu_kv_cache_space(kv_cache_gib))
     apply(IN_PROCESS_MODEL_INSPECTION)
     if lora:

@@ -181,6 +181,24 @@ def test_on_cuda_a_load_patches_nothing(isolated):
     assert vllm_compat.applied() == {}
 
 
+def test_each_cpu_load_keeps_the_engine_core_in_this_process(isolated):
+    """A process whose environment was reset after its first engine (a test module's
+    teardown) built the next one in other processes, where the LoRA guard (patched here)
+    does not run: base requests batched beside adapters answered as an adapter."""
+    vllm_compat.set_process_env()
+    os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+    vllm_compat.apply_before_load(cuda=False, kv_cache_gib=1)
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def test_the_lora_guard_refuses_an_engine_core_it_cannot_reach(isolated, monkeypatch):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # an operator's own value
+    problem = vllm_compat.LORA_BASE_ROWS_UNADAPTED.check()
+    assert problem is not None and "another process" in problem
+    with pytest.raises(vllm_compat.VllmPatchError, match="lora-base-rows-unadapted"):
+        vllm_compat.apply(vllm_compat.LORA_BASE_ROWS_UNADAPTED)
+
+
 def test_model_inspection_runs_in_process(isolated):
     original = isolated.registry._run_in_subprocess
     if original is vllm_compat._call_here:
