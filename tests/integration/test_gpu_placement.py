@@ -165,6 +165,10 @@ def test_engine_options_through_the_cli_and_api(admin, platform):
         "enforce_eager": None,
         "accelerator": None,
         "host_memory_gib": None,
+        "enable_lora": None,
+        "max_loras": None,
+        "max_lora_rank": None,
+        "max_cpu_loras": None,
     }
     shown = platform.cli("deployments", "show", "opts")
     assert shown.returncode == 0, shown.stderr
