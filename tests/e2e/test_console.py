@@ -11,26 +11,15 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 from support import REPO_ROOT, Platform, real_engine_platform
+from support.console import chromium, console_page, sign_in
 
 from ebb.config import DEFAULT_MODEL_SOURCE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 SHOTS = REPO_ROOT / "test-output" / "console"
-CHROMIUM = "/usr/bin/chromium"
-# Headless and quiet: this machine has no network beyond loopback, and chromium's background
-# services would otherwise keep trying to reach Google.
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 NAME = "smol"
 WIDE = {"width": 1280, "height": 800}
 NARROW = {"width": 390, "height": 844}
@@ -45,11 +34,8 @@ def platform(default_local_model) -> Iterator[Platform]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with chromium(SHOTS) as b:
         yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")
@@ -59,21 +45,12 @@ def script_errors() -> list[str]:
 
 @pytest.fixture(scope="module")
 def page(browser, platform, script_errors) -> Iterator[Page]:
-    context = browser.new_context(viewport=WIDE)
-    p = context.new_page()
-    p.on("pageerror", lambda e: script_errors.append(str(e)))
-    p.goto(platform.base_url + "/console")
-    yield p
-    context.close()
+    with console_page(browser, platform.base_url, script_errors, viewport=WIDE) as p:
+        yield p
 
 
 def shot(page: Page, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
-
-
-def sign_in(page: Page, key: str) -> None:
-    page.get_by_label("API key").fill(key)
-    page.get_by_role("button", name="Sign in").click()
 
 
 def go(page: Page, link: str) -> None:

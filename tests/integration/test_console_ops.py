@@ -12,27 +12,15 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 from support import REPO_ROOT, Platform, deploy, temp_home, wait_until
+from support.console import WIDE, chromium, console_page, sign_in
 
 from ebb.logtail import runner_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 SHOTS = REPO_ROOT / "test-output" / "console-ops"
-CHROMIUM = "/usr/bin/chromium"
-# Headless and quiet: no network beyond loopback here, and chromium's background services
-# would otherwise keep trying to reach Google.
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-WIDE = {"width": 1280, "height": 900}
 CHAT = "chat"
 SLOW = "slow"
 EMBED = "emb"
@@ -71,11 +59,8 @@ def deployed(admin) -> None:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with chromium(SHOTS) as b:
         yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")
@@ -85,15 +70,8 @@ def script_errors() -> list[str]:
 
 @pytest.fixture(scope="module")
 def page(browser, platform, deployed, script_errors) -> Iterator[Page]:
-    context = browser.new_context(viewport=WIDE)
-    p = context.new_page()
-    p.on("pageerror", lambda e: script_errors.append(str(e)))
-    p.goto(platform.base_url + "/console")
-    p.get_by_label("API key").fill(platform.admin_key)
-    p.get_by_role("button", name="Sign in").click()
-    expect(p.get_by_text("Signed in with the admin key")).to_be_visible()
-    yield p
-    context.close()
+    with console_page(browser, platform.base_url, script_errors, admin_key=platform.admin_key) as p:
+        yield p
 
 
 def shot(page: Page, name: str) -> None:
@@ -273,8 +251,7 @@ def test_a_tenant_deploys_its_own_model_within_the_quota_the_admin_set(
 
     tenant = browser.new_context(viewport=WIDE).new_page()
     tenant.goto(platform.base_url + "/console")
-    tenant.get_by_label("API key").fill(key["key"])
-    tenant.get_by_role("button", name="Sign in").click()
+    sign_in(tenant, key["key"])
     expect(tenant.get_by_text("Signed in with a tenant key")).to_be_visible()
     tenant.get_by_role("navigation", name="Main").get_by_role(
         "link", name="Deploy", exact=True

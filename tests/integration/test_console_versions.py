@@ -11,24 +11,15 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 from support import REPO_ROOT, Platform, deploy, temp_home, wait_until
+from support.console import chromium, console_page
 
 from ebb.secrets import new_key as new_secrets_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 SHOTS = REPO_ROOT / "test-output" / "console-ops"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 NAME = "ver"
 
 
@@ -45,25 +36,15 @@ def platform() -> Iterator[Platform]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with chromium(SHOTS) as b:
         yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")
 def page(browser, platform) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    p = context.new_page()
     errors: list[str] = []
-    p.on("pageerror", lambda e: errors.append(str(e)))
-    p.goto(platform.base_url + "/console")
-    p.get_by_label("API key").fill(platform.admin_key)
-    p.get_by_role("button", name="Sign in").click()
-    expect(p.get_by_text("Signed in with the admin key")).to_be_visible()
-    yield p
-    context.close()
+    with console_page(browser, platform.base_url, errors, admin_key=platform.admin_key) as p:
+        yield p
     assert errors == []
 
 
