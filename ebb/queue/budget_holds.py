@@ -72,6 +72,9 @@ class BudgetHolds:
     async def _with_requests(self, ids: list[str]) -> list[HeldRequest]:
         raws = await self._redis.hmget(keys.BUDGET_HOLDS, ids)
         holds = [msgspec.json.decode(r, type=BudgetHoldRecord) for r in raws if r is not None]
+        orphans = [i for i, r in zip(ids, raws, strict=True) if r is None]
+        if orphans:  # settled between the two reads: its time is all that is left
+            await self._redis.zrem(keys.BUDGET_HOLDS_AT, *orphans)
         owners = sorted({h.owner for h in holds})
         pipe = self._redis.pipeline(transaction=False)
         for h in holds:
