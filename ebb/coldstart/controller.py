@@ -36,6 +36,7 @@ import msgspec
 
 from ebb.backoff import delay_s
 from ebb.billing.gpu import meter_for
+from ebb.coldstart.budget_reaper import BudgetReaper
 from ebb.coldstart.clock import SYSTEM_CLOCK, Clock
 from ebb.coldstart.decision_log import DecisionLog
 from ebb.coldstart.executor import DecidedSpecs, Executor
@@ -96,6 +97,7 @@ class Controller:
         decisions: DecisionLog | None = None,
         nodes: NodeLauncher | None = None,
         scaling: ScalingSource | None = None,
+        budget_reaper: BudgetReaper | None = None,
     ):
         """`warm`: where forked starts come from (none: every launch is fresh);
         `gpu_meter`: closes dead runners' GPU metering when `settings.metering` is on;
@@ -107,9 +109,12 @@ class Controller:
         `nodes`: the cluster's nodes, for the plan to prefer one (`launchers.node_source`;
         none: the launcher's scheduler places every runner);
         `scaling`: what the deployments' scaling policies measure (none: only the
-        queue-only rule and the schedule act)."""
+        queue-only rule and the schedule act);
+        `budget_reaper`: settles the spend-cap reservations of dead frontdoors in the
+        reap pass (none: they are left to their period)."""
         self._settings = settings
         self._state = state
+        self._budget_reaper = budget_reaper
         self._launcher = launcher
         self._warm = warm or NoWarmStarts()
         self._policy = policy
@@ -237,6 +242,8 @@ class Controller:
         reaped = await self._state.reap_expired_leases(restart_grace_s=self._settings.lease_ttl_s)
         if reaped:
             log.warning("coldstart: leases expired for %s", reaped)
+        if self._budget_reaper is not None:
+            await self._budget_reaper.maybe_reap()
 
     async def reconcile(self) -> None:
         """Collect exits, read the world, plan, log the plan, apply it."""

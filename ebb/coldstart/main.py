@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
+from ebb.coldstart.budget_reaper import BudgetReaper
 from ebb.coldstart.controller import Controller
 from ebb.coldstart.decision_log import DecisionLog
 from ebb.coldstart.executor import DecidedSpecs
@@ -22,7 +23,10 @@ from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.process_guard import exit_when_orphaned
 from ebb.process_memory import start_memory_reporter
+from ebb.queue.budget_holds import BudgetHolds
+from ebb.queue.budgets import BudgetStore
 from ebb.queue.connection import async_client
+from ebb.queue.delivery_store import delivery_record_ttl_s
 from ebb.queue.gpus import GpuState
 from ebb.queue.leader_lease import LeaderLease
 from ebb.queue.metering import GpuMeterScript
@@ -62,6 +66,15 @@ async def _main(settings: Settings) -> None:
         decisions=DecisionLog(settings.logs_dir),
         nodes=node_source(settings, launcher),
         scaling=RedisScalingSource(state),
+        budget_reaper=BudgetReaper(
+            BudgetHolds(client),
+            BudgetStore(
+                client,
+                delivery_ttl_s=delivery_record_ttl_s(
+                    settings.webhook_give_up_s, settings.job_retention_s
+                ),
+            ),
+        ),
     )
     preparer = Preparer(settings, state, EngineRegistry.from_settings(settings))
     rollouts = RolloutDriver(state)

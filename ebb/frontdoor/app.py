@@ -43,6 +43,7 @@ from ebb.frontdoor import (
 from ebb.frontdoor.body import BodyGuard
 from ebb.frontdoor.errors_http import error_response, install_input_error_handlers
 from ebb.frontdoor.hot_routes import ShortcutFastAPI
+from ebb.frontdoor.liveness import keep_alive
 from ebb.frontdoor.services import build_services
 from ebb.process_memory import start_memory_reporter
 from ebb.queue.connection import UNAVAILABLE_ERRORS
@@ -79,8 +80,9 @@ def create_app(settings: Settings) -> FastAPI:
         parked = asyncio.create_task(
             parked_jobs.watch_parked_jobs(services, interval_s=settings.job_poll_s * 4)
         )
+        alive = asyncio.create_task(keep_alive(services.redis, services.instance))
         yield
-        for task in (watcher, parked):
+        for task in (watcher, parked, alive):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

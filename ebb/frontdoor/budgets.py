@@ -7,6 +7,11 @@ when either has not that much left this period. When it ends the reservation is 
 by what it really cost (the engine's counts, else the prompt and the tokens streamed) or,
 if it never ran, given back. Because every admission holds its worst case, the spend of
 all frontdoors together never passes a budget. The admin key has no budget.
+
+A synchronous request's reservation is registered as a hold owned by this frontdoor
+process (`owner`, which heartbeats while it runs): if the process dies before settling,
+the controller's budget reaper settles it (ebb.coldstart.budget_reaper). A job's travels
+in its job record to the collector instead.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from dataclasses import dataclass
 
 from ebb.billing.pricing import format_micros, token_cost_micros
 from ebb.errors import InsufficientQuota
+from ebb.frontdoor.budget_presence import BudgetPresence
 from ebb.frontdoor.caller import Caller
 from ebb.queue.budget_periods import iso, resets_at
-from ebb.queue.budget_schema import BudgetReservation
+from ebb.queue.budget_schema import BudgetHoldRecord, BudgetReservation
 from ebb.queue.budgets import BudgetOutcome, BudgetStore
 from ebb.queue.ratelimits import key_subject, tenant_subject
 from ebb.queue.schema import WorkItem
@@ -73,23 +79,49 @@ class BudgetHold:
 
 
 class BudgetGate:
-    def __init__(self, store: BudgetStore):
+    def __init__(
+        self, store: BudgetStore, *, owner: str = "", presence: BudgetPresence | None = None
+    ):
+        """`owner`: this frontdoor process's id, as `beat_frontdoor` renews it;
+        `presence`: which callers have no budget, to skip the script for (none: never)."""
         self._store = store
+        self._owner = owner
+        self._presence = presence
 
     async def reserve(self, caller: Caller, work: WorkItem) -> BudgetHold | None:
         """Reserve `work`'s maximum cost; None when no budget applies (or the admin).
         Raises InsufficientQuota (429) when a budget has not that much left."""
         if caller.is_admin:
             return None
+        key, tenant = key_subject(caller.key_id), tenant_subject(caller.tenant)
+        if self._presence is not None and not await self._presence.applies(key, tenant):
+            return None
         cost = max_cost_micros(work)
         now_s = time.time()
-        key, tenant = key_subject(caller.key_id), tenant_subject(caller.tenant)
-        outcome = await self._store.reserve(key, tenant, cost, now_s=now_s)
+        outcome = await self._store.reserve(
+            key, tenant, cost, now_s=now_s, hold=self._hold(work, cost, now_s)
+        )
         if outcome.status == "refused":
             raise InsufficientQuota(refusal_message(outcome, cost, now_s))
         if outcome.reservation is None:
             return None
         return BudgetHold(self._store, work, outcome.reservation)
+
+    def _hold(self, work: WorkItem, cost: int, now_s: float) -> BudgetHoldRecord | None:
+        """What the reaper needs to settle `work` without us (none for a job)."""
+        if work.job_id:
+            return None
+        return BudgetHoldRecord(
+            request_id=work.request_id,
+            tenant=work.tenant,
+            owner=self._owner,
+            reserved_micros=cost,
+            reserved_at_s=now_s,
+            price_in=work.price_per_1m_input_tokens_micros,
+            price_out=work.price_per_1m_output_tokens_micros,
+            subjects=[],
+            spend_keys=[],
+        )
 
 
 def refusal_message(outcome: BudgetOutcome, cost: int, now_s: float) -> str:

@@ -65,6 +65,8 @@ async def apply_budget(services: Services, subject: str, body: BudgetFields) -> 
     """Store what the body says of the subject's budget (nothing when it leaves it out)."""
     if "budget" in body.model_fields_set:
         await services.budgets.set_budget(subject, body.budget.budget() if body.budget else None)
+        if services.budget_presence is not None:
+            services.budget_presence.forget()  # this frontdoor applies it at once
 
 
 async def apply_tenant_settings(services: Services, tenant: str, body: TenantFields) -> None:

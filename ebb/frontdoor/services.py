@@ -7,6 +7,9 @@ as authentication) takes it as a `ServicesDep` parameter instead of reading
 
 from __future__ import annotations
 
+import os
+import socket
+import uuid
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -15,6 +18,7 @@ from fastapi import Depends, Request
 
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
+from ebb.frontdoor.budget_presence import BudgetPresence
 from ebb.frontdoor.budgets import BudgetGate
 from ebb.frontdoor.catalog import ModelCatalog
 from ebb.frontdoor.draining import Drain
@@ -24,6 +28,7 @@ from ebb.frontdoor.metrics import Metrics
 from ebb.frontdoor.ratelimit import RateLimiter
 from ebb.home import resolve_admin_key
 from ebb.queue.batch_store import BatchStore
+from ebb.queue.budget_presence import BudgetPresenceReads
 from ebb.queue.budgets import BudgetStore
 from ebb.queue.connection import async_client, short_command_client
 from ebb.queue.delivery_store import DeliveryStore, delivery_record_ttl_s
@@ -61,6 +66,11 @@ class Services:
     files: FileStore
     stream_views: StreamViews
     budgets: BudgetStore
+    # This process's id while it heartbeats (keys.frontdoor_alive): it owns the budget
+    # reservations it makes, which the controller settles if it dies (budget_holds).
+    instance: str = ""
+    # Which callers have a budget (None: every request runs the reserve script).
+    budget_presence: BudgetPresence | None = None
     drain: Drain = field(default_factory=Drain)
 
 
@@ -78,6 +88,8 @@ def build_services(settings: Settings) -> Services:
         delivery_ttl_s=delivery_record_ttl_s(settings.webhook_give_up_s, settings.job_retention_s),
     )
     engines = EngineRegistry.from_settings(settings)
+    instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    presence = BudgetPresence(BudgetPresenceReads(client))
     return Services(
         settings=settings,
         admin_key=resolve_admin_key(settings),
@@ -94,7 +106,7 @@ def build_services(settings: Settings) -> Services:
             max_tenants=settings.metrics_max_tenants,
             gpu_second_cost_micros=settings.gpu_second_cost_micros,
         ),
-        limiter=RateLimiter(ratelimits, BudgetGate(budgets)),
+        limiter=RateLimiter(ratelimits, BudgetGate(budgets, owner=instance, presence=presence)),
         ratelimits=ratelimits,
         quotas=QuotaStore(client),
         ledger=LedgerStore(client),
@@ -118,6 +130,8 @@ def build_services(settings: Settings) -> Services:
         files=file_store(settings),
         stream_views=StreamViews(client, ttl_s=max(settings.result_ttl_s, 3600)),
         budgets=budgets,
+        instance=instance,
+        budget_presence=presence,
     )
 
 

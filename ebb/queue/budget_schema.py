@@ -25,3 +25,32 @@ class BudgetReservation(msgspec.Struct, kw_only=True, frozen=True):
     reserved_at_s: float
     subjects: list[str]
     spend_keys: list[str]
+    # The request id its hold is registered under (keys.BUDGET_HOLDS): settling removes
+    # it, so the frontdoor's settle and the reaper's never both apply. "" for a job's
+    # reservation, which its job record carries to the collector instead.
+    hold_id: str = ""
+
+
+class BudgetHoldRecord(msgspec.Struct, kw_only=True, frozen=True):
+    """A synchronous request's reservation as registered for the reaper (written by
+    lua/budget_reserve.lua): enough to settle it without its frontdoor, at the prices the
+    request was admitted at."""
+
+    request_id: str
+    tenant: str
+    owner: str  # the frontdoor process that reserved it (keys.frontdoor_alive)
+    reserved_micros: int
+    reserved_at_s: float
+    price_in: int  # per 1M input tokens, micros
+    price_out: int  # per 1M output tokens, micros
+    subjects: list[str]
+    spend_keys: list[str]
+
+    def reservation(self) -> BudgetReservation:
+        return BudgetReservation(
+            reserved_micros=self.reserved_micros,
+            reserved_at_s=self.reserved_at_s,
+            subjects=self.subjects,
+            spend_keys=self.spend_keys,
+            hold_id=self.request_id,
+        )

@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 
 from ebb.queue import keys
 from ebb.queue.budget_periods import Period, iso, period_label, period_start, resets_at
-from ebb.queue.budget_schema import Budget, BudgetReservation
+from ebb.queue.budget_schema import Budget, BudgetHoldRecord, BudgetReservation
 from ebb.queue.job_schema import JobEvent
 from ebb.queue.replies import reply_text, reply_texts
 from ebb.queue.scripts import register_async
@@ -55,13 +55,22 @@ class BudgetStore:
         self._redis = client
         self._reserve = register_async(client, "budget_reserve")
         self._settle = register_async(client, "budget_settle")
+        self._set = register_async(client, "budget_set")
         self._delivery_ttl_s = delivery_ttl_s
 
     async def reserve(
-        self, key_subject: str, tenant_subject: str, cost_micros: int, *, now_s: float
+        self,
+        key_subject: str,
+        tenant_subject: str,
+        cost_micros: int,
+        *,
+        now_s: float,
+        hold: BudgetHoldRecord | None = None,
     ) -> BudgetOutcome:
         """Add `cost_micros` to both subjects' committed spend this period, or to neither
-        when it would take either past its budget."""
+        when it would take either past its budget. With `hold` (its subjects and spend
+        keys left empty: the script fills them in) a reservation made is registered for
+        the reaper in the same script, and settling it removes it."""
         spend_keys = [
             keys.budget_spend(subject, period_label(period, now_s))
             for subject in (key_subject, tenant_subject)
@@ -69,13 +78,15 @@ class BudgetStore:
         ]
         reply = reply_texts(
             await self._reserve(
-                keys=[keys.BUDGETS, *spend_keys],
+                keys=[keys.BUDGETS, *spend_keys, keys.BUDGET_HOLDS, keys.BUDGET_HOLDS_AT],
                 args=[
                     key_subject,
                     tenant_subject,
                     cost_micros,
                     keys.BUDGET_SPEND_TTL_S["day"],
                     keys.BUDGET_SPEND_TTL_S["month"],
+                    "" if hold is None else msgspec.json.encode(hold).decode(),
+                    "" if hold is None else hold.request_id,
                 ],
             )
         )
@@ -95,6 +106,7 @@ class BudgetStore:
                 reserved_at_s=now_s,
                 subjects=[s for s, _ in charged],
                 spend_keys=[k for _, k in charged],
+                hold_id="" if hold is None else hold.request_id,
             )
             return BudgetOutcome("ok", reservation=reservation)
         return BudgetOutcome("none")
@@ -112,6 +124,7 @@ class BudgetStore:
             keys.DELIVERY_PREFIX,
             self._delivery_ttl_s,
             keys.SIGNAL_LIST_MAX,
+            reservation.hold_id,
         ]
         for subject in reservation.subjects:
             budget = budgets.get(subject) or Budget(amount_micros=0)
@@ -123,6 +136,8 @@ class BudgetStore:
                 keys.TENANT_WEBHOOKS,
                 keys.DELIVERIES_DUE,
                 keys.DELIVERIES_SIGNAL,
+                keys.BUDGET_HOLDS,
+                keys.BUDGET_HOLDS_AT,
                 *reservation.spend_keys,
             ],
             args=args,
@@ -156,11 +171,10 @@ class BudgetStore:
             log.info("budgets: %s reached its budget's soft limit (%s)", subject, what)
 
     async def set_budget(self, subject: str, budget: Budget | None) -> None:
-        """Set (None: remove) a subject's budget; spend so far this period still counts."""
-        if budget is None:
-            await self._redis.hdel(keys.BUDGETS, subject)
-        else:
-            await self._redis.hset(keys.BUDGETS, subject, msgspec.json.encode(budget))
+        """Set (None: remove) a subject's budget; spend so far this period still counts.
+        Bumps the budgets' version (see budget_presence) in the same script."""
+        raw = "" if budget is None else msgspec.json.encode(budget).decode()
+        await self._set(keys=[keys.BUDGETS, keys.BUDGETS_VERSION], args=[subject, raw])
 
     async def budget(self, subject: str) -> Budget | None:
         raw = await self._redis.hget(keys.BUDGETS, subject)

@@ -211,6 +211,22 @@ def budget_spend(subject: str, period_label: str) -> str:
     return f"{BUDGET_SPEND_PREFIX}{subject}:{period_label}"
 
 
+# Every synchronous request's reservation until it is settled, so that the controller's
+# reaper can settle or release one whose frontdoor died (ebb.queue.budget_holds).
+BUDGET_HOLDS = PREFIX + "budget_holds"  # hash: request id -> BudgetHoldRecord (json)
+BUDGET_HOLDS_AT = PREFIX + "budget_holds_at"  # zset: request id -> when reserved (ms)
+# Bumped whenever a budget is set or removed: frontdoors skip the reserve script for
+# subjects known to have no budget only while it is unchanged (ebb.frontdoor.budget_presence).
+BUDGETS_VERSION = PREFIX + "budgets_version"
+FRONTDOOR_ALIVE_PREFIX = PREFIX + "frontdoor_alive:"  # string per frontdoor process, expiring
+FRONTDOOR_ALIVE_TTL_S = 10  # renewed every third of it; gone this long after a SIGKILL
+
+
+def frontdoor_alive(instance: str) -> str:
+    """Present while the frontdoor process `instance` heartbeats."""
+    return FRONTDOOR_ALIVE_PREFIX + instance
+
+
 # --- async jobs and webhook deliveries ----------------------------------------------------
 
 JOB_PREFIX = PREFIX + "job:"  # hash per job: JobRecord fields (see job_store)

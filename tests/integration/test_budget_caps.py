@@ -284,3 +284,77 @@ def test_the_cli_sets_a_budget_and_shows_its_spend(platform, admin):
     rpm = platform.cli("keys", "limits", "--tenant", "bud-cli", "--rpm", "50", "--json")
     assert rpm.returncode == 0, rpm.stderr
     assert json.loads(rpm.stdout)["budget"]["amount_micros"] == 2_500_000
+
+
+def test_a_sigkilled_frontdoors_reservation_is_settled_to_what_was_billed(platform, admin):
+    """The frontdoor holding a streamed request's reservation dies mid-stream: the request
+    runs to its end without it and is billed, and the controller's budget reaper settles
+    the reservation to that cost once the frontdoor's heartbeat has expired."""
+    other = start_frontdoor(platform, "budget-killed")
+    key = new_key(admin, "bud-killed")
+    _set_budget(admin, "bud-killed", {"amount_micros": 10**9, "period": None})  # lifetime
+    body = {"model": "budget-slow", "messages": MESSAGES, "max_tokens": 30, "stream": True}
+    auth = {"Authorization": f"Bearer {key}"}
+    try:
+        with (
+            httpx.Client(base_url=other.url, timeout=60, headers=auth) as c,
+            c.stream("POST", "/v1/chat/completions", json=body) as response,
+        ):
+            assert response.status_code == 200
+            next(line for line in response.iter_lines() if line.startswith("data: {"))
+            client = tenant_client(platform, key)
+            held = _budget(client)
+            assert held["reserved_micros"] > 0 and held["spent_micros"] == 0
+            other.stop(signal.SIGKILL)
+    finally:
+        if other.proc.poll() is None:
+            other.stop(signal.SIGKILL)
+
+    def settled() -> dict | None:
+        spend = _budget(client)
+        return spend if spend["reserved_micros"] == 0 else None
+
+    spend = wait_until(settled, 60, "the dead frontdoor's reservation to be settled")
+    # It ran to its end and was billed: settled to that (the prompt and at least the
+    # token streamed before the kill, two micros each), never simply released.
+    prompt = held["reserved_micros"] - 2 * 30
+    assert prompt + 2 <= spend["spent_micros"] <= held["reserved_micros"]
+    assert (spend["spent_micros"] - prompt) % 2 == 0
+
+
+def test_a_sigkilled_frontdoors_reservation_is_released_when_nothing_ran(platform, admin):
+    """The frontdoor dies while its request waits for a cold start; the request expires
+    in the queue (its admission window passes before the runner is ready) and was never
+    billed, so the reaper gives the whole reservation back."""
+    deploy(admin, "budget-late", "fake://m?load_s=8", admission_timeout_s=4, **PRICES)
+    other = start_frontdoor(platform, "budget-killed-2")
+    key = new_key(admin, "bud-released")
+    _set_budget(admin, "bud-released", {"amount_micros": 10**9, "period": None})
+    client = tenant_client(platform, key)
+    auth = {"Authorization": f"Bearer {key}"}
+    body = {"model": "budget-late", "messages": MESSAGES, "max_tokens": 30}
+
+    def send() -> int | None:
+        """The status it was answered with (None: its frontdoor died first)."""
+        with httpx.Client(base_url=other.url, timeout=60, headers=auth) as c:
+            try:
+                return c.post("/v1/chat/completions", json=body).status_code
+            except httpx.TransportError:
+                return None
+
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(send)
+        held = wait_until(
+            lambda: (b := _budget(client))["reserved_micros"] > 0 and b,
+            30,
+            "the queued request's reservation",
+        )
+        other.stop(signal.SIGKILL)
+        assert sent.result() is None, "its frontdoor died before it could settle"
+
+    def released() -> dict | None:
+        spend = _budget(client)
+        return spend if spend["reserved_micros"] == 0 else None
+
+    spend = wait_until(released, 90, "the dead frontdoor's reservation to be released")
+    assert held["spent_micros"] == 0 and spend["spent_micros"] == 0

@@ -2,10 +2,16 @@
 -- both or neither: a subject's committed spend (what it spent plus what requests admitted
 -- before hold reserved) may never pass its budget, so however many frontdoors admit at
 -- once, what is finally spent stays within it.
+-- A reservation made with a hold (ARGV[6]) is registered under its request id, with the
+-- spend hashes it was charged to, so that the controller's reaper can settle it if its
+-- frontdoor dies (ebb/queue/budget_holds.py): atomically with the charge, so none is
+-- ever held untraceably.
 -- KEYS: 1 budgets config hash, 2-4 the key's spend hashes for the current day, month and
---       lifetime, 5-7 the tenant's (the budget's period picks one of each)
+--       lifetime, 5-7 the tenant's (the budget's period picks one of each),
+--       8 holds hash, 9 holds by time zset
 -- ARGV: 1 key subject ('key:ID'), 2 tenant subject ('tenant:NAME'), 3 cost (micros),
---       4 a day's spend ttl (s), 5 a month's spend ttl (s)
+--       4 a day's spend ttl (s), 5 a month's spend ttl (s), 6 the hold's record (json,
+--       without subjects and spend_keys; '' for none), 7 its request id
 -- Returns {'none'} (no budget applies), {'ok', key's spend hash or '', tenant's or ''} or
 -- {'refused', subject, amount (micros), committed (micros), period}.
 local cfg = redis.call('HMGET', KEYS[1], ARGV[1], ARGV[2])
@@ -45,11 +51,21 @@ for i, c in ipairs(charged) do
     end
   end
 end
+local subjects, spend_keys = {}, {}
 for _, c in ipairs(charged) do
   if c.key == KEYS[2] or c.key == KEYS[3] or c.key == KEYS[4] then
     reply[2] = c.key
+    table.insert(subjects, ARGV[1])
   else
     reply[3] = c.key
+    table.insert(subjects, ARGV[2])
   end
+  table.insert(spend_keys, c.key)
+end
+if ARGV[6] ~= '' then
+  local hold = cjson.decode(ARGV[6])
+  hold.subjects, hold.spend_keys = subjects, spend_keys
+  redis.call('HSET', KEYS[8], ARGV[7], cjson.encode(hold))
+  redis.call('ZADD', KEYS[9], now_ms(), ARGV[7])
 end
 return reply

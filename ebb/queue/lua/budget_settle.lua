@@ -3,17 +3,28 @@
 -- spend this period has now reached its soft limit gets its one budget.soft_limit_reached
 -- delivery (a 'soft' marker set only if absent in the period's hash: once per period,
 -- however many frontdoors settle at once), to its tenant's webhook URL if it has one.
+-- A reservation registered as a hold (ARGV[7], its request id) is settled only while the
+-- hold is there, and the hold goes with it: whichever of its frontdoor and the
+-- controller's reaper settles first does, the other finds nothing (never settled twice).
 -- KEYS: 1 budgets config hash, 2 tenant webhook URLs hash, 3 deliveries due zset,
---       4 delivery signal list, 5.. the spend hashes the reservation was charged to
+--       4 delivery signal list, 5 holds hash, 6 holds by time zset, 7.. the spend hashes
+--       the reservation was charged to
 -- ARGV: 1 reserved (micros), 2 cost (micros; -1: it never ran), 3 tenant,
---       4 delivery key prefix, 5 delivery ttl (s), 6 signal list max, then for each spend
---       hash: its subject, a webhook id, the event body with data.spent_micros to fill in
+--       4 delivery key prefix, 5 delivery ttl (s), 6 signal list max, 7 hold id ('' for
+--       none), then for each spend hash: its subject, a webhook id, the event body with
+--       data.spent_micros to fill in
 -- Returns the subjects whose soft-limit delivery this call created.
 local reserved, cost = tonumber(ARGV[1]), tonumber(ARGV[2])
 local notified = {}
-for i = 5, #KEYS do
+if ARGV[7] ~= '' then
+  if redis.call('HDEL', KEYS[5], ARGV[7]) == 0 then
+    return notified
+  end
+  redis.call('ZREM', KEYS[6], ARGV[7])
+end
+for i = 7, #KEYS do
   local key = KEYS[i]
-  local base = 6 + (i - 5) * 3
+  local base = 7 + (i - 7) * 3
   local subject, webhook_id, body = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3]
   -- A hash gone (expired days after its period) has nothing left to settle.
   if redis.call('EXISTS', key) == 1 then
