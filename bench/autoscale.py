@@ -39,6 +39,8 @@ trace; each row is:
   trend          scaling.trend: Holt's linear forecast of the demand one cold start ahead
                  pre-warms one more runner when full runners will not hold it
   hybrid+trend   both
+  trend 30s/2s   the trend predictor with the runners' idle timeout at 30 s and 2 s: a
+                 shorter window, its cold starts cut by pre-warming ahead of rises
   fixed 120s     a window past 60 s: the curve's other side
   always on      min = max replicas: the baseline the runner-seconds are a ratio of
 
@@ -140,6 +142,8 @@ def hybrid_variants(ebb: ScalingSettings) -> dict[str, ScalingSettings]:
         "hybrid 300s": replace(ebb, idle_timeout_s=300.0, scaling=hybrid),
         "trend": replace(ebb, scaling=ScalingSpec(trend=True)),
         "hybrid+trend": replace(ebb, scaling=replace_struct(hybrid, trend=True)),
+        "trend 30s": replace(ebb, idle_timeout_s=30.0, scaling=ScalingSpec(trend=True)),
+        "trend 2s": replace(ebb, idle_timeout_s=2.0, scaling=ScalingSpec(trend=True)),
     }
 
 

@@ -3,7 +3,10 @@ predictor: the pure rules, and `plan(world)` on hand-built worlds with them on."
 
 from __future__ import annotations
 
+import logging
+
 import pytest
+from pydantic import ValidationError
 
 from ebb.coldstart.histogram import (
     CV_MIN,
@@ -15,8 +18,11 @@ from ebb.coldstart.histogram import (
 from ebb.coldstart.plan import DrainReady, Launch, Scaled, plan
 from ebb.coldstart.scaling_inputs import Measured
 from ebb.coldstart.scaling_tracker import RunnerLoad, ScalingTracker
+from ebb.coldstart.simulation import ScalingSettings, SimulatedPlatform
+from ebb.coldstart.simulation_trace import TraceRequest
 from ebb.coldstart.trend import holt, trend_extra
 from ebb.coldstart.world import Demand, World
+from ebb.frontdoor.routes_scaling import ScalingBody
 from ebb.queue.scaling_spec import ScalingSpec
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
 
@@ -181,9 +187,7 @@ def test_a_rising_demand_on_full_runners_pre_warms_one_more() -> None:
         rising(1.0), serving=2, max_replicas=4, max_concurrency=8, cold_start_s=10.0
     )
     assert extra == 1 and "trend: demand rising" in why
-    flat = trend_extra(
-        rising(0.0), serving=2, max_replicas=4, max_concurrency=8, cold_start_s=10.0
-    )
+    flat = trend_extra(rising(0.0), serving=2, max_replicas=4, max_concurrency=8, cold_start_s=10.0)
     assert flat == (0, "")
     spare = trend_extra(
         rising(1.0), serving=3, max_replicas=4, max_concurrency=8, cold_start_s=10.0
@@ -230,3 +234,42 @@ async def test_the_tracker_measures_each_levels_idle_periods() -> None:
     # need 2, 1, 0, 2, 3: level 1 idle 8-20 s, level 2 idle 5-20 s, level 3 idle 0-21 s.
     assert measured.level_periods_s[:3] == ((12.0,), (15.0,), (21.0,))
     assert measured.level_idle_s == (0.0, 0.0, 0.0, 21.0)
+
+
+# --- through the real controller on the simulator ------------------------------------------
+
+
+def live(p: SimulatedPlatform) -> list[RunnerRecord]:
+    return [r for r in p.state.records.values() if r.deployment == "m" and r.state.is_live]
+
+
+async def test_a_regular_deployment_is_released_pre_warmed_in_time_and_goes_to_zero(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="ebb.coldstart.decision_log")
+    settings = ScalingSettings(max_replicas=2, idle_timeout_s=600.0, scaling=HYBRID)
+    p = SimulatedPlatform(settings)
+    p.deploy(settings.spec("m"))
+    await p.start()
+    request = TraceRequest(arrival_s=0.0, prompt_tokens=100, output_tokens=25)  # 1.05 s
+    for _ in range(MIN_PERIODS + 2):  # every 40 s: gaps of ~39 s, far beyond a 2 s start
+        p.state.enqueue("m", request)
+        await p.run_until(p.clock.now_s + 40.0)
+        # Pre-warmed at the head of the gaps: a runner is ready when the next one comes.
+        assert [r.state for r in live(p)] == [RunnerState.READY]
+    p.state.enqueue("m", request)
+    await p.run_until(p.clock.now_s + 5.0)
+    assert live(p) == []  # the head is far: released at once (not after 600 s)
+    await p.run_until(p.clock.now_s + 32.0)
+    assert [r.state for r in live(p)] == [RunnerState.READY]  # pre-warmed, none came
+    await p.run_until(p.clock.now_s + 20.0)
+    assert live(p) == []  # past the keep-alive: zero runners with min_replicas 0
+    assert "pre-warm: level 1 idle" in caplog.text
+    assert "given back until its pre-warm point" in caplog.text
+
+
+def test_the_api_accepts_hybrid_and_trend_and_names_a_bad_keep_alive() -> None:
+    body = ScalingBody.model_validate({"keep_alive": "hybrid", "trend": True})
+    assert body.spec() == ScalingSpec(keep_alive="hybrid", trend=True)
+    with pytest.raises(ValidationError, match="keep_alive"):
+        ScalingBody.model_validate({"keep_alive": "sometimes"})
