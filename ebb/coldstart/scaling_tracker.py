@@ -174,7 +174,9 @@ class ScalingTracker:
             level_periods_s=memory.levels.frozen,
             level_idle_s=level_idle_s,
             demand=tuple(memory.demand),
-            cold_starts_s={t.value: tier_estimate_s(cold_starts_ms, t) for t in Tier},
+            cold_starts_s={
+                t.value: tier_estimate_s(cold_starts_ms, t) for t in Tier if t in cold_starts_ms
+            },
             last_out_s=memory.last_out_s,
             last_in_s=memory.last_in_s,
         )

@@ -17,12 +17,14 @@ from ebb.coldstart.histogram import (
 )
 from ebb.coldstart.plan import DrainReady, Launch, Scaled, plan
 from ebb.coldstart.scaling_inputs import Measured
+from ebb.coldstart.scaling_plan import expected_start_s
 from ebb.coldstart.scaling_tracker import RunnerLoad, ScalingTracker
 from ebb.coldstart.simulation import ScalingSettings, SimulatedPlatform
 from ebb.coldstart.simulation_trace import TraceRequest
 from ebb.coldstart.trend import holt, trend_extra
 from ebb.coldstart.world import Demand, World
 from ebb.frontdoor.routes_scaling import ScalingBody
+from ebb.launching.tiers import WarmState
 from ebb.queue.scaling_spec import ScalingSpec
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
 
@@ -273,3 +275,15 @@ def test_the_api_accepts_hybrid_and_trend_and_names_a_bad_keep_alive() -> None:
     assert body.spec() == ScalingSpec(keep_alive="hybrid", trend=True)
     with pytest.raises(ValidationError, match="keep_alive"):
         ScalingBody.model_validate({"keep_alive": "sometimes"})
+
+
+def test_the_lead_is_the_next_starts_measured_tier_else_the_slowest() -> None:
+    stem = RunnerRecord(runner_id="s", state=RunnerState.PREWARMED)
+    measured = Measured(cold_starts_s={"prewarmed": 2.0, "forked": 3.0, "fresh": 10.0})
+    demand = Demand(spec=spec(HYBRID), measured=measured, cold_start_s=10.0)
+    with_stem = World(demands=(demand,), runners=(stem,), warm=WarmState.READY)
+    assert expected_start_s(with_stem, demand) == 2.0
+    assert expected_start_s(World(demands=(demand,), warm=WarmState.READY), demand) == 3.0
+    assert expected_start_s(World(demands=(demand,)), demand) == 10.0
+    unmeasured = Demand(spec=spec(HYBRID), cold_start_s=15.0)
+    assert expected_start_s(World(demands=(unmeasured,)), unmeasured) == 15.0
