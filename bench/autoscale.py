@@ -30,6 +30,18 @@ trace; each row is:
   learned 300s   the same with the runners' own idle timeout at 300 s: the learned window
                  may exceed 60 s where the deployment's idle periods say so
   slo+learned    both
+  hybrid         scaling.keep_alive hybrid: Shahrad et al.'s hybrid histogram per level of
+                 need (level k: the gap before concurrency next needs a k-th runner):
+                 keep-alive the p99 of the level's gaps, pre-warm at its p5 (released at
+                 once, started a cold start before) when that is far; the fixed window
+                 while a level's histogram is short or not representative
+  hybrid 300s    the same with the runners' own idle timeout at 300 s (the longest window)
+  trend          scaling.trend: Holt's linear forecast of the demand one cold start ahead
+                 pre-warms one more runner when full runners will not hold it
+  hybrid+trend   both
+  trend 30s/2s   the trend predictor with the runners' idle timeout at 30 s and 2 s: a
+                 shorter window, its cold starts cut by pre-warming ahead of rises
+  fixed 120s     a window past 60 s: the curve's other side
   always on      min = max replicas: the baseline the runner-seconds are a ratio of
 
 What the fixed-window rows model: each replica is given back after a fixed idle timeout
@@ -49,7 +61,8 @@ of requests that waited on a cold start (admitted by a runner that came up after
 arrived, or refused with only starting runners), requests refused at the admission
 window, the p50 and p99 queue wait of the admitted, times at zero, the share of all
 requests with a first token within 2 s (refused ones miss), reversals (starts within
-10 s of a drain: capacity given back and taken again), starts.
+10 s of a drain: capacity given back and taken again), policy reversals (starts
+within 10 s of a drain the controller directed, not of a runner's own idle drain), starts.
 """
 
 from __future__ import annotations
@@ -86,6 +99,7 @@ FIXED_WINDOWS_S = {
     "modal 60s": 60.0,
     "knative 60s": 60.0,
     "baseten 900s": 900.0,
+    "fixed 120s": 120.0,
 }
 
 
@@ -117,6 +131,19 @@ def policy_variants(ebb: ScalingSettings) -> dict[str, ScalingSettings]:
             ebb, idle_timeout_s=300.0, scaling=ScalingSpec(keep_alive="learned")
         ),
         "slo+learned": replace(ebb, scaling=replace_struct(slo, keep_alive="learned")),
+    } | hybrid_variants(ebb)
+
+
+def hybrid_variants(ebb: ScalingSettings) -> dict[str, ScalingSettings]:
+    """The hybrid histogram keep-alive and pre-warm, and the trend predictor."""
+    hybrid = ScalingSpec(keep_alive="hybrid")
+    return {
+        "hybrid": replace(ebb, scaling=hybrid),
+        "hybrid 300s": replace(ebb, idle_timeout_s=300.0, scaling=hybrid),
+        "trend": replace(ebb, scaling=ScalingSpec(trend=True)),
+        "hybrid+trend": replace(ebb, scaling=replace_struct(hybrid, trend=True)),
+        "trend 30s": replace(ebb, idle_timeout_s=30.0, scaling=ScalingSpec(trend=True)),
+        "trend 2s": replace(ebb, idle_timeout_s=2.0, scaling=ScalingSpec(trend=True)),
     }
 
 
@@ -133,12 +160,13 @@ def summary(result: SimulationResult, baseline: SimulationResult) -> dict[str, A
         "zero_periods": result.zero_periods,
         "slo_pct": round(100 * result.slo_attainment(TTFT_TARGET_S), 2),
         "reversals": result.flaps,
+        "policy_reversals": result.policy_reversals,
     }
 
 
 HEADER = (
     f"  {'':<13}{'runner-s':>9} {'x on':>5} {'cold wait':>9} {'refused':>12}"
-    f" {'p50 s':>6} {'p99 s':>6} {'at 0':>5} {'ttft<=2s':>8} {'rev':>4}  starts"
+    f" {'p50 s':>6} {'p99 s':>6} {'at 0':>5} {'ttft<=2s':>8} {'rev':>4} {'prev':>4}  starts"
 )
 
 
@@ -149,7 +177,7 @@ def row_line(name: str, row: dict[str, Any]) -> str:
         f"  {name:<13}{row['runner_seconds']:>9} {row['runner_seconds_ratio']:>5.2f}"
         f" {row['cold_wait_pct']:>8.2f}% {refused:>12} {row['wait_p50_s']:>6.2f}"
         f" {row['wait_p99_s']:>6.2f} {row['zero_periods']:>5} {row['slo_pct']:>7.2f}%"
-        f" {row['reversals']:>4}  {starts}"
+        f" {row['reversals']:>4} {row['policy_reversals']:>4}  {starts}"
     )
 
 

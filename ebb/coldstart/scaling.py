@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ebb.coldstart.hysteresis import reversal_wait_s
 from ebb.coldstart.keepalive import keep_alive_drains
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
+from ebb.coldstart.scaling_hybrid import hybrid_move, trend_move
 from ebb.coldstart.scaling_inputs import Measured
 from ebb.coldstart.scaling_slo import slo_verdict
 from ebb.coldstart.scaling_utilisation import utilisation_verdict
@@ -50,8 +51,11 @@ def decide(
     cold_start_s: float,
     fixed_keep_alive_s: float,
     config: PolicyConfig = PolicyConfig(),
+    start_s: float | None = None,
 ) -> ScaleDecision:
-    """`ready`: the deployment's ready runners, oldest first."""
+    """`ready`: the deployment's ready runners, oldest first. `cold_start_s`: the
+    slowest tier's cold start (the schedule's lead); `start_s`: the next start's expected
+    one (the pre-warm's and trend's lead; default `cold_start_s`)."""
     desired = desired_replicas(snap, config)
     reasons: list[str] = []
     if desired > snap.serving:
@@ -83,6 +87,18 @@ def decide(
         if given:
             drain += given
             reasons.append(f"keep-alive: {why}")
+    desired = _hybrid_and_trend(
+        scaling,
+        snap,
+        measured,
+        ready,
+        drain,
+        reasons,
+        desired,
+        floor,
+        cold_start_s if start_s is None else start_s,
+        fixed_keep_alive_s,
+    )
     # Any scale-out (the queue rule's or the schedule's too) starts the reversal gap: a
     # policy's scale-in right after it would be the flapping the gap exists to stop.
     applied = 1 if desired > snap.serving else 0
@@ -90,6 +106,54 @@ def decide(
         applied = -1
     held = bool(verdict.why) and verdict.direction == 0
     return ScaleDecision(desired, tuple(drain), tuple(reasons), applied, held)
+
+
+def _hybrid_and_trend(
+    scaling: ScalingSpec,
+    snap: DemandSnapshot,
+    measured: Measured,
+    ready: Sequence[str],
+    drain: list[str],
+    reasons: list[str],
+    desired: int,
+    floor: int,
+    cold_start_s: float,
+    fixed_s: float,
+) -> int:
+    """`desired` with the hybrid histogram's pre-warm and the trend's; adds the hybrid
+    keep-alive's drains to `drain` and every reason to `reasons`. Neither acts while
+    something is queued (the queue rule sizes the deployment then) or is starting."""
+    if snap.queue_depth or snap.starting:
+        return desired
+    serving = snap.serving - len(drain)
+    if scaling.keep_alive == "hybrid":
+        idle = [r for r in ready if r not in drain and measured.held.get(r, 0) == 0]
+        move = hybrid_move(
+            measured,
+            _least_useful(idle, measured, len(idle), len(idle)),
+            serving=serving,
+            floor=floor,
+            max_replicas=snap.max_replicas,
+            fixed_s=fixed_s,
+            cold_start_s=cold_start_s,
+        )
+        drain += move.drain
+        reasons += move.reasons
+        serving -= len(move.drain)
+        if move.start:
+            desired = max(desired, min(serving + move.start, snap.max_replicas))
+    if scaling.trend and not drain:
+        extra, why = trend_move(
+            measured,
+            serving=serving,
+            max_replicas=snap.max_replicas,
+            max_concurrency=snap.target_concurrency,
+            cold_start_s=cold_start_s,
+        )
+        if extra:
+            desired = max(desired, serving + extra)
+            reasons.append(why)
+    return desired
 
 
 def _verdict(

@@ -27,6 +27,16 @@ class Measured:
     # Per ready runner: requests it holds, and how long it has held none (0: busy).
     held: Mapping[str, int] = field(default_factory=dict)
     idle_for_s: Mapping[str, float] = field(default_factory=dict)
+    # Per level of need k (index k - 1; the need is the runners its held and queued
+    # requests fill): its idle periods (need below k until it next reached k), oldest
+    # first, and how long it has been below k now (0: needed). `coldstart.histogram`.
+    level_periods_s: tuple[tuple[float, ...], ...] = ()
+    level_idle_s: tuple[float, ...] = ()
+    # (when, requests held and queued), oldest first, over `scaling_tracker.TREND_WINDOW_S`.
+    demand: tuple[tuple[float, float], ...] = ()
+    # Each start tier's measured cold start (`Tier` value -> seconds): when a pre-warm
+    # must begin for its runner to be ready in time.
+    cold_starts_s: Mapping[str, float] = field(default_factory=dict)
     # The controller's last scale-out and scale-in of it (for the reversal gap).
     last_out_s: float = -math.inf
     last_in_s: float = -math.inf

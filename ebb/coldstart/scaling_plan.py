@@ -8,6 +8,7 @@ from ebb.coldstart.policy import DemandSnapshot, PolicyConfig
 from ebb.coldstart.scaling import decide
 from ebb.coldstart.scaling_actions import DrainReady, Scaled
 from ebb.coldstart.world import Demand, World, serves
+from ebb.launching.tiers import Tier, WarmState
 from ebb.queue.scaling_spec import ScalingSpec
 from ebb.queue.schema import RunnerState
 
@@ -36,6 +37,7 @@ def scale_decision(
         cold_start_s=demand.cold_start_s,
         fixed_keep_alive_s=demand.spec.idle_timeout_s,
         config=config,
+        start_s=expected_start_s(world, demand),
     )
     actions: list[Scaled | DrainReady] = []
     if decision.worth_logging(snap.serving):
@@ -51,3 +53,15 @@ def scale_decision(
     why = "; ".join(decision.reasons)
     actions += [DrainReady(r, demand.name, why) for r in decision.drain]
     return decision.desired, actions
+
+
+def expected_start_s(world: World, demand: Demand) -> float:
+    """The measured cold start of the tier the next start would take (a stem from the
+    pool, else a fork, else a fresh process); the slowest tier's while unmeasured."""
+    if world.waiting_stems:
+        tier = Tier.PREWARMED
+    elif world.warm is WarmState.READY:
+        tier = Tier.FORKED
+    else:
+        tier = Tier.FRESH
+    return demand.measured.cold_starts_s.get(tier.value, demand.cold_start_s)

@@ -32,6 +32,10 @@ PERIODS_KEPT = 1000
 HOLD_LOGGED_EVERY_S = 60.0
 # The recent peak of requests held at once is over this long.
 PEAK_WINDOW_S = 30.0
+# Idle periods remembered per level of need, and the trend predictor's samples.
+LEVEL_PERIODS_KEPT = 500
+TREND_SAMPLE_S = 1.0
+TREND_WINDOW_S = 20.0
 DEFAULT = ScalingSpec()
 A = TypeVar("A")
 
@@ -66,6 +70,31 @@ class ScalingSource(Protocol):
 
 
 @dataclass
+class _Levels:
+    """Each level of need's idle periods and since when it has been idle."""
+
+    since_s: dict[int, float] = field(default_factory=dict)
+    periods_s: dict[int, deque[float]] = field(default_factory=dict)
+    frozen: tuple[tuple[float, ...], ...] = ()  # `periods_s` as Measured carries it
+
+    def track(self, need: int, top: int, wall_s: float) -> tuple[float, ...]:
+        """Take in the need now (levels 1..`top`); returns each level's idle time."""
+        changed = False
+        for k in range(1, top + 1):
+            since = self.since_s.get(k)
+            if need >= k and since is not None:
+                kept = self.periods_s.setdefault(k, deque(maxlen=LEVEL_PERIODS_KEPT))
+                kept.append(wall_s - since)
+                del self.since_s[k]
+                changed = True
+            elif need < k and since is None:
+                self.since_s[k] = wall_s
+        if changed or len(self.frozen) != top:
+            self.frozen = tuple(tuple(self.periods_s.get(k, ())) for k in range(1, top + 1))
+        return tuple(_since(self.since_s.get(k), wall_s) for k in range(1, top + 1))
+
+
+@dataclass
 class _Memory:
     latencies: deque[tuple[float, float | None, float | None]] = field(default_factory=deque)
     utilisation: deque[tuple[float, float]] = field(default_factory=deque)
@@ -73,6 +102,8 @@ class _Memory:
     periods_s: deque[float] = field(default_factory=lambda: deque(maxlen=PERIODS_KEPT))
     deployment_idle_since_s: float | None = None
     peaks: deque[tuple[float, int]] = field(default_factory=deque)  # (when, held)
+    levels: _Levels = field(default_factory=lambda: _Levels())
+    demand: deque[tuple[float, float]] = field(default_factory=deque)
     last_out_s: float = -math.inf
     last_in_s: float = -math.inf
     hold_logged: tuple[object, ...] = ()
@@ -117,7 +148,15 @@ class ScalingTracker:
         self._track_idle(memory, held, ready, wall_s)
         self._track_deployment(memory, sum(held.values()), queued, wall_s)
         self._sample(memory, spec, [loads.get(r, RunnerLoad(0)) for r in ready], wall_s)
-        cold = tier_estimate_s(await self._source.cold_start_ms(spec.name), Tier.FRESH)
+        demand = sum(held.values()) + queued
+        need = math.ceil(demand / max(spec.max_concurrency, 1))
+        level_idle_s = memory.levels.track(need, spec.max_replicas, wall_s)
+        if not memory.demand or wall_s - memory.demand[-1][0] >= TREND_SAMPLE_S:
+            memory.demand.append((wall_s, float(demand)))
+        while memory.demand and memory.demand[0][0] < wall_s - TREND_WINDOW_S:
+            memory.demand.popleft()
+        cold_starts_ms = await self._source.cold_start_ms(spec.name)
+        cold = tier_estimate_s(cold_starts_ms, Tier.FRESH)
         window_s = spec.scaling.slo.window_s if spec.scaling.slo else 60.0
         while memory.latencies and memory.latencies[0][0] < wall_s - window_s:
             memory.latencies.popleft()
@@ -132,6 +171,12 @@ class ScalingTracker:
             peak_held=max((n for _, n in memory.peaks), default=0),
             held=held,
             idle_for_s={r: wall_s - s for r, s in memory.idle_since_s.items()},
+            level_periods_s=memory.levels.frozen,
+            level_idle_s=level_idle_s,
+            demand=tuple(memory.demand),
+            cold_starts_s={
+                t.value: tier_estimate_s(cold_starts_ms, t) for t in Tier if t in cold_starts_ms
+            },
             last_out_s=memory.last_out_s,
             last_in_s=memory.last_in_s,
         )

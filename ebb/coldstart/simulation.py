@@ -167,6 +167,9 @@ class SimulationResult:
     drains: int = 0
     # Starts within `FLAP_WINDOW_S` of a drain: capacity given back and taken again.
     flaps: int = 0
+    # Starts within `FLAP_WINDOW_S` of a drain the controller directed (a policy's
+    # scale-in, `DrainReady`), not of a runner's own idle drain: the policy's reversals.
+    policy_reversals: int = 0
     runner_seconds: float = 0.0
     peak_replicas: int = 0
     zero_periods: int = 0
@@ -275,6 +278,8 @@ class _Replay:
                 self.result.starts[proc.tier] += 1
                 if now - self.last_drain_s < FLAP_WINDOW_S:
                     self.result.flaps += 1
+                if now - self.state.last_drain_ready_s < FLAP_WINDOW_S:
+                    self.result.policy_reversals += 1
         return count
 
     def _claimed(self, queued: Queued, proc: SimRunner) -> None:

@@ -19,6 +19,7 @@ per step to every bench and controller test that runs on this state.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ class InMemoryState:
         self.held: dict[str, int] = {}
         self.served: list[Latency] = []
         self.cold_starts_ms: dict[str, dict[str, float]] = {}
+        # When the controller last directed a ready runner to drain (a policy's scale-in).
+        self.last_drain_ready_s: float = -math.inf
 
     # --- ControllerState: deployments ----------------------------------------------------
 
@@ -188,6 +191,7 @@ class InMemoryState:
         if record is None or record.state is not RunnerState.READY:
             return False
         self.update_runner(runner_id, state=RunnerState.DRAINING)
+        self.last_drain_ready_s = self.clock.now_s
         return True
 
     def take_wakes(self) -> set[str]:

@@ -85,7 +85,8 @@ class ScalingBody(BaseModel):
     policy: Literal["queue", "slo", "utilisation"] = "queue"
     slo: SloBody | None = None
     utilisation: UtilisationBody | None = None  # None: the design's defaults
-    keep_alive: Literal["fixed", "learned"] = "fixed"
+    keep_alive: Literal["fixed", "learned", "hybrid"] = "fixed"
+    trend: bool = False
     schedule: list[ScheduleBody] = Field(default_factory=list, max_length=32)
     reversal_gap_s: float = Field(300.0, ge=0, le=86400)
 
@@ -105,6 +106,7 @@ class ScalingBody(BaseModel):
             if self.utilisation
             else UtilisationRule(),
             keep_alive=self.keep_alive,
+            trend=self.trend,
             schedule=tuple(
                 ScheduleEntry(
                     days=tuple(e.days),

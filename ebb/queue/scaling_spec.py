@@ -61,7 +61,10 @@ class ScalingSpec(msgspec.Struct, kw_only=True, frozen=True):
     utilisation: UtilisationRule = UtilisationRule()
     # fixed: the idle window (`idle_timeout_s`); learned: from the deployment's own idle
     # times (Shahrad et al.'s hybrid histogram), the idle window while history is short.
-    keep_alive: Literal["fixed", "learned"] = "fixed"
+    # hybrid: keep-alive and pre-warm windows per level of need (`coldstart.histogram`).
+    keep_alive: Literal["fixed", "learned", "hybrid"] = "fixed"
+    # Pre-warm one more runner ahead of a rising demand (`coldstart.trend`).
+    trend: bool = False
     schedule: tuple[ScheduleEntry, ...] = ()
     # A scale-out after a scale-in (or the reverse) waits at least this long.
     reversal_gap_s: float = 300.0
