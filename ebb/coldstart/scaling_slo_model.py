@@ -69,6 +69,8 @@ def model_verdict(
     if ready < 2:
         return HOLD  # the last runner goes by keep-alive, not by the target
     fewer = predict(fit, ready - 1, slots_per_runner, peak_held)
+    if fewer.batch > slots_per_runner * IN_HEADROOM:
+        return HOLD  # the others' slots would be nearly full: the next burst would queue
     if _short_of_runners(fewer, now, target, IN_HEADROOM):
         return HOLD
     return Verdict(-1, f"model predicts {fewer.describe()}: within the target")

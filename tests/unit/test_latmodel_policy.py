@@ -95,6 +95,15 @@ def test_no_scale_in_when_the_model_predicts_one_fewer_would_break_it() -> None:
     assert drains(plan(world(MODEL, ("a", "b", "c"), busy))) == []
 
 
+def test_no_scale_in_while_the_others_would_hold_the_recent_peak_nearly_full() -> None:
+    ttft_only = ScalingSpec(policy="slo", slo=SloTarget(ttft_p90_s=1.0, predict=True))
+    # One runner of 32 slots would hold the peak of 24: 75 % full, over 70 %.
+    measured = Measured(held={"a": 0, "b": 0}, peak_held=24, latency_fit=fit(0.01))
+    assert drains(plan(world(ttft_only, ("a", "b"), measured))) == []
+    calm = Measured(held={"a": 0, "b": 0}, peak_held=20, latency_fit=fit(0.01))
+    assert drains(plan(world(ttft_only, ("a", "b"), calm))) == ["b"]
+
+
 def test_a_ttft_over_the_target_from_prefill_alone_neither_adds_nor_keeps_runners() -> None:
     # The p90 prompt's prefill (0.05 + 0.0004 * 3000 = 1.25 s) breaks 1 s on any number
     # of runners with free slots: another runner would not shorten it.
