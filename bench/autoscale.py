@@ -38,7 +38,7 @@ trace; each row is:
 
 With `--runner calibrated` every row runs on the runner model fitted on the real engine
 (`simulation_runners.CALIBRATED`, from bench.latency_calibrate: TPOT grows with the batch),
-with two more rows: `slo tpot` (p90 TPOT `TPOT_TARGET_S` and TTFT, measured) and
+with two more rows: `slo tpot` (p90 TPOT `TPOT_TARGET_S` alone, measured) and
 `tpot+model` (the same with the online latency model). `--rows` keeps only the named
 rows (and always on, the baseline).
 
@@ -145,7 +145,7 @@ def tpot_variants(ebb: ScalingSettings) -> dict[str, ScalingSettings]:
     """The latency model's own case: a TPOT target, with and without the model."""
     rows = {}
     for name, predict in (("slo tpot", False), ("tpot+model", True)):
-        target = SloTarget(ttft_p90_s=TTFT_TARGET_S, tpot_p90_s=TPOT_TARGET_S, predict=predict)
+        target = SloTarget(tpot_p90_s=TPOT_TARGET_S, predict=predict)
         rows[name] = replace(ebb, scaling=ScalingSpec(policy="slo", slo=target))
     return rows
 
