@@ -26,6 +26,7 @@ MIN_SAMPLES = 20
 KEPT = 500
 # Samples' finish times kept for the arrival rate, and prompt lengths for their p90.
 RATE_WINDOW_S = 60.0
+MIN_RATE_SPAN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ class LatencyFit:
     tpot: Line | None  # seconds per output token, x = batch size
     prefill: Line  # seconds from claim to first token, x = prompt tokens
     tpot_mean_s: float  # over the kept samples (a request's length while `tpot` is None)
-    rate_per_s: float  # requests finished per second over `RATE_WINDOW_S`
+    rate_per_s: float  # requests finished per second over `RATE_WINDOW_S` (or less)
     prompt_p90_tokens: float
     prompt_mean_tokens: float
     output_mean_tokens: float
@@ -122,13 +123,17 @@ class LatencyModel:
         tpot = fit_line(list(self._tpot), self._min)
         tpots = [y for _, y in self._tpot]
         recent = [s for s in self._recent if s.finished_s >= now_s - RATE_WINDOW_S]
+        # Over what the samples cover: since the first, when the model is younger than the
+        # window or more than `KEPT` finished within it.
+        oldest_s = min((s.finished_s for s in recent), default=now_s)
+        span_s = min(RATE_WINDOW_S, max(MIN_RATE_SPAN_S, now_s - oldest_s))
         prompts = sorted(s.prompt_tokens for s in recent if s.prompt_tokens is not None)
         outputs = [s.completion_tokens for s in recent if s.completion_tokens is not None]
         return LatencyFit(
             tpot=tpot,
             prefill=prefill,
             tpot_mean_s=sum(tpots) / len(tpots) if tpots else 0.0,
-            rate_per_s=len(recent) / RATE_WINDOW_S,
+            rate_per_s=len(recent) / span_s,
             prompt_p90_tokens=_p90(prompts),
             prompt_mean_tokens=sum(prompts) / len(prompts) if prompts else 0.0,
             output_mean_tokens=sum(outputs) / len(outputs) if outputs else 0.0,

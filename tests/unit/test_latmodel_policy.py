@@ -187,3 +187,39 @@ def test_the_api_takes_slo_predict_into_the_deployments_block() -> None:
 
     body = ScalingBody.model_validate({"policy": "slo", "slo": {"ttft_p90_s": 1, "predict": True}})
     assert body.spec().slo == SloTarget(ttft_p90_s=1.0, predict=True)
+
+
+def test_the_simulator_feeds_the_model_and_the_policy_logs_its_prediction(monkeypatch) -> None:
+    """The real controller over simulated runners (the calibrated runner model: TPOT
+    grows with the batch): the tracker fits the runner model's own constants from what
+    the runners report, and the policy's scale-out gives the model's prediction."""
+    import ebb.coldstart.scaling as scaling
+    from ebb.coldstart.scaling_slo_model import slo_with_model
+    from ebb.coldstart.simulation import ScalingSettings, TraceRequest, simulate
+    from ebb.coldstart.simulation_runners import CALIBRATED
+
+    outs: list[str] = []
+    fits: list[LatencyFit] = []
+
+    def spy(measured: Measured, *args: object, **kw: object) -> object:
+        verdict = slo_with_model(measured, *args, **kw)  # type: ignore[arg-type]
+        if verdict.direction > 0:
+            outs.append(verdict.why)
+        if measured.latency_fit is not None:
+            fits.append(measured.latency_fit)
+        return verdict
+
+    monkeypatch.setattr(scaling, "slo_with_model", spy)
+    # 3 requests a second, 64-112 prompt and 40 output tokens: one runner's batch of 8
+    # decodes at 0.141 s a token, over the 0.12 s target.
+    trace = [TraceRequest(i / 3, 64 + 16 * (i % 4), 40) for i in range(3 * 120)]
+    target = SloTarget(tpot_p90_s=0.12, predict=True)
+    settings = ScalingSettings(max_replicas=4, scaling=ScalingSpec(policy="slo", slo=target))
+    result = simulate(trace, settings, CALIBRATED)
+    assert result.peak_replicas >= 2
+    tpot = fits[-1].tpot
+    assert tpot is not None
+    assert tpot.slope == pytest.approx(CALIBRATED.tpot_per_batch_s)
+    assert tpot.at(1) == pytest.approx(CALIBRATED.tpot_s(1))
+    assert fits[-1].prefill.slope == pytest.approx(1 / CALIBRATED.prefill_tokens_per_s)
+    assert any(why.startswith("model predicts") for why in outs), outs[:5]
