@@ -2,6 +2,7 @@
 operators know, on the Azure LLM traces.
 
     .venv/bin/python -m bench.autoscale [--max-replicas N] [--concurrency 8]
+        [--runner default|calibrated] [--rows "slo ttft 2s,slo+model"]
 
 Each trace (bench/traces) is replayed on a simulated clock by ebb.coldstart.simulation:
 the platform's real `Controller` (scale-up policy, tier choice, pre-warmed pool, backoff),
@@ -42,7 +43,16 @@ trace; each row is:
   trend 30s/2s   the trend predictor with the runners' idle timeout at 30 s and 2 s: a
                  shorter window, its cold starts cut by pre-warming ahead of rises
   fixed 120s     a window past 60 s: the curve's other side
+  slo+model      slo ttft 2s with the online latency model (`slo.predict`): out when the
+                 model predicts a break at the current rate, in only when it predicts
+                 one fewer runner meets the target
   always on      min = max replicas: the baseline the runner-seconds are a ratio of
+
+With `--runner calibrated` every row runs on the runner model fitted on the real engine
+(`simulation_runners.CALIBRATED`, from bench.latency_calibrate: TPOT grows with the batch),
+with two more rows: `slo tpot` (p90 TPOT `TPOT_TARGET_S` alone, measured) and
+`tpot+model` (the same with the online latency model). `--rows` keeps only the named
+rows (and always on, the baseline).
 
 What the fixed-window rows model: each replica is given back after a fixed idle timeout
 (the window), with ebb's scale-up, ebb's start tiers (one stem, forked starts) and ebb's
@@ -83,6 +93,7 @@ from ebb.coldstart.simulation import (
     load_azure_trace,
     simulate,
 )
+from ebb.coldstart.simulation_runners import CALIBRATED
 from ebb.queue.scaling_spec import ScalingSpec, SloTarget
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,6 +142,12 @@ def policy_variants(ebb: ScalingSettings) -> dict[str, ScalingSettings]:
             ebb, idle_timeout_s=300.0, scaling=ScalingSpec(keep_alive="learned")
         ),
         "slo+learned": replace(ebb, scaling=replace_struct(slo, keep_alive="learned")),
+        "slo+model": replace(
+            ebb,
+            scaling=ScalingSpec(
+                policy="slo", slo=SloTarget(ttft_p90_s=TTFT_TARGET_S, predict=True)
+            ),
+        ),
     } | hybrid_variants(ebb)
 
 
@@ -145,6 +162,19 @@ def hybrid_variants(ebb: ScalingSettings) -> dict[str, ScalingSettings]:
         "trend 30s": replace(ebb, idle_timeout_s=30.0, scaling=ScalingSpec(trend=True)),
         "trend 2s": replace(ebb, idle_timeout_s=2.0, scaling=ScalingSpec(trend=True)),
     }
+
+
+# The TPOT target of the calibrated runner model's extra rows (its TPOT at a batch of 5).
+TPOT_TARGET_S = 0.12
+
+
+def tpot_variants(ebb: ScalingSettings) -> dict[str, ScalingSettings]:
+    """The latency model's own case: a TPOT target, with and without the model."""
+    rows = {}
+    for name, predict in (("slo tpot", False), ("tpot+model", True)):
+        target = SloTarget(tpot_p90_s=TPOT_TARGET_S, predict=predict)
+        rows[name] = replace(ebb, scaling=ScalingSpec(policy="slo", slo=target))
+    return rows
 
 
 def summary(result: SimulationResult, baseline: SimulationResult) -> dict[str, Any]:
@@ -185,15 +215,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--max-replicas", type=int, help="default: per trace (8, 12)")
     parser.add_argument("--concurrency", type=int, default=8, help="target concurrency")
+    parser.add_argument("--runner", choices=("default", "calibrated"), default="default")
+    parser.add_argument("--rows", help="comma-separated row names to run (default: all)")
     args = parser.parse_args()
-    model = RunnerModel()
+    model = CALIBRATED if args.runner == "calibrated" else RunnerModel()
     report: dict[str, dict[str, Any]] = {}
     for name, (path, max_replicas) in TRACES.items():
         ebb = ScalingSettings(
             max_replicas=args.max_replicas or max_replicas, target_concurrency=args.concurrency
         )
         trace = load_azure_trace(path)
-        results = {v: simulate(trace, settings, model) for v, settings in variants(ebb).items()}
+        rows_run = variants(ebb) | (tpot_variants(ebb) if args.runner == "calibrated" else {})
+        if args.rows:
+            keep = {*args.rows.split(","), "always on"}
+            rows_run = {v: settings for v, settings in rows_run.items() if v in keep}
+        results = {v: simulate(trace, settings, model) for v, settings in rows_run.items()}
         rows = {v: summary(r, results["always on"]) for v, r in results.items()}
         settings = {k: v for k, v in vars(ebb).items() if k != "scaling"}
         report[name] = {"settings": settings, "rows": rows}

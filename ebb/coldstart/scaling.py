@@ -20,7 +20,7 @@ from ebb.coldstart.keepalive import keep_alive_drains
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
 from ebb.coldstart.scaling_hybrid import hybrid_move, trend_move
 from ebb.coldstart.scaling_inputs import Measured
-from ebb.coldstart.scaling_slo import slo_verdict
+from ebb.coldstart.scaling_slo_model import slo_with_model
 from ebb.coldstart.scaling_utilisation import utilisation_verdict
 from ebb.coldstart.scaling_verdict import HOLD, Verdict
 from ebb.coldstart.schedule import minimum_at
@@ -161,7 +161,9 @@ def _verdict(
 ) -> Verdict:
     if scaling.policy == "slo" and scaling.slo is not None:
         slots = snap.ready * snap.target_concurrency
-        return slo_verdict(measured, scaling.slo, snap.ready, queued=snap.queue_depth, slots=slots)
+        return slo_with_model(
+            measured, scaling.slo, snap.ready, queued=snap.queue_depth, slots=slots
+        )
     if scaling.policy == "utilisation":
         return utilisation_verdict(measured.utilisation, now_s, scaling.utilisation)
     return HOLD

@@ -9,6 +9,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ebb.coldstart.latency_model import LatencyFit
+
 
 @dataclass(frozen=True)
 class Measured:
@@ -40,3 +42,5 @@ class Measured:
     # The controller's last scale-out and scale-in of it (for the reversal gap).
     last_out_s: float = -math.inf
     last_in_s: float = -math.inf
+    # The online latency model (`scaling.slo.predict`); None: off, or too few samples.
+    latency_fit: LatencyFit | None = None

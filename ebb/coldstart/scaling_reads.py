@@ -38,6 +38,10 @@ class RedisScalingSource:
                 r.finished_at_s,
                 r.ttft_ms / 1000 if r.ttft_ms is not None else None,
                 r.tpot_ms / 1000 if r.tpot_ms is not None else None,
+                prompt_tokens=r.prompt_tokens,
+                completion_tokens=r.completion_tokens,
+                queue_s=r.queue_ms / 1000 if r.queue_ms is not None else None,
+                batch_size=r.batch_size,
             )
             for r in records
             if r.state == "finished"

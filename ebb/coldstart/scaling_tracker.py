@@ -17,6 +17,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from ebb.coldstart.estimate import tier_estimate_s
 from ebb.coldstart.keepalive import percentile
+from ebb.coldstart.latency_model import LatencyModel, Sample
 from ebb.coldstart.scaling_actions import Scaled
 from ebb.coldstart.scaling_inputs import Measured
 from ebb.launching.tiers import Tier
@@ -46,6 +47,22 @@ class Latency:
     finished_s: float  # wall clock
     ttft_s: float | None
     tpot_s: float | None = None
+    # For the latency model (None: not reported, e.g. by an older runner).
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    queue_s: float | None = None
+    batch_size: float | None = None
+
+    def sample(self) -> Sample:
+        return Sample(
+            self.finished_s,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.ttft_s,
+            self.queue_s,
+            self.tpot_s,
+            self.batch_size,
+        )
 
 
 @dataclass(frozen=True)
@@ -108,6 +125,7 @@ class _Memory:
     last_in_s: float = -math.inf
     hold_logged: tuple[object, ...] = ()
     hold_logged_s: float = -math.inf
+    model: LatencyModel = field(default_factory=LatencyModel)
 
 
 class ScalingTracker:
@@ -135,6 +153,7 @@ class ScalingTracker:
         for done in finished:
             for memory in by_public.get(done.deployment, []):
                 memory.latencies.append((done.finished_s, done.ttft_s, done.tpot_s))
+                memory.model.observe([done.sample()])
 
     async def measure(
         self, spec: DeploymentSpec, ready: Sequence[str], wall_s: float, queued: int = 0
@@ -157,7 +176,8 @@ class ScalingTracker:
             memory.demand.popleft()
         cold_starts_ms = await self._source.cold_start_ms(spec.name)
         cold = tier_estimate_s(cold_starts_ms, Tier.FRESH)
-        window_s = spec.scaling.slo.window_s if spec.scaling.slo else 60.0
+        slo = spec.scaling.slo
+        window_s = slo.window_s if slo else 60.0
         while memory.latencies and memory.latencies[0][0] < wall_s - window_s:
             memory.latencies.popleft()
         ttfts = [t for _, t, _ in memory.latencies if t is not None]
@@ -179,6 +199,7 @@ class ScalingTracker:
             },
             last_out_s=memory.last_out_s,
             last_in_s=memory.last_in_s,
+            latency_fit=memory.model.fit(wall_s) if slo is not None and slo.predict else None,
         )
         return measured, cold
 

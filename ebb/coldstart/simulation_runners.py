@@ -43,12 +43,21 @@ class RunnerModel:
     fresh_start_s: float = 10.0
     # A new stem is usable this long after it is launched (imports), unless forked.
     stem_import_s: float = 8.0
+    # The latency model's shape (`latency_model`): a fixed cost per prefill, and TPOT
+    # growing by this much per other request in the batch (0: flat, the defaults).
+    prefill_base_s: float = 0.0
+    tpot_per_batch_s: float = 0.0
 
-    def service_s(self, request: TraceRequest) -> float:
-        return (
-            request.prompt_tokens / self.prefill_tokens_per_s
-            + request.output_tokens / self.decode_tokens_per_s
-        )
+    def prefill_s(self, prompt_tokens: int) -> float:
+        return self.prefill_base_s + prompt_tokens / self.prefill_tokens_per_s
+
+    def tpot_s(self, batch: int) -> float:
+        """Per output token with `batch` requests (itself included) in the batch."""
+        return 1 / self.decode_tokens_per_s + self.tpot_per_batch_s * max(0, batch - 1)
+
+    def service_s(self, request: TraceRequest, batch: int = 1) -> float:
+        """Its time in a slot, taken at the batch it joined for its whole decode."""
+        return self.prefill_s(request.prompt_tokens) + request.output_tokens * self.tpot_s(batch)
 
     def start_s(self, tier: str) -> float:
         return {Tier.PREWARMED: self.prewarmed_start_s, Tier.FORKED: self.forked_start_s}.get(
@@ -59,6 +68,19 @@ class RunnerModel:
         """The measured cold starts these speeds would leave behind (for Retry-After)."""
         tiers = (Tier.PREWARMED, Tier.FORKED, Tier.FRESH)
         return {tier.value: {"total": self.start_s(tier) * 1000} for tier in tiers}
+
+
+# The latency model's constants fitted on the real engine by `bench.latency_calibrate`
+# (vLLM on CPU, the default model, random prompts of 16-768 tokens, batches of 1-16, on
+# this 2-core machine while others ran): TTFT 4.71 ms per prompt token (the fitted
+# intercept, -0.09 s, taken as 0), TPOT 77.6 ms + 8.0 ms per request in the batch. Its
+# prefill is ~10x slower than `RunnerModel`'s defaults (bench.serving's, through the
+# HTTP API on a quieter machine); `bench.autoscale --runner calibrated` runs on it.
+CALIBRATED = RunnerModel(
+    prefill_tokens_per_s=1 / 0.0047141,
+    decode_tokens_per_s=1 / (0.0776 + 0.00799),
+    tpot_per_batch_s=0.00799,
+)
 
 
 @dataclass
@@ -192,9 +214,10 @@ class SimulatedLauncher:
             draining = self._state.records[proc.runner_id].state is RunnerState.DRAINING
             while queue and not draining and len(proc.busy_until_s) < spec.max_concurrency:
                 queued = queue.popleft()
-                proc.busy_until_s.append(now + self.model.service_s(queued.request))
+                batch = len(proc.busy_until_s) + 1
+                proc.busy_until_s.append(now + self.model.service_s(queued.request, batch))
                 proc.last_active_s = now
-                self._record_first_token(deployment, queued, now)
+                self._record_first_token(deployment, queued, now, batch)
                 if on_claim is not None:
                     on_claim(queued, proc)
             self._state.held[proc.runner_id] = len(proc.busy_until_s)
@@ -204,16 +227,21 @@ class SimulatedLauncher:
                 drained.append(proc.runner_id)
         return drained
 
-    def _record_first_token(self, deployment: str, queued: Queued, now: float) -> None:
-        """Its time to first token (queue wait and prefill) and per output token."""
+    def _record_first_token(self, deployment: str, queued: Queued, now: float, batch: int) -> None:
+        """Its time to first token (queue wait and prefill) and per output token, with
+        what a runner reports for the latency model."""
         request = queued.request
-        first_s = now + request.prompt_tokens / self.model.prefill_tokens_per_s
+        first_s = now + self.model.prefill_s(request.prompt_tokens)
         self._state.served.append(
             Latency(
                 deployment,
                 self._clock.time() + (first_s - now),
                 first_s - queued.enqueued_s,
-                1 / self.model.decode_tokens_per_s,
+                self.model.tpot_s(batch),
+                prompt_tokens=request.prompt_tokens,
+                completion_tokens=request.output_tokens,
+                queue_s=now - queued.enqueued_s,
+                batch_size=batch,
             )
         )
 

@@ -37,6 +37,7 @@ class SloBody(BaseModel):
     ttft_p90_s: float | None = Field(None, gt=0, le=600, description="p90 time to first token.")
     tpot_p90_s: float | None = Field(None, gt=0, le=60, description="p90 time per output token.")
     window_s: float = Field(60.0, ge=5, le=3600, description="Over this long, measured.")
+    predict: bool = Field(False, description="Also scale on the online latency model's prediction.")
 
 
 class UtilisationBody(BaseModel):

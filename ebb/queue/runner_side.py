@@ -65,6 +65,8 @@ class Ending:
     completion_tokens: int
     ttft_ms: float | None = None  # from its enqueueing to its first output, when it had one
     tpot_ms: float | None = None  # per output token after the first
+    queue_ms: float | None = None  # from its enqueueing to its claim
+    batch_size: float | None = None  # mean requests in the batch while it decoded
 
 
 @dataclass(frozen=True)
@@ -304,6 +306,8 @@ class RunnerQueue:
             version=version,
             ttft_ms=ending.ttft_ms,
             tpot_ms=ending.tpot_ms,
+            queue_ms=ending.queue_ms,
+            batch_size=ending.batch_size,
             tenant=work.tenant,
             prompt_tokens=ending.prompt_tokens,
             completion_tokens=ending.completion_tokens,

@@ -32,6 +32,9 @@ class SloTarget(msgspec.Struct, kw_only=True, frozen=True):
     ttft_p90_s: float | None = None
     tpot_p90_s: float | None = None
     window_s: float = 60.0
+    # Also act on the online latency model (`coldstart.latency_model`): out when it
+    # predicts a break at the current rate, in only when it predicts one fewer meets it.
+    predict: bool = False
 
 
 class UtilisationRule(msgspec.Struct, kw_only=True, frozen=True):

@@ -381,6 +381,10 @@ class UsageRecord(msgspec.Struct, kw_only=True):
     ttft_ms: float | None = None
     # Per output token after the first, as the runner saw it (scaling policies' p90).
     tpot_ms: float | None = None
+    # From enqueue to its claim (part of `ttft_ms`), and the mean number of requests in
+    # its runner's batch while it decoded: the online latency model's inputs.
+    queue_ms: float | None = None
+    batch_size: float | None = None
     # An adapter's request (`deployment` is the adapter, billed at its prices): the base
     # deployment whose runner served it ("" for a model's own request).
     base: str = ""

@@ -138,6 +138,9 @@ class Held:
     # For the request's trace (ns since the epoch): when claimed, when its first output.
     claimed_ns: int = 0
     first_output_ns: int | None = None
+    # Requests in the batch, summed over the steps that gave it output (its mean batch size).
+    batch_sum: int = 0
+    batch_steps: int = 0
 
 
 class ServingLoop:
@@ -461,6 +464,8 @@ class ServingLoop:
                 self.gpu_shares.produced(out.request_id)
                 progress[out.request_id] = self._progress(held, out.choices)
                 held.first_output_ns = held.first_output_ns or time.time_ns()
+                held.batch_sum += len(self.held)
+                held.batch_steps += 1
             if out.finished:
                 finished.append(out)
         endings: list[tuple[Held, str, Finished | Failed]] = [
@@ -529,6 +534,8 @@ class ServingLoop:
                     h.completion_tokens,
                     _ttft_ms(h),
                     _tpot_ms(h, time.time_ns()),
+                    _queue_ms(h),
+                    h.batch_sum / h.batch_steps if h.batch_steps else None,
                 )
                 for h, state, event in endings
             ],
@@ -620,6 +627,13 @@ def _tpot_ms(held: Held, now_ns: int) -> float | None:
     if not held.first_output_ns or held.completion_tokens < 2:
         return None
     return max(0.0, (now_ns - held.first_output_ns) / 1e6 / (held.completion_tokens - 1))
+
+
+def _queue_ms(held: Held) -> float | None:
+    """From the request's enqueue (the frontdoor's clock) to its claim."""
+    if not held.claimed_ns or not held.work.enqueued_at_s:
+        return None
+    return max(0.0, held.claimed_ns / 1e6 - held.work.enqueued_at_s * 1000)
 
 
 def _ttft_ms(held: Held) -> float | None:
