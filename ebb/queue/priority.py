@@ -64,9 +64,29 @@ def effective_priority(key_priority: str | None, tenant_priority: str | None) ->
 
 def critical_slots(max_concurrency: int) -> int:
     """Critical requests a runner takes beyond its `max_concurrency` when those slots are
-    full (a quarter of them, at least one): critical work waits for no slot to free. Its
-    engine batches that many more sequences, so that they run at once."""
+    full of critical work (a quarter of them, at least one)."""
     return max(1, max_concurrency // 4)
+
+
+def engine_batch_limit(max_concurrency: int, configured: int | None = None) -> int:
+    """The engine's batch (vLLM's `max_num_seqs`) for a runner of `max_concurrency` slots,
+    unless the deployment `configured` one: the slots, full of standard and sheddable
+    work, plus every critical request the runner takes (`critical_room`). vLLM never
+    preempts a running sequence for a waiting one's place in the batch, so a critical
+    request the batch had no place for would wait for a lower class's to end. Sequences
+    beyond the slots share the same KV cache: when it runs out, vLLM's priority policy
+    preempts the least urgent ones."""
+    return configured or 2 * max_concurrency + critical_slots(max_concurrency)
+
+
+def critical_room(max_concurrency: int, held: int, held_critical: int, batch_limit: int) -> int:
+    """Critical requests a runner holding `held` requests (`held_critical` of them
+    critical) may still claim: up to `max_concurrency + critical_slots` critical ones
+    whatever else it holds, so that under overload critical work has the room it has
+    alone and waits for no standard or sheddable request to end; never more than the
+    engine's `batch_limit` in all. Standard and sheddable work takes only free slots."""
+    own = max_concurrency + critical_slots(max_concurrency) - held_critical
+    return max(0, min(own, batch_limit - held))
 
 
 def shed_depth(priority: str, depth_limit: int, shed_fraction: float) -> int:

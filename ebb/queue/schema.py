@@ -211,7 +211,7 @@ class EngineSpec(msgspec.Struct, kw_only=True, frozen=True):
 
     dtype: str | None = None
     quantization: str | None = None
-    max_num_seqs: int | None = None  # None: the deployment's max_concurrency
+    max_num_seqs: int | None = None  # None: priority.engine_batch_limit
     tensor_parallel_size: int | None = None  # None: 1, or what placement needs to fit
     enable_prefix_caching: bool | None = None
     gpu_memory_gib: float | None = None

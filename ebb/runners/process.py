@@ -34,7 +34,7 @@ from ebb.process_memory import start_memory_reporter
 from ebb.queue.connection import UNAVAILABLE_ERRORS, sync_client
 from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.gpus import SLEEPER_EXIT
-from ebb.queue.priority import critical_slots
+from ebb.queue.priority import engine_batch_limit
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
 from ebb.queue.versions import public_name
@@ -402,8 +402,7 @@ def engine_options(
         model_path=model_path,
         max_model_len=spec.max_model_len or model_len,
         # Room for the critical requests a full runner still takes (ebb.queue.priority).
-        max_num_seqs=engine.max_num_seqs
-        or spec.max_concurrency + critical_slots(spec.max_concurrency),
+        max_num_seqs=engine_batch_limit(spec.max_concurrency, engine.max_num_seqs),
         kv_cache_gib=settings.kv_cache_gib,
         source=spec.source,
         dtype=engine.dtype,

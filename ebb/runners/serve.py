@@ -41,7 +41,7 @@ from ebb import tracing
 from ebb.queue.continuation import remaining_sampling, replayable
 from ebb.queue.gpu_records import GpuDevice
 from ebb.queue.observations import RunnerStats
-from ebb.queue.priority import critical_slots, rank
+from ebb.queue.priority import critical_room, engine_batch_limit, rank
 from ebb.queue.runner_side import ClaimResult, Ending, RunnerQueue
 from ebb.queue.schema import (
     ChoiceDelta,
@@ -284,13 +284,15 @@ class ServingLoop:
         return self._spec.max_concurrency
 
     def _critical_room(self) -> int:
-        """Critical requests this runner may still take beyond its slots
-        (`critical_slots`): its engine schedules them first (`priority`); standard and
-        sheddable work never uses these."""
+        """Critical requests this runner may take beyond its free slots (`critical_room`,
+        in `ebb.queue.priority`): its engine's batch has their places, and its scheduler
+        runs them first (`priority`); standard and sheddable work never uses these."""
         if self._draining:
             return 0
-        beyond = max(0, len(self.held) - self._max_slots)
-        return max(0, critical_slots(self._max_slots) - beyond)
+        held_critical = sum(1 for h in self.held.values() if rank(h.work.priority) == 0)
+        batch = engine_batch_limit(self._max_slots, self._spec.engine.max_num_seqs)
+        room = critical_room(self._max_slots, len(self.held), held_critical, batch)
+        return max(0, room - max(0, self._max_slots - len(self.held)))
 
     def _job_limit(self) -> int:
         """Job slots now. While no synchronous request runs here or ran in the last

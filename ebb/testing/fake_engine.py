@@ -43,6 +43,8 @@ class _Choice:
 class _Request:
     prompt_tokens: int
     sampling: SamplingSpec
+    priority: int = 1  # its class's rank: 0 is the most urgent
+    arrival: int = 0  # order of arrival, for the waiting queue's ties
     choices: list[_Choice] = field(default_factory=list)
     uncached_tokens: int = 0  # prompt tokens its prefill must compute (not in the cache)
 
@@ -112,8 +114,24 @@ def _first_to_hang(name: str) -> bool:
 
 
 class FakeEngine:
-    def __init__(self, model: FakeModel, *, pooling: bool = False, lora: LoraLimits | None = None):
+    """Batches as vLLM's v1 scheduler with `scheduling_policy="priority"` does: at most
+    `max_num_seqs` requests run (None: no limit); a step first admits waiting requests
+    into the free places, most urgent first (lowest `priority`, then earliest arrival),
+    and a waiting request never displaces a running one for its place, whatever their
+    classes (vLLM preempts only when the KV cache runs out, which this engine does not
+    model). So a critical request added to a full batch waits until one of it ends."""
+
+    def __init__(
+        self,
+        model: FakeModel,
+        *,
+        pooling: bool = False,
+        lora: LoraLimits | None = None,
+        max_num_seqs: int | None = None,
+    ):
         self.model = model
+        self.max_num_seqs = max_num_seqs
+        self._running: set[str] = set()  # ids of the requests in the batch
         self.pooling = pooling
         # LoRA as vLLM models it: adapters loaded on first use, kept LRU (max_cpu_loras).
         self.lora = lora
@@ -138,7 +156,12 @@ class FakeEngine:
             time.sleep(model.load_s)  # simulates weight loading
         if model.fail:
             raise RuntimeError(f"fake engine {model.name} failed to load (fail=1)")
-        return cls(model, pooling=options.task == "embed", lora=options.lora)
+        return cls(
+            model,
+            pooling=options.task == "embed",
+            lora=options.lora,
+            max_num_seqs=options.max_num_seqs,
+        )
 
     def add_request(
         self,
@@ -174,6 +197,8 @@ class FakeEngine:
         request = _Request(
             prompt_tokens=len(prompt_token_ids),
             sampling=sampling,
+            priority=priority,
+            arrival=self._added,
             uncached_tokens=len(prompt_token_ids) - cached,
         )
         request.choices = [
@@ -217,6 +242,7 @@ class FakeEngine:
     def abort(self, request_ids: Iterable[str]) -> None:
         for request_id in request_ids:
             self._embeddings.pop(request_id, None)
+            self._running.discard(request_id)
             if self._requests.pop(request_id, None) is not None:
                 self.aborted.append(request_id)
 
@@ -229,10 +255,13 @@ class FakeEngine:
         if self.model.step_ms:
             time.sleep(self.model.step_ms / 1000)  # simulates one forward pass
         self._maybe_hang()
+        self._schedule()
         self._prefill()
         outputs = [self._embedded(rid, *done) for rid, done in self._embeddings.items()]
         self._embeddings.clear()
         for request_id, request in list(self._requests.items()):
+            if request_id not in self._running:
+                continue  # waits for a place in the batch
             deltas = [self._advance(c, request.sampling) for c in request.choices if not c.done]
             finished = all(c.done for c in request.choices)
             outputs.append(
@@ -246,7 +275,20 @@ class FakeEngine:
             )
             if finished:
                 del self._requests[request_id]
+                self._running.discard(request_id)
         return outputs
+
+    def _schedule(self) -> None:
+        """Admit waiting requests into the batch's free places, most urgent first."""
+        waiting = [r for r in self._requests if r not in self._running]
+        waiting.sort(key=lambda r: (self._requests[r].priority, self._requests[r].arrival))
+        if self.max_num_seqs is not None:
+            waiting = waiting[: max(0, self.max_num_seqs - len(self._running))]
+        self._running.update(waiting)
+
+    def running_ids(self) -> set[str]:
+        """The requests in the batch now (the others wait for a place)."""
+        return set(self._running)
 
     def _maybe_hang(self) -> None:
         """Block this step for an hour once a request reached `hang_after` tokens (see
@@ -264,7 +306,9 @@ class FakeEngine:
     def _prefill(self) -> None:
         """Simulates the prefill of the requests that have no output yet: a flat
         `prefill_ms`, plus `prefill_ms_per_1k_tokens` for what the prefix cache lacked."""
-        new = [r for r in self._requests.values() if r.completion_tokens == 0]
+        new = [
+            r for i, r in self._requests.items() if i in self._running and not r.completion_tokens
+        ]
         if not new:
             return
         per_token_ms = self.model.prefill_ms_per_1k_tokens / 1000
@@ -326,3 +370,4 @@ class FakeEngine:
 
     def shutdown(self) -> None:
         self._requests.clear()
+        self._running.clear()

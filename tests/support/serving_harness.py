@@ -32,6 +32,7 @@ from ebb.queue.connection import async_client, sync_client
 from ebb.queue.job_schema import JobEvent, JobRecord, attempt_request_id
 from ebb.queue.job_store import JobStore
 from ebb.queue.platform import PlatformState
+from ebb.queue.priority import engine_batch_limit
 from ebb.queue.requests import RequestQueue
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import (
@@ -279,7 +280,11 @@ async def serving_harness(
         sync_client(redis_url), runner_id, lease_ttl_s=lease_ttl_s, result_ttl_s=60
     )
     runner.register(RunnerRecord(runner_id=runner_id, state=RunnerState.READY, deployment=DEP))
-    engine = ObservedEngine.load(EngineOptions(model_path=None, max_model_len=2048, source=source))
+    # The batch limit a runner gives its engine (ebb.runners.process.engine_options).
+    batch = engine_batch_limit(spec.max_concurrency, spec.engine.max_num_seqs)
+    engine = ObservedEngine.load(
+        EngineOptions(model_path=None, max_model_len=2048, source=source, max_num_seqs=batch)
+    )
     stop, clock = threading.Event(), ManualClock()
     loop = ServingLoop(runner, engine, spec, stop, Lifecycle(runner, RunnerState.READY), clock)
     harness = ServingHarness(

@@ -231,4 +231,22 @@ def test_a_runner_takes_a_quarter_of_its_slots_more_for_critical_work_and_its_en
     options = engine_options(
         Settings(), DeploymentSpec(name="m", source="s", max_concurrency=32), Path("/m"), 2048, None
     )
-    assert options.max_num_seqs == 40
+    # 32 slots of any class, and places for the 32 + 8 critical requests it takes
+    # whatever the slots hold.
+    assert options.max_num_seqs == 72
+
+
+def test_a_full_runner_has_the_same_room_for_critical_work_as_an_idle_one():
+    """Standard and sheddable requests holding every slot take none of the critical
+    room: 4 slots give 5 critical requests places, whatever else runs."""
+    from ebb.queue.priority import critical_room, engine_batch_limit
+
+    batch = engine_batch_limit(4)
+    assert batch == 9
+    assert critical_room(4, held=0, held_critical=0, batch_limit=batch) == 5  # idle
+    assert critical_room(4, held=4, held_critical=0, batch_limit=batch) == 5  # full, none critical
+    assert critical_room(4, held=6, held_critical=2, batch_limit=batch) == 3
+    assert critical_room(4, held=9, held_critical=5, batch_limit=batch) == 0
+    # A batch the deployment set smaller bounds it: no place, no claim.
+    assert critical_room(4, held=4, held_critical=0, batch_limit=6) == 2
+    assert engine_batch_limit(4, configured=6) == 6
