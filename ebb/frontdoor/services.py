@@ -27,6 +27,7 @@ from ebb.queue.batch_store import BatchStore
 from ebb.queue.budgets import BudgetStore
 from ebb.queue.connection import async_client, short_command_client
 from ebb.queue.delivery_store import DeliveryStore, delivery_record_ttl_s
+from ebb.queue.event_hub import EventHub
 from ebb.queue.job_store import JobStore
 from ebb.queue.ledger import LedgerStore
 from ebb.queue.platform import PlatformState
@@ -84,7 +85,7 @@ def build_services(settings: Settings) -> Services:
         redis=client,
         state=state,
         queue=queue,
-        executor=Executor(settings, queue, state, PriorityStore(client)),
+        executor=Executor(settings, queue, state, PriorityStore(client), EventHub(client)),
         priorities=PriorityStore(client),
         catalog=ModelCatalog(state, engines),
         engines=engines,

@@ -154,12 +154,18 @@ class EventReader:
             _stream, entries = reply_list(reply_list(reply)[0])
             for entry_id, fields in reply_entries(entries):
                 self._last_id = entry_id
-                try:
-                    event = decode_event(fields[b"e"])
-                except Exception as e:  # a malformed event must not hang the client
-                    log.exception("queue: undecodable event on %s", self._key)
-                    event = Failed(message=f"internal error: {e}", code="internal")
+                event = decode_entry(self._key, fields)
                 if self._repeats.keep(event):
                     self._buffer.append(event)
             self._buffer.reverse()
         return self._buffer.pop()
+
+
+def decode_entry(stream: str, fields: dict[bytes, bytes]) -> RequestEvent:
+    """One entry of a request's event stream; a malformed one is a Failed event (it must
+    not hang the client)."""
+    try:
+        return decode_event(fields[b"e"])
+    except Exception as e:
+        log.exception("queue: undecodable event on %s", stream)
+        return Failed(message=f"internal error: {e}", code="internal")
