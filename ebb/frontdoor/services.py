@@ -36,6 +36,7 @@ from ebb.queue.quotas import QuotaStore
 from ebb.queue.ratelimits import RateLimitStore
 from ebb.queue.requests import RequestQueue
 from ebb.queue.stream_views import StreamViews
+from ebb.queue.turn_batch import TurnBatch
 from ebb.queue.webhook_secrets import WebhookSecrets
 
 
@@ -72,7 +73,9 @@ def build_services(settings: Settings) -> Services:
         client, result_ttl_s=settings.result_ttl_s, short_client=short_command_client(url)
     )
     # A request record must outlive its admission window and generation.
-    queue = RequestQueue(client, request_ttl_s=max(settings.result_ttl_s, 3600))
+    queue = RequestQueue(
+        client, request_ttl_s=max(settings.result_ttl_s, 3600), batch=TurnBatch(client)
+    )
     ratelimits = RateLimitStore(client)
     budgets = BudgetStore(
         client,

@@ -27,7 +27,7 @@ from ebb.queue.schema import (
     WorkItem,
     decode_event,
 )
-from ebb.queue.scripts import QueueScripts
+from ebb.queue.scripts import QueueScripts, TurnBatchLike
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +78,12 @@ class Admission:
 
 
 class RequestQueue:
-    def __init__(self, client: aioredis.Redis, *, request_ttl_s: int):
+    def __init__(
+        self, client: aioredis.Redis, *, request_ttl_s: int, batch: TurnBatchLike | None = None
+    ):
+        """`batch`: enqueues join their loop turn's pipeline (`ebb.queue.turn_batch`)."""
         self._redis = client
-        self._scripts = QueueScripts(client)
+        self._scripts = QueueScripts(client, batch)
         self._request_ttl_s = request_ttl_s
 
     async def enqueue(

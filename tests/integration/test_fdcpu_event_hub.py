@@ -9,12 +9,12 @@ import asyncio
 import pytest
 import redis
 import redis.asyncio as aioredis
+from support import free_port
 
 from ebb.queue import event_hub, keys
 from ebb.queue.connection import async_client
 from ebb.queue.event_hub import EventHub
 from ebb.queue.schema import Claimed, Failed, Finished, encode
-from support import free_port
 
 pytestmark = pytest.mark.integration
 
