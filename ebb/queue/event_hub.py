@@ -25,6 +25,7 @@ import contextlib
 import logging
 import weakref
 from collections import deque
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -135,7 +136,7 @@ class EventHub:
             self._connection_id = await connection.client_id()
             while self._followed:
                 readers = dict(self._followed)
-                streams = {key: reader.last_id for key, reader in readers.items()}
+                streams: dict[Any, Any] = {key: r.last_id for key, r in readers.items()}
                 self._missing = False
                 self._blocked = True
                 try:

@@ -42,7 +42,8 @@ class TurnBatch:
     async def _send(self, batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]]) -> None:
         try:
             if len(batch) == 1:
-                replies: list[Any] = [await self._client.execute_command(*batch[0][0])]
+                command = batch[0][0]
+                replies: list[Any] = [await self._client.execute_command(*command)]  # type: ignore[no-untyped-call]  # redis-py's
             else:
                 pipe = self._client.pipeline(transaction=False)
                 for command, _ in batch:
