@@ -10,6 +10,8 @@ import redis
 from redis.exceptions import ResponseError
 
 from ebb.queue.connection import async_client
+from ebb.queue.platform import PlatformState
+from ebb.queue.schema import ApiKeyRecord
 from ebb.queue.scripts import register_async
 from ebb.queue.turn_batch import TurnBatch
 
@@ -65,3 +67,37 @@ def test_a_batched_script_loads_itself_again_after_a_script_flush(redis_url):
 
     first, second = asyncio.run(enqueue_twice())
     assert first == second == [b"none"]
+
+
+def test_api_key_lookups_of_one_turn_share_a_round_trip_and_see_revocation(redis_url):
+    async def lookups() -> list[object]:
+        client = async_client(redis_url)
+        state = PlatformState(client)
+        await state.create_api_key("sk-one", ApiKeyRecord(key_id="k1", tenant="t1"))
+        await state.create_api_key("sk-two", ApiKeyRecord(key_id="k2", tenant="t2"))
+        sent_alone: list[tuple] = []
+        alone = client.execute_command
+
+        async def spy(*args, **kwargs):
+            sent_alone.append(args)
+            return await alone(*args, **kwargs)
+
+        client.execute_command = spy  # type: ignore[method-assign]
+        try:
+            found = await asyncio.gather(
+                *(state.lookup_api_key(s) for s in ("sk-one", "sk-two", "sk-none"))
+            )
+            client.execute_command = alone  # type: ignore[method-assign]
+            await state.revoke_api_key("k1")
+            return [
+                [r and (r.key_id, r.revoked) for r in found],
+                sent_alone,
+                (await state.lookup_api_key("sk-one")).revoked,
+            ]
+        finally:
+            await client.aclose()
+
+    found, sent_alone, revoked_now = asyncio.run(lookups())
+    assert found == [("k1", False), ("k2", False), None]
+    assert sent_alone == [], "the three lookups went out as one pipeline"
+    assert revoked_now is True, "nothing is cached: a revoked key is refused at once"
