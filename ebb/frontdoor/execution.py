@@ -32,6 +32,7 @@ from ebb.config import Settings
 from ebb.errors import CapacityError, JobError, NotFound
 from ebb.frontdoor.priority import AdmissionPriority, shed_message
 from ebb.queue.connection import UNAVAILABLE_ERRORS
+from ebb.queue.event_hub import EventHub, HubReader
 from ebb.queue.platform import PlatformState
 from ebb.queue.priority_store import PriorityStore
 from ebb.queue.requests import EventReader, QueueFull, QueueShed, RequestQueue
@@ -70,7 +71,7 @@ class Running:
     """A claimed request whose events are being followed."""
 
     work: WorkItem
-    reader: EventReader
+    reader: EventReader | HubReader
     queued_s: float
     spec: DeploymentSpec
     reruns: int = 0
@@ -83,9 +84,13 @@ class Executor:
         queue: RequestQueue,
         state: PlatformState,
         priorities: PriorityStore | None = None,
+        hub: EventHub | None = None,
     ):
+        """`hub`: follows every admitted request's events with shared reads (None: one
+        XREAD per request each)."""
         self._settings = settings
         self._queue = queue
+        self._hub = hub
         self._state = state
         self._retry_after = RetryAfterCache(state)
         self._priority = AdmissionPriority(priorities, settings.shed_queue_fraction)
@@ -114,7 +119,11 @@ class Executor:
         except QueueShed as e:
             message = self._priority.shed_message(work, spec, depth)
             raise await self._capacity_error(spec, message, code="shed") from e
-        reader = self._queue.events(work.request_id)
+        reader = (
+            self._hub.reader(work.request_id)
+            if self._hub is not None
+            else self._queue.events(work.request_id)
+        )
         await self._await_claim(work, spec, reader, window_s)
         return Running(work, reader, queued_s=time.monotonic() - started, spec=spec)
 
@@ -149,7 +158,11 @@ class Executor:
         )
 
     async def _await_claim(
-        self, work: WorkItem, spec: DeploymentSpec, reader: EventReader, window_s: float
+        self,
+        work: WorkItem,
+        spec: DeploymentSpec,
+        reader: EventReader | HubReader,
+        window_s: float,
     ) -> None:
         """Until the request's next Claimed event; CapacityError once withdrawn unclaimed."""
         event = await self._ride_out(reader.next, window_s)

@@ -16,6 +16,7 @@ import math
 from ebb.errors import InvalidRequest, RateLimited
 from ebb.frontdoor.budgets import BudgetGate, BudgetHold, cost_micros
 from ebb.frontdoor.caller import Caller
+from ebb.frontdoor.limit_presence import LimitPresence
 from ebb.queue.budget_schema import BudgetReservation
 from ebb.queue.ratelimits import LimitOutcome, RateLimitStore
 from ebb.queue.schema import Finished, Progress, WorkItem
@@ -91,6 +92,7 @@ class RateLimiter:
     def __init__(self, store: RateLimitStore, budgets: BudgetGate | None = None):
         self._store = store
         self._budgets = budgets
+        self._presence = LimitPresence(store)
 
     async def reserve(self, caller: Caller, work: WorkItem) -> Reservation:
         """Reserve for `work`; raises RateLimited (429), InsufficientQuota (429, a spend
@@ -108,6 +110,8 @@ class RateLimiter:
 
     async def _reserve_rate(self, caller: Caller, work: WorkItem) -> Reservation:
         tokens = worst_case_tokens(work)
+        if not await self._presence.limited(caller.key_id, caller.tenant):
+            return Reservation(None, work, tokens)  # what the script answers: "none"
         outcome = await self._store.reserve(caller.key_id, caller.tenant, tokens)
         if outcome.status == "limited":
             raise RateLimited(

@@ -32,6 +32,7 @@ from ebb.queue.budget_presence import BudgetPresenceReads
 from ebb.queue.budgets import BudgetStore
 from ebb.queue.connection import async_client, short_command_client
 from ebb.queue.delivery_store import DeliveryStore, delivery_record_ttl_s
+from ebb.queue.event_hub import EventHub
 from ebb.queue.job_store import JobStore
 from ebb.queue.ledger import LedgerStore
 from ebb.queue.platform import PlatformState
@@ -40,6 +41,7 @@ from ebb.queue.quotas import QuotaStore
 from ebb.queue.ratelimits import RateLimitStore
 from ebb.queue.requests import RequestQueue
 from ebb.queue.stream_views import StreamViews
+from ebb.queue.turn_batch import TurnBatch
 from ebb.queue.webhook_secrets import WebhookSecrets
 
 
@@ -81,7 +83,9 @@ def build_services(settings: Settings) -> Services:
         client, result_ttl_s=settings.result_ttl_s, short_client=short_command_client(url)
     )
     # A request record must outlive its admission window and generation.
-    queue = RequestQueue(client, request_ttl_s=max(settings.result_ttl_s, 3600))
+    queue = RequestQueue(
+        client, request_ttl_s=max(settings.result_ttl_s, 3600), batch=TurnBatch(client)
+    )
     ratelimits = RateLimitStore(client)
     budgets = BudgetStore(
         client,
@@ -96,7 +100,7 @@ def build_services(settings: Settings) -> Services:
         redis=client,
         state=state,
         queue=queue,
-        executor=Executor(settings, queue, state, PriorityStore(client)),
+        executor=Executor(settings, queue, state, PriorityStore(client), EventHub(client)),
         priorities=PriorityStore(client),
         catalog=ModelCatalog(state, engines),
         engines=engines,

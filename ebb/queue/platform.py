@@ -36,6 +36,7 @@ from ebb.queue.schema import (
     new_deployment_uid,
 )
 from ebb.queue.scripts import QueueScripts
+from ebb.queue.turn_batch import TurnBatch
 from ebb.queue.version_store import VersionStore
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,8 @@ class PlatformState:
         self.short_redis = short_client or client
         # One per process, so that concurrent requests for one unit share its reads.
         self.admission_reads = AdmissionReads(self.short_redis)
+        # API key lookups of one event-loop turn share a round trip (every tenant request).
+        self._key_lookups = TurnBatch(self.short_redis)
         self._scripts = QueueScripts(client)
         self._deployment_scripts = DeploymentScripts(client)
         self._result_ttl_s = result_ttl_s
@@ -368,7 +371,7 @@ class PlatformState:
         await self.redis.hset(keys.API_KEYS, _key_hash(secret), msgspec.json.encode(record))
 
     async def lookup_api_key(self, secret: str) -> ApiKeyRecord | None:
-        raw = await self.redis.hget(keys.API_KEYS, _key_hash(secret))
+        raw = await self._key_lookups.execute("HGET", keys.API_KEYS, _key_hash(secret))
         return msgspec.json.decode(raw, type=ApiKeyRecord) if raw else None
 
     async def list_api_keys(self) -> list[ApiKeyRecord]:

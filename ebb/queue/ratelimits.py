@@ -46,6 +46,16 @@ class RateLimitStore:
     def __init__(self, client: aioredis.Redis):
         self._redis = client
         self._script = register_async(client, "ratelimit")
+        # Bumped by every `set_limits` through this store: a cache of who has limits
+        # (`ebb.frontdoor.limit_presence`) reads again rather than wait out its period.
+        self.changes = 0
+
+    async def any_limit(self, key_id: str, tenant: str) -> bool:
+        """Whether the key or its tenant has any limit: without one, `reserve` answers
+        "none", and an admission can skip it (one round trip)."""
+        subjects = (key_subject(key_id), tenant_subject(tenant))
+        fields = [f"{subject}:{kind}" for subject in subjects for kind in _KINDS]
+        return any(await self._redis.hmget(keys.RATE_LIMITS, fields))
 
     async def reserve(self, key_id: str, tenant: str, tokens: int) -> LimitOutcome:
         """Take one request and `tokens` from the key's and the tenant's buckets, or none."""
@@ -80,6 +90,7 @@ class RateLimitStore:
         )
 
     async def set_limits(self, subject: str, limits: RateLimits) -> None:
+        self.changes += 1
         pipe = self._redis.pipeline(transaction=True)
         for kind, attribute in _KINDS.items():
             value = getattr(limits, attribute)

@@ -27,7 +27,7 @@ from ebb.queue.schema import (
     WorkItem,
     decode_event,
 )
-from ebb.queue.scripts import QueueScripts
+from ebb.queue.scripts import QueueScripts, TurnBatchLike
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +78,12 @@ class Admission:
 
 
 class RequestQueue:
-    def __init__(self, client: aioredis.Redis, *, request_ttl_s: int):
+    def __init__(
+        self, client: aioredis.Redis, *, request_ttl_s: int, batch: TurnBatchLike | None = None
+    ):
+        """`batch`: enqueues join their loop turn's pipeline (`ebb.queue.turn_batch`)."""
         self._redis = client
-        self._scripts = QueueScripts(client)
+        self._scripts = QueueScripts(client, batch)
         self._request_ttl_s = request_ttl_s
 
     async def enqueue(
@@ -154,12 +157,18 @@ class EventReader:
             _stream, entries = reply_list(reply_list(reply)[0])
             for entry_id, fields in reply_entries(entries):
                 self._last_id = entry_id
-                try:
-                    event = decode_event(fields[b"e"])
-                except Exception as e:  # a malformed event must not hang the client
-                    log.exception("queue: undecodable event on %s", self._key)
-                    event = Failed(message=f"internal error: {e}", code="internal")
+                event = decode_entry(self._key, fields)
                 if self._repeats.keep(event):
                     self._buffer.append(event)
             self._buffer.reverse()
         return self._buffer.pop()
+
+
+def decode_entry(stream: str, fields: dict[bytes, bytes]) -> RequestEvent:
+    """One entry of a request's event stream; a malformed one is a Failed event (it must
+    not hang the client)."""
+    try:
+        return decode_event(fields[b"e"])
+    except Exception as e:
+        log.exception("queue: undecodable event on %s", stream)
+        return Failed(message=f"internal error: {e}", code="internal")

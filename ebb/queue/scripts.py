@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from functools import cache
 from importlib import resources
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import redis
 import redis.asyncio as aioredis
@@ -78,21 +78,49 @@ class _DirectAsyncScript(AsyncScript):
             return await client.evalsha(self.sha, len(keys), *call_args)
 
 
+class _BatchedAsyncScript(AsyncScript):
+    """`_DirectAsyncScript` whose EVALSHA goes out with the other commands of its event
+    loop's turn (`ebb.queue.turn_batch`)."""
+
+    def __init__(self, client: aioredis.Redis, script: str, batch: TurnBatchLike):
+        super().__init__(client, script)
+        self._batch = batch
+
+    async def __call__(self, keys=None, args=None, client=None):  # type: ignore[no-untyped-def]  # redis-py's own signature
+        keys = list(keys or [])
+        call_args = (*keys, *(args or []))
+        try:
+            return await self._batch.execute("EVALSHA", self.sha, len(keys), *call_args)
+        except NoScriptError:
+            self.sha = await self.registered_client.script_load(self.script)
+            return await self.registered_client.evalsha(self.sha, len(keys), *call_args)
+
+
+class TurnBatchLike(Protocol):
+    async def execute(self, *command: Arg) -> Any: ...
+
+
 def register(client: redis.Redis, name: str) -> Script:
     """lua/NAME.lua bound to a blocking client."""
     return _DirectScript(client, lua_source(name))
 
 
-def register_async(client: aioredis.Redis, name: str) -> AsyncScript:
-    """lua/NAME.lua bound to an asyncio client."""
+def register_async(
+    client: aioredis.Redis, name: str, batch: TurnBatchLike | None = None
+) -> AsyncScript:
+    """lua/NAME.lua bound to an asyncio client; sent with the other commands of its
+    loop's turn when `batch` is given."""
+    if batch is not None:
+        return _BatchedAsyncScript(client, lua_source(name), batch)
     return _DirectAsyncScript(client, lua_source(name))
 
 
 class QueueScripts:
     """The request queue's scripts on an asyncio client (frontdoor, controller)."""
 
-    def __init__(self, client: aioredis.Redis):
-        self._enqueue = register_async(client, "enqueue")
+    def __init__(self, client: aioredis.Redis, batch: TurnBatchLike | None = None):
+        """`batch`: the enqueue script joins its loop turn's pipeline (the frontdoor)."""
+        self._enqueue = register_async(client, "enqueue", batch)
         self._withdraw = register_async(client, "withdraw")
         self._cancel = register_async(client, "cancel")
         self._reap = register_async(client, "reap")
