@@ -25,6 +25,8 @@ class TurnBatch:
     def __init__(self, client: aioredis.Redis):
         self._client = client
         self._pending: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]] = []
+        # The loop keeps only weak references to tasks: these keep each send alive.
+        self._sending: set[asyncio.Task[None]] = set()
 
     async def execute(self, *command: Arg) -> Any:
         """`command`'s reply (raises its error), sent with the others of this turn."""
@@ -37,7 +39,9 @@ class TurnBatch:
 
     def _flush(self) -> None:
         batch, self._pending = self._pending, []
-        asyncio.ensure_future(self._send(batch))
+        task = asyncio.ensure_future(self._send(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     async def _send(self, batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]]) -> None:
         try:
