@@ -7,6 +7,8 @@ import logging
 
 import pytest
 from pydantic import ValidationError
+from support.scaling_worlds import NOW, drains, ready, reasons, spec
+from support.scaling_worlds import world as world_of
 
 from ebb.coldstart.histogram import (
     CV_MIN,
@@ -15,7 +17,7 @@ from ebb.coldstart.histogram import (
     hybrid_windows,
     level_wanted,
 )
-from ebb.coldstart.plan import DrainReady, Launch, Scaled, plan
+from ebb.coldstart.plan import Launch, plan
 from ebb.coldstart.scaling_inputs import Measured
 from ebb.coldstart.scaling_plan import expected_start_s
 from ebb.coldstart.scaling_tracker import RunnerLoad, ScalingTracker
@@ -26,43 +28,13 @@ from ebb.coldstart.world import Demand, World
 from ebb.frontdoor.routes_scaling import ScalingBody
 from ebb.launching.tiers import WarmState
 from ebb.queue.scaling_spec import ScalingSpec
-from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
+from ebb.queue.schema import RunnerRecord, RunnerState
 
-NOW = 1_800_000_000.0
 HYBRID = ScalingSpec(keep_alive="hybrid")
 # Gaps that all end within 4 s: keep-alive 4.4 s, nothing far enough to pre-warm.
 SHORT = tuple([1.0] * 30 + [4.0] * 10)
 # Gaps of 40-45 s: release at once, pre-warm ahead of 36 s, keep until 49.5 s.
 FAR = tuple([40.0] * 30 + [45.0] * 10)
-
-
-def spec(scaling: ScalingSpec, **kw: object) -> DeploymentSpec:
-    return DeploymentSpec(
-        name="m",
-        source="s3://m",
-        uid="u1",
-        max_replicas=4,
-        max_concurrency=8,
-        idle_timeout_s=60.0,
-        scaling=scaling,
-        **kw,  # type: ignore[arg-type]
-    )
-
-
-def ready(*ids: str) -> tuple[RunnerRecord, ...]:
-    return tuple(
-        RunnerRecord(runner_id=i, state=RunnerState.READY, deployment="m", deployment_uid="u1")
-        for i in ids
-    )
-
-
-def world(
-    scaling: ScalingSpec, runners: tuple[RunnerRecord, ...], measured: Measured, **kw: object
-) -> World:
-    demand = Demand(
-        spec=spec(scaling, **kw), ready=len(runners), measured=measured, cold_start_s=2.0
-    )
-    return World(demands=(demand,), runners=runners, wall_s=NOW)
 
 
 def levels(periods: tuple[float, ...], idle_s: tuple[float, ...], **kw: object) -> Measured:
@@ -73,12 +45,11 @@ def levels(periods: tuple[float, ...], idle_s: tuple[float, ...], **kw: object) 
     )
 
 
-def drains(actions: list[object]) -> list[str]:
-    return [a.runner_id for a in actions if isinstance(a, DrainReady)]
-
-
-def reasons(actions: list[object]) -> str:
-    return " | ".join(r for a in actions if isinstance(a, Scaled) for r in a.reasons)
+def world(
+    scaling: ScalingSpec, runners: tuple[RunnerRecord, ...], measured: Measured, **kw: object
+) -> World:
+    """A 2 s cold start and a 60 s idle window unless `kw` says otherwise."""
+    return world_of(scaling, runners, measured, cold_start_s=2.0, **({"idle_timeout_s": 60.0} | kw))
 
 
 # --- the histogram -----------------------------------------------------------------------

@@ -8,68 +8,26 @@ from zoneinfo import ZoneInfo
 
 import msgspec
 import pytest
+from support.scaling_worlds import (
+    NOW,
+    RecordedLatencies,
+    drains,
+    launches,
+    ready,
+    reasons,
+    spec,
+    world,
+)
 
 from ebb.coldstart.keepalive import MIN_PERIODS, learn_keep_alive
-from ebb.coldstart.plan import DrainReady, Launch, Scaled, plan
+from ebb.coldstart.plan import Launch, Scaled, plan
 from ebb.coldstart.scaling_inputs import Measured
-from ebb.coldstart.scaling_tracker import Latency, RunnerLoad, ScalingTracker
+from ebb.coldstart.scaling_tracker import Latency, ScalingTracker
 from ebb.coldstart.schedule import minimum_at
 from ebb.coldstart.world import Demand, World
 from ebb.launching.tiers import Tier
 from ebb.queue.scaling_spec import ScalingSpec, ScheduleEntry, SloTarget, UtilisationRule
-from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
-
-NOW = 1_800_000_000.0
-
-
-def spec(scaling: ScalingSpec, **kw: object) -> DeploymentSpec:
-    return DeploymentSpec(
-        name="m",
-        source="s3://m",
-        uid="u1",
-        max_replicas=4,
-        max_concurrency=8,
-        scaling=scaling,
-        **kw,  # type: ignore[arg-type]
-    )
-
-
-def ready(*ids: str) -> tuple[RunnerRecord, ...]:
-    return tuple(
-        RunnerRecord(runner_id=i, state=RunnerState.READY, deployment="m", deployment_uid="u1")
-        for i in ids
-    )
-
-
-def world(
-    scaling: ScalingSpec,
-    runners: tuple[RunnerRecord, ...],
-    measured: Measured,
-    *,
-    wall_s: float = NOW,
-    cold_start_s: float = 0.0,
-    **kw: object,
-) -> World:
-    demand = Demand(
-        spec=spec(scaling, **kw),
-        ready=len(runners),
-        measured=measured,
-        cold_start_s=cold_start_s,
-    )
-    return World(demands=(demand,), runners=runners, wall_s=wall_s)
-
-
-def launches(actions: list[object]) -> int:
-    return sum(isinstance(a, Launch) and a.deployment == "m" for a in actions)
-
-
-def drains(actions: list[object]) -> list[str]:
-    return [a.runner_id for a in actions if isinstance(a, DrainReady)]
-
-
-def reasons(actions: list[object]) -> str:
-    return " ".join(" ".join(a.reasons) for a in actions if isinstance(a, Scaled))
-
+from ebb.queue.schema import DeploymentSpec
 
 SLO = ScalingSpec(policy="slo", slo=SloTarget(ttft_p90_s=1.0))
 
@@ -262,23 +220,8 @@ def test_a_repeated_hold_is_logged_once_a_minute_and_moves_are_remembered() -> N
     assert tracker.after_plan([out], NOW + 70) == [out]
 
 
-class FakeSource:
-    def __init__(self) -> None:
-        self.finished: list[Latency] = []
-
-    async def runner_load(self, runner_ids: list[str]) -> dict[str, RunnerLoad]:
-        return {r: RunnerLoad(held=2) for r in runner_ids}
-
-    async def latencies_after(self, cursor: bytes) -> tuple[bytes, list[Latency]]:
-        start = int(cursor or b"0")
-        return str(len(self.finished)).encode(), self.finished[start:]
-
-    async def cold_start_ms(self, deployment: str) -> dict[str, dict[str, float]]:
-        return {}
-
-
 async def test_the_tracker_measures_p90s_of_a_versions_requests_and_forgets_the_gone() -> None:
-    source = FakeSource()
+    source = RecordedLatencies()
     tracker = ScalingTracker(source)
     unit = DeploymentSpec(name="m@v2", source="s3://m", scaling=SLO, max_concurrency=4)
     await tracker.measure(unit, ["a"], NOW)

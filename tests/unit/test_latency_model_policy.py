@@ -5,16 +5,17 @@ target, the measured p90 rule where it cannot judge; the prediction is in the re
 from __future__ import annotations
 
 import pytest
+from support.scaling_worlds import NOW, RecordedLatencies, drains, launches, ready, reasons
+from support.scaling_worlds import world as world_of
 
 from ebb.coldstart.latency_model import LatencyFit, Line
-from ebb.coldstart.plan import DrainReady, Launch, Scaled, plan
+from ebb.coldstart.plan import plan
 from ebb.coldstart.scaling_inputs import Measured
-from ebb.coldstart.scaling_tracker import Latency, RunnerLoad, ScalingTracker
-from ebb.coldstart.world import Demand, World
+from ebb.coldstart.scaling_tracker import Latency, ScalingTracker
+from ebb.coldstart.world import World
 from ebb.queue.scaling_spec import ScalingSpec, SloTarget
-from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
+from ebb.queue.schema import DeploymentSpec
 
-NOW = 1_800_000_000.0
 MODEL = ScalingSpec(policy="slo", slo=SloTarget(ttft_p90_s=1.0, tpot_p90_s=0.1, predict=True))
 P90_ONLY = ScalingSpec(policy="slo", slo=SloTarget(ttft_p90_s=1.0, tpot_p90_s=0.1))
 
@@ -33,27 +34,7 @@ def fit(rate_per_s: float) -> LatencyFit:
 
 
 def world(scaling: ScalingSpec, ids: tuple[str, ...], measured: Measured) -> World:
-    spec = DeploymentSpec(
-        name="m", source="s3://m", uid="u1", max_replicas=4, max_concurrency=32, scaling=scaling
-    )
-    runners = tuple(
-        RunnerRecord(runner_id=i, state=RunnerState.READY, deployment="m", deployment_uid="u1")
-        for i in ids
-    )
-    demand = Demand(spec=spec, ready=len(runners), measured=measured)
-    return World(demands=(demand,), runners=runners, wall_s=NOW)
-
-
-def launches(actions: list[object]) -> int:
-    return sum(isinstance(a, Launch) for a in actions)
-
-
-def drains(actions: list[object]) -> list[str]:
-    return [a.runner_id for a in actions if isinstance(a, DrainReady)]
-
-
-def reasons(actions: list[object]) -> str:
-    return " ".join(" ".join(a.reasons) for a in actions if isinstance(a, Scaled))
+    return world_of(scaling, ready(*ids), measured, max_concurrency=32)
 
 
 def test_a_predicted_tpot_break_adds_a_runner_before_the_p90_shows_it() -> None:
@@ -131,21 +112,6 @@ def test_a_measured_break_the_model_did_not_foresee_still_adds_a_runner() -> Non
     assert launches(actions) == 1 and "p90 ttft 1.800s" in reasons(actions)
 
 
-class Source:
-    def __init__(self, finished: list[Latency]) -> None:
-        self.finished = finished
-
-    async def runner_load(self, runner_ids: list[str]) -> dict[str, RunnerLoad]:
-        return {r: RunnerLoad(held=2) for r in runner_ids}
-
-    async def latencies_after(self, cursor: bytes) -> tuple[bytes, list[Latency]]:
-        start = int(cursor or b"0")
-        return str(len(self.finished)).encode(), self.finished[start:]
-
-    async def cold_start_ms(self, deployment: str) -> dict[str, dict[str, float]]:
-        return {}
-
-
 def reported(i: int) -> Latency:
     batch, prompt = 1 + i % 8, 64 * (1 + i % 5)
     return Latency(
@@ -163,7 +129,7 @@ def reported(i: int) -> Latency:
 @pytest.mark.parametrize("scaling", [MODEL, P90_ONLY])
 async def test_the_tracker_fits_the_model_from_what_runners_report(scaling: ScalingSpec) -> None:
     unit = DeploymentSpec(name="m", source="s3://m", scaling=scaling, max_concurrency=8)
-    source = Source([])
+    source = RecordedLatencies()
     tracker = ScalingTracker(source)
     await tracker.measure(unit, ["a"], NOW)
     source.finished = [reported(i) for i in range(10)]
