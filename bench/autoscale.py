@@ -33,9 +33,10 @@ trace; each row is:
   slo+learned    both
   hybrid         scaling.keep_alive hybrid: Shahrad et al.'s hybrid histogram per level of
                  need (level k: the gap before concurrency next needs a k-th runner):
-                 keep-alive the p99 of the level's gaps, pre-warm at its p5 (released at
-                 once, started a cold start before) when that is far; the fixed window
-                 while a level's histogram is short or not representative
+                 keep-alive the p99 of the level's gaps longer than a cold start,
+                 pre-warm at its p5 (released at once, started a cold start before)
+                 when that is far; the fixed window, on the level's idle time, while a
+                 level's histogram is short or not representative
   hybrid 300s    the same with the runners' own idle timeout at 300 s (the longest window)
   trend          scaling.trend: Holt's linear forecast of the demand one cold start ahead
                  pre-warms one more runner when full runners will not hold it

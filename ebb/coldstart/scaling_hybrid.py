@@ -6,7 +6,8 @@ Levels up to the need are needed. Above it, each level up to the runners there a
 (`serving`), and the one above them, asks its windows: past its keep-alive, or before
 its pre-warm point, its runner goes (an idle ready one, least useful first, never below
 the floor); at its pre-warm point, one starts. A level whose histogram is not trusted
-keeps the fixed window: the runner's own idle timeout gives it back.
+keeps the fixed window, on the level's idle time (and the runner's own idle timeout
+still gives back a runner idle that long).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def hybrid_move(
                     f" {windows.prewarm_s:.0f}s ({windows.why}), cold start {cold_start_s:.0f}s"
                 )
             continue
-        if wanted is False and k > floor:
+        if not wanted and k > floor:
             unwanted.append(f"level {k} idle {idle[k - 1]:.0f}s {_outside(windows)}")
     drain = tuple(idle_ready[: min(len(unwanted), len(idle_ready), max(0, serving - floor))])
     if drain:

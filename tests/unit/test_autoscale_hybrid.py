@@ -32,7 +32,7 @@ from ebb.queue.schema import RunnerRecord, RunnerState
 
 HYBRID = ScalingSpec(keep_alive="hybrid")
 # Gaps that all end within 4 s: keep-alive 4.4 s, nothing far enough to pre-warm.
-SHORT = tuple([1.0] * 30 + [4.0] * 10)
+SHORT = tuple([3.0] * 30 + [4.0] * 10)
 # Gaps of 40-45 s: release at once, pre-warm ahead of 36 s, keep until 49.5 s.
 FAR = tuple([40.0] * 30 + [45.0] * 10)
 
@@ -63,6 +63,18 @@ def test_windows_are_the_p99_and_the_p5_with_their_margins() -> None:
     assert far.keep_s == pytest.approx(49.5)
 
 
+def test_gaps_shorter_than_a_cold_start_are_not_in_the_histogram() -> None:
+    # Need flickering below a level between two reconciles is not idle time a runner
+    # could be given back in (it would not be up again in time): 300 such flickers and
+    # 2 real gaps are too few real gaps to learn from, not a 2 s keep-alive.
+    flickers = tuple([0.5] * 300 + [20.0] * 2)
+    windows = hybrid_windows(flickers, 60.0, 2.0)
+    assert (windows.learned, windows.keep_s) == (False, 60.0)
+    assert "2 idle periods past the 2s cold start" in windows.why
+    real = hybrid_windows(flickers + tuple([20.0] * 40), 60.0, 2.0)
+    assert real.learned and real.keep_s == pytest.approx(22.0)
+
+
 def test_the_keep_alive_never_exceeds_the_fixed_window() -> None:
     assert hybrid_windows(FAR, 30.0, 2.0).keep_s == 30.0
 
@@ -70,7 +82,8 @@ def test_the_keep_alive_never_exceeds_the_fixed_window() -> None:
 def test_too_few_periods_fall_back_to_the_fixed_window() -> None:
     few = hybrid_windows(SHORT[: MIN_PERIODS - 1], 60.0, 2.0)
     assert (few.learned, few.keep_s) == (False, 60.0)
-    assert level_wanted(100.0, few, 2.0) is None  # the runner's own timeout decides
+    # The fixed window, on the level's idle time.
+    assert (level_wanted(59.0, few, 2.0), level_wanted(60.0, few, 2.0)) == (True, False)
 
 
 def test_a_flat_histogram_fails_the_cv_test_and_falls_back() -> None:
@@ -134,9 +147,16 @@ def test_a_far_head_releases_at_once_then_pre_warms_before_it() -> None:
     assert plan(world(HYBRID, (), early)) == []
 
 
-def test_fallback_levels_leave_runners_to_their_own_idle_timeout() -> None:
-    measured = levels(SHORT[:5], (0.0, 50.0, 50.0, 50.0), held={"a": 3, "b": 0})
-    assert plan(world(HYBRID, ready("a", "b"), measured)) == []
+def test_fallback_levels_keep_the_fixed_window_on_the_levels_own_idle_time() -> None:
+    # Too little history: the fixed 60 s window, measured on the level's idle time (the
+    # gap since concurrency last needed a 2nd runner), not on runner b's: b may have
+    # held a request a moment ago only because requests spread over the runners.
+    within = levels(SHORT[:5], (0.0, 50.0, 50.0, 50.0), held={"a": 3, "b": 0})
+    assert plan(world(HYBRID, ready("a", "b"), within)) == []
+    past = levels(SHORT[:5], (0.0, 61.0, 61.0, 61.0), held={"a": 3, "b": 0})
+    actions = plan(world(HYBRID, ready("a", "b"), past))
+    assert drains(actions) == ["b"]
+    assert "level 2 idle 61s > keep-alive 60.0s (5 idle periods" in reasons(actions)
 
 
 # --- the trend predictor --------------------------------------------------------------------
