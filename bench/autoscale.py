@@ -233,7 +233,7 @@ def runner_model(runner: str, runner_file: Path | None) -> tuple[RunnerModel, st
     return RunnerModel(), "RunnerModel's defaults (the default model on a 2-core CPU)"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--max-replicas", type=int, help="default: per trace (8, 12)")
     parser.add_argument("--concurrency", type=int, default=8, help="target concurrency")
@@ -243,7 +243,7 @@ def main() -> None:
         "--runner-file", type=Path, help="a bench.latency_calibrate result: its runner model"
     )
     parser.add_argument("--rows", help="comma-separated row names to run (default: all)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     model, source = runner_model(args.runner, args.runner_file)
     print(f"runner model: {source}")
     calibrated = args.runner == "calibrated" or args.runner_file is not None
@@ -271,6 +271,7 @@ def main() -> None:
     payload = {"runner_model": vars(model), "runner_source": source, "traces": report}
     path.write_text(json.dumps(payload, indent=2))
     print(f"results: {path}")
+    return path
 
 
 if __name__ == "__main__":

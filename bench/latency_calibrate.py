@@ -2,7 +2,7 @@
 model): TTFT against prompt tokens (one request at a time) and TPOT against batch size
 (B requests decoding together), each fitted to a line with the model's own fit.
 
-    .venv/bin/python -m bench.latency_calibrate [--reps 2] [--batches 1,2,4,8,16]
+    .venv/bin/python -m bench.latency_calibrate [--reps 2] [--batches 1,2,4,8,16] [--eager]
 
 Prints the fitted constants (`prefill_base_s`, `prefill_per_token_s`, `tpot_base_s`,
 `tpot_per_batch_s`) and writes them to bench/results/latency-calibrate-*.json with the
@@ -88,11 +88,17 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--batches", default="1,2,4,8,16")
     parser.add_argument("--weights-dir", type=Path, default=None)
+    parser.add_argument(
+        "--eager", action="store_true", help="on a GPU: no CUDA graphs (CPU is always eager)"
+    )
     args = parser.parse_args()
-    print(f"results: {run(args.reps, [int(b) for b in args.batches.split(',')], args.weights_dir)}")
+    batches = [int(b) for b in args.batches.split(",")]
+    print(f"results: {run(args.reps, batches, args.weights_dir, eager=args.eager)}")
 
 
-def run(reps: int, batches: list[int], weights_dir: Path | None = None) -> Path:
+def run(
+    reps: int, batches: list[int], weights_dir: Path | None = None, *, eager: bool = False
+) -> Path:
     """Calibrate on this host's engine; the result file's path."""
     weights = weights_dir or TEST_WEIGHTS_DIR
     if not weights.exists() and Path("/work/main/.ebb/test-weights").exists():
@@ -105,6 +111,7 @@ def run(reps: int, batches: list[int], weights_dir: Path | None = None) -> Path:
         max_model_len=min(model.max_model_len, 1024),
         max_num_seqs=max(batches),
         kv_cache_gib=1,
+        enforce_eager=eager or None,
     )
     # The engine's import and load, as a stem (imported) and a fresh runner (both) pay.
     began = time.perf_counter()
@@ -125,7 +132,7 @@ def run(reps: int, batches: list[int], weights_dir: Path | None = None) -> Path:
         print(f"prompt {n:>4} tokens: ttft {s * 1000:7.1f} ms")
     for b, s in decode:
         print(f"batch {b:>3}: tpot {s * 1000:7.1f} ms")
-    result = calibration(prefill, decode, starts, device_name())
+    result = calibration(prefill, decode, starts, device_name() + (", eager" if eager else ""))
     print("fitted:", json.dumps(result["constants"]), "on", result["device"])
     print("starts:", json.dumps(starts))
     out = REPO / "bench" / "results"
