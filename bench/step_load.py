@@ -14,8 +14,9 @@ smoke run) with one runner, 16 slots and no target. Phases, each a closed loop o
              (unless `--tpot-target-s`), set with PATCH `scaling: {policy: slo, slo:
              {tpot_p90_s: T, window_s: W}}`;
   1x         `--base-s` more under the target;
-  3x         three times the streams for `--step-s` (12 of 16 slots: the policy's
-             busy-slot share is met, and nothing queues, so the queue rule adds nobody).
+  3x         three times the streams for `--step-s` (by default 12 of 16 slots: the
+             policy's busy-slot share, 50 %, is met, and nothing queues, so the queue
+             rule adds nobody: a scale-out is the target's).
 Reports, from the step: the first scale-out decision (the controller's `Scaled` line in
 `ebb logs DEPLOYMENT`, with its reason), the new runner ready (polled), and p90 TPOT
 over a sliding window of the last W seconds of finished requests (client-measured)
