@@ -76,7 +76,8 @@ class RunnerModel:
 # this 2-core machine while others ran): TTFT 4.71 ms per prompt token (the fitted
 # intercept, -0.09 s, taken as 0), TPOT 77.6 ms + 8.0 ms per request in the batch. Its
 # prefill is ~10x slower than `RunnerModel`'s defaults (bench.serving's, through the
-# HTTP API on a quieter machine); `bench.autoscale --runner calibrated` runs on it.
+# HTTP API on a quieter machine); `bench.autoscale --runner calibrated` runs on it, and
+# `from_calibration` gives it from that run's file (tests/unit/test_autoscale_runner_file).
 CALIBRATED = RunnerModel(
     prefill_tokens_per_s=1 / 0.0047141,
     decode_tokens_per_s=1 / (0.0776 + 0.00799),
