@@ -2,7 +2,7 @@
 operators know, on the Azure LLM traces.
 
     .venv/bin/python -m bench.autoscale [--max-replicas N] [--concurrency 8]
-        [--runner default|calibrated] [--rows "slo ttft 2s,slo+model"]
+        [--runner default|calibrated | --runner-file PATH] [--rows "slo ttft 2s,slo+model"]
 
 Each trace (bench/traces) is replayed on a simulated clock by ebb.coldstart.simulation:
 the platform's real `Controller` (scale-up policy, tier choice, pre-warmed pool, backoff),
@@ -51,9 +51,12 @@ trace; each row is:
 
 With `--runner calibrated` every row runs on the runner model fitted on the real engine
 (`simulation_runners.CALIBRATED`, from bench.latency_calibrate: TPOT grows with the batch),
-with two more rows: `slo tpot` (p90 TPOT `TPOT_TARGET_S` alone, measured) and
-`tpot+model` (the same with the online latency model). `--rows` keeps only the named
-rows (and always on, the baseline).
+with two more rows: `slo tpot` (p90 TPOT alone, measured: the runner model's TPOT at a
+batch of 5, 0.12 s here) and `tpot+model` (the same with the online latency model).
+`--runner-file PATH` does the same on a `bench.latency_calibrate` result file (a run on
+a GPU, say): the runner model fitted there, with the engine start times that run
+measured (`simulation_runners.from_calibration`; the output says which it used).
+`--rows` keeps only the named rows (and always on, the baseline).
 
 What the fixed-window rows model: each replica is given back after a fixed idle timeout
 (the window), with ebb's scale-up, ebb's start tiers (one stem, forked starts) and ebb's
@@ -94,7 +97,7 @@ from ebb.coldstart.simulation import (
     load_azure_trace,
     simulate,
 )
-from ebb.coldstart.simulation_runners import CALIBRATED
+from ebb.coldstart.simulation_runners import CALIBRATED, from_calibration
 from ebb.queue.scaling_spec import ScalingSpec, SloTarget
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,15 +168,21 @@ def hybrid_variants(ebb: ScalingSettings) -> dict[str, ScalingSettings]:
     }
 
 
-# The TPOT target of the calibrated runner model's extra rows (its TPOT at a batch of 5).
-TPOT_TARGET_S = 0.12
+# The TPOT target of a calibrated runner model's extra rows: its TPOT at this batch.
+TPOT_TARGET_BATCH = 5
 
 
-def tpot_variants(ebb: ScalingSettings) -> dict[str, ScalingSettings]:
+def tpot_target_s(model: RunnerModel) -> float:
+    """The model's TPOT at `TPOT_TARGET_BATCH`, to two significant figures (0.12 s for
+    `CALIBRATED`)."""
+    return float(f"{model.tpot_s(TPOT_TARGET_BATCH):.2g}")
+
+
+def tpot_variants(ebb: ScalingSettings, tpot_s: float) -> dict[str, ScalingSettings]:
     """The latency model's own case: a TPOT target, with and without the model."""
     rows = {}
     for name, predict in (("slo tpot", False), ("tpot+model", True)):
-        target = SloTarget(tpot_p90_s=TPOT_TARGET_S, predict=predict)
+        target = SloTarget(tpot_p90_s=tpot_s, predict=predict)
         rows[name] = replace(ebb, scaling=ScalingSpec(policy="slo", slo=target))
     return rows
 
@@ -212,21 +221,39 @@ def row_line(name: str, row: dict[str, Any]) -> str:
     )
 
 
-def main() -> None:
+def runner_model(runner: str, runner_file: Path | None) -> tuple[RunnerModel, str]:
+    """The runner model the rows run on, and a line saying where it came from."""
+    if runner_file is not None:
+        calibration = json.loads(runner_file.read_text())
+        model, starts = from_calibration(calibration)
+        device = calibration.get("device", "an unnamed device")
+        return model, f"{runner_file} (fitted on {device}; {starts})"
+    if runner == "calibrated":
+        return CALIBRATED, "CALIBRATED (bench.latency_calibrate on this 2-core CPU)"
+    return RunnerModel(), "RunnerModel's defaults (the default model on a 2-core CPU)"
+
+
+def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--max-replicas", type=int, help="default: per trace (8, 12)")
     parser.add_argument("--concurrency", type=int, default=8, help="target concurrency")
-    parser.add_argument("--runner", choices=("default", "calibrated"), default="default")
+    runner = parser.add_mutually_exclusive_group()
+    runner.add_argument("--runner", choices=("default", "calibrated"), default="default")
+    runner.add_argument(
+        "--runner-file", type=Path, help="a bench.latency_calibrate result: its runner model"
+    )
     parser.add_argument("--rows", help="comma-separated row names to run (default: all)")
-    args = parser.parse_args()
-    model = CALIBRATED if args.runner == "calibrated" else RunnerModel()
+    args = parser.parse_args(argv)
+    model, source = runner_model(args.runner, args.runner_file)
+    print(f"runner model: {source}")
+    calibrated = args.runner == "calibrated" or args.runner_file is not None
     report: dict[str, dict[str, Any]] = {}
     for name, (path, max_replicas) in TRACES.items():
         ebb = ScalingSettings(
             max_replicas=args.max_replicas or max_replicas, target_concurrency=args.concurrency
         )
         trace = load_azure_trace(path)
-        rows_run = variants(ebb) | (tpot_variants(ebb) if args.runner == "calibrated" else {})
+        rows_run = variants(ebb) | (tpot_variants(ebb, tpot_target_s(model)) if calibrated else {})
         if args.rows:
             keep = {*args.rows.split(","), "always on"}
             rows_run = {v: settings for v, settings in rows_run.items() if v in keep}
@@ -241,8 +268,10 @@ def main() -> None:
     out = REPO / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"autoscale-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"runner_model": vars(model), "traces": report}, indent=2))
+    payload = {"runner_model": vars(model), "runner_source": source, "traces": report}
+    path.write_text(json.dumps(payload, indent=2))
     print(f"results: {path}")
+    return path
 
 
 if __name__ == "__main__":

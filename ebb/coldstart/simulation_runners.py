@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ebb.coldstart.clock import ManualClock
 from ebb.coldstart.fork_client import Exit
@@ -75,12 +76,51 @@ class RunnerModel:
 # this 2-core machine while others ran): TTFT 4.71 ms per prompt token (the fitted
 # intercept, -0.09 s, taken as 0), TPOT 77.6 ms + 8.0 ms per request in the batch. Its
 # prefill is ~10x slower than `RunnerModel`'s defaults (bench.serving's, through the
-# HTTP API on a quieter machine); `bench.autoscale --runner calibrated` runs on it.
+# HTTP API on a quieter machine); `bench.autoscale --runner calibrated` runs on it, and
+# `from_calibration` gives it from that run's file (tests/unit/test_autoscale_runner_file).
 CALIBRATED = RunnerModel(
     prefill_tokens_per_s=1 / 0.0047141,
     decode_tokens_per_s=1 / (0.0776 + 0.00799),
     tpot_per_batch_s=0.00799,
 )
+
+
+def from_calibration(calibration: Mapping[str, Any]) -> tuple[RunnerModel, str]:
+    """The runner model a `bench.latency_calibrate` result gives, and where its start
+    times came from.
+
+    `calibration["constants"]` is the fitted lines: TTFT = `prefill_base_s` +
+    `prefill_per_token_s` x prompt tokens (a negative intercept, a fitting artefact, is
+    taken as 0) and TPOT = `tpot_base_s` + `tpot_per_batch_s` x batch. Start times come
+    from `calibration["starts"]` (the engine's import and load, timed in-process) where
+    the run measured them, else `RunnerModel`'s defaults. KeyError or ValueError when a
+    constant is missing or not positive where it must be."""
+    c = {k: float(v) for k, v in calibration["constants"].items()}
+    if c["prefill_per_token_s"] <= 0 or c["tpot_base_s"] + c["tpot_per_batch_s"] <= 0:
+        raise ValueError(f"calibrated constants give no positive speed: {c}")
+    speeds = RunnerModel(
+        prefill_tokens_per_s=1 / c["prefill_per_token_s"],
+        prefill_base_s=max(0.0, c["prefill_base_s"]),
+        # The model's TPOT is its rate's at a batch of 1, plus the slope per other request.
+        decode_tokens_per_s=1 / (c["tpot_base_s"] + c["tpot_per_batch_s"]),
+        tpot_per_batch_s=max(0.0, c["tpot_per_batch_s"]),
+    )
+    starts = calibration.get("starts")
+    if not starts:
+        return speeds, "start times: RunnerModel's defaults (the file measured none)"
+    import_s, load_s = float(starts["engine_import_s"]), float(starts["engine_load_s"])
+    model = replace(
+        speeds,
+        # A stem or a fork has the engine imported: it only loads; a fresh process does both.
+        prewarmed_start_s=load_s,
+        forked_start_s=load_s,
+        fresh_start_s=import_s + load_s,
+        stem_import_s=import_s,
+    )
+    return model, (
+        f"start times: measured by the calibrate run (engine import {import_s:.2f} s, load "
+        f"{load_s:.2f} s, in-process: without the runner process's own start)"
+    )
 
 
 @dataclass

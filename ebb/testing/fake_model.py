@@ -1,5 +1,6 @@
-"""The fake test model's source, `fake://NAME?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0&
-prefill_ms=0&prefill_ms_per_1k_tokens=0&gpu_gib=0&error_pct=0&hang_after=N&hang_once=0`,
+"""The fake test model's source, `fake://NAME?ctx=2048&step_ms=2&step_ms_per_seq=0&load_s=0&
+fail=0&sleep=0&prefill_ms=0&prefill_ms_per_1k_tokens=0&gpu_gib=0&error_pct=0&hang_after=N&
+hang_once=0`,
 and its registry entry.
 Light on purpose: the frontdoor process reads it (through the
 registry) to admit requests, so it imports nothing of `ebb.runners`; the engine itself is
@@ -21,7 +22,7 @@ FAKE_SCHEME = "fake"
 FAKE_REPLY = "The capital of France is Paris. "
 FAKE_JSON_REPLY = '{"answer": "Paris"}'
 _FORM = (
-    "fake://<name>?ctx=2048&step_ms=2&load_s=0&fail=0&sleep=0&prefill_ms=0"
+    "fake://<name>?ctx=2048&step_ms=2&step_ms_per_seq=0&load_s=0&fail=0&sleep=0&prefill_ms=0"
     "&prefill_ms_per_1k_tokens=0&gpu_gib=0&error_pct=0&hang_after=N&hang_once=0"
 )
 
@@ -31,6 +32,8 @@ class FakeModel:
     name: str
     max_model_len: int = 2048
     step_ms: float = 2.0
+    # ...plus this per request in the batch: TPOT grows with the batch, as on a real engine.
+    step_ms_per_seq: float = 0.0
     load_s: float = 0.0
     fail: bool = False  # the engine raises while loading
     sleep: bool = False  # the engine supports sleep mode, as vLLM does on a GPU
@@ -58,6 +61,7 @@ class FakeModel:
             name=parts.netloc or parts.path,
             max_model_len=int(query.get("ctx", 2048)),
             step_ms=float(query.get("step_ms", 2.0)),
+            step_ms_per_seq=float(query.get("step_ms_per_seq", 0.0)),
             load_s=float(query.get("load_s", 0.0)),
             fail=query.get("fail", "0") == "1",
             sleep=query.get("sleep", "0") == "1",

@@ -61,3 +61,16 @@ def test_the_engine_takes_its_batch_limit_from_the_engine_options():
     options = EngineOptions(model_path=None, max_model_len=2048, source="fake://m", max_num_seqs=3)
     assert FakeEngine.load(options).max_num_seqs == 3
     assert engine(None).max_num_seqs is None  # built directly: no limit
+
+
+def test_a_step_takes_longer_with_more_requests_in_the_batch(monkeypatch):
+    # step_ms_per_seq: TPOT grows with the batch, as on a real engine (bench.step_load).
+    slept: list[float] = []
+    monkeypatch.setattr("ebb.testing.fake_engine.time.sleep", slept.append)
+    e = FakeEngine(FakeModel.parse("fake://m?step_ms=10&step_ms_per_seq=2"), max_num_seqs=3)
+    for i in range(4):
+        e.add_request(f"r{i}", [1], SamplingSpec(max_tokens=1 + i))
+    e.step()  # three run, one waits for a place
+    e.step()  # r0 ended: r1, r2 and r3
+    e.step()  # r1 ended: r2 and r3
+    assert slept == [0.016, 0.016, 0.014]
