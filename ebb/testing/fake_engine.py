@@ -252,11 +252,13 @@ class FakeEngine:
     def step(self) -> list[StepOutput]:
         if self.sleeping:
             raise RuntimeError("step() on a sleeping engine")
+        if self.model.step_ms:
+            time.sleep(self.model.step_ms / 1000)  # simulates one forward pass
         self._maybe_hang()
         self._schedule()
-        step_ms = self.model.step_ms + self.model.step_ms_per_seq * len(self._running)
-        if step_ms:
-            time.sleep(step_ms / 1000)  # simulates one forward pass over the batch
+        if self.model.step_ms_per_seq:
+            # ...which takes longer with more requests in the batch (known once scheduled).
+            time.sleep(self.model.step_ms_per_seq * len(self._running) / 1000)
         self._prefill()
         outputs = [self._embedded(rid, *done) for rid, done in self._embeddings.items()]
         self._embeddings.clear()

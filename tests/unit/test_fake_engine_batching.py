@@ -73,4 +73,5 @@ def test_a_step_takes_longer_with_more_requests_in_the_batch(monkeypatch):
     e.step()  # three run, one waits for a place
     e.step()  # r0 ended: r1, r2 and r3
     e.step()  # r1 ended: r2 and r3
-    assert slept == [0.016, 0.016, 0.014]
+    # Each step: its fixed part, then its part per request in the batch.
+    assert slept == [0.01, 0.006, 0.01, 0.006, 0.01, 0.004]
