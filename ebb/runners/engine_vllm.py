@@ -1,9 +1,9 @@
 """vLLM behind the `EngineAdapter` seam: the synchronous, in-process `LLMEngine`.
 
 `preload()` sets the environment vLLM reads, pays for its imports and applies ebb's patches
-to vLLM (all of them in `engine_patches`), so that a pre-warmed stem process can do this before
-it knows its model; `VllmEngine.load()` then builds the engine for one local HF-layout
-checkpoint. vLLM is imported only inside functions, after `preload()` has set the
+to vLLM (all of them in the `engine_patches*` modules), so that a pre-warmed stem process can
+do this before it knows its model; `VllmEngine.load()` then builds the engine for one local
+HF-layout checkpoint. vLLM is imported only inside functions, after `preload()` has set the
 environment, because some of its settings are read at import.
 """
 
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ebb.gpus.count import visible_gpu_count
 from ebb.queue.schema import ChoiceDelta, FinishReason, SamplingSpec, TokenLogprob, TopLogprob
-from ebb.runners import engine_patches
+from ebb.runners import engine_patches, engine_patches_load, engine_patches_preload
 from ebb.runners.core_pinning import usable_core_count
 from ebb.runners.engine import (
     EngineOptions,
@@ -112,7 +112,7 @@ def preload() -> None:
         # load imports whatever it needs itself.
         with contextlib.suppress(ImportError):
             import vllm.model_executor.layers.quantization.online.base  # noqa: F401
-        engine_patches.apply_preload(cuda=cuda)
+        engine_patches_preload.apply_preload(cuda=cuda)
         # Engine init ends with full GC passes over every object (vLLM's freeze_gc_heap);
         # the millions that torch and vLLM created at import live forever anyway. Freezing
         # them now, while a stem waits, takes them out of every later collection (~0.4 s
@@ -305,7 +305,7 @@ class VllmEngine:
         preload()
         cuda = _has_cuda()
         # On CPU: the KV cache size vLLM reads (GiB, instead of a memory-utilization share).
-        engine_patches.apply_before_load(
+        engine_patches_load.apply_before_load(
             cuda=cuda, kv_cache_gib=options.kv_cache_gib, lora=options.lora is not None
         )
         from vllm.v1.engine.llm_engine import LLMEngine

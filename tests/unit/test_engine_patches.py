@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ebb.runners import engine_patches
+from ebb.runners import engine_patches, engine_patches_load, engine_patches_preload
 from ebb.runners.engine_patches import VERIFIED_ON, VllmPatchError
 
 ENV_VARIABLES = (
@@ -102,7 +102,7 @@ def assert_warns_once(caplog, patch: engine_patches.Patch, problem: str) -> None
 
 def test_the_record_names_the_installed_vllm_version(isolated):
     assert engine_patches.installed_version() == isolated.package.__version__
-    assert engine_patches.apply(engine_patches.LOGGING_CONFIGURED_EARLY)
+    assert engine_patches.apply(engine_patches_preload.LOGGING_CONFIGURED_EARLY)
     assert engine_patches.applied() == {"logging-configured-early": isolated.package.__version__}
     with pytest.raises(TypeError):
         engine_patches.applied()["forged"] = "0"  # type: ignore[index]
@@ -161,9 +161,9 @@ def test_omp_threads_chosen_by_the_operator_is_kept(isolated, monkeypatch):
 
 
 def test_cpu_kv_cache_space_is_set_for_every_load(isolated):
-    engine_patches.apply_before_load(cuda=False, kv_cache_gib=3)
+    engine_patches_load.apply_before_load(cuda=False, kv_cache_gib=3)
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
-    engine_patches.apply_before_load(cuda=False, kv_cache_gib=2)
+    engine_patches_load.apply_before_load(cuda=False, kv_cache_gib=2)
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert "cpu-kv-cache-space" in engine_patches.applied()
 
@@ -171,7 +171,7 @@ def test_cpu_kv_cache_space_is_set_for_every_load(isolated):
 def test_cpu_kv_cache_space_vllm_no_longer_reads_fails(isolated, monkeypatch):
     monkeypatch.setattr(engine_patches, "vllm_env_source", lambda: "")
     with pytest.raises(VllmPatchError) as failure:
-        engine_patches.apply_before_load(cuda=False, kv_cache_gib=3)
+        engine_patches_load.apply_before_load(cuda=False, kv_cache_gib=3)
     reason = str(failure.value)
     assert "'cpu-kv-cache-space'" in reason and f"verified on vLLM {VERIFIED_ON}" in reason
     assert "no longer reads VLLM_CPU_KVCACHE_SPACE" in reason
@@ -180,7 +180,7 @@ def test_cpu_kv_cache_space_vllm_no_longer_reads_fails(isolated, monkeypatch):
 
 def test_on_cuda_a_load_patches_nothing(isolated):
     original = isolated.registry._run_in_subprocess
-    engine_patches.apply_before_load(cuda=True, kv_cache_gib=3)
+    engine_patches_load.apply_before_load(cuda=True, kv_cache_gib=3)
     assert isolated.registry._run_in_subprocess is original
     assert engine_patches.applied() == {}
 
@@ -191,46 +191,46 @@ def test_each_cpu_load_keeps_the_engine_core_in_this_process(isolated):
     does not run: base requests batched beside adapters answered as an adapter."""
     engine_patches.set_process_env()
     os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
-    engine_patches.apply_before_load(cuda=False, kv_cache_gib=1)
+    engine_patches_load.apply_before_load(cuda=False, kv_cache_gib=1)
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
 
 
 def test_the_lora_guard_refuses_an_engine_core_it_cannot_reach(isolated, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # an operator's own value
-    problem = engine_patches.LORA_BASE_ROWS_UNADAPTED.check()
+    problem = engine_patches_load.LORA_BASE_ROWS_UNADAPTED.check()
     assert problem is not None and "another process" in problem
     with pytest.raises(engine_patches.VllmPatchError, match="lora-base-rows-unadapted"):
-        engine_patches.apply(engine_patches.LORA_BASE_ROWS_UNADAPTED)
+        engine_patches.apply(engine_patches_load.LORA_BASE_ROWS_UNADAPTED)
 
 
 def test_model_inspection_runs_in_process(isolated):
     original = isolated.registry._run_in_subprocess
-    if original is engine_patches._call_here:
+    if original is engine_patches_load._call_here:
         # An engine loaded earlier in this test process patched it: start from a stand-in
         # with vLLM's signature (the fixture puts the attribute back afterwards).
         def original(fn):
             raise AssertionError("ran in a subprocess")
 
         isolated.registry._run_in_subprocess = original
-    assert engine_patches.IN_PROCESS_MODEL_INSPECTION.check() is None  # the real target fits
-    assert engine_patches.apply(engine_patches.IN_PROCESS_MODEL_INSPECTION)
+    assert engine_patches_load.IN_PROCESS_MODEL_INSPECTION.check() is None  # the real target fits
+    assert engine_patches.apply(engine_patches_load.IN_PROCESS_MODEL_INSPECTION)
     replaced = isolated.registry._run_in_subprocess
     assert replaced is not original
     assert replaced(lambda: sys.modules[__name__]) is sys.modules[__name__]  # same process
-    assert engine_patches.apply(engine_patches.IN_PROCESS_MODEL_INSPECTION)
+    assert engine_patches.apply(engine_patches_load.IN_PROCESS_MODEL_INSPECTION)
     assert isolated.registry._run_in_subprocess is replaced
 
 
 def test_model_inspection_moved_only_warns(isolated, monkeypatch, caplog):
     monkeypatch.delattr(isolated.registry, "_run_in_subprocess")
-    assert_warns_once(caplog, engine_patches.IN_PROCESS_MODEL_INSPECTION, "is missing")
+    assert_warns_once(caplog, engine_patches_load.IN_PROCESS_MODEL_INSPECTION, "is missing")
 
 
 # --- preload ----------------------------------------------------------------------------
 
 
 def test_renderer_pool_starts_empty_with_the_eos_id_read_first(isolated, monkeypatch):
-    patch = engine_patches.RENDERER_TOKENIZER_COPIES_ON_DEMAND
+    patch = engine_patches_preload.RENDERER_TOKENIZER_COPIES_ON_DEMAND
     assert patch.check() is None  # the real targets fit
     copies_asked = []
     pooled = []
@@ -262,14 +262,16 @@ def test_renderer_pool_starts_empty_with_the_eos_id_read_first(isolated, monkeyp
 def test_renderer_pool_with_another_signature_only_warns(isolated, monkeypatch, caplog):
     monkeypatch.setattr(isolated.renderer, "maybe_make_thread_pool", lambda tokenizer: None)
     assert_warns_once(
-        caplog, engine_patches.RENDERER_TOKENIZER_COPIES_ON_DEMAND, "takes (tokenizer), expected"
+        caplog,
+        engine_patches_preload.RENDERER_TOKENIZER_COPIES_ON_DEMAND,
+        "takes (tokenizer), expected",
     )
 
 
 def test_kv_cache_buffer_is_pages_on_demand(isolated):
     import torch
 
-    patch = engine_patches.KV_CACHE_PAGES_ON_DEMAND
+    patch = engine_patches_preload.KV_CACHE_PAGES_ON_DEMAND
     assert patch.check() is None  # the real target fits
     assert engine_patches.apply(patch)
     module_torch = isolated.worker_utils.torch
@@ -292,13 +294,15 @@ def test_kv_cache_allocated_otherwise_only_warns(isolated, monkeypatch, caplog):
         return {}
 
     monkeypatch.setattr(isolated.worker_utils, "allocate_kv_cache", allocate_kv_cache)
-    assert_warns_once(caplog, engine_patches.KV_CACHE_PAGES_ON_DEMAND, "no longer makes its buffer")
+    assert_warns_once(
+        caplog, engine_patches_preload.KV_CACHE_PAGES_ON_DEMAND, "no longer makes its buffer"
+    )
 
 
 def test_logprob_ranks_are_counted_eagerly_as_the_sampler_ranks_them(isolated):
     import torch
 
-    patch = engine_patches.LOGPROB_RANKS_EAGER
+    patch = engine_patches_preload.LOGPROB_RANKS_EAGER
     assert patch.check() is None  # the real target fits: a torch.compile'd function
     assert engine_patches.apply(patch)
     assert not hasattr(isolated.sampler.batched_count_greater_than, "_torchdynamo_orig_callable")
@@ -317,7 +321,9 @@ def test_logprob_ranks_no_longer_compiled_only_warns(isolated, monkeypatch, capl
         return (x >= values).sum(-1)
 
     monkeypatch.setattr(isolated.sampler, "batched_count_greater_than", batched_count_greater_than)
-    assert_warns_once(caplog, engine_patches.LOGPROB_RANKS_EAGER, "no longer a torch.compile'd")
+    assert_warns_once(
+        caplog, engine_patches_preload.LOGPROB_RANKS_EAGER, "no longer a torch.compile'd"
+    )
 
 
 def embedding_layer(layer_class, vocab: int = 64, hidden: int = 32):
@@ -337,7 +343,7 @@ def test_an_input_embedding_is_packed_on_its_first_gemm_and_the_lm_head_at_load(
     import torch
     from vllm.model_executor.layers import utils as layer_utils
 
-    patch = engine_patches.EMBEDDING_PACKED_ON_FIRST_GEMM
+    patch = engine_patches_preload.EMBEDDING_PACKED_ON_FIRST_GEMM
     assert patch.check() is None  # the real target fits
     packed = []
     pack = layer_utils.dispatch_cpu_unquantized_gemm
@@ -377,7 +383,7 @@ def test_embedding_packing_installs_over_itself_in_a_process_that_has_it(isolate
     # load's, or a test's) must still find vLLM's code fitting and wrap it, not ebb's.
     import torch
 
-    patch = engine_patches.EMBEDDING_PACKED_ON_FIRST_GEMM
+    patch = engine_patches_preload.EMBEDDING_PACKED_ON_FIRST_GEMM
     assert engine_patches.apply(patch)
     engine_patches._applied.clear()
     assert patch.check() is None
@@ -397,20 +403,22 @@ def test_embedding_packing_moved_only_warns(isolated, monkeypatch, caplog):
         "process_weights_after_loading",
         lambda self, layer: None,
     )
-    assert_warns_once(caplog, engine_patches.EMBEDDING_PACKED_ON_FIRST_GEMM, "no longer packs")
+    assert_warns_once(
+        caplog, engine_patches_preload.EMBEDDING_PACKED_ON_FIRST_GEMM, "no longer packs"
+    )
 
 
 def test_logging_is_configured_up_front(isolated):
     from vllm.engine.arg_utils import EngineArgs
 
-    assert engine_patches.apply(engine_patches.LOGGING_CONFIGURED_EARLY)
+    assert engine_patches.apply(engine_patches_preload.LOGGING_CONFIGURED_EARLY)
     expected = EngineArgs().create_logging_config()
     assert isolated.logger._last_configured_logging_config == expected
 
 
 def test_logging_configuration_moved_only_warns(isolated, monkeypatch, caplog):
     monkeypatch.delattr(isolated.logger, "configure_logging_if_needed")
-    assert_warns_once(caplog, engine_patches.LOGGING_CONFIGURED_EARLY, "is missing")
+    assert_warns_once(caplog, engine_patches_preload.LOGGING_CONFIGURED_EARLY, "is missing")
 
 
 def test_kernel_overrides_are_installed_once(vllm):
@@ -421,10 +429,10 @@ def test_kernel_overrides_are_installed_once(vllm):
     platform = vllm.platforms.current_platform
     if platform.is_cuda_alike():
         pytest.skip("Triton runs natively on GPUs: no stand-ins to install")
-    assert engine_patches.apply(engine_patches.KERNEL_OVERRIDES_ONCE)
+    assert engine_patches.apply(engine_patches_preload.KERNEL_OVERRIDES_ONCE)
     installed = ComputeSlotMappingKernel.kernel
     assert isinstance(installed, KernelOverride)
-    assert engine_patches.apply(engine_patches.KERNEL_OVERRIDES_ONCE)
+    assert engine_patches.apply(engine_patches_preload.KERNEL_OVERRIDES_ONCE)
     platform.register_triton_kernel_overrides()  # what engine init calls
     assert ComputeSlotMappingKernel.kernel is installed
     assert "kernel-overrides-once" in engine_patches.applied()
