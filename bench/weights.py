@@ -44,7 +44,7 @@ from support.weights import CountingProxy  # noqa: E402
 from bench.loadgen import save_results  # noqa: E402
 from bench.page_cache import drop, read_ahead_in_background, resident_fraction  # noqa: E402
 from ebb.config import DEFAULT_MODEL_SOURCE  # noqa: E402
-from ebb.runners.vllm_compat import CPU_DTYPE  # noqa: E402
+from ebb.runners.engine_patches import CPU_DTYPE  # noqa: E402
 from ebb.weights_cache import CacheOptions, ensure  # noqa: E402
 
 MIB = 1024 * 1024

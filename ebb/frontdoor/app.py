@@ -27,6 +27,7 @@ from ebb.frontdoor import (
     routes_embeddings,
     routes_files,
     routes_jobs,
+    routes_jobs_read,
     routes_limits,
     routes_logs,
     routes_openai,
@@ -110,6 +111,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_quotas.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_jobs.router)
+    app.include_router(routes_jobs_read.router)
     app.include_router(routes_webhooks.router)
     app.include_router(routes_status.router)
     app.include_router(console_routes.router)

@@ -20,7 +20,7 @@ import logging
 
 from ebb.errors import CapacityError, EbbError, RateLimited
 from ebb.frontdoor.adapters import adapter_work, job_target
-from ebb.frontdoor.routes_jobs import decode_parked, first_attempt, prepare_job
+from ebb.frontdoor.job_requests import decode_parked, first_attempt, prepare_job
 from ebb.frontdoor.services import Services
 from ebb.queue.connection import UNAVAILABLE_ERRORS
 from ebb.queue.job_schema import JobErrorInfo, JobStatus

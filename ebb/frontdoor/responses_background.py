@@ -19,7 +19,9 @@ from fastapi import Request
 
 from ebb.errors import Conflict, InvalidRequest, NotFound
 from ebb.frontdoor.caller import Caller
-from ebb.frontdoor.routes_jobs import JobCreate, cancel_job, submit_job
+from ebb.frontdoor.job_requests import JobCreate
+from ebb.frontdoor.routes_jobs import submit_job
+from ebb.frontdoor.routes_jobs_read import cancel_job
 from ebb.frontdoor.services import Services
 from ebb.openai.response_builder import CHAT_ENDPOINT
 from ebb.openai.responses_objects import ResponseFrame, from_chat_completion, new_response_id

@@ -44,9 +44,10 @@ from ebb.frontdoor.batches import (
     parse_input,
 )
 from ebb.frontdoor.caller import Caller
+from ebb.frontdoor.job_requests import JobCreate
 from ebb.frontdoor.redis_down import ride_out
 from ebb.frontdoor.routes_files import owned_file
-from ebb.frontdoor.routes_jobs import JobCreate, create_job
+from ebb.frontdoor.routes_jobs import create_job
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.queue.batch_store import BatchLine, BatchRecord, BatchStatus
 from ebb.queue.connection import UNAVAILABLE_ERRORS

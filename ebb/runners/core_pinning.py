@@ -2,7 +2,7 @@
 
 vLLM's own server binds its CPU worker's OpenMP threads to cores and leaves a core to
 everything else (its API server and scheduler: `VLLM_CPU_OMP_THREADS_BIND=auto`). ebb's
-in-process engine gets no such binding (see `vllm_compat.OMP_THREADS`): left to the
+in-process engine gets no such binding (see `engine_patches.OMP_THREADS`): left to the
 kernel, the engine thread shares and swaps cores with the work each token wakes (the
 runner's publisher thread, Redis, the frontdoor that streams the token). On a 2-core host
 that made every decode step 2.7-3.6 % slower than with the engine thread pinned (c=1, one

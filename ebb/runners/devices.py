@@ -4,7 +4,7 @@ A CUDA context does not survive `fork()`: a child of a process that initialised 
 fails on its first CUDA call. The fork server and pre-warmed stems therefore learn about
 devices only through NVML (`ebb.gpus`), never through `torch.cuda`, and torch's own
 availability check is switched to NVML too (`PYTORCH_NVML_BASED_CUDA_CHECK`, set by
-`vllm_compat`). A runner sets
+`engine_patches`). A runner sets
 `CUDA_VISIBLE_DEVICES` from its placement before its engine first touches CUDA.
 """
 

@@ -2,8 +2,8 @@
 
 `EngineAdapter` is what the runner loop calls; `engine_vllm.VllmEngine` wraps vLLM, and
 in tests `ebb.testing.fake_engine.FakeEngine` stands in for it. Which one a deployment
-gets is the engine registry's answer (`ebb.engines`). Only `engine_vllm.py` and
-`vllm_compat.py` (every patch ebb applies to vLLM) import vLLM.
+gets is the engine registry's answer (`ebb.engines`). Only `engine_vllm.py` and the
+`engine_patches*.py` modules (every patch ebb applies to vLLM) import vLLM.
 """
 
 from __future__ import annotations

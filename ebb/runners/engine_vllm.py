@@ -1,9 +1,9 @@
 """vLLM behind the `EngineAdapter` seam: the synchronous, in-process `LLMEngine`.
 
 `preload()` sets the environment vLLM reads, pays for its imports and applies ebb's patches
-to vLLM (all of them in `vllm_compat`), so that a pre-warmed stem process can do this before
-it knows its model; `VllmEngine.load()` then builds the engine for one local HF-layout
-checkpoint. vLLM is imported only inside functions, after `preload()` has set the
+to vLLM (all of them in the `engine_patches*` modules), so that a pre-warmed stem process can
+do this before it knows its model; `VllmEngine.load()` then builds the engine for one local
+HF-layout checkpoint. vLLM is imported only inside functions, after `preload()` has set the
 environment, because some of its settings are read at import.
 """
 
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ebb.gpus.count import visible_gpu_count
 from ebb.queue.schema import ChoiceDelta, FinishReason, SamplingSpec, TokenLogprob, TopLogprob
-from ebb.runners import vllm_compat
+from ebb.runners import engine_patches, engine_patches_load, engine_patches_preload
 from ebb.runners.core_pinning import usable_core_count
 from ebb.runners.engine import (
     EngineOptions,
@@ -59,12 +59,12 @@ def _phase(name: str) -> Iterator[None]:
 @contextmanager
 def _every_core_while_loading(cuda: bool) -> Iterator[None]:
     """On CPU, torch's compute threads on every core while the engine is built, then back
-    to what it had (`vllm_compat.OMP_THREADS`: one core left free while serving). The
+    to what it had (`engine_patches.OMP_THREADS`: one core left free while serving). The
     load's weight copies and oneDNN weight packing are parallel ops: on 2 cores, 0.93 s ->
     0.75 s to a built engine, the time a waiting request waits, while the serving-time
     contention that count guards against has not begun. An operator's own OMP_NUM_THREADS
     (several runners sharing a host's cores, say) holds while loading too."""
-    if cuda or not vllm_compat.thread_count_is_ours():
+    if cuda or not engine_patches.thread_count_is_ours():
         yield
         return
     import torch
@@ -89,12 +89,12 @@ def _has_cuda() -> bool:
 def preload() -> None:
     """Set vLLM's environment, import its heavy modules and patch it; idempotent.
 
-    Raises `vllm_compat.VllmPatchError` when a required patch cannot apply.
+    Raises `engine_patches.VllmPatchError` when a required patch cannot apply.
     """
     global _preloaded
     if _preloaded:
         return
-    vllm_compat.set_process_env()
+    engine_patches.set_process_env()
     with _phase("preload (vllm imports)"):
         import vllm.engine.arg_utils
         import vllm.inputs
@@ -112,7 +112,7 @@ def preload() -> None:
         # load imports whatever it needs itself.
         with contextlib.suppress(ImportError):
             import vllm.model_executor.layers.quantization.online.base  # noqa: F401
-        vllm_compat.apply_preload(cuda=cuda)
+        engine_patches_preload.apply_preload(cuda=cuda)
         # Engine init ends with full GC passes over every object (vLLM's freeze_gc_heap);
         # the millions that torch and vLLM created at import live forever anyway. Freezing
         # them now, while a stem waits, takes them out of every later collection (~0.4 s
@@ -158,7 +158,7 @@ def _engine_args(options: EngineOptions, cuda: bool) -> EngineArgs:
         chosen.update(runner="pooling", convert="embed")
     dtype = options.dtype or "auto"
     if not cuda and dtype == "auto":
-        dtype = vllm_compat.CPU_DTYPE
+        dtype = engine_patches.CPU_DTYPE
     return EngineArgs(
         model=str(options.model_path),
         max_model_len=options.max_model_len,
@@ -305,7 +305,7 @@ class VllmEngine:
         preload()
         cuda = _has_cuda()
         # On CPU: the KV cache size vLLM reads (GiB, instead of a memory-utilization share).
-        vllm_compat.apply_before_load(
+        engine_patches_load.apply_before_load(
             cuda=cuda, kv_cache_gib=options.kv_cache_gib, lora=options.lora is not None
         )
         from vllm.v1.engine.llm_engine import LLMEngine

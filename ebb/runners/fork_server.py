@@ -40,7 +40,9 @@ _REAP_INTERVAL_S = 0.2
 
 
 def serve_forks(settings: Settings) -> int:
-    from ebb.runners.process import import_engine_libraries
+    # The runner's process module too, before forking: every forked runner runs it.
+    import ebb.runners.process  # noqa: F401
+    from ebb.runners.loading import import_engine_libraries
 
     # Ctrl-C reaches the whole process group: the runners drain on it, and the server
     # stays to report their exits until the controller closes the pipe.

@@ -5,6 +5,9 @@ Launched by the controller either with a deployment (a fresh start) or without o
 pre-warmed stem: it imports the engine libraries, joins the pool and waits for the
 controller to assign it a deployment). Every phase of the cold start is timed and folded
 into the deployment's cold-start statistics.
+
+The heartbeat thread is `heartbeat`, loading the engine `loading`, the phase clock
+`cold_start_clock`.
 """
 
 from __future__ import annotations
@@ -18,107 +21,34 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ebb import tracing
 from ebb.billing.gpu import NoMeter, RunnerMeter, runner_meter
 from ebb.config import Settings
 from ebb.engine_options import lora_limits
-from ebb.engines import EngineRegistry
 from ebb.gpus import nvml
 from ebb.gpus.count import held_gpus, visible_gpu_count
 from ebb.launching.handoff import LAUNCHED_AT_ENV
 from ebb.launching.tiers import Tier
 from ebb.process_memory import start_memory_reporter
 from ebb.queue.connection import UNAVAILABLE_ERRORS, sync_client
-from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.gpus import SLEEPER_EXIT
-from ebb.queue.priority import engine_batch_limit
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
 from ebb.queue.versions import public_name
 from ebb.runners import core_pinning, load_reserve, stall
 from ebb.runners.adapters import RunnerAdapters
+from ebb.runners.cold_start_clock import ColdStartClock
 from ebb.runners.devices import use_placement
-from ebb.runners.embedding_inputs import EmbeddingInputs
-from ebb.runners.engine import EngineAdapter, EngineOptions
+from ebb.runners.engine import EngineAdapter
+from ebb.runners.heartbeat import Heartbeat
 from ebb.runners.lifecycle import Lifecycle
+from ebb.runners.loading import _load_engine, import_engine_libraries
 from ebb.runners.serve import Outcome, ServingLoop, jobs_beside_sync
 from ebb.secrets import SecretBox, usable_env
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ColdStartClock:
-    """Phase durations of one cold start, measured from `start_ms`."""
-
-    start_ms: float
-    phases_ms: dict[str, float] = field(default_factory=dict)
-    _mark: float = 0.0
-
-    def __post_init__(self) -> None:
-        self._mark = self.start_ms
-
-    def lap(self, phase: str) -> None:
-        now = time.time() * 1000
-        self.phases_ms[phase] = self.phases_ms.get(phase, 0.0) + now - self._mark
-        self._mark = now
-
-    def total(self) -> float:
-        return self._mark - self.start_ms
-
-
-class Heartbeat(threading.Thread):
-    """Keeps the runner's liveness and its leases fresh while the main thread computes.
-
-    With `follow_parent` (local launches) it also stops the runner when its parent (the
-    controller) is gone, so no runner outlives the platform that launched it. Without it
-    the runner belongs to the cluster: its heartbeat in Redis is all that says it lives.
-    """
-
-    def __init__(
-        self,
-        queue: RunnerQueue,
-        interval_s: float,
-        stop: threading.Event,
-        *,
-        follow_parent: bool = True,
-    ):
-        super().__init__(name="heartbeat", daemon=True)
-        self._queue = queue
-        self._interval_s = interval_s
-        # Not `_stop`: threading.Thread has a method of that name, used by join().
-        self._stop_runner = stop
-        self.done = threading.Event()
-        self._parent = os.getppid() if follow_parent else None
-        self.held_ids: Callable[[], list[str]] = lambda: []
-        # The serving loop's engine, reported with each beat and watched (`stall`).
-        self.progress = stall.EngineProgress()
-        self.watchdog: Callable[[], None] = lambda: None
-        # Told at each beat whether the runner held requests or stepped since the last one.
-        self.on_beat: Callable[[bool], None] = lambda holding: None
-        self._steps_seen = 0
-
-    def run(self) -> None:
-        while not self.done.wait(self._interval_s):
-            orphaned = self._parent is not None and os.getppid() != self._parent
-            if orphaned and not self._stop_runner.is_set():
-                log.warning("runner: parent %d is gone, draining", self._parent)
-                self._stop_runner.set()
-            self.watchdog()  # before renewing the leases of requests a hung engine holds
-            held = self.held_ids()
-            steps, self._steps_seen = self._steps_seen, self.progress.steps
-            self.on_beat(bool(held) or steps != self._steps_seen)
-            try:
-                self._queue.heartbeat(
-                    held,
-                    engine_steps=self.progress.steps,
-                    engine_busy_ms=round(self.progress.busy_s() * 1000),
-                )
-            except Exception:  # a Redis blip must not kill the runner; leases outlast one
-                log.exception("runner: heartbeat failed")
 
 
 def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier: Tier) -> int:
@@ -381,45 +311,6 @@ def _ready_file(path: Path) -> Callable[[RunnerState], None]:
     return follow
 
 
-def import_engine_libraries() -> None:
-    from ebb.runners import engine_vllm
-
-    engine_vllm.preload()
-    # What the load imports besides the engine: the weight cache (~30 ms).
-    import ebb.weights_cache  # noqa: F401
-
-
-def engine_options(
-    settings: Settings,
-    spec: DeploymentSpec,
-    model_path: Path | None,
-    model_len: int,
-    placement: GpuPlacement | None,
-) -> EngineOptions:
-    """What the engine is built with: the deployment's options and its placement's share."""
-    engine = spec.engine
-    return EngineOptions(
-        model_path=model_path,
-        max_model_len=spec.max_model_len or model_len,
-        # Room for the critical requests a full runner still takes (ebb.queue.priority).
-        max_num_seqs=engine_batch_limit(spec.max_concurrency, engine.max_num_seqs),
-        kv_cache_gib=settings.kv_cache_gib,
-        source=spec.source,
-        dtype=engine.dtype,
-        quantization=engine.quantization,
-        # Placement's split on a host it placed; else (a pod or an actor given its GPUs
-        # by the cluster) the deployment's own.
-        tensor_parallel_size=(
-            placement.tensor_parallel_size if placement else engine.tensor_parallel_size or 1
-        ),
-        enable_prefix_caching=engine.enable_prefix_caching,
-        enforce_eager=engine.enforce_eager,
-        gpu_memory_utilization=placement.gpu_memory_utilization if placement else None,
-        task=spec.serving.task,
-        lora=lora_limits(engine),
-    )
-
-
 def _adapters(settings: Settings, spec: DeploymentSpec) -> RunnerAdapters:
     """The LoRA adapters this runner may serve, fetched into this host's weight cache."""
     from ebb.weights_cache import CacheOptions
@@ -443,43 +334,3 @@ def _adapter_loaded(queue: RunnerQueue, base: str, adapter: str) -> None:
 def _adapter_failed(queue: RunnerQueue, adapter: str, error: str) -> None:
     with contextlib.suppress(*UNAVAILABLE_ERRORS):
         queue.adapter_failed(adapter, error)
-
-
-def _load_engine(
-    settings: Settings,
-    spec: DeploymentSpec,
-    clock: ColdStartClock,
-    tier: Tier,
-    placement: GpuPlacement | None = None,
-) -> tuple[EngineAdapter, Tier]:
-    entry = EngineRegistry.from_settings(settings).entry_for(spec.source)
-    if entry.preload_engine():
-        clock.lap("import")
-    if entry.prepares_weights:
-        model_path, model_len, tier = _prepare_weights(settings, spec.source, tier)
-    else:
-        model_path, model_len = None, entry.context_len_of(spec.source)
-    clock.lap("weights")
-    options = engine_options(settings, spec, model_path, model_len, placement)
-    engine: EngineAdapter = entry.load_engine(options)
-    if spec.serving.task == "embed":
-        engine = EmbeddingInputs(engine)  # jobs' multi-input embedding work items
-    return engine, tier
-
-
-def _prepare_weights(settings: Settings, source: str, tier: Tier) -> tuple[Path, int, Tier]:
-    """The source's weights in the local cache: (path, context length, tier after fetching)."""
-    from ebb.weights_cache import CacheOptions, ensure
-
-    phases: set[str] = set()
-    # Held until this process exits: a model a live runner serves is never evicted.
-    model = ensure(
-        source,
-        settings.weights_dir,
-        progress=lambda phase, _: phases.add(phase),
-        options=CacheOptions.from_settings(settings),
-        hold=True,
-    )
-    if phases & {"download", "convert"}:
-        tier = tier.after_weights_fetch()
-    return model.path, model.max_model_len, tier

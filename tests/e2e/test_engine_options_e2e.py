@@ -35,7 +35,7 @@ def test_engine_options_reach_vllm(default_local_model):
         from ebb.config import Settings
         from ebb.queue.schema import DeploymentSpec, EngineSpec, SamplingSpec
         from ebb.runners.engine_vllm import VllmEngine
-        from ebb.runners.process import engine_options
+        from ebb.runners.loading import engine_options
 
         spec = DeploymentSpec(
             name="opts",
@@ -83,7 +83,7 @@ def test_engine_imports_leave_cuda_uninitialised():
 
         torch.cuda.is_available = is_available
         from ebb.runners.devices import fork_unsafe_reason
-        from ebb.runners.process import import_engine_libraries
+        from ebb.runners.loading import import_engine_libraries
 
         import_engine_libraries()
         print(json.dumps({

@@ -246,7 +246,7 @@ def test_kernel_overrides_are_installed_once_per_process(engine):
 def test_every_vllm_patch_applied_to_the_installed_vllm(engine):
     from vllm.platforms import current_platform
 
-    from ebb.runners import vllm_compat
+    from ebb.runners import engine_patches
 
     expected = {
         "in-process-engine-core",
@@ -265,6 +265,6 @@ def test_every_vllm_patch_applied_to_the_installed_vllm(engine):
         }
     # omp-threads is left out: it applies only if torch was not imported before the engine,
     # and this test session may have imported it first.
-    applied = vllm_compat.applied()
+    applied = engine_patches.applied()
     assert expected <= set(applied)
-    assert set(applied.values()) == {vllm_compat.installed_version()}
+    assert set(applied.values()) == {engine_patches.installed_version()}

@@ -17,7 +17,7 @@ import pytest
 from support.weights import write_servable_dir
 
 from ebb.config import Settings
-from ebb.frontdoor import parked_jobs, routes_batches, routes_jobs
+from ebb.frontdoor import job_requests, parked_jobs, routes_batches, routes_jobs, routes_jobs_read
 from ebb.frontdoor.batches import InputLine
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.services import build_services
@@ -52,7 +52,7 @@ async def _weights(services, status: WeightsStatus) -> None:
 
 
 async def _submit(services, **extra) -> dict:
-    payload = routes_jobs.JobCreate(model="m", endpoint="completions", body=BODY, **extra)
+    payload = job_requests.JobCreate(model="m", endpoint="completions", body=BODY, **extra)
     response = await routes_jobs._submit(payload, CALLER, services, None, None, 0)
     assert response.status_code == 202, response.body
     return json.loads(response.body)
@@ -80,7 +80,7 @@ async def test_a_job_submitted_while_weights_are_prepared_is_queued_once_they_ar
     raw = await services.redis.hget(keys.request(record.request_id), "work")
     work = decode_work(raw)
     assert len(work.prompt_token_ids) == 5 and work.sampling.max_tokens == 3
-    view = await routes_jobs._view(services, job["id"])
+    view = await routes_jobs_read._view(services, job["id"])
     assert (view["status"], view["waiting_for"]) == ("queued", None)
 
 

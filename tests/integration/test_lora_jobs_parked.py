@@ -11,7 +11,7 @@ import pytest
 from support.weights import write_servable_dir
 from test_jobs_parked import BODY, CALLER, _weights, services  # noqa: F401 (a fixture)
 
-from ebb.frontdoor import parked_jobs, routes_jobs
+from ebb.frontdoor import job_requests, parked_jobs, routes_jobs
 from ebb.queue import keys
 from ebb.queue.schema import AdapterRef, DeploymentSpec, decode_work
 from ebb.queue.weights_status import WeightsState, WeightsStatus
@@ -34,7 +34,7 @@ async def test_a_parked_adapter_job_is_queued_for_its_base_as_the_adapter(
         price_per_1m_input_tokens_micros=3_000_000,
     )
     assert await services.state.put_deployment(adapter, create_only=True)
-    payload = routes_jobs.JobCreate(model="m-ad", endpoint="completions", body=BODY)
+    payload = job_requests.JobCreate(model="m-ad", endpoint="completions", body=BODY)
     response = await routes_jobs._submit(payload, CALLER, services, None, None, 0)
     assert response.status_code == 202, response.body
     job_id = json.loads(response.body)["id"]

@@ -30,9 +30,10 @@ from ebb.queue.platform import PlatformState
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
 from ebb.queue.webhook_secrets import WebhookSecrets
+from ebb.runners.cold_start_clock import ColdStartClock
 from ebb.runners.engine import EngineOptions
 from ebb.runners.lifecycle import Lifecycle
-from ebb.runners.process import ColdStartClock, _become_ready
+from ebb.runners.process import _become_ready
 from ebb.runners.serve import ServingLoop
 from ebb.testing.fake_engine import FakeEngine
 from ebb.webhooks.collector import JobCollector

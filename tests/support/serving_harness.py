@@ -49,8 +49,8 @@ from ebb.queue.schema import (
     decode_event,
 )
 from ebb.runners.engine import EngineOptions
+from ebb.runners.heartbeat import Heartbeat
 from ebb.runners.lifecycle import Lifecycle
-from ebb.runners.process import Heartbeat
 from ebb.runners.serve import Outcome, ServingLoop
 
 # The one place the tests' harness names the fake engine's module.
@@ -280,7 +280,7 @@ async def serving_harness(
         sync_client(redis_url), runner_id, lease_ttl_s=lease_ttl_s, result_ttl_s=60
     )
     runner.register(RunnerRecord(runner_id=runner_id, state=RunnerState.READY, deployment=DEP))
-    # The batch limit a runner gives its engine (ebb.runners.process.engine_options).
+    # The batch limit a runner gives its engine (ebb.runners.loading.engine_options).
     batch = engine_batch_limit(spec.max_concurrency, spec.engine.max_num_seqs)
     engine = ObservedEngine.load(
         EngineOptions(model_path=None, max_model_len=2048, source=source, max_num_seqs=batch)

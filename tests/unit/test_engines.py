@@ -165,7 +165,8 @@ async def test_the_catalog_takes_a_fake_models_tokenizer_and_context_from_the_re
 
 
 def test_the_runner_builds_the_engine_its_registry_entry_names():
-    from ebb.runners.process import ColdStartClock, _load_engine
+    from ebb.runners.cold_start_clock import ColdStartClock
+    from ebb.runners.loading import _load_engine
 
     spec = DeploymentSpec(name="m", source="fake://m?ctx=300&step_ms=0")
     clock = ColdStartClock(0.0)

@@ -8,8 +8,8 @@ import threading
 from support import wait_until
 
 from ebb.queue.schema import RunnerState
+from ebb.runners.heartbeat import Heartbeat
 from ebb.runners.lifecycle import Lifecycle
-from ebb.runners.process import Heartbeat
 from ebb.runners.stall import EngineProgress, Watchdog, die_of_stall
 
 
@@ -37,10 +37,10 @@ def test_heartbeat_reports_held_ids_and_joins_once_done():
 
 
 def test_a_runner_follows_its_parent_only_when_launched_locally(monkeypatch):
-    import ebb.runners.process as process
+    import ebb.runners.heartbeat as heartbeat_module
 
     parent = {"pid": 4242}
-    monkeypatch.setattr(process.os, "getppid", lambda: parent["pid"])
+    monkeypatch.setattr(heartbeat_module.os, "getppid", lambda: parent["pid"])
     stops = {follow: threading.Event() for follow in (True, False)}
     queues = {follow: RecordingQueue() for follow in stops}
     beats = [Heartbeat(queues[f], interval_s=0.01, stop=stops[f], follow_parent=f) for f in stops]

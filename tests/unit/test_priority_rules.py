@@ -225,7 +225,7 @@ def test_a_runner_takes_a_quarter_of_its_slots_more_for_critical_work_and_its_en
 
     from ebb.config import Settings
     from ebb.queue.priority import critical_slots
-    from ebb.runners.process import engine_options
+    from ebb.runners.loading import engine_options
 
     assert [critical_slots(n) for n in (1, 4, 32)] == [1, 1, 8]
     options = engine_options(

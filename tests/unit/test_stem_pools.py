@@ -16,7 +16,7 @@ from ebb.config import Settings
 from ebb.launching.stem_pools import StemPool, parse_stem_pools, runner_gpus
 from ebb.launching.tiers import Tier
 from ebb.queue.schema import DeploymentSpec, EngineSpec, RunnerRecord, RunnerState
-from ebb.runners.process import engine_options
+from ebb.runners.loading import engine_options
 
 
 def test_pools_parse_from_counts_or_objects_and_default_to_prewarm():

@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ebb.runners import vllm_compat
-from ebb.runners.vllm_compat import VERIFIED_ON, VllmPatchError
+from ebb.runners import engine_patches, engine_patches_load, engine_patches_preload
+from ebb.runners.engine_patches import VERIFIED_ON, VllmPatchError
 
 ENV_VARIABLES = (
     "VLLM_ENABLE_V1_MULTIPROCESSING",
@@ -56,9 +56,9 @@ def vllm():
 @pytest.fixture
 def isolated(vllm, monkeypatch):
     """A fresh patch record; the patched attributes and variables are restored after."""
-    monkeypatch.setattr(vllm_compat, "_applied", {})
-    monkeypatch.setattr(vllm_compat, "_warned", set())
-    monkeypatch.setattr(vllm_compat, "_defaulted", set())
+    monkeypatch.setattr(engine_patches, "_applied", {})
+    monkeypatch.setattr(engine_patches, "_warned", set())
+    monkeypatch.setattr(engine_patches, "_defaulted", set())
     for host, attribute in (
         (vllm.registry, "_run_in_subprocess"),
         (vllm.renderer, "maybe_make_thread_pool"),
@@ -80,44 +80,44 @@ def warnings_about(caplog, patch_name: str) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == vllm_compat.__name__
+        if r.name == engine_patches.__name__
         and r.levelno == logging.WARNING
         and patch_name in r.getMessage()
     ]
 
 
-def assert_warns_once(caplog, patch: vllm_compat.Patch, problem: str) -> None:
-    caplog.set_level(logging.WARNING, logger=vllm_compat.__name__)
-    assert vllm_compat.apply(patch) is False
-    assert vllm_compat.apply(patch) is False
+def assert_warns_once(caplog, patch: engine_patches.Patch, problem: str) -> None:
+    caplog.set_level(logging.WARNING, logger=engine_patches.__name__)
+    assert engine_patches.apply(patch) is False
+    assert engine_patches.apply(patch) is False
     (message,) = warnings_about(caplog, patch.name)
     assert f"verified on vLLM {VERIFIED_ON}" in message
-    assert f"to vLLM {vllm_compat.installed_version()}" in message
+    assert f"to vLLM {engine_patches.installed_version()}" in message
     assert problem in message
-    assert patch.name not in vllm_compat.applied()
+    assert patch.name not in engine_patches.applied()
 
 
 # --- version and record -----------------------------------------------------------------
 
 
 def test_the_record_names_the_installed_vllm_version(isolated):
-    assert vllm_compat.installed_version() == isolated.package.__version__
-    assert vllm_compat.apply(vllm_compat.LOGGING_CONFIGURED_EARLY)
-    assert vllm_compat.applied() == {"logging-configured-early": isolated.package.__version__}
+    assert engine_patches.installed_version() == isolated.package.__version__
+    assert engine_patches.apply(engine_patches_preload.LOGGING_CONFIGURED_EARLY)
+    assert engine_patches.applied() == {"logging-configured-early": isolated.package.__version__}
     with pytest.raises(TypeError):
-        vllm_compat.applied()["forged"] = "0"  # type: ignore[index]
+        engine_patches.applied()["forged"] = "0"  # type: ignore[index]
 
 
 def test_a_patch_applied_once_is_not_installed_again(isolated):
     installs = []
-    patch = vllm_compat.Patch(
+    patch = engine_patches.Patch(
         name="counted",
         required=True,
         check=lambda: None,
         install=lambda: installs.append(1),
         without="nothing",
     )
-    assert vllm_compat.apply(patch) and vllm_compat.apply(patch)
+    assert engine_patches.apply(patch) and engine_patches.apply(patch)
     assert installs == [1]
 
 
@@ -127,29 +127,33 @@ def test_a_patch_applied_once_is_not_installed_again(isolated):
 def test_process_env_sets_defaults_and_an_operators_value_wins(isolated, monkeypatch):
     monkeypatch.delitem(sys.modules, "torch")  # as in a runner, before torch loads
     monkeypatch.setenv("VLLM_DO_NOT_TRACK", "0")
-    vllm_compat.set_process_env()
+    engine_patches.set_process_env()
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert os.environ["VLLM_NO_USAGE_STATS"] == "1"
     assert os.environ["VLLM_DO_NOT_TRACK"] == "0"
     assert int(os.environ["OMP_NUM_THREADS"]) == max(1, (os.cpu_count() or 2) - 1)
-    assert {"in-process-engine-core", "no-usage-stats", "omp-threads"} <= set(vllm_compat.applied())
+    assert {"in-process-engine-core", "no-usage-stats", "omp-threads"} <= set(
+        engine_patches.applied()
+    )
 
 
 def test_an_env_default_vllm_no_longer_reads_only_warns(isolated, monkeypatch, caplog):
-    monkeypatch.setattr(vllm_compat, "vllm_env_source", lambda: '"VLLM_NO_USAGE_STATS": 1')
-    assert_warns_once(caplog, vllm_compat.NO_USAGE_STATS, "vLLM no longer reads VLLM_DO_NOT_TRACK")
+    monkeypatch.setattr(engine_patches, "vllm_env_source", lambda: '"VLLM_NO_USAGE_STATS": 1')
+    assert_warns_once(
+        caplog, engine_patches.NO_USAGE_STATS, "vLLM no longer reads VLLM_DO_NOT_TRACK"
+    )
     assert "VLLM_NO_USAGE_STATS" not in os.environ
 
 
 def test_omp_threads_set_after_torch_loaded_only_warns(isolated, caplog):
     assert "torch" in sys.modules  # vLLM's import loaded it
-    assert_warns_once(caplog, vllm_compat.OMP_THREADS, "torch is already imported")
+    assert_warns_once(caplog, engine_patches.OMP_THREADS, "torch is already imported")
     assert "OMP_NUM_THREADS" not in os.environ
 
 
 def test_omp_threads_chosen_by_the_operator_is_kept(isolated, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "7")
-    assert vllm_compat.apply(vllm_compat.OMP_THREADS)
+    assert engine_patches.apply(engine_patches.OMP_THREADS)
     assert os.environ["OMP_NUM_THREADS"] == "7"
 
 
@@ -157,17 +161,17 @@ def test_omp_threads_chosen_by_the_operator_is_kept(isolated, monkeypatch):
 
 
 def test_cpu_kv_cache_space_is_set_for_every_load(isolated):
-    vllm_compat.apply_before_load(cuda=False, kv_cache_gib=3)
+    engine_patches_load.apply_before_load(cuda=False, kv_cache_gib=3)
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
-    vllm_compat.apply_before_load(cuda=False, kv_cache_gib=2)
+    engine_patches_load.apply_before_load(cuda=False, kv_cache_gib=2)
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "2"
-    assert "cpu-kv-cache-space" in vllm_compat.applied()
+    assert "cpu-kv-cache-space" in engine_patches.applied()
 
 
 def test_cpu_kv_cache_space_vllm_no_longer_reads_fails(isolated, monkeypatch):
-    monkeypatch.setattr(vllm_compat, "vllm_env_source", lambda: "")
+    monkeypatch.setattr(engine_patches, "vllm_env_source", lambda: "")
     with pytest.raises(VllmPatchError) as failure:
-        vllm_compat.apply_before_load(cuda=False, kv_cache_gib=3)
+        engine_patches_load.apply_before_load(cuda=False, kv_cache_gib=3)
     reason = str(failure.value)
     assert "'cpu-kv-cache-space'" in reason and f"verified on vLLM {VERIFIED_ON}" in reason
     assert "no longer reads VLLM_CPU_KVCACHE_SPACE" in reason
@@ -176,57 +180,57 @@ def test_cpu_kv_cache_space_vllm_no_longer_reads_fails(isolated, monkeypatch):
 
 def test_on_cuda_a_load_patches_nothing(isolated):
     original = isolated.registry._run_in_subprocess
-    vllm_compat.apply_before_load(cuda=True, kv_cache_gib=3)
+    engine_patches_load.apply_before_load(cuda=True, kv_cache_gib=3)
     assert isolated.registry._run_in_subprocess is original
-    assert vllm_compat.applied() == {}
+    assert engine_patches.applied() == {}
 
 
 def test_each_cpu_load_keeps_the_engine_core_in_this_process(isolated):
     """A process whose environment was reset after its first engine (a test module's
     teardown) built the next one in other processes, where the LoRA guard (patched here)
     does not run: base requests batched beside adapters answered as an adapter."""
-    vllm_compat.set_process_env()
+    engine_patches.set_process_env()
     os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
-    vllm_compat.apply_before_load(cuda=False, kv_cache_gib=1)
+    engine_patches_load.apply_before_load(cuda=False, kv_cache_gib=1)
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
 
 
 def test_the_lora_guard_refuses_an_engine_core_it_cannot_reach(isolated, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # an operator's own value
-    problem = vllm_compat.LORA_BASE_ROWS_UNADAPTED.check()
+    problem = engine_patches_load.LORA_BASE_ROWS_UNADAPTED.check()
     assert problem is not None and "another process" in problem
-    with pytest.raises(vllm_compat.VllmPatchError, match="lora-base-rows-unadapted"):
-        vllm_compat.apply(vllm_compat.LORA_BASE_ROWS_UNADAPTED)
+    with pytest.raises(engine_patches.VllmPatchError, match="lora-base-rows-unadapted"):
+        engine_patches.apply(engine_patches_load.LORA_BASE_ROWS_UNADAPTED)
 
 
 def test_model_inspection_runs_in_process(isolated):
     original = isolated.registry._run_in_subprocess
-    if original is vllm_compat._call_here:
+    if original is engine_patches_load._call_here:
         # An engine loaded earlier in this test process patched it: start from a stand-in
         # with vLLM's signature (the fixture puts the attribute back afterwards).
         def original(fn):
             raise AssertionError("ran in a subprocess")
 
         isolated.registry._run_in_subprocess = original
-    assert vllm_compat.IN_PROCESS_MODEL_INSPECTION.check() is None  # the real target fits
-    assert vllm_compat.apply(vllm_compat.IN_PROCESS_MODEL_INSPECTION)
+    assert engine_patches_load.IN_PROCESS_MODEL_INSPECTION.check() is None  # the real target fits
+    assert engine_patches.apply(engine_patches_load.IN_PROCESS_MODEL_INSPECTION)
     replaced = isolated.registry._run_in_subprocess
     assert replaced is not original
     assert replaced(lambda: sys.modules[__name__]) is sys.modules[__name__]  # same process
-    assert vllm_compat.apply(vllm_compat.IN_PROCESS_MODEL_INSPECTION)
+    assert engine_patches.apply(engine_patches_load.IN_PROCESS_MODEL_INSPECTION)
     assert isolated.registry._run_in_subprocess is replaced
 
 
 def test_model_inspection_moved_only_warns(isolated, monkeypatch, caplog):
     monkeypatch.delattr(isolated.registry, "_run_in_subprocess")
-    assert_warns_once(caplog, vllm_compat.IN_PROCESS_MODEL_INSPECTION, "is missing")
+    assert_warns_once(caplog, engine_patches_load.IN_PROCESS_MODEL_INSPECTION, "is missing")
 
 
 # --- preload ----------------------------------------------------------------------------
 
 
 def test_renderer_pool_starts_empty_with_the_eos_id_read_first(isolated, monkeypatch):
-    patch = vllm_compat.RENDERER_TOKENIZER_COPIES_ON_DEMAND
+    patch = engine_patches_preload.RENDERER_TOKENIZER_COPIES_ON_DEMAND
     assert patch.check() is None  # the real targets fit
     copies_asked = []
     pooled = []
@@ -242,7 +246,7 @@ def test_renderer_pool_starts_empty_with_the_eos_id_read_first(isolated, monkeyp
         return tokenizer
 
     monkeypatch.setattr(isolated.renderer, "maybe_make_thread_pool", make_pool)
-    assert vllm_compat.apply(patch)
+    assert engine_patches.apply(patch)
     wrapped = isolated.renderer.maybe_make_thread_pool
     tokenizer = wrapped(Tokenizer(), 3)
     assert copies_asked == [0] and pooled == [tokenizer]
@@ -251,23 +255,25 @@ def test_renderer_pool_starts_empty_with_the_eos_id_read_first(isolated, monkeyp
     # A tokenizer that did not pass through the pool is asked, as vLLM asks it.
     other = SimpleNamespace(tokenizer=SimpleNamespace(eos_token_id=7))
     assert isolated.renderer_base.BaseRenderer.get_eos_token_id(other) == 7
-    assert vllm_compat.apply(patch)
+    assert engine_patches.apply(patch)
     assert isolated.renderer.maybe_make_thread_pool is wrapped
 
 
 def test_renderer_pool_with_another_signature_only_warns(isolated, monkeypatch, caplog):
     monkeypatch.setattr(isolated.renderer, "maybe_make_thread_pool", lambda tokenizer: None)
     assert_warns_once(
-        caplog, vllm_compat.RENDERER_TOKENIZER_COPIES_ON_DEMAND, "takes (tokenizer), expected"
+        caplog,
+        engine_patches_preload.RENDERER_TOKENIZER_COPIES_ON_DEMAND,
+        "takes (tokenizer), expected",
     )
 
 
 def test_kv_cache_buffer_is_pages_on_demand(isolated):
     import torch
 
-    patch = vllm_compat.KV_CACHE_PAGES_ON_DEMAND
+    patch = engine_patches_preload.KV_CACHE_PAGES_ON_DEMAND
     assert patch.check() is None  # the real target fits
-    assert vllm_compat.apply(patch)
+    assert engine_patches.apply(patch)
     module_torch = isolated.worker_utils.torch
     assert module_torch is not torch and module_torch.int8 is torch.int8
     size = 3 * (64 << 20) // 2 + 1  # a cache of odd size, over the threshold in bfloat16
@@ -279,7 +285,7 @@ def test_kv_cache_buffer_is_pages_on_demand(isolated):
     assert buffer[-1].item() == 1.5 and module_torch.zeros(size, dtype=torch.bfloat16).sum() == 0
     small = module_torch.zeros(4, 4)  # anything else is torch's own
     assert small.shape == (4, 4) and small.dtype == torch.get_default_dtype()
-    assert vllm_compat.apply(patch)
+    assert engine_patches.apply(patch)
     assert isolated.worker_utils.torch is module_torch
 
 
@@ -288,15 +294,17 @@ def test_kv_cache_allocated_otherwise_only_warns(isolated, monkeypatch, caplog):
         return {}
 
     monkeypatch.setattr(isolated.worker_utils, "allocate_kv_cache", allocate_kv_cache)
-    assert_warns_once(caplog, vllm_compat.KV_CACHE_PAGES_ON_DEMAND, "no longer makes its buffer")
+    assert_warns_once(
+        caplog, engine_patches_preload.KV_CACHE_PAGES_ON_DEMAND, "no longer makes its buffer"
+    )
 
 
 def test_logprob_ranks_are_counted_eagerly_as_the_sampler_ranks_them(isolated):
     import torch
 
-    patch = vllm_compat.LOGPROB_RANKS_EAGER
+    patch = engine_patches_preload.LOGPROB_RANKS_EAGER
     assert patch.check() is None  # the real target fits: a torch.compile'd function
-    assert vllm_compat.apply(patch)
+    assert engine_patches.apply(patch)
     assert not hasattr(isolated.sampler.batched_count_greater_than, "_torchdynamo_orig_callable")
     logprobs = torch.tensor([[-0.1, -2.0, -3.0, -2.0], [-5.0, -0.5, -1.0, -0.7]])
     sampled = torch.tensor([0, 2])
@@ -313,7 +321,9 @@ def test_logprob_ranks_no_longer_compiled_only_warns(isolated, monkeypatch, capl
         return (x >= values).sum(-1)
 
     monkeypatch.setattr(isolated.sampler, "batched_count_greater_than", batched_count_greater_than)
-    assert_warns_once(caplog, vllm_compat.LOGPROB_RANKS_EAGER, "no longer a torch.compile'd")
+    assert_warns_once(
+        caplog, engine_patches_preload.LOGPROB_RANKS_EAGER, "no longer a torch.compile'd"
+    )
 
 
 def embedding_layer(layer_class, vocab: int = 64, hidden: int = 32):
@@ -333,7 +343,7 @@ def test_an_input_embedding_is_packed_on_its_first_gemm_and_the_lm_head_at_load(
     import torch
     from vllm.model_executor.layers import utils as layer_utils
 
-    patch = vllm_compat.EMBEDDING_PACKED_ON_FIRST_GEMM
+    patch = engine_patches_preload.EMBEDDING_PACKED_ON_FIRST_GEMM
     assert patch.check() is None  # the real target fits
     packed = []
     pack = layer_utils.dispatch_cpu_unquantized_gemm
@@ -343,7 +353,7 @@ def test_an_input_embedding_is_packed_on_its_first_gemm_and_the_lm_head_at_load(
         return pack(layer, remove_weight)
 
     monkeypatch.setattr(layer_utils, "dispatch_cpu_unquantized_gemm", counting_pack)
-    assert vllm_compat.apply(patch)
+    assert engine_patches.apply(patch)
     method = isolated.embedding.UnquantizedEmbeddingMethod()
 
     table = embedding_layer(torch.nn.Module)
@@ -364,7 +374,7 @@ def test_an_input_embedding_is_packed_on_its_first_gemm_and_the_lm_head_at_load(
     )
     assert packed == [table, lm_head]
     installed = isolated.embedding.UnquantizedEmbeddingMethod.process_weights_after_loading
-    assert vllm_compat.apply(patch)
+    assert engine_patches.apply(patch)
     assert installed is isolated.embedding.UnquantizedEmbeddingMethod.process_weights_after_loading
 
 
@@ -373,11 +383,11 @@ def test_embedding_packing_installs_over_itself_in_a_process_that_has_it(isolate
     # load's, or a test's) must still find vLLM's code fitting and wrap it, not ebb's.
     import torch
 
-    patch = vllm_compat.EMBEDDING_PACKED_ON_FIRST_GEMM
-    assert vllm_compat.apply(patch)
-    vllm_compat._applied.clear()
+    patch = engine_patches_preload.EMBEDDING_PACKED_ON_FIRST_GEMM
+    assert engine_patches.apply(patch)
+    engine_patches._applied.clear()
     assert patch.check() is None
-    assert vllm_compat.apply(patch)
+    assert engine_patches.apply(patch)
     method = isolated.embedding.UnquantizedEmbeddingMethod()
     table = embedding_layer(torch.nn.Module)
     method.process_weights_after_loading(table)
@@ -393,20 +403,22 @@ def test_embedding_packing_moved_only_warns(isolated, monkeypatch, caplog):
         "process_weights_after_loading",
         lambda self, layer: None,
     )
-    assert_warns_once(caplog, vllm_compat.EMBEDDING_PACKED_ON_FIRST_GEMM, "no longer packs")
+    assert_warns_once(
+        caplog, engine_patches_preload.EMBEDDING_PACKED_ON_FIRST_GEMM, "no longer packs"
+    )
 
 
 def test_logging_is_configured_up_front(isolated):
     from vllm.engine.arg_utils import EngineArgs
 
-    assert vllm_compat.apply(vllm_compat.LOGGING_CONFIGURED_EARLY)
+    assert engine_patches.apply(engine_patches_preload.LOGGING_CONFIGURED_EARLY)
     expected = EngineArgs().create_logging_config()
     assert isolated.logger._last_configured_logging_config == expected
 
 
 def test_logging_configuration_moved_only_warns(isolated, monkeypatch, caplog):
     monkeypatch.delattr(isolated.logger, "configure_logging_if_needed")
-    assert_warns_once(caplog, vllm_compat.LOGGING_CONFIGURED_EARLY, "is missing")
+    assert_warns_once(caplog, engine_patches_preload.LOGGING_CONFIGURED_EARLY, "is missing")
 
 
 def test_kernel_overrides_are_installed_once(vllm):
@@ -417,13 +429,13 @@ def test_kernel_overrides_are_installed_once(vllm):
     platform = vllm.platforms.current_platform
     if platform.is_cuda_alike():
         pytest.skip("Triton runs natively on GPUs: no stand-ins to install")
-    assert vllm_compat.apply(vllm_compat.KERNEL_OVERRIDES_ONCE)
+    assert engine_patches.apply(engine_patches_preload.KERNEL_OVERRIDES_ONCE)
     installed = ComputeSlotMappingKernel.kernel
     assert isinstance(installed, KernelOverride)
-    assert vllm_compat.apply(vllm_compat.KERNEL_OVERRIDES_ONCE)
+    assert engine_patches.apply(engine_patches_preload.KERNEL_OVERRIDES_ONCE)
     platform.register_triton_kernel_overrides()  # what engine init calls
     assert ComputeSlotMappingKernel.kernel is installed
-    assert "kernel-overrides-once" in vllm_compat.applied()
+    assert "kernel-overrides-once" in engine_patches.applied()
 
 
 @pytest.mark.parametrize(
@@ -457,9 +469,9 @@ def test_kernel_overrides_that_do_not_fit_fail_the_preload(
         engine_vllm.preload()
     reason = str(failure.value)
     assert reason.startswith(f"vLLM patch 'kernel-overrides-once' (verified on vLLM {VERIFIED_ON})")
-    assert f"to vLLM {vllm_compat.installed_version()}" in reason
+    assert f"to vLLM {engine_patches.installed_version()}" in reason
     assert problem in reason
-    assert "kernel-overrides-once" not in vllm_compat.applied()
+    assert "kernel-overrides-once" not in engine_patches.applied()
     assert engine_vllm._preloaded is False
 
 
@@ -471,8 +483,8 @@ def test_an_engine_loads_on_every_core_and_serves_on_the_cores_it_had(isolated):
     serving = torch.get_num_threads()
     torch._C.set_num_threads(1)
     try:
-        vllm_compat.OMP_THREADS.install()  # no OMP_NUM_THREADS set: ebb's default
-        assert vllm_compat.thread_count_is_ours()
+        engine_patches.OMP_THREADS.install()  # no OMP_NUM_THREADS set: ebb's default
+        assert engine_patches.thread_count_is_ours()
         with pytest.raises(RuntimeError), _every_core_while_loading(cuda=False):
             assert torch.get_num_threads() == (os.cpu_count() or 1)
             raise RuntimeError("the load failed")
@@ -490,8 +502,8 @@ def test_an_operators_thread_count_holds_while_loading(isolated, monkeypatch):
     from ebb.runners.engine_vllm import _every_core_while_loading
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    vllm_compat.OMP_THREADS.install()
-    assert not vllm_compat.thread_count_is_ours()
+    engine_patches.OMP_THREADS.install()
+    assert not engine_patches.thread_count_is_ours()
     serving = torch.get_num_threads()
     torch._C.set_num_threads(1)
     try:
