@@ -67,7 +67,7 @@ def new_job_id() -> str:
 
 
 @dataclass(frozen=True)
-class _Queued:
+class QueuedJob:
     """What a job's work item carries, and what its result needs to know."""
 
     prompt_token_ids: list[int]
@@ -81,7 +81,7 @@ async def prepare_job(
     spec: DeploymentSpec,
     payload: JobCreate,
     weights_wait_s: float | None = None,
-) -> _Queued:
+) -> QueuedJob:
     """Check and tokenize the job's request exactly as the synchronous endpoint would,
     waiting `weights_wait_s` (default: the admission window) for weights being prepared."""
     body = dict(payload.body)
@@ -123,12 +123,12 @@ async def prepare_job(
     except InvalidRequest as e:
         e.param = f"body.{e.param}" if e.param else "body"
         raise
-    return _Queued(prepared.prompt_token_ids, prepared.sampling, prepared.tools)
+    return QueuedJob(prepared.prompt_token_ids, prepared.sampling, prepared.tools)
 
 
 async def _prepare_embeddings(
     services: Services, spec: DeploymentSpec, body: dict[str, Any], window_s: float
-) -> _Queued:
+) -> QueuedJob:
     require_embedding(spec, str(body["model"]))  # first: a chat body to a chat model
     try:
         req = parse_embedding_request(body)
@@ -138,11 +138,11 @@ async def _prepare_embeddings(
         e.param = f"body.{e.param}" if e.param else "body"
         raise
     prompt, sampling = job_work(req, inputs)
-    return _Queued(prompt, sampling, encoding_format=req.encoding_format)
+    return QueuedJob(prompt, sampling, encoding_format=req.encoding_format)
 
 
 # What a parked job's record carries until its request can be tokenized.
-_UNPREPARED = _Queued([], SamplingSpec(max_tokens=0))
+UNPREPARED = QueuedJob([], SamplingSpec(max_tokens=0))
 
 
 def encode_parked(payload: JobCreate, caller: Caller) -> str:
@@ -159,7 +159,7 @@ def decode_parked(record: JobRecord) -> tuple[JobCreate, Caller]:
 
 
 def first_attempt(
-    caller: Caller, spec: DeploymentSpec, prepared: _Queued, job_id: str, *, traceparent: str
+    caller: Caller, spec: DeploymentSpec, prepared: QueuedJob, job_id: str, *, traceparent: str
 ) -> WorkItem:
     """The first attempt of job `job_id`."""
     return WorkItem(
@@ -180,11 +180,11 @@ def first_attempt(
     )
 
 
-def _new_record(
+def new_job_record(
     caller: Caller,
     spec: DeploymentSpec,
     payload: JobCreate,
-    prepared: _Queued,
+    prepared: QueuedJob,
     max_attempts: int,
     *,
     traceparent: str = "",

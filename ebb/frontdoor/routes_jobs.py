@@ -32,17 +32,17 @@ from ebb.frontdoor.auth import RidingCallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.catalog import WEIGHTS_PREPARING
 from ebb.frontdoor.job_requests import (
-    _UNPREPARED,
+    UNPREPARED,
     JobCreate,
-    _new_record,
-    _Queued,
+    QueuedJob,
     encode_parked,
     new_job_id,
+    new_job_record,
     prepare_job,
 )
 from ebb.frontdoor.ratelimit import Reservation
 from ebb.frontdoor.redis_down import ride_out
-from ebb.frontdoor.routes_jobs_read import _view
+from ebb.frontdoor.routes_jobs_read import read_job_view
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.queue.job_store import IdempotencyConflict
 from ebb.webhooks.signing import new_secret
@@ -100,7 +100,7 @@ async def _submit_riding_out(
         nonlocal tries
         tries += 1
         if tries > 1 and await services.jobs.get(job_id) is not None:
-            return JSONResponse(await _view(services, job_id), status_code=202)
+            return JSONResponse(await read_job_view(services, job_id), status_code=202)
         return await _submit(
             payload, caller, services, idempotency_key, span, started_ns, job_id=job_id
         )
@@ -128,7 +128,7 @@ async def _submit(
     spec = target.spec
     try:
         # No wait: weights still being prepared park the job rather than hold the client.
-        prepared: _Queued | None = await prepare_job(services, spec, payload, 0.0)
+        prepared: QueuedJob | None = await prepare_job(services, spec, payload, 0.0)
     except CapacityError as e:
         if e.code != WEIGHTS_PREPARING:
             raise
@@ -141,11 +141,11 @@ async def _submit(
     # The tenant's signing secret exists before its first event, so it can be read first.
     await services.webhook_secrets.ensure(caller.tenant, new_secret())
     traceparent = tracing.traceparent_of(span) if span is not None else ""
-    record = _new_record(
+    record = new_job_record(
         caller,
         spec,
         payload,
-        prepared or _UNPREPARED,
+        prepared or UNPREPARED,
         settings.job_max_attempts,
         traceparent=traceparent,
         job_id=job_id,
@@ -193,7 +193,7 @@ async def _submit(
     if replayed:  # the job queued the first time holds its own reservation
         await reservation.settle()
         headers["Idempotent-Replayed"] = "true"
-    return JSONResponse(await _view(services, job_id), status_code=202, headers=headers)
+    return JSONResponse(await read_job_view(services, job_id), status_code=202, headers=headers)
 
 
 async def create_job(
@@ -217,7 +217,7 @@ async def create_job(
     target = await _deployment(services, caller, payload.model)
     spec = target.spec
     prepared = await prepare_job(services, spec, payload, weights_wait_s)
-    record = _new_record(caller, spec, payload, prepared, services.settings.job_max_attempts)
+    record = new_job_record(caller, spec, payload, prepared, services.settings.job_max_attempts)
     record = adapter_job(record, target)
     record.work = await services.executor.stamp_priority(record.work)  # the caller's class
     if batch and target.batch_discount_pct:

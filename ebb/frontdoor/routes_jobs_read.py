@@ -79,7 +79,7 @@ async def list_jobs(
 @router.get("/{job_id}")
 async def get_job(job_id: str, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     await _owned(services.jobs, job_id, caller)
-    return await _view(services, job_id)
+    return await read_job_view(services, job_id)
 
 
 @router.delete("/{job_id}")
@@ -101,7 +101,7 @@ async def cancel_job(job_id: str, caller: CallerDep, services: ServicesDep) -> d
         if current is None or current.status.is_terminal:
             break
         await asyncio.sleep(0.05)
-    return await _view(services, job_id)
+    return await read_job_view(services, job_id)
 
 
 async def _owned(jobs: JobStore, job_id: str, caller: Caller) -> JobRecord:
@@ -111,7 +111,7 @@ async def _owned(jobs: JobStore, job_id: str, caller: Caller) -> JobRecord:
     return record
 
 
-async def _view(services: Services, job_id: str) -> dict[str, Any]:
+async def read_job_view(services: Services, job_id: str) -> dict[str, Any]:
     record = await services.jobs.get(job_id)
     if record is None:
         raise NotFound(f"No job {job_id!r}; it has expired.", param="job_id")

@@ -182,7 +182,7 @@ def vllm_env_source() -> str:
         return ""
 
 
-def _vllm_reads(*variables: str) -> str | None:
+def vllm_reads(*variables: str) -> str | None:
     source = vllm_env_source()
     unread = [v for v in variables if f'"{v}"' not in source]
     return f"vLLM no longer reads {', '.join(unread)}" if unread else None
@@ -212,7 +212,7 @@ def _env_default(name: str, values: Mapping[str, str], without: str, *, once: bo
     return Patch(
         name=name,
         required=False,
-        check=lambda: _vllm_reads(*values),
+        check=lambda: vllm_reads(*values),
         install=_set_defaults(values),
         without=without,
         once=once,

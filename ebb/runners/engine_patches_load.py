@@ -15,9 +15,9 @@ from typing import Any
 from ebb.runners.engine_patches import (
     IN_PROCESS_ENGINE_CORE,
     Patch,
-    _vllm_reads,
     apply,
     callable_with,
+    vllm_reads,
 )
 
 
@@ -62,7 +62,7 @@ def cpu_kv_cache_space(kv_cache_gib: int) -> Patch:
     return Patch(
         name="cpu-kv-cache-space",
         required=True,
-        check=lambda: _vllm_reads("VLLM_CPU_KVCACHE_SPACE"),
+        check=lambda: vllm_reads("VLLM_CPU_KVCACHE_SPACE"),
         install=install,
         without=f"the KV cache would not be the configured {kv_cache_gib} GiB",
         once=False,

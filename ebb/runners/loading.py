@@ -57,7 +57,7 @@ def engine_options(
     )
 
 
-def _load_engine(
+def load_engine(
     settings: Settings,
     spec: DeploymentSpec,
     clock: ColdStartClock,

@@ -44,7 +44,7 @@ from ebb.runners.devices import use_placement
 from ebb.runners.engine import EngineAdapter
 from ebb.runners.heartbeat import Heartbeat
 from ebb.runners.lifecycle import Lifecycle
-from ebb.runners.loading import _load_engine, import_engine_libraries
+from ebb.runners.loading import import_engine_libraries, load_engine
 from ebb.runners.serve import Outcome, ServingLoop, jobs_beside_sync
 from ebb.secrets import SecretBox, usable_env
 
@@ -158,7 +158,7 @@ def _run(
         use_placement(placement)  # before the engine touches CUDA
     meter.assign(spec, gpus=held_gpus(placement))
     lifecycle.to(RunnerState.LOADING, deployment=deployment, tier=tier)
-    engine, tier = _load_engine(settings, spec, clock, tier, placement)
+    engine, tier = load_engine(settings, spec, clock, tier, placement)
     clock.lap("engine")
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
     loop.read_gpus = nvml.reader()

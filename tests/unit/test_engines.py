@@ -166,10 +166,10 @@ async def test_the_catalog_takes_a_fake_models_tokenizer_and_context_from_the_re
 
 def test_the_runner_builds_the_engine_its_registry_entry_names():
     from ebb.runners.cold_start_clock import ColdStartClock
-    from ebb.runners.loading import _load_engine
+    from ebb.runners.loading import load_engine
 
     spec = DeploymentSpec(name="m", source="fake://m?ctx=300&step_ms=0")
     clock = ColdStartClock(0.0)
-    engine, tier = _load_engine(Settings(test_engines=True), spec, clock, Tier.FORKED)
+    engine, tier = load_engine(Settings(test_engines=True), spec, clock, Tier.FORKED)
     assert isinstance(engine, FakeEngine) and engine.model.max_model_len == 300
     assert tier is Tier.FORKED and set(clock.phases_ms) == {"weights"}
