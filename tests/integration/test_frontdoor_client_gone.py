@@ -61,11 +61,7 @@ def test_a_client_that_leaves_while_its_request_runs_has_it_aborted(platform):
     r = platform.redis()
 
     def claimed() -> list[bytes]:
-        return [
-            k
-            for k in r.scan_iter(match=keys.request("*"))
-            if r.hget(k, "state") == b"claimed"
-        ]
+        return [k for k in r.scan_iter(match=keys.request("*")) if r.hget(k, "state") == b"claimed"]
 
     conn = _send_and_leave_open(platform, "slow")
     [request] = wait_until(claimed, 30, "a runner to claim it")
