@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ebb.billing.pricing import format_micros, token_cost_micros
 from ebb.errors import InsufficientQuota
 from ebb.frontdoor.budget_presence import BudgetPresence
 from ebb.frontdoor.caller import Caller
 from ebb.queue.budget_periods import iso, resets_at
-from ebb.queue.budget_schema import BudgetHoldRecord, BudgetReservation
+from ebb.queue.budget_schema import Budget, BudgetHoldRecord, BudgetReservation
 from ebb.queue.budgets import BudgetOutcome, BudgetStore
 from ebb.queue.ratelimits import key_subject, tenant_subject
 from ebb.queue.schema import WorkItem
@@ -61,6 +61,8 @@ class BudgetHold:
     store: BudgetStore
     work: WorkItem
     reservation: BudgetReservation
+    # The budgets it was reserved against ({subject: budget}): settling needs them.
+    budgets: dict[str, Budget] = field(default_factory=dict)
     _settled: bool = False
 
     async def settle(self, cost: int | None) -> None:
@@ -75,6 +77,7 @@ class BudgetHold:
             tenant=self.work.tenant,
             cost_micros=cost,
             what=self.work.request_id,
+            budgets=self.budgets,
         )
 
 
@@ -105,7 +108,7 @@ class BudgetGate:
             raise InsufficientQuota(refusal_message(outcome, cost, now_s))
         if outcome.reservation is None:
             return None
-        return BudgetHold(self._store, work, outcome.reservation)
+        return BudgetHold(self._store, work, outcome.reservation, outcome.budgets)
 
     def _hold(self, work: WorkItem, cost: int, now_s: float) -> BudgetHoldRecord | None:
         """What the reaper needs to settle `work` without us (none for a job)."""

@@ -248,13 +248,20 @@ async def _serve_observed(
         await services.stream_views.put(request_id, view)
     reservation = await services.limiter.reserve(caller, work)
     streaming = False
-    try:
-        running = await unless_disconnected(
-            request, work, executor, executor.admit(work, spec, route.status)
-        )
+
+    async def admit() -> Running:
+        running = await executor.admit(work, spec, route.status)
         reservation.ran = True
         observed.admitted(running.queued_s, work.enqueued_at_s)
+        return running
+
+    async def answer_whole() -> dict[str, Any]:
+        new_builder = lambda: prepared.builder(request_id, int(time.time()))  # noqa: E731
+        return await _collect(services, await admit(), new_builder, reservation, observed)
+
+    try:
         if prepared.stream:
+            running = await unless_disconnected(request, work, executor, admit())
             streaming = True
             return StreamingResponse(
                 _stream(services, running, builder, reservation, observed, answer),
@@ -265,18 +272,9 @@ async def _serve_observed(
                     **version_headers(priced),
                 },
             )
-        result = await unless_disconnected(
-            request,
-            work,
-            executor,
-            _collect(
-                services,
-                running,
-                lambda: prepared.builder(request_id, int(time.time())),
-                reservation,
-                observed,
-            ),
-        )
+        # Admitted and answered under one watch for the client leaving (one pair of
+        # tasks per request, not one per stage).
+        result = await unless_disconnected(request, work, executor, answer_whole())
         return JSONResponse(
             await answer.whole(result),
             headers={"X-Request-Id": request_id, **version_headers(priced)},

@@ -82,14 +82,16 @@ def build_services(settings: Settings) -> Services:
     state = PlatformState(
         client, result_ttl_s=settings.result_ttl_s, short_client=short_command_client(url)
     )
+    # One pipeline per loop turn for the admission path: the enqueues, budget reserves
+    # and settles, and stream views of the requests the loop resumed together share it.
+    turn = TurnBatch(client)
     # A request record must outlive its admission window and generation.
-    queue = RequestQueue(
-        client, request_ttl_s=max(settings.result_ttl_s, 3600), batch=TurnBatch(client)
-    )
+    queue = RequestQueue(client, request_ttl_s=max(settings.result_ttl_s, 3600), batch=turn)
     ratelimits = RateLimitStore(client)
     budgets = BudgetStore(
         client,
         delivery_ttl_s=delivery_record_ttl_s(settings.webhook_give_up_s, settings.job_retention_s),
+        batch=turn,
     )
     engines = EngineRegistry.from_settings(settings)
     instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
@@ -132,7 +134,7 @@ def build_services(settings: Settings) -> Services:
             ),
         ),
         files=file_store(settings),
-        stream_views=StreamViews(client, ttl_s=max(settings.result_ttl_s, 3600)),
+        stream_views=StreamViews(client, ttl_s=max(settings.result_ttl_s, 3600), batch=turn),
         budgets=budgets,
         instance=instance,
         budget_presence=presence,

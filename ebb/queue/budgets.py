@@ -15,7 +15,8 @@ import datetime as dt
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import msgspec
 import redis.asyncio as aioredis
@@ -25,7 +26,7 @@ from ebb.queue.budget_periods import Period, iso, period_label, period_start, re
 from ebb.queue.budget_schema import Budget, BudgetHoldRecord, BudgetReservation
 from ebb.queue.job_schema import JobEvent
 from ebb.queue.replies import reply_text, reply_texts
-from ebb.queue.scripts import register_async
+from ebb.queue.scripts import TurnBatchLike, register_async
 
 log = logging.getLogger(__name__)
 SOFT_LIMIT_EVENT = str(JobEvent.BUDGET_SOFT_LIMIT_REACHED)
@@ -48,13 +49,20 @@ class BudgetOutcome:
     amount_micros: int = 0
     committed_micros: int = 0
     period: Period = Period.LIFETIME
+    # "ok": the budgets the reservation was checked against, {subject: budget}, which
+    # settling it needs (passed back to `settle`, they spare it reading them again).
+    budgets: dict[str, Budget] = field(default_factory=dict)
 
 
 class BudgetStore:
-    def __init__(self, client: aioredis.Redis, *, delivery_ttl_s: int):
+    def __init__(
+        self, client: aioredis.Redis, *, delivery_ttl_s: int, batch: TurnBatchLike | None = None
+    ):
+        """`batch`: the reserve and settle scripts join their loop turn's pipeline
+        (`ebb.queue.turn_batch`; the frontdoor's, shared with its enqueues)."""
         self._redis = client
-        self._reserve = register_async(client, "budget_reserve")
-        self._settle = register_async(client, "budget_settle")
+        self._reserve = register_async(client, "budget_reserve", batch)
+        self._settle = register_async(client, "budget_settle", batch)
         self._set = register_async(client, "budget_set")
         self._delivery_ttl_s = delivery_ttl_s
 
@@ -108,15 +116,28 @@ class BudgetStore:
                 spend_keys=[k for _, k in charged],
                 hold_id="" if hold is None else hold.request_id,
             )
-            return BudgetOutcome("ok", reservation=reservation)
+            budgets = {
+                s: msgspec.json.decode(raw, type=Budget)
+                for s, raw in zip(subjects, reply[3:5], strict=True)
+                if raw
+            }
+            return BudgetOutcome("ok", reservation=reservation, budgets=budgets)
         return BudgetOutcome("none")
 
     async def settle(
-        self, reservation: BudgetReservation, *, tenant: str, cost_micros: int | None
+        self,
+        reservation: BudgetReservation,
+        *,
+        tenant: str,
+        cost_micros: int | None,
+        budgets: Mapping[str, Budget] | None = None,
     ) -> list[str]:
         """Replace the reservation by `cost_micros` (None: it never ran, release it all);
-        the subjects whose soft-limit webhook this created."""
-        budgets = await self.budgets(reservation.subjects)
+        the subjects whose soft-limit webhook this created. `budgets`: those its reserve
+        answered (`BudgetOutcome.budgets`; None: read them here). The webhook's amount and
+        soft limit are the budget's when the script runs, whichever were passed."""
+        if budgets is None:
+            budgets = await self.budgets(reservation.subjects)
         args: list[str | int] = [
             reservation.reserved_micros,
             -1 if cost_micros is None else cost_micros,
@@ -151,6 +172,7 @@ class BudgetStore:
         tenant: str,
         cost_micros: int | None,
         what: str,
+        budgets: Mapping[str, Budget] | None = None,
     ) -> None:
         """`settle`, logging instead of raising (a request's or job's, named by `what`): a
         reservation left unsettled holds budget until its period ends, erring on the side
@@ -163,7 +185,9 @@ class BudgetStore:
                 reservation.reserved_micros,
             )
         try:
-            notified = await self.settle(reservation, tenant=tenant, cost_micros=cost_micros)
+            notified = await self.settle(
+                reservation, tenant=tenant, cost_micros=cost_micros, budgets=budgets
+            )
         except Exception:
             log.exception("budgets: could not settle the budget of %s", what)
             return

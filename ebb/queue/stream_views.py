@@ -5,7 +5,8 @@ frontdoor with the request id; that frontdoor replays the request's event stream
 the same `ResponseBuilder` the first one used, which it builds from this record: the
 chunks it renders, ids and `created` included, are then byte for byte the ones the first
 frontdoor sent. One key per request under its tenant (keys.stream_view), written once at
-admission by the frontdoor, so no script is needed.
+admission by the frontdoor, so no script is needed; it goes out with the other commands
+of its loop turn when the frontdoor gives a `batch` (`ebb.queue.turn_batch`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from ebb.queue.schema import ToolCallFormat
 
 if TYPE_CHECKING:  # the struct is the protocol modules' too (ebb.openai.translate): no I/O
     import redis.asyncio as aioredis
+
+    from ebb.queue.scripts import TurnBatchLike
 
 
 class StreamView(msgspec.Struct, kw_only=True, frozen=True):
@@ -42,14 +45,18 @@ _decoder = msgspec.json.Decoder(StreamView)
 
 
 class StreamViews:
-    def __init__(self, client: aioredis.Redis, *, ttl_s: int):
+    def __init__(self, client: aioredis.Redis, *, ttl_s: int, batch: TurnBatchLike | None = None):
         self._redis = client
         self._ttl_s = ttl_s
+        self._batch = batch
 
     async def put(self, request_id: str, view: StreamView) -> None:
         """Keep `view` as long as the request's record (its events expire sooner)."""
         key = keys.stream_view(view.tenant, request_id)
-        await self._redis.set(key, msgspec.json.encode(view), ex=self._ttl_s)
+        if self._batch is not None:
+            await self._batch.execute("SET", key, msgspec.json.encode(view), "EX", self._ttl_s)
+        else:
+            await self._redis.set(key, msgspec.json.encode(view), ex=self._ttl_s)
 
     async def get(self, tenant: str, request_id: str) -> StreamView | None:
         """`tenant`'s view of `request_id`; None when it is another tenant's or expired."""

@@ -12,7 +12,8 @@
 -- ARGV: 1 key subject ('key:ID'), 2 tenant subject ('tenant:NAME'), 3 cost (micros),
 --       4 a day's spend ttl (s), 5 a month's spend ttl (s), 6 the hold's record (json,
 --       without subjects and spend_keys; '' for none), 7 its request id
--- Returns {'none'} (no budget applies), {'ok', key's spend hash or '', tenant's or ''} or
+-- Returns {'none'} (no budget applies), {'ok', key's spend hash or '', tenant's or '',
+-- key's budget (json) or '', tenant's or ''} (what settling needs) or
 -- {'refused', subject, amount (micros), committed (micros), period}.
 local cfg = redis.call('HMGET', KEYS[1], ARGV[1], ARGV[2])
 local cost = tonumber(ARGV[3])
@@ -30,7 +31,7 @@ local function check(raw, subject, first_key)
     return {'refused', subject, tostring(budget.amount_micros), tostring(committed),
       budget.period}
   end
-  table.insert(charged, {key = key, ttl = ttls[budget.period]})
+  table.insert(charged, {key = key, ttl = ttls[budget.period], budget = raw})
   return nil
 end
 local refused = check(cfg[1], ARGV[1], 2) or check(cfg[2], ARGV[2], 5)
@@ -40,7 +41,7 @@ end
 if #charged == 0 then
   return {'none'}
 end
-local reply = {'ok', '', ''}
+local reply = {'ok', '', '', '', ''}
 for i, c in ipairs(charged) do
   local fresh = redis.call('EXISTS', c.key) == 0
   redis.call('HINCRBY', c.key, 'committed', cost)
@@ -54,10 +55,10 @@ end
 local subjects, spend_keys = {}, {}
 for _, c in ipairs(charged) do
   if c.key == KEYS[2] or c.key == KEYS[3] or c.key == KEYS[4] then
-    reply[2] = c.key
+    reply[2], reply[4] = c.key, c.budget
     table.insert(subjects, ARGV[1])
   else
-    reply[3] = c.key
+    reply[3], reply[5] = c.key, c.budget
     table.insert(subjects, ARGV[2])
   end
   table.insert(spend_keys, c.key)

@@ -43,7 +43,11 @@ for i = 7, #KEYS do
         local url = redis.call('HGET', KEYS[2], ARGV[3])
         if url then
           local event = cjson.decode(body)
+          -- The budget that was reached, as it is now (the body was built from the
+          -- reservation's, which an admin may have changed since).
           event.data.spent_micros = spent
+          event.data.amount_micros = budget.amount_micros
+          event.data.soft_limit = budget.soft_limit
           local now = now_ms()
           local dkey = ARGV[4] .. webhook_id
           redis.call('HSET', dkey, 'webhook_id', webhook_id, 'job_id', key, 'tenant', ARGV[3],
