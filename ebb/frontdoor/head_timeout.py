@@ -6,8 +6,7 @@ closed (h11: of the previous response's end): a client sending its head a byte a
 (slowloris), or nothing at all, cannot hold connections open. Bodies are not timed here
 (BodyGuard bounds their size; a route that waits on one learns of the disconnect).
 `ebb.services.frontdoor` runs uvicorn with `HTTP_PROTOCOL`, the httptools protocol when
-httptools is installed, else the h11 one. Both send each loop turn's writes to a
-connection as one (`ebb.frontdoor.coalesced_writes`).
+httptools is installed, else the h11 one.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from typing import Any, ClassVar
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ebb.config import Settings
-from ebb.frontdoor.coalesced_writes import CoalescedTransport
 
 
 class _HeadTimer:
@@ -60,7 +58,6 @@ class H11HeadTimeoutProtocol(H11Protocol):
     """h11: a head is complete when a request's cycle starts (`self.cycle` changes)."""
 
     def connection_made(self, transport: Any) -> None:
-        transport = CoalescedTransport(transport, self.loop)
         super().connection_made(transport)
         self._head_timer = _HeadTimer(self.loop, transport)
         self._head_timer.arm()
@@ -91,7 +88,6 @@ else:
         """httptools: each request's head runs from its first byte to its last header."""
 
         def connection_made(self, transport: Any) -> None:
-            transport = CoalescedTransport(transport, self.loop)
             super().connection_made(transport)
             self._head_timer = _HeadTimer(self.loop, transport)
             self._head_timer.arm()
