@@ -29,6 +29,7 @@ from ebb.coldstart.simulation_runners import RunnerModel, SimRunner, SimulatedLa
 from ebb.coldstart.simulation_state import InMemoryState, Queued
 from ebb.coldstart.simulation_trace import TraceRequest, load_azure_trace
 from ebb.config import Settings
+from ebb.config.serving import RunnerSettings
 from ebb.launching.tiers import WarmState
 from ebb.queue.scaling_spec import ScalingSpec
 from ebb.queue.schema import DeploymentSpec
@@ -64,6 +65,8 @@ class ScalingSettings:
     controller_poll_s: float = 0.5
     # The deployment's `scaling` block (the default: the queue-only rule, fixed window).
     scaling: ScalingSpec = ScalingSpec()
+    # Least-loaded claiming's wait (`EBB_CLAIM_BALANCE_MS`; 0: runners claim in turn).
+    claim_balance_ms: int = RunnerSettings.model_fields["claim_balance_ms"].default
 
     def spec(self, name: str = DEPLOYMENT) -> DeploymentSpec:
         return DeploymentSpec(
@@ -98,7 +101,12 @@ class SimulatedPlatform:
         )
         self.state = InMemoryState(self.clock)
         self.launcher = SimulatedLauncher(
-            self.clock, self.state, model, forks=settings.fork_server, failing=failing
+            self.clock,
+            self.state,
+            model,
+            forks=settings.fork_server,
+            failing=failing,
+            balance_wait_ms=settings.claim_balance_ms,
         )
         platform = Settings(
             prewarm=settings.prewarm, controller_poll_s=settings.controller_poll_s, metering=False
