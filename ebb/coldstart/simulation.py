@@ -187,6 +187,8 @@ class SimulationResult:
     tick_s: float = 0.0
     # Each admitted request's time to first token (queue wait and prefill).
     ttfts_s: list[float] = field(default_factory=list)
+    # Each admitted request's time per output token (at the batch it joined).
+    tpots_s: list[float] = field(default_factory=list)
 
     def slo_attainment(self, ttft_s: float) -> float:
         """Share of all requests (refused ones miss) with a first token within `ttft_s`."""
@@ -203,11 +205,18 @@ class SimulationResult:
         waited = self.admitted_after_start + self.refused_while_starting
         return waited / self.requests if self.requests else 0.0
 
+    def tpot_percentile_s(self, p: float) -> float:
+        return _percentile(self.tpots_s, p)
+
     def wait_percentile_s(self, p: float) -> float:
-        if not self.waits_s:
-            return 0.0
-        ordered = sorted(self.waits_s)
-        return ordered[min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1)]
+        return _percentile(self.waits_s, p)
+
+
+def _percentile(values: list[float], p: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
 def simulate(
@@ -296,6 +305,7 @@ class _Replay:
         self.result.waits_s.append(now - queued.enqueued_s)
         prefill_s = queued.request.prompt_tokens / self.launcher.model.prefill_tokens_per_s
         self.result.ttfts_s.append(now - queued.enqueued_s + prefill_s)
+        self.result.tpots_s.append(self.launcher.model.tpot_s(len(proc.busy_until_s)))
         if proc.ready_at_s is not None and proc.ready_at_s > queued.enqueued_s:
             self.result.admitted_after_start += 1
 
