@@ -7,6 +7,7 @@ left. Through the platform, concurrent requests are spread over two runners."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import Counter
 
 import httpx
@@ -15,6 +16,7 @@ import redis
 from support import deploy, deployment, wait_until
 
 from ebb.queue import keys
+from ebb.queue.claim_balance import leaves_for_peer
 from ebb.queue.connection import async_client, sync_client
 from ebb.queue.prefix import PREFIX_TOKENS
 from ebb.queue.requests import RequestQueue
@@ -134,6 +136,37 @@ async def test_critical_requests_and_a_prefix_the_runner_holds_are_not_left(redi
     )
     # a holds 1; it takes both critical ones and its prefix's: 4 against b's 0.
     assert sorted(claimed_ids(a, SLOTS - 1)) == ["req-c1", "req-c2", "req-same"]
+
+
+def mirrored_claim(held: int, peer_held: int, queued: int) -> int:
+    """How many of `queued` fresh requests a runner holding `held` takes beside a peer
+    holding `peer_held`, by the simulator's rule (`leaves_for_peer`)."""
+    taken = left = 0
+    for _ in range(queued):
+        if held + taken >= SLOTS:
+            break
+        if leaves_for_peer(
+            held_after=held + taken + 1,
+            peer_held=peer_held + left,
+            peer_room=SLOTS - peer_held - left,
+            waited_ms=0,
+            wait_ms=10_000,
+        ):
+            left += 1
+        else:
+            taken += 1
+    return taken
+
+
+async def test_the_simulators_rule_takes_what_claim_lua_takes(redis_url, queue):
+    r = redis.Redis.from_url(redis_url)
+    for held, peer_held, queued in itertools.product(range(0, 9, 2), range(0, 9, 2), (1, 3, 6)):
+        r.flushall()
+        a, b = runner(redis_url, "ra"), runner(redis_url, "rb")
+        b.claim(DEP, SLOTS - peer_held)  # its room, as its last claim left it
+        await enqueue(queue, *(work(str(i)) for i in range(queued)))
+        taken = len(claimed_ids(a, SLOTS - held))
+        assert taken == mirrored_claim(held, peer_held, queued), (held, peer_held, queued)
 
 
 def test_through_the_platform_requests_are_spread_over_busy_runners(platform, admin):
