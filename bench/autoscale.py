@@ -3,6 +3,7 @@ operators know, on the Azure LLM traces.
 
     .venv/bin/python -m bench.autoscale [--max-replicas N] [--concurrency 8]
         [--runner default|calibrated | --runner-file PATH] [--rows "slo ttft 2s,slo+model"]
+        [--claim-balance-ms 200]
 
 Each trace (bench/traces) is replayed on a simulated clock by ebb.coldstart.simulation:
 the platform's real `Controller` (scale-up policy, tier choice, pre-warmed pool, backoff),
@@ -74,9 +75,12 @@ Columns: runner-seconds (of runners given to the deployment; x always on), the s
 of requests that waited on a cold start (admitted by a runner that came up after they
 arrived, or refused with only starting runners), requests refused at the admission
 window, the p50 and p99 queue wait of the admitted, times at zero, the share of all
-requests with a first token within 2 s (refused ones miss), reversals (starts within
-10 s of a drain: capacity given back and taken again), policy reversals (starts
-within 10 s of a drain the controller directed, not of a runner's own idle drain), starts.
+requests with a first token within 2 s (refused ones miss), the p90 time per output
+token (each request's, at the batch it joined: flat on the default runner model),
+reversals (starts within 10 s of a drain: capacity given back and taken again), policy
+reversals (starts within 10 s of a drain the controller directed, not of a runner's own
+idle drain), starts. `--claim-balance-ms 0` replays the runners claiming in turn (before
+least-loaded claiming).
 """
 
 from __future__ import annotations
@@ -196,6 +200,7 @@ def summary(result: SimulationResult, baseline: SimulationResult) -> dict[str, A
         "refused_pct": round(100 * result.refused_fraction, 2),
         "wait_p50_s": round(result.wait_percentile_s(50), 2),
         "wait_p99_s": round(result.wait_percentile_s(99), 2),
+        "tpot_p90_ms": round(1000 * result.tpot_percentile_s(90)),
         "starts": {str(tier): n for tier, n in sorted(result.starts.items())},
         "zero_periods": result.zero_periods,
         "slo_pct": round(100 * result.slo_attainment(TTFT_TARGET_S), 2),
@@ -206,7 +211,8 @@ def summary(result: SimulationResult, baseline: SimulationResult) -> dict[str, A
 
 HEADER = (
     f"  {'':<13}{'runner-s':>9} {'x on':>5} {'cold wait':>9} {'refused':>12}"
-    f" {'p50 s':>6} {'p99 s':>6} {'at 0':>5} {'ttft<=2s':>8} {'rev':>4} {'prev':>4}  starts"
+    f" {'p50 s':>6} {'p99 s':>6} {'at 0':>5} {'ttft<=2s':>8} {'tpot90':>6} {'rev':>4}"
+    f" {'prev':>4}  starts"
 )
 
 
@@ -217,7 +223,7 @@ def row_line(name: str, row: dict[str, Any]) -> str:
         f"  {name:<13}{row['runner_seconds']:>9} {row['runner_seconds_ratio']:>5.2f}"
         f" {row['cold_wait_pct']:>8.2f}% {refused:>12} {row['wait_p50_s']:>6.2f}"
         f" {row['wait_p99_s']:>6.2f} {row['zero_periods']:>5} {row['slo_pct']:>7.2f}%"
-        f" {row['reversals']:>4} {row['policy_reversals']:>4}  {starts}"
+        f" {row['tpot_p90_ms']:>4}ms {row['reversals']:>4} {row['policy_reversals']:>4}  {starts}"
     )
 
 
@@ -243,6 +249,12 @@ def main(argv: list[str] | None = None) -> Path:
         "--runner-file", type=Path, help="a bench.latency_calibrate result: its runner model"
     )
     parser.add_argument("--rows", help="comma-separated row names to run (default: all)")
+    parser.add_argument(
+        "--claim-balance-ms",
+        type=int,
+        default=ScalingSettings().claim_balance_ms,
+        help="least-loaded claiming's wait (EBB_CLAIM_BALANCE_MS; 0: runners claim in turn)",
+    )
     args = parser.parse_args(argv)
     model, source = runner_model(args.runner, args.runner_file)
     print(f"runner model: {source}")
@@ -250,7 +262,9 @@ def main(argv: list[str] | None = None) -> Path:
     report: dict[str, dict[str, Any]] = {}
     for name, (path, max_replicas) in TRACES.items():
         ebb = ScalingSettings(
-            max_replicas=args.max_replicas or max_replicas, target_concurrency=args.concurrency
+            max_replicas=args.max_replicas or max_replicas,
+            target_concurrency=args.concurrency,
+            claim_balance_ms=args.claim_balance_ms,
         )
         trace = load_azure_trace(path)
         rows_run = variants(ebb) | (tpot_variants(ebb, tpot_target_s(model)) if calibrated else {})

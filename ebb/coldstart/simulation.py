@@ -29,6 +29,7 @@ from ebb.coldstart.simulation_runners import RunnerModel, SimRunner, SimulatedLa
 from ebb.coldstart.simulation_state import InMemoryState, Queued
 from ebb.coldstart.simulation_trace import TraceRequest, load_azure_trace
 from ebb.config import Settings
+from ebb.config.serving import RunnerSettings
 from ebb.launching.tiers import WarmState
 from ebb.queue.scaling_spec import ScalingSpec
 from ebb.queue.schema import DeploymentSpec
@@ -64,6 +65,8 @@ class ScalingSettings:
     controller_poll_s: float = 0.5
     # The deployment's `scaling` block (the default: the queue-only rule, fixed window).
     scaling: ScalingSpec = ScalingSpec()
+    # Least-loaded claiming's wait (`EBB_CLAIM_BALANCE_MS`; 0: runners claim in turn).
+    claim_balance_ms: int = RunnerSettings.model_fields["claim_balance_ms"].default
 
     def spec(self, name: str = DEPLOYMENT) -> DeploymentSpec:
         return DeploymentSpec(
@@ -98,7 +101,12 @@ class SimulatedPlatform:
         )
         self.state = InMemoryState(self.clock)
         self.launcher = SimulatedLauncher(
-            self.clock, self.state, model, forks=settings.fork_server, failing=failing
+            self.clock,
+            self.state,
+            model,
+            forks=settings.fork_server,
+            failing=failing,
+            balance_wait_ms=settings.claim_balance_ms,
         )
         platform = Settings(
             prewarm=settings.prewarm, controller_poll_s=settings.controller_poll_s, metering=False
@@ -179,6 +187,8 @@ class SimulationResult:
     tick_s: float = 0.0
     # Each admitted request's time to first token (queue wait and prefill).
     ttfts_s: list[float] = field(default_factory=list)
+    # Each admitted request's time per output token (at the batch it joined).
+    tpots_s: list[float] = field(default_factory=list)
 
     def slo_attainment(self, ttft_s: float) -> float:
         """Share of all requests (refused ones miss) with a first token within `ttft_s`."""
@@ -195,11 +205,18 @@ class SimulationResult:
         waited = self.admitted_after_start + self.refused_while_starting
         return waited / self.requests if self.requests else 0.0
 
+    def tpot_percentile_s(self, p: float) -> float:
+        return _percentile(self.tpots_s, p)
+
     def wait_percentile_s(self, p: float) -> float:
-        if not self.waits_s:
-            return 0.0
-        ordered = sorted(self.waits_s)
-        return ordered[min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1)]
+        return _percentile(self.waits_s, p)
+
+
+def _percentile(values: list[float], p: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
 def simulate(
@@ -288,6 +305,7 @@ class _Replay:
         self.result.waits_s.append(now - queued.enqueued_s)
         prefill_s = queued.request.prompt_tokens / self.launcher.model.prefill_tokens_per_s
         self.result.ttfts_s.append(now - queued.enqueued_s + prefill_s)
+        self.result.tpots_s.append(self.launcher.model.tpot_s(len(proc.busy_until_s)))
         if proc.ready_at_s is not None and proc.ready_at_s > queued.enqueued_s:
             self.result.admitted_after_start += 1
 

@@ -3,11 +3,11 @@ serve and drain on a `ManualClock` against an `InMemoryState`.
 
 What a runner does is the platform's: it comes up through its tier, a stem joins the pool
 and loads the deployment it is assigned, it claims queued requests into its free batch
-slots, and, holding nothing, decides to drain with the runner's own `idle_action` and the
-atomic guard of try_drain.lua (`InMemoryState.try_drain`). What is modelled: a request
-takes prompt / prefill rate + output / decode rate seconds however many share the batch,
-and a start takes its tier's time. Engines here have no sleep mode (the CPU case).
-"""
+slots (leaving one for a peer with more room, as claim.lua does: `claim_balance`), and,
+holding nothing, decides to drain with the runner's own `idle_action` and the atomic
+guard of try_drain.lua (`InMemoryState.try_drain`). What is modelled: a request takes
+prompt / prefill rate + output / decode rate seconds however many share the batch, and a
+start takes its tier's time. Engines here have no sleep mode (the CPU case)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from ebb.coldstart.scaling_tracker import Latency
 from ebb.coldstart.simulation_state import InMemoryState, Queued
 from ebb.coldstart.simulation_trace import TraceRequest
 from ebb.launching.tiers import Tier, WarmState
+from ebb.queue import keys
+from ebb.queue.claim_balance import leaves_for_peer
 from ebb.queue.schema import RunnerState
 from ebb.runners.idle import IdleAction, idle_action
 
@@ -152,8 +154,12 @@ class SimulatedLauncher:
         *,
         forks: bool = True,
         failing: frozenset[str] = frozenset(),
+        balance_wait_ms: int = 0,
     ):
+        """`balance_wait_ms`: least-loaded claiming's wait (`EBB_CLAIM_BALANCE_MS`; 0:
+        the runners claim in turn, the first in launch order first)."""
         self._clock, self._state, self.model = clock, state, model
+        self.balance_wait_ms = balance_wait_ms
         self.warm = WarmState.READY if forks else WarmState.OFF
         # Deployments whose runners fail while loading.
         self.failing = failing
@@ -241,31 +247,73 @@ class SimulatedLauncher:
         """One turn of each READY runner's serving loop: finish, claim, and, idle past
         the timeout, drain (exiting at once: it holds nothing). Returns who drained."""
         now = self._clock.now_s
-        spec = self._state.deployments[deployment]
         queue = self._state.queues.setdefault(deployment, deque())
-        drained: list[str] = []
-        for proc in list(self.procs.values()):
-            if not proc.ready or proc.deployment != deployment:
-                continue
+        serving = [p for p in self.procs.values() if p.ready and p.deployment == deployment]
+        for proc in serving:  # what ended by now, on every runner before any claims
             if proc.busy_until_s:
                 proc.busy_until_s = [t for t in proc.busy_until_s if t > now]
                 if not proc.busy_until_s:
                     proc.last_active_s = now
+        drained: list[str] = []
+        for proc in serving:
             draining = self._state.records[proc.runner_id].state is RunnerState.DRAINING
-            while queue and not draining and len(proc.busy_until_s) < spec.max_concurrency:
-                queued = queue.popleft()
-                batch = len(proc.busy_until_s) + 1
-                proc.busy_until_s.append(now + self.model.service_s(queued.request, batch))
-                proc.last_active_s = now
-                self._record_first_token(deployment, queued, now, batch)
-                if on_claim is not None:
-                    on_claim(queued, proc)
+            if not draining:
+                self._claim(proc, serving, queue, on_claim)
             self._state.held[proc.runner_id] = len(proc.busy_until_s)
             if not proc.busy_until_s and (draining or self._idle_drains(proc, deployment)):
                 if draining:
                     self._exit_drained(proc)
                 drained.append(proc.runner_id)
         return drained
+
+    def _claim(
+        self,
+        proc: SimRunner,
+        serving: list[SimRunner],
+        queue: deque[Queued],
+        on_claim: ClaimObserver | None,
+    ) -> None:
+        """As claim.lua: oldest first into the free slots, looking at no more than the
+        free slots and `CLAIM_SCAN_EXTRA` more; a request left for the peer with the
+        most room stays queued, in its place."""
+        now = self._clock.now_s
+        slots = self._state.deployments[proc.deployment].max_concurrency
+        want = slots - len(proc.busy_until_s)
+        peer_held = self._lightest_peer_held(proc, serving, slots)
+        left: list[Queued] = []
+        scanned = 0
+        while queue and len(proc.busy_until_s) < slots and scanned < want + keys.CLAIM_SCAN_EXTRA:
+            queued = queue.popleft()
+            scanned += 1
+            if peer_held is not None and leaves_for_peer(
+                held_after=len(proc.busy_until_s) + 1,
+                peer_held=peer_held + len(left),
+                peer_room=slots - peer_held - len(left),
+                waited_ms=(now - queued.enqueued_s) * 1000,
+                wait_ms=self.balance_wait_ms,
+            ):
+                left.append(queued)
+                continue
+            batch = len(proc.busy_until_s) + 1
+            proc.busy_until_s.append(now + self.model.service_s(queued.request, batch))
+            proc.last_active_s = now
+            self._record_first_token(proc.deployment, queued, now, batch)
+            if on_claim is not None:
+                on_claim(queued, proc)
+        queue.extendleft(reversed(left))
+
+    def _lightest_peer_held(
+        self, proc: SimRunner, serving: list[SimRunner], slots: int
+    ) -> int | None:
+        """What the least-loaded other READY runner with room holds (None: none)."""
+        held = [
+            len(peer.busy_until_s)
+            for peer in serving
+            if peer is not proc
+            and self._state.records[peer.runner_id].state is RunnerState.READY
+            and len(peer.busy_until_s) < slots
+        ]
+        return min(held, default=None)
 
     def _record_first_token(self, deployment: str, queued: Queued, now: float, batch: int) -> None:
         """Its time to first token (queue wait and prefill) and per output token, with

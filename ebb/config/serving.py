@@ -56,6 +56,17 @@ class RunnerSettings(BaseModel):
         "(it claims only between steps; a prefill step on CPU can take seconds). Below "
         "`EBB_PREFIX_AFFINITY_MS` it changes nothing.",
     )
+    claim_balance_ms: int = Field(
+        default=200,
+        ge=0,
+        le=10_000,
+        description="Least-loaded claiming: how long a request may be left for a ready "
+        "runner of its deployment that claimed within a lease and holds fewer requests "
+        "(by more than one, counting the request) than the runner claiming it, which is "
+        "woken for it; past this wait any runner takes it, so a lone runner, or one inside "
+        "a long engine step, delays no request longer. Critical requests and a prefix the "
+        "claiming runner served last are never left. `0`: runners claim in a race.",
+    )
     continuations: int = Field(
         default=3,
         ge=0,

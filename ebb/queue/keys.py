@@ -112,6 +112,12 @@ def prefix_owners(deployment: str) -> str:
     return f"{PREFIX}prefix:{deployment}"
 
 
+def claimers(deployment: str) -> str:
+    """Sorted set: runner id -> when it last claimed (ms, Redis clock), for least-loaded
+    claiming; entries older than a lease are dropped by the next claim (see claim.lua)."""
+    return f"{PREFIX}claimers:{deployment}"
+
+
 # Prefix owners: dropped this long after the last claim of a deployment, and reset when a
 # deployment's hash reaches this many prefixes (a bound, not an eviction policy).
 PREFIX_OWNERS_TTL_S = 120

@@ -101,11 +101,14 @@ class RunnerQueue:
         record_usage: bool = True,
         prefix_affinity_ms: int = 0,
         prefix_step_wait_ms: int = 0,
+        balance_wait_ms: int = 0,
     ):
         """`prefix_affinity_ms`: how long a request whose prompt prefix another runner
         served last may be left for that runner (0: claim strictly oldest first);
         `prefix_step_wait_ms`: how long in all while that runner has not claimed since the
-        request came (it is inside an engine step)."""
+        request came (it is inside an engine step); `balance_wait_ms`: how long a request
+        may be left for a live peer of the deployment with more room (0: never; see
+        claim_balance.py)."""
         self._redis = client
         self._record_usage = record_usage
         self._scripts = RunnerScripts(client)
@@ -113,6 +116,7 @@ class RunnerQueue:
         self._lease_ttl_ms = int(lease_ttl_s * 1000)
         self._prefix_affinity_ms = prefix_affinity_ms
         self._prefix_step_wait_ms = prefix_step_wait_ms
+        self._balance_wait_ms = balance_wait_ms
         self._result_ttl_s = result_ttl_s
         self._claimed_event = encode(Claimed(runner_id=runner_id))
 
@@ -210,6 +214,7 @@ class RunnerQueue:
             prefix_affinity_ms=self._prefix_affinity_ms,
             prefix_step_wait_ms=self._prefix_step_wait_ms,
             critical_extra=critical_extra,
+            balance_wait_ms=self._balance_wait_ms,
         )
         works = [decode_work(work) for work in claimed]
         return ClaimResult(works, cancelled, sync_waiting, jobs_waiting, gone, frozenset(continued))

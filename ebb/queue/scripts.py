@@ -22,6 +22,7 @@ from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoScriptError
 
 from ebb.queue import keys
+from ebb.queue.claim_balance import BALANCE_SLACK
 from ebb.queue.prefix import affinity_key
 from ebb.queue.priority import score_offset_ms
 from ebb.queue.replies import reply_bytes, reply_int, reply_list, reply_text, reply_texts
@@ -266,6 +267,7 @@ class RunnerScripts:
         prefix_affinity_ms: int = 0,
         prefix_step_wait_ms: int = 0,
         critical_extra: int = 0,
+        balance_wait_ms: int = 0,
     ) -> tuple[list[bytes], list[str], int, int, bool, set[str]]:
         """Claim up to `max_count` requests (at most `max_jobs` job attempts): the encoded
         work of each claimed one, the ids this runner was asked to abort, how many
@@ -275,7 +277,9 @@ class RunnerScripts:
         `prefix_affinity_ms`, a request another runner holds the prompt prefix of waits
         for it that long, or while that runner is inside the engine step it was in when
         the request came, up to `prefix_step_wait_ms` (see claim.lua). Once `max_count`
-        were claimed, up to `critical_extra` critical requests more."""
+        were claimed, up to `critical_extra` critical requests more. With
+        `balance_wait_ms`, a request is left that long for a live peer with more room
+        (`claim_balance.leaves_for_peer`)."""
         claimed, cancelled, still_queued, jobs_queued, gone, continued = reply_list(
             self._claim(
                 keys=[
@@ -289,6 +293,7 @@ class RunnerScripts:
                     keys.JOBS_SIGNAL,
                     keys.claiming(deployment),
                     keys.DEPLOYMENT_UIDS,
+                    keys.claimers(deployment),
                 ],
                 args=[
                     runner_id,
@@ -310,6 +315,8 @@ class RunnerScripts:
                     public_name(deployment),
                     deployment_uid,
                     critical_extra,
+                    balance_wait_ms,
+                    BALANCE_SLACK,
                 ],
             )
         )

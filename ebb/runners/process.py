@@ -65,6 +65,7 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
         record_usage=settings.metering,
         prefix_affinity_ms=settings.prefix_affinity_ms,
         prefix_step_wait_ms=settings.prefix_step_wait_ms,
+        balance_wait_ms=settings.claim_balance_ms,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

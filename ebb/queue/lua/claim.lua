@@ -17,6 +17,14 @@
 -- Each claimed prefix is recorded as this runner's (KEYS[5], capped, expiring). A claim
 -- that leaves the runner room sets the deployment's claiming marker (KEYS[9], for
 -- ARGV[16] ms): enqueue.lua wakes no controller for a request a runner will claim.
+-- Least-loaded: a synchronous request this runner would take while a live, ready peer of
+-- its deployment (one that claimed within a lease, KEYS[11]) has more room than it by
+-- more than ARGV[21] slots once it took it is left for that peer (and that peer woken),
+-- until the request has waited ARGV[20] ms (0: off). A lone runner, a silent one, or a
+-- peer inside a long step delays no request past that bound. Not for critical requests,
+-- nor for one whose prompt prefix this runner served last (prefix affinity keeps it).
+-- Peers are read from KEYS[11] (runner id -> its last claim ms; stale ones dropped): one
+-- HMGET per live runner of the deployment, once per claim that needs it.
 -- Identity: a runner claims only while its deployment's current uid (KEYS[10], by the
 -- deployment's public name ARGV[17]; none: '') is the one it was launched for (ARGV[18];
 -- '' for a deployment from before uids, which has none). Otherwise the deployment was
@@ -26,7 +34,8 @@
 -- find its spec gone.)
 -- KEYS: 1 queue, 2 leases zset, 3 this runner's cancel set, 4 runner hash,
 --       5 prefix owners hash, 6 job queue, 7 job watch set, 8 collector signal list,
---       9 the deployment's claiming marker, 10 deployment uids hash (6-10 optional)
+--       9 the deployment's claiming marker, 10 deployment uids hash, 11 the deployment's
+--       claimers zset (6-11 optional)
 -- ARGV: 1 runner id, 2 max to claim, 3 lease ttl ms, 4 request key prefix,
 --       5 events key prefix, 6 encoded Claimed event, 7 max job attempts to claim (0: none),
 --       8 signal list max, 9 prefix affinity wait ms (0: off), 10 extra requests looked at,
@@ -34,7 +43,8 @@
 --       14 runner signal list prefix, 15 prefix wait for an owner inside a step ms,
 --       16 claiming marker ttl ms, 17 the deployment's public name, 18 the runner's
 --       deployment uid, 19 critical requests it may take beyond ARGV[2] once that many
---       were claimed (absent: 0; see the end)
+--       were claimed (absent: 0; see the end), 20 least-loaded wait ms (absent or 0: off),
+--       21 the room difference tolerated (slots)
 -- Returns {{id, work, id, work, ...}, {cancelled ids...}, synchronous requests still queued,
 -- job attempts still queued, 1 when the runner's deployment is gone else 0, {ids of the
 -- claimed that are continuations (see reap.lua, job_yield.lua)}} (the third
@@ -59,7 +69,20 @@ local affinity_ms = tonumber(ARGV[9] or '0')
 local step_wait_ms = math.max(affinity_ms, tonumber(ARGV[15] or '0'))
 local lease_ms = tonumber(ARGV[3])
 
--- True when the request should wait for the runner that last claimed its prefix.
+-- Wake a peer a request was left for if it is blocked waiting for work: the queue's own
+-- wake token may have gone to this runner instead. A busy peer hears it on the channel of
+-- that name.
+local function wake_peer(runner)
+  local signal = ARGV[14] .. runner
+  if redis.call('LLEN', signal) == 0 then
+    redis.call('RPUSH', signal, '1')
+    redis.call('EXPIRE', signal, tonumber(ARGV[12]))
+  end
+  redis.call('PUBLISH', signal, '1')
+end
+
+-- True when the request should wait for the runner that last claimed its prefix; as a
+-- second value, true when that runner is this one.
 local function left_for_owner(prefix, enqueued_ms)
   if affinity_ms <= 0 or not prefix or prefix == '' then return false end
   local enqueued = tonumber(enqueued_ms or now)
@@ -68,7 +91,7 @@ local function left_for_owner(prefix, enqueued_ms)
   local owner = redis.call('HGET', KEYS[5], prefix)
   if not owner then return false end
   local runner = string.match(owner, '^[^|]+')
-  if runner == ARGV[1] then return false end
+  if runner == ARGV[1] then return false, true end
   local state = redis.call(
     'HMGET', ARGV[11] .. runner, 'state', 'heartbeat_ms', 'free_slots', 'polled_ms')
   local polled = tonumber(state[4] or '0')
@@ -80,15 +103,54 @@ local function left_for_owner(prefix, enqueued_ms)
   -- Past the affinity wait, only for an owner still inside the step it was in when the
   -- request came: one that claimed since then had its chance.
   if waited >= affinity_ms and polled > enqueued then return false end
-  -- Wake the owner if it is blocked waiting for work: the queue's own wake token may
-  -- have gone to this runner instead. A busy owner hears it on the channel of that name.
-  local signal = ARGV[14] .. runner
-  if redis.call('LLEN', signal) == 0 then
-    redis.call('RPUSH', signal, '1')
-    redis.call('EXPIRE', signal, tonumber(ARGV[12]))
-  end
-  redis.call('PUBLISH', signal, '1')
+  wake_peer(runner)
   return true
+end
+
+local balance_ms = tonumber(ARGV[20] or '0')
+local balance_slack = tonumber(ARGV[21] or '1')
+if not KEYS[11] then balance_ms = 0 end
+local lightest = nil -- {runner id, free slots}: the peer with the most room; false: none
+local left_to_lightest = 0
+
+local function lightest_peer()
+  if lightest ~= nil then return lightest end
+  lightest = false
+  redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', '(' .. (now - lease_ms))
+  local most = 0
+  for _, peer in ipairs(redis.call('ZRANGE', KEYS[11], 0, -1)) do
+    if peer ~= ARGV[1] then
+      local state = redis.call('HMGET', ARGV[11] .. peer, 'state', 'free_slots')
+      local room = tonumber(state[2] or '0')
+      if state[1] == 'ready' and room > most then
+        most = room
+        lightest = {peer, room}
+      end
+    end
+  end
+  return lightest
+end
+
+-- True when the request should wait for the peer with the most room: this runner, had it
+-- taken it (`taken` of its `want` free slots already were), would hold more than that
+-- peer (counting what this claim left for it) by more than the tolerance.
+local function left_for_lighter(enqueued_ms, want, taken)
+  if balance_ms <= 0 or now - tonumber(enqueued_ms or now) >= balance_ms then return false end
+  local peer = lightest_peer()
+  if not peer then return false end
+  if (peer[2] - left_to_lightest) - (want - taken - 1) <= balance_slack then return false end
+  left_to_lightest = left_to_lightest + 1
+  if left_to_lightest == 1 then wake_peer(peer[1]) end
+  return true
+end
+
+-- Whether a synchronous request stays queued for another runner: its prefix's, or a
+-- lighter one (never a critical request, nor one whose prefix this runner holds).
+local function stays_queued(fields, want, taken)
+  local left, mine = left_for_owner(fields[5], fields[6])
+  if left then return true end
+  if mine or tonumber(fields[8] or '0') < 0 then return false end
+  return left_for_lighter(fields[6], want, taken)
 end
 
 local function claim_one(id, rkey, fields, watch)
@@ -108,7 +170,7 @@ end
 
 -- Takes from `queue`, oldest first, until `want` requests were claimed or the first
 -- `scan` queued ones were looked at. Entries no longer queued are dropped; expired ones
--- are marked so; with `affinity`, one left for its prefix's runner stays queued.
+-- are marked so; with `affinity`, one left for another runner stays queued.
 local function take(queue, want, watch, affinity, scan, below)
   local taken = 0
   local heads
@@ -122,7 +184,7 @@ local function take(queue, want, watch, affinity, scan, below)
     local rkey = ARGV[4] .. id
     local fields = redis.call(
       'HMGET', rkey, 'state', 'deadline_ms', 'work', 'job', 'prefix', 'enqueued_ms',
-      'continued')
+      'continued', 'score_offset_ms')
     if fields[1] ~= 'queued' then
       redis.call('ZREM', queue, id)
     else
@@ -130,7 +192,7 @@ local function take(queue, want, watch, affinity, scan, below)
       if deadline > 0 and now > deadline then
         redis.call('ZREM', queue, id)
         redis.call('HSET', rkey, 'state', 'expired')
-      elseif not (affinity and left_for_owner(fields[5], fields[6])) then
+      elseif not (affinity and stays_queued(fields, want, taken)) then
         redis.call('ZREM', queue, id)
         claim_one(id, rkey, fields, watch)
         taken = taken + 1
@@ -162,6 +224,10 @@ end
 redis.call('HSET', KEYS[4], 'free_slots', math.max(0, want - got), 'polled_ms', now)
 if got > 0 then
   redis.call('HSET', KEYS[4], 'last_claim_ms', now)
+end
+if balance_ms > 0 then -- this runner is a peer others may leave requests for
+  redis.call('ZADD', KEYS[11], now, ARGV[1])
+  redis.call('PEXPIRE', KEYS[11], 2 * lease_ms)
 end
 if KEYS[9] and want > got then
   redis.call('SET', KEYS[9], '1', 'PX', tonumber(ARGV[16]))
