@@ -3,7 +3,7 @@ both Azure traces, against the curve the fixed windows trace.
 
     .venv/bin/python -m bench.autoscale_curve [--windows 5,10,20,30,45,60,75,90,120]
         [--policies hybrid,trend,hybrid+trend] [--traces code,conversation]
-        [--scale-up-after-s 2]
+        [--scale-up-after-s 2] [--claim-balance-ms 200]
 
 A fixed keep-alive window buys fewer cold-start waits with more runner-seconds; the
 windows from 5 s to 120 s trace that trade-off as a curve (runner-seconds against the
@@ -19,7 +19,8 @@ controller, ebb's start tiers, the default runner model), with the window as the
 deployment's idle timeout: for `hybrid` it caps every learned keep-alive and is the
 fallback while a level's history is short; for `trend` it is the keep-alive behind the
 forecast's pre-warms. `--scale-up-after-s` changes the planner's scale-up delay for
-every row alike (the curve included), to see whether the curve itself moves.
+every row alike (the curve included), to see whether the curve itself moves;
+`--claim-balance-ms 0` replays runners claiming in turn (before least-loaded claiming).
 """
 
 from __future__ import annotations
@@ -90,11 +91,17 @@ def verdict(p: Point, curve: list[Point], at_5s: Point | None, at_60s: Point | N
 
 
 def run_trace(
-    name: str, windows: list[float], policies: list[str], scale_up: PolicyConfig
+    name: str,
+    windows: list[float],
+    policies: list[str],
+    scale_up: PolicyConfig,
+    claim_balance_ms: int,
 ) -> dict[str, Any]:
     path, max_replicas = TRACES[name]
     trace = load_azure_trace(path)
-    base = ScalingSettings(max_replicas=max_replicas, target_concurrency=8)
+    base = ScalingSettings(
+        max_replicas=max_replicas, target_concurrency=8, claim_balance_ms=claim_balance_ms
+    )
     model = RunnerModel()
     always_on = point(simulate(trace, replace(base, min_replicas=max_replicas), model, scale_up))
     fixed = {
@@ -137,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--traces", default=",".join(TRACES))
     parser.add_argument("--scale-up-after-s", type=float, default=PolicyConfig().scale_up_after_s)
+    parser.add_argument("--claim-balance-ms", type=int, default=ScalingSettings().claim_balance_ms)
     args = parser.parse_args(argv)
     windows = [float(w) for w in args.windows.split(",")]
     policies = args.policies.split(",")
