@@ -73,7 +73,8 @@ class Ending:
 class ClaimResult:
     claimed: list[WorkItem]
     cancelled: list[str]
-    # Synchronous requests still queued after this claim (left for want of room).
+    # Synchronous requests still queued after this claim for want of room (not those it
+    # left for another runner: their prefix's, or one with more room).
     sync_waiting: int = 0
     # Job attempts still queued after it (for slots synchronous traffic leaves).
     jobs_waiting: int = 0

@@ -107,6 +107,20 @@ async def test_no_request_waits_past_the_balance_wait(redis_url, queue):
         assert by == b"ra" and int(claimed) - int(enqueued) >= wait_ms
 
 
+async def test_requests_left_for_a_peer_are_not_counted_as_waiting_for_this_runner(
+    redis_url, queue
+):
+    # A runner full of jobs gives one back when synchronous requests wait for it
+    # (job_yield.lua): not for those its claim left for a peer with room.
+    a, _ = runner(redis_url, "ra"), runner(redis_url, "rb")
+    await enqueue(queue, *(work(str(i)) for i in range(SLOTS)))
+    result = a.claim(DEP, SLOTS)
+    assert len(result.claimed) == SLOTS // 2
+    assert result.sync_waiting == 0  # the other half is b's
+    r = redis.Redis.from_url(redis_url)
+    assert r.zcard(keys.queue(DEP)) == SLOTS // 2  # still queued, for b
+
+
 @pytest.mark.parametrize("peer_is", ["absent", "full", "draining", "silent", "off"])
 async def test_a_peer_that_cannot_take_it_is_not_waited_for(redis_url, queue, peer_is):
     a = runner(redis_url, "ra")

@@ -45,7 +45,8 @@
 --       deployment uid, 19 critical requests it may take beyond ARGV[2] once that many
 --       were claimed (absent: 0; see the end), 20 least-loaded wait ms (absent or 0: off),
 --       21 the room difference tolerated (slots)
--- Returns {{id, work, id, work, ...}, {cancelled ids...}, synchronous requests still queued,
+-- Returns {{id, work, id, work, ...}, {cancelled ids...}, synchronous requests still queued
+-- (less those this claim left for another runner),
 -- job attempts still queued, 1 when the runner's deployment is gone else 0, {ids of the
 -- claimed that are continuations (see reap.lua, job_yield.lua)}} (the third
 -- tells a runner full of jobs to yield one of them, see job_yield.lua; both, with none,
@@ -146,11 +147,14 @@ end
 
 -- Whether a synchronous request stays queued for another runner: its prefix's, or a
 -- lighter one (never a critical request, nor one whose prefix this runner holds).
+local left_for_others = 0 -- requests this claim left queued for another runner
 local function stays_queued(fields, want, taken)
   local left, mine = left_for_owner(fields[5], fields[6])
-  if left then return true end
-  if mine or tonumber(fields[8] or '0') < 0 then return false end
-  return left_for_lighter(fields[6], want, taken)
+  if not left and not mine and tonumber(fields[8] or '0') >= 0 then
+    left = left_for_lighter(fields[6], want, taken)
+  end
+  if left then left_for_others = left_for_others + 1 end
+  return left
 end
 
 local function claim_one(id, rkey, fields, watch)
@@ -234,4 +238,8 @@ if KEYS[9] and want > got then
 end
 local jobs_queued = 0
 if KEYS[6] then jobs_queued = redis.call('ZCARD', KEYS[6]) end
-return {claimed, cancels, redis.call('ZCARD', KEYS[1]), jobs_queued, 0, continued}
+-- Requests left for another runner are not this runner's to wait for: a runner full of
+-- jobs yields none for them (their runner takes them, or they come back to any runner
+-- once their wait is over).
+local sync_queued = math.max(0, redis.call('ZCARD', KEYS[1]) - left_for_others)
+return {claimed, cancels, sync_queued, jobs_queued, 0, continued}
