@@ -152,7 +152,10 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown policies {unknown}; choose from {sorted(POLICIES)}")
     scale_up = PolicyConfig(scale_up_after_s=args.scale_up_after_s)
-    report = {name: run_trace(name, windows, policies, scale_up) for name in args.traces.split(",")}
+    report = {
+        name: run_trace(name, windows, policies, scale_up, args.claim_balance_ms)
+        for name in args.traces.split(",")
+    }
     out = REPO / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"autoscale-curve-{time.strftime('%Y%m%d-%H%M%S')}.json"
