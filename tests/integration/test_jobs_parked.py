@@ -80,7 +80,7 @@ async def test_a_job_submitted_while_weights_are_prepared_is_queued_once_they_ar
     raw = await services.redis.hget(keys.request(record.request_id), "work")
     work = decode_work(raw)
     assert len(work.prompt_token_ids) == 5 and work.sampling.max_tokens == 3
-    view = await routes_jobs_read._view(services, job["id"])
+    view = await routes_jobs_read.read_job_view(services, job["id"])
     assert (view["status"], view["waiting_for"]) == ("queued", None)
 
 
