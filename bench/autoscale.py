@@ -13,15 +13,20 @@ defaults: the default model's speeds and start times on this machine), the same
 max replicas, batch size (target concurrency) and 10 s admission window. ONE table per
 trace; each row is:
 
-  ebb            the defaults: scale to zero after 60 s idle, one pre-warmed stem, runners
+  ebb            the defaults: the hybrid keep-alive (below) with the 60 s idle window as
+                 its fallback and cap, scale to zero, one pre-warmed stem, runners
                  beyond it forked from the fork server
   ebb no forks   the same without the fork server: runners beyond the stem start fresh
   ebb no pool    neither stems nor forks: every start is a fresh process
+  ebb fixed 60s  the default before the hybrid keep-alive: the queue-only block
+                 (`QUEUE_ONLY`), each runner given back after 60 s idle
   runpod 5s      RunPod serverless's default idle timeout (5 s)
   fixed 15s/30s  windows between those defaults: where the fixed-window curve runs
   modal 60s      Modal's default scaledown window (60 s)
   knative 60s    Knative's default stable window (60 s)
   baseten 900s   Baseten's default scale-down delay (900 s)
+  Every row below keeps the fixed keep-alive (`keep_alive: fixed`) unless it says
+  otherwise, so that each shows its own policy alone.
   slo ttft 2s    scaling.policy slo, p90 TTFT 2 s: out when the measured p90 breaks it,
                  in (draining the least useful runner) when one fewer would still meet it
   utilisation    scaling.policy utilisation: busy-slot share > 70 % for 5 min adds one,
@@ -62,14 +67,14 @@ measured (`simulation_runners.from_calibration`; the output says which it used).
 What the fixed-window rows model: each replica is given back after a fixed idle timeout
 (the window), with ebb's scale-up, ebb's start tiers (one stem, forked starts) and ebb's
 guard that a replica does not leave while requests are queued — so they differ from the
-ebb row only in when capacity is given back. What they do not model: each platform's own
+ebb fixed 60s row only in when capacity is given back. What they do not model: each platform's own
 start path (Modal's memory snapshots, RunPod's FlashBoot, Baseten's and Knative's
 image pulls), their scale-up rules, Knative's scaling on the concurrency averaged over
 the window (it can remove replicas that are not idle, and has a 6 s panic window) and its
 scale-to-zero grace period, Modal's per-container buffers and Baseten's
-concurrency-target autoscaler. ebb's own default idle timeout is 60 s, so its row and
-the 60 s rows can coincide: what ebb adds is in the start tiers (the no-forks and
-no-pool rows show what they buy).
+concurrency-target autoscaler. ebb's own default idle window is 60 s, so its fixed row
+and the 60 s rows can coincide: what ebb adds there is in the start tiers (the no-forks
+and no-pool rows show what they buy), and beyond them the hybrid keep-alive.
 
 Columns: runner-seconds (of runners given to the deployment; x always on), the share
 of requests that waited on a cold start (admitted by a runner that came up after they
@@ -102,7 +107,7 @@ from ebb.coldstart.simulation import (
     simulate,
 )
 from ebb.coldstart.simulation_runners import CALIBRATED, from_calibration
-from ebb.queue.scaling_spec import ScalingSpec, SloTarget
+from ebb.queue.scaling_spec import QUEUE_ONLY, ScalingSpec, SloTarget
 
 REPO = Path(__file__).resolve().parents[1]
 # Each trace with the max replicas that serve it with room at its peaks at these speeds.
@@ -131,8 +136,12 @@ def variants(ebb: ScalingSettings) -> dict[str, ScalingSettings]:
         "ebb": ebb,
         "ebb no forks": replace(ebb, fork_server=False),
         "ebb no pool": replace(ebb, prewarm=0, fork_server=False),
+        "ebb fixed 60s": replace(ebb, scaling=QUEUE_ONLY),
     }
-    rows |= {name: replace(ebb, idle_timeout_s=s) for name, s in FIXED_WINDOWS_S.items()}
+    rows |= {
+        name: replace(ebb, idle_timeout_s=s, scaling=QUEUE_ONLY)
+        for name, s in FIXED_WINDOWS_S.items()
+    }
     rows |= policy_variants(ebb)
     rows["always on"] = replace(ebb, min_replicas=ebb.max_replicas)
     return rows
@@ -140,10 +149,10 @@ def variants(ebb: ScalingSettings) -> dict[str, ScalingSettings]:
 
 def policy_variants(ebb: ScalingSettings) -> dict[str, ScalingSettings]:
     """Issue 39's policies (`scaling` blocks) beside the queue-only default."""
-    slo = ScalingSpec(policy="slo", slo=SloTarget(ttft_p90_s=TTFT_TARGET_S))
+    slo = ScalingSpec(policy="slo", slo=SloTarget(ttft_p90_s=TTFT_TARGET_S), keep_alive="fixed")
     return {
         "slo ttft 2s": replace(ebb, scaling=slo),
-        "utilisation": replace(ebb, scaling=ScalingSpec(policy="utilisation")),
+        "utilisation": replace(ebb, scaling=replace_struct(QUEUE_ONLY, policy="utilisation")),
         "learned k-a": replace(ebb, scaling=ScalingSpec(keep_alive="learned")),
         # The learned window may exceed 60 s up to the runner's own idle timeout.
         "learned 300s": replace(
@@ -152,9 +161,7 @@ def policy_variants(ebb: ScalingSettings) -> dict[str, ScalingSettings]:
         "slo+learned": replace(ebb, scaling=replace_struct(slo, keep_alive="learned")),
         "slo+model": replace(
             ebb,
-            scaling=ScalingSpec(
-                policy="slo", slo=SloTarget(ttft_p90_s=TTFT_TARGET_S, predict=True)
-            ),
+            scaling=replace_struct(slo, slo=SloTarget(ttft_p90_s=TTFT_TARGET_S, predict=True)),
         ),
     } | hybrid_variants(ebb)
 
@@ -162,13 +169,14 @@ def policy_variants(ebb: ScalingSettings) -> dict[str, ScalingSettings]:
 def hybrid_variants(ebb: ScalingSettings) -> dict[str, ScalingSettings]:
     """The hybrid histogram keep-alive and pre-warm, and the trend predictor."""
     hybrid = ScalingSpec(keep_alive="hybrid")
+    trend = replace_struct(QUEUE_ONLY, trend=True)
     return {
         "hybrid": replace(ebb, scaling=hybrid),
         "hybrid 300s": replace(ebb, idle_timeout_s=300.0, scaling=hybrid),
-        "trend": replace(ebb, scaling=ScalingSpec(trend=True)),
+        "trend": replace(ebb, scaling=trend),
         "hybrid+trend": replace(ebb, scaling=replace_struct(hybrid, trend=True)),
-        "trend 30s": replace(ebb, idle_timeout_s=30.0, scaling=ScalingSpec(trend=True)),
-        "trend 2s": replace(ebb, idle_timeout_s=2.0, scaling=ScalingSpec(trend=True)),
+        "trend 30s": replace(ebb, idle_timeout_s=30.0, scaling=trend),
+        "trend 2s": replace(ebb, idle_timeout_s=2.0, scaling=trend),
     }
 
 
@@ -187,7 +195,7 @@ def tpot_variants(ebb: ScalingSettings, tpot_s: float) -> dict[str, ScalingSetti
     rows = {}
     for name, predict in (("slo tpot", False), ("tpot+model", True)):
         target = SloTarget(tpot_p90_s=tpot_s, predict=predict)
-        rows[name] = replace(ebb, scaling=ScalingSpec(policy="slo", slo=target))
+        rows[name] = replace(ebb, scaling=ScalingSpec(policy="slo", slo=target, keep_alive="fixed"))
     return rows
 
 

@@ -40,12 +40,12 @@ from ebb.coldstart.simulation import (
     load_azure_trace,
     simulate,
 )
-from ebb.queue.scaling_spec import ScalingSpec
+from ebb.queue.scaling_spec import QUEUE_ONLY, ScalingSpec
 
 DEFAULT_WINDOWS_S = (5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 75.0, 90.0, 120.0)
 POLICIES = {
     "hybrid": ScalingSpec(keep_alive="hybrid"),
-    "trend": ScalingSpec(trend=True),
+    "trend": ScalingSpec(keep_alive="fixed", trend=True),
     "hybrid+trend": ScalingSpec(keep_alive="hybrid", trend=True),
 }
 
@@ -105,7 +105,10 @@ def run_trace(
     model = RunnerModel()
     always_on = point(simulate(trace, replace(base, min_replicas=max_replicas), model, scale_up))
     fixed = {
-        w: point(simulate(trace, replace(base, idle_timeout_s=w), model, scale_up)) for w in windows
+        w: point(
+            simulate(trace, replace(base, idle_timeout_s=w, scaling=QUEUE_ONLY), model, scale_up)
+        )
+        for w in windows
     }
     curve = sorted(fixed.values(), key=lambda p: p.runner_s)
     rows: dict[str, dict[str, Any]] = {}

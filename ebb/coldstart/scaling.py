@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ebb.coldstart.histogram import MIN_PERIODS
 from ebb.coldstart.hysteresis import reversal_wait_s
 from ebb.coldstart.keepalive import keep_alive_drains
 from ebb.coldstart.policy import DemandSnapshot, PolicyConfig, desired_replicas
@@ -39,6 +40,18 @@ class ScaleDecision:
 
     def worth_logging(self, serving: int) -> bool:
         return bool(self.reasons) and (bool(self.drain) or self.desired != serving or self.held)
+
+
+def may_start_unqueued(scaling: ScalingSpec, measured: Measured) -> bool:
+    """Whether `scaling` could start a runner with nothing queued now: a policy, the trend
+    or a schedule always may; the hybrid keep-alive only once a level's history is long
+    enough to place a pre-warm point. (The controller reads nodes and GPU needs only for
+    a deployment that may start: on a cluster, listing nodes is an API call.)"""
+    if scaling.policy != "queue" or scaling.trend or scaling.schedule:
+        return True
+    return scaling.keep_alive == "hybrid" and any(
+        len(periods) >= MIN_PERIODS for periods in measured.level_periods_s
+    )
 
 
 def decide(

@@ -9,19 +9,17 @@ from ebb.coldstart.scaling import decide
 from ebb.coldstart.scaling_actions import DrainReady, Scaled
 from ebb.coldstart.world import Demand, World, serves
 from ebb.launching.tiers import Tier, WarmState
-from ebb.queue.scaling_spec import ScalingSpec
+from ebb.queue.scaling_spec import QUEUE_ONLY
 from ebb.queue.schema import RunnerState
-
-DEFAULT = ScalingSpec()
 
 
 def scale_decision(
     world: World, demand: Demand, snap: DemandSnapshot, config: PolicyConfig
 ) -> tuple[int, list[Scaled | DrainReady]] | None:
     """(desired runners, the actions that record and carry out the decision); None for a
-    deployment on the default block, which the queue-only rule sizes as before."""
+    deployment on the queue-only block, which the queue-only rule sizes as before."""
     scaling = demand.spec.scaling
-    if scaling == DEFAULT:
+    if scaling == QUEUE_ONLY:
         return None
     ready = [
         r.runner_id

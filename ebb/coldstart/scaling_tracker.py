@@ -21,7 +21,7 @@ from ebb.coldstart.latency_model import LatencyModel, Sample
 from ebb.coldstart.scaling_actions import Scaled
 from ebb.coldstart.scaling_inputs import Measured
 from ebb.launching.tiers import Tier
-from ebb.queue.scaling_spec import ScalingSpec
+from ebb.queue.scaling_spec import QUEUE_ONLY
 from ebb.queue.schema import DeploymentSpec
 from ebb.queue.versions import public_name
 
@@ -37,7 +37,6 @@ PEAK_WINDOW_S = 30.0
 LEVEL_PERIODS_KEPT = 500
 TREND_SAMPLE_S = 1.0
 TREND_WINDOW_S = 20.0
-DEFAULT = ScalingSpec()
 A = TypeVar("A")
 
 
@@ -135,7 +134,7 @@ class ScalingTracker:
         self._cursor = b""
 
     def tracks(self, spec: DeploymentSpec) -> bool:
-        return self._source is not None and spec.scaling != DEFAULT
+        return self._source is not None and spec.scaling != QUEUE_ONLY
 
     async def read_latencies(self, units: Sequence[str]) -> None:
         """Take in what finished since the last reconcile (once per reconcile), and forget

@@ -17,16 +17,14 @@ from ebb.coldstart.gpu_need import estimate_need
 from ebb.coldstart.gpu_reader import GpuReader
 from ebb.coldstart.launcher import WarmStarts
 from ebb.coldstart.placement import NodeCapacity
+from ebb.coldstart.scaling import may_start_unqueued
 from ebb.coldstart.scaling_tracker import ScalingTracker
 from ebb.coldstart.state import ControllerState
 from ebb.coldstart.world import Backoff, Demand, Gpus, World, serves
 from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.launching.stem_pools import StemPool, runner_gpus
-from ebb.queue.scaling_spec import ScalingSpec
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
-
-DEFAULT_SCALING = ScalingSpec()
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +80,11 @@ class WorldReader:
         units = await self._state.serving_units()
         if self._scaling is not None:
             await self._scaling.read_latencies([spec.name for spec in units])
-        demands = [
-            await self._measured(
-                await self._demand(spec, [r for r in live if serves(r, spec)], backoffs, gpus),
-                [r for r in live if serves(r, spec)],
-                wall_s,
-            )
-            for spec in units
-        ]
+        demands = []
+        for spec in units:
+            own = [r for r in live if serves(r, spec)]
+            demand = await self._measured(await self._demand(spec, own, backoffs), own, wall_s)
+            demands.append(self._with_gpu_need(demand, gpus))
         caches = await self._state.node_caches()
         waiting = [r for r in live if r.state is RunnerState.PREWARMED and not r.deployment]
         return World(
@@ -110,10 +105,9 @@ class WorldReader:
         spec: DeploymentSpec,
         runners: list[RunnerRecord],
         backoffs: Mapping[str, Backoff],
-        gpus: Gpus | None,
     ) -> Demand:
         queue = await self._state.queue_snapshot(spec.name)
-        demand = Demand(
+        return Demand(
             spec=spec,
             queue_depth=queue.depth,
             job_depth=queue.job_depth,
@@ -129,16 +123,20 @@ class WorldReader:
             backoff=backoffs.get(spec.name),
             node_gpus=math.ceil(runner_gpus(spec, self._default_gpus)),
         )
-        # The need is read from the weight cache's files: only for a deployment the plan
-        # may place (a start, or a recheck of one shown unschedulable).
+
+    def _with_gpu_need(self, demand: Demand, gpus: Gpus | None) -> Demand:
+        """The need is read from the weight cache's files: only for a deployment the plan
+        may place (a start, or a recheck of one shown unschedulable)."""
         shown = gpus.shown_unschedulable if gpus is not None else None
-        if gpus is not None and gpus.present and (_may_start(demand) or spec.name in (shown or {})):
-            engines = self._engines or EngineRegistry.from_settings(self._settings)
-            self._engines = engines
-            demand = dataclasses.replace(
-                demand, gpu_need=estimate_need(self._settings, engines, spec)
-            )
-        return demand
+        if gpus is None or not gpus.present:
+            return demand
+        if not (_may_start(demand) or demand.spec.name in (shown or {})):
+            return demand
+        engines = self._engines or EngineRegistry.from_settings(self._settings)
+        self._engines = engines
+        return dataclasses.replace(
+            demand, gpu_need=estimate_need(self._settings, engines, demand.spec)
+        )
 
     async def _measured(self, demand: Demand, runners: list[RunnerRecord], wall_s: float) -> Demand:
         """`demand` with what its scaling policies measure (only for a scaling block)."""
@@ -169,8 +167,8 @@ class WorldReader:
 
 def _may_start(demand: Demand) -> bool:
     """Whether the policy could ask for a start: something queued, fewer runners than
-    the deployment's minimum, or a `scaling` block (its policies and schedule start
-    runners with nothing queued)."""
+    the deployment's minimum, or a `scaling` block that starts runners with nothing
+    queued (`scaling.may_start_unqueued`)."""
     queued = demand.queue_depth + demand.job_depth > 0
-    scaled = demand.spec.scaling != DEFAULT_SCALING
+    scaled = may_start_unqueued(demand.spec.scaling, demand.measured)
     return queued or scaled or demand.ready + demand.starting < demand.spec.min_replicas

@@ -86,7 +86,7 @@ class ScalingBody(BaseModel):
     policy: Literal["queue", "slo", "utilisation"] = "queue"
     slo: SloBody | None = None
     utilisation: UtilisationBody | None = None  # None: the design's defaults
-    keep_alive: Literal["fixed", "learned", "hybrid"] = "fixed"
+    keep_alive: Literal["fixed", "learned", "hybrid"] = "hybrid"
     trend: bool = False
     schedule: list[ScheduleBody] = Field(default_factory=list, max_length=32)
     reversal_gap_s: float = Field(300.0, ge=0, le=86400)

@@ -241,7 +241,8 @@ class PlatformState:
     async def drain_ready(self, runner_id: str, deployment: str) -> bool:
         """Ask a ready runner to drain (a scaling policy gives it back): it reads the
         request within seconds (`serve._SPEC_REFRESH_S`), stops claiming, finishes what it holds and
-        exits. A runner no longer serving ignores it."""
+        exits; one holding nothing whose engine can sleep sleeps instead, as its own idle
+        timeout would have had it do. A runner no longer serving ignores it."""
         await self.redis.hset(keys.runner(runner_id), keys.RUNNER_DRAIN_REQUESTED, deployment)
         return True
 
@@ -312,8 +313,12 @@ class PlatformState:
         return None
 
     async def wake_sleeper(self, runner_id: str, deployment: str, uid: str = "") -> None:
-        """Hand a sleeping runner new work; until it is READY it counts as starting."""
-        await self.redis.hset(keys.runner(runner_id), "woken_ms", int(time.time() * 1000))
+        """Hand a sleeping runner new work; until it is READY it counts as starting. A
+        request to drain made before it slept (`drain_ready`) concerned it as it was then."""
+        pipe = self.redis.pipeline()
+        pipe.hset(keys.runner(runner_id), "woken_ms", int(time.time() * 1000))
+        pipe.hdel(keys.runner(runner_id), keys.RUNNER_DRAIN_REQUESTED)
+        await pipe.execute()
         await self.assign(runner_id, deployment, uid)
 
     async def assign(self, runner_id: str, deployment: str, uid: str = "") -> None:

@@ -9,8 +9,8 @@ deployment name, which is what every deployment made before versions existed alr
 A unit's spec is composed (`compose`): the deployment's own record gives what applies to
 every version (replica bounds, idle timeout, concurrency, admission, owner); the version
 gives what it was deployed with (source, engine and serving options, prices, context
-length). A version with no traffic holds nothing: its unit keeps no minimum replicas and
-drains soon after its last request.
+length). A version with no traffic holds nothing: its unit keeps no minimum replicas, no
+scaling policy beyond its queue, and drains soon after its last request.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Literal
 
 import msgspec
 
+from ebb.queue.scaling_spec import QUEUE_ONLY
 from ebb.queue.schema import AdapterRef, DeploymentSpec
 
 # "@" is not allowed in deployment names, so a unit name is never a deployment's name.
@@ -38,6 +39,9 @@ VERSION_FIELDS = (
 # A version without traffic drains this soon after its last request instead of after the
 # deployment's idle timeout: its runners hold GPUs that the serving version may need.
 RETIRED_IDLE_S = 2.0
+# ...and sizes itself by its queue alone: the deployment's schedule, trend or hybrid
+# pre-warm would start runners for a version that no new request can reach.
+RETIRED_SCALING = QUEUE_ONLY
 # Resolution of a split: traffic shares are whole percents, routing points hundredths.
 _POINTS = 10_000
 
@@ -162,7 +166,10 @@ def compose(
         return msgspec.structs.replace(spec, min_replicas=max(1, spec.min_replicas))
     if split.weights.get(number, 0) == 0:
         return msgspec.structs.replace(
-            spec, min_replicas=0, idle_timeout_s=min(spec.idle_timeout_s, RETIRED_IDLE_S)
+            spec,
+            min_replicas=0,
+            idle_timeout_s=min(spec.idle_timeout_s, RETIRED_IDLE_S),
+            scaling=RETIRED_SCALING,
         )
     return spec
 

@@ -232,7 +232,8 @@ class ServingLoop:
             # `OutputPublisher`), goes out now.
             self._publisher.release()
             self._maybe_report_stats()
-            self._maybe_heed_drain_request()
+            if self._maybe_heed_drain_request():  # asleep: nothing held, nothing claimed
+                return Outcome.SLEEP
             if self._engine.has_unfinished():
                 self._step()
             elif self._draining and not self.held:
@@ -590,9 +591,7 @@ class ServingLoop:
             supports_sleep=self._engine.supports_sleep,
         )
         if action is IdleAction.SLEEP:
-            if self._queue.try_sleep(self._spec.name):
-                self._sleeping = True
-                self._lifecycle.adopt(RunnerState.SLEEPING)
+            self._sleep_unless_work_waits()
             return
         if action is IdleAction.DRAIN and self._queue.try_drain(self._spec.name):
             self._draining = True
@@ -604,16 +603,37 @@ class ServingLoop:
                 now - self._last_active,
             )
 
-    def _maybe_heed_drain_request(self) -> None:
+    def _maybe_heed_drain_request(self) -> bool:
         """The controller's scaling policy gives this runner back: drain (what it holds
-        finishes first). Read every `_SPEC_REFRESH_S`."""
+        finishes first), or, holding nothing with an engine that can sleep, sleep (as its
+        own idle timeout would have had it do: a wake costs seconds, a start far more).
+        Read every `_SPEC_REFRESH_S`. True when it is now asleep."""
         now = self._clock()
         if self._draining or now - self._drain_checked_at < _SPEC_REFRESH_S:
-            return
+            return False
         self._drain_checked_at = now
-        if self._queue.drain_requested():
+        if not self._queue.drain_requested():
+            return False
+        why = "the controller's scaling policy gives it back"
+        if self._engine.supports_sleep and not self.held and not self._engine.has_unfinished():
+            # try_sleep clears the request; it refuses while work waits (then: serve it,
+            # and heed the request at the next read).
+            if not self._sleep_unless_work_waits():
+                return False
             self._queue.count_scale_down(self._spec.name)
-            self._start_draining("the controller's scaling policy gives it back")
+            log.info("runner: %s sleeping (%s)", self._queue.runner_id, why)
+            return True
+        self._queue.count_scale_down(self._spec.name)
+        self._start_draining(why)
+        return False
+
+    def _sleep_unless_work_waits(self) -> bool:
+        """Park asleep, atomically with the check that nothing waits (`try_sleep`)."""
+        if not self._queue.try_sleep(self._spec.name):
+            return False
+        self._sleeping = True
+        self._lifecycle.adopt(RunnerState.SLEEPING)
+        return True
 
     def _start_draining(self, why: str) -> None:
         self._draining = True

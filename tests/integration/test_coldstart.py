@@ -3,6 +3,7 @@ a SIGKILLed runner's requests end with an error, and every start shows up in the
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import openai
@@ -10,6 +11,9 @@ import pytest
 from support import deploy, deployment, sigkill_runner_mid_stream, wait_until
 
 from ebb.coldstart.controller import MAX_START_FAILURES
+from ebb.queue import keys
+from ebb.queue.connection import async_client
+from ebb.queue.platform import PlatformState
 
 pytestmark = pytest.mark.integration
 
@@ -105,6 +109,43 @@ def test_an_engine_that_can_sleep_parks_when_idle_and_wakes_for_work(platform, a
     woken = deployment(admin, "sleepy")
     assert [r["id"] for r in woken["runners"]] == [runner["id"]], "woken, not relaunched"
     assert {"wake", "first_token"} <= set(woken["cold_start_ms"]["sleeping"])
+
+
+def _ask_to_drain(platform, runner_id: str, name: str) -> None:
+    """What a scaling policy's scale-in does (`DrainReady`): ask a ready runner to drain."""
+    url = json.loads((platform.home / "run.json").read_text())["redis_url"]
+
+    async def ask() -> None:
+        client = async_client(url)
+        await PlatformState(client).drain_ready(runner_id, name)
+        await client.aclose()
+
+    asyncio.run(ask())
+
+
+def test_a_policy_gives_back_an_idle_runner_that_can_sleep_by_sleep_not_exit(platform, admin):
+    # The hybrid keep-alive (and slo/utilisation scale-in) gives back an idle runner: where
+    # its engine can sleep, it sleeps, as its own idle timeout would have had it do, so the
+    # next request wakes it in seconds instead of paying a cold start.
+    deploy(admin, "given", "fake://m?sleep=1", idle_timeout_s=600)
+    client = platform.openai()
+    client.chat.completions.create(model="given", messages=MESSAGES, max_tokens=2)
+    [runner] = [r for r in deployment(admin, "given")["runners"] if r["state"] == "ready"]
+    _ask_to_drain(platform, runner["id"], "given")
+    wait_until(
+        lambda: deployment(admin, "given")["status"] == "sleeping",
+        30,
+        "the runner given back to fall asleep instead of exiting",
+    )
+    # A request made before it slept concerned the runner as it was then: once woken for
+    # new work, it is not read again (else the woken runner would drain at once).
+    _ask_to_drain(platform, runner["id"], "given")
+    reply = client.chat.completions.create(model="given", messages=MESSAGES, max_tokens=3)
+    assert reply.usage.completion_tokens == 3
+    woken = deployment(admin, "given")
+    assert [r["id"] for r in woken["runners"]] == [runner["id"]], "woken, not relaunched"
+    assert {r["state"] for r in woken["runners"]} == {"ready"}
+    assert not platform.redis().hexists(keys.runner(runner["id"]), keys.RUNNER_DRAIN_REQUESTED)
 
 
 def test_engines_without_sleep_mode_never_sleep(admin):

@@ -18,6 +18,7 @@ from ebb.coldstart.histogram import (
     level_wanted,
 )
 from ebb.coldstart.plan import Launch, plan
+from ebb.coldstart.scaling import may_start_unqueued
 from ebb.coldstart.scaling_inputs import Measured
 from ebb.coldstart.scaling_plan import expected_start_s
 from ebb.coldstart.scaling_tracker import RunnerLoad, ScalingTracker
@@ -27,7 +28,7 @@ from ebb.coldstart.trend import holt, trend_extra
 from ebb.coldstart.world import Demand, World
 from ebb.frontdoor.routes_scaling import ScalingBody
 from ebb.launching.tiers import WarmState
-from ebb.queue.scaling_spec import ScalingSpec
+from ebb.queue.scaling_spec import QUEUE_ONLY, ScalingSpec
 from ebb.queue.schema import RunnerRecord, RunnerState
 
 HYBRID = ScalingSpec(keep_alive="hybrid")
@@ -278,3 +279,13 @@ def test_the_lead_is_the_next_starts_measured_tier_else_the_slowest() -> None:
     assert expected_start_s(World(demands=(demand,)), demand) == 10.0
     unmeasured = Demand(spec=spec(HYBRID), cold_start_s=15.0)
     assert expected_start_s(World(demands=(unmeasured,)), unmeasured) == 15.0
+
+
+def test_only_a_hybrid_level_with_history_may_start_a_runner_with_nothing_queued() -> None:
+    # The controller lists nodes and reads GPU needs only for deployments that may start.
+    assert not may_start_unqueued(QUEUE_ONLY, levels(SHORT, (10.0,)))
+    assert not may_start_unqueued(HYBRID, Measured())
+    assert not may_start_unqueued(HYBRID, levels(SHORT[:29], (10.0,)))
+    assert may_start_unqueued(HYBRID, levels(SHORT, (10.0,)))
+    assert may_start_unqueued(ScalingSpec(keep_alive="fixed", trend=True), Measured())
+    assert may_start_unqueued(ScalingSpec(keep_alive="fixed", policy="utilisation"), Measured())

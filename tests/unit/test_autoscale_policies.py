@@ -26,7 +26,13 @@ from ebb.coldstart.scaling_tracker import Latency, ScalingTracker
 from ebb.coldstart.schedule import minimum_at
 from ebb.coldstart.world import Demand, World
 from ebb.launching.tiers import Tier
-from ebb.queue.scaling_spec import ScalingSpec, ScheduleEntry, SloTarget, UtilisationRule
+from ebb.queue.scaling_spec import (
+    QUEUE_ONLY,
+    ScalingSpec,
+    ScheduleEntry,
+    SloTarget,
+    UtilisationRule,
+)
 from ebb.queue.schema import DeploymentSpec
 
 SLO = ScalingSpec(policy="slo", slo=SloTarget(ttft_p90_s=1.0))
@@ -178,8 +184,12 @@ def test_a_spare_idle_runner_goes_while_the_rest_hold_the_recent_peak() -> None:
     assert drains(plan(world(LEARNED, ready("a", "b", "c"), high))) == []
 
 
-def test_the_default_block_plans_as_before() -> None:
-    assert plan(world(ScalingSpec(), ready("a"), Measured(ttft_p90_s=9.0))) == []
+def test_the_queue_only_block_plans_as_before() -> None:
+    assert plan(world(QUEUE_ONLY, ready("a"), Measured(ttft_p90_s=9.0))) == []
+
+
+def test_the_default_block_is_the_queue_rule_with_the_hybrid_keep_alive() -> None:
+    assert ScalingSpec() == msgspec.structs.replace(QUEUE_ONLY, keep_alive="hybrid")
 
 
 def test_scaling_block_round_trips_with_from_and_to() -> None:

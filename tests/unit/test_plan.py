@@ -23,10 +23,14 @@ from ebb.coldstart.world import Backoff, Demand, Gpus, World
 from ebb.launching.stem_pools import StemPool
 from ebb.launching.tiers import Tier, WarmState
 from ebb.queue.gpu_records import GpuDevice, GpuPlacement, HostInventory
+from ebb.queue.scaling_spec import QUEUE_ONLY
 from ebb.queue.schema import DeploymentSpec, EngineSpec, RunnerRecord, RunnerState
 
 SRC = "s3://models/llama"
-SPEC = DeploymentSpec(name="m", source=SRC, uid="dep_1", max_replicas=4, max_concurrency=8)
+# The queue rule's own plans: on the queue-only block, which logs no `Scaled` decision.
+SPEC = DeploymentSpec(
+    name="m", source=SRC, uid="dep_1", max_replicas=4, max_concurrency=8, scaling=QUEUE_ONLY
+)
 DEFAULT = {"": StemPool("", 1)}
 
 

@@ -16,9 +16,11 @@ from ebb.queue.rollout import (
     start,
     warmed,
 )
+from ebb.queue.scaling_spec import ScalingSpec, ScheduleEntry, SloTarget
 from ebb.queue.schema import DeploymentSpec, EngineSpec, UsageRecord
 from ebb.queue.versions import (
     RETIRED_IDLE_S,
+    RETIRED_SCALING,
     Rollout,
     TrafficSplit,
     VersionRecord,
@@ -89,6 +91,25 @@ def test_compose_a_version_without_traffic_holds_nothing():
     unit = compose(_spec(idle_timeout_s=300), None, split, 1)
     assert unit.name == "chat" and unit.min_replicas == 0
     assert unit.idle_timeout_s == RETIRED_IDLE_S
+
+
+def test_compose_a_version_without_traffic_drops_the_deployments_scaling_block():
+    # A schedule's minimum, a trend or a hybrid pre-warm would start runners for a
+    # version that no request can reach; it only finishes what it holds, then drains.
+    scaling = ScalingSpec(
+        policy="slo",
+        slo=SloTarget(ttft_p90_s=1.0),
+        keep_alive="hybrid",
+        trend=True,
+        schedule=(ScheduleEntry(min_replicas=3),),
+    )
+    split = TrafficSplit(weights={1: 0, 2: 100})
+    unit = compose(_spec(scaling=scaling), None, split, 1)
+    assert unit.scaling == RETIRED_SCALING
+    assert unit.scaling.keep_alive == "fixed" and not unit.scaling.trend
+    assert unit.scaling.schedule == () and unit.scaling.policy == "queue"
+    serving = compose(_spec(scaling=scaling), None, TrafficSplit(weights={1: 100}), 1)
+    assert serving.scaling == scaling
 
 
 def test_compose_a_warming_version_keeps_one_runner():
