@@ -6,6 +6,9 @@ pre-warmed stem: it imports the engine libraries, joins the pool and waits for t
 controller to assign it a deployment). Every phase of the cold start is timed and folded
 into the deployment's cold-start statistics.
 
+Told to stop (`stopping`), it drains if it serves; if it imports or loads, it gives that
+up and exits EXITED at once (nothing was admitted to it yet).
+
 The heartbeat thread is `heartbeat`, loading the engine `loading`, the phase clock
 `cold_start_clock`.
 """
@@ -329,7 +332,8 @@ def _wait_as_stem(lifecycle: Lifecycle, queue: RunnerQueue, stop: threading.Even
             return assigned
     if queue.withdraw_stem():
         return None
-    # The controller took this stem at the instant it was told to stop: serve that one.
+    # The controller took this stem at the instant it was told to stop: take that one (it
+    # exits before its load, LOADING -> EXITED, and the controller starts another).
     return queue.wait_for_assignment(timeout_s=5.0)
 
 
