@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from ebb.runners.heartbeat import Heartbeat
 from ebb.runners.stopping import RunnerStop, StopRequested, caused_by_stop
 
 
@@ -48,6 +49,27 @@ def test_a_stop_from_another_thread_interrupts_the_main_threads_load(stopper):
     assert stopper.event.is_set()
 
 
+class _Beats:
+    def heartbeat(self, held_ids: list[str], *, engine_steps: int, engine_busy_ms: int) -> None:
+        pass
+
+
+def test_a_runner_whose_launcher_is_gone_gives_its_load_up(stopper, monkeypatch):
+    import ebb.runners.heartbeat as heartbeat_module
+
+    parent = {"pid": 4242}
+    monkeypatch.setattr(heartbeat_module.os, "getppid", lambda: parent["pid"])
+    heartbeat = Heartbeat(_Beats(), 0.01, stopper.event, on_orphaned=stopper.request)
+    heartbeat.start()
+    try:
+        with pytest.raises(StopRequested), stopper.interruptible():
+            parent["pid"] = 1  # reparented: the launching process died
+            time.sleep(30)
+    finally:
+        heartbeat.done.set()
+        heartbeat.join(timeout=5)
+
+
 def test_the_exception_is_raised_once(stopper):
     with pytest.raises(StopRequested), stopper.interruptible():
         try:
@@ -71,6 +93,7 @@ def test_an_error_raised_while_handling_a_stop_counts_as_the_stop():
 # In a process of its own: this one's children are the test session's.
 _END_CHILDREN = """
 import subprocess, sys, psutil
+from ebb.runners.heartbeat import Heartbeat
 from ebb.runners.stopping import end_children
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
 end_children()  # ended and reaped: its pid is free
