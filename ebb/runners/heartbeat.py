@@ -29,12 +29,16 @@ class Heartbeat(threading.Thread):
         stop: threading.Event,
         *,
         follow_parent: bool = True,
+        on_orphaned: Callable[[], None] | None = None,
     ):
+        """`on_orphaned`: how it stops the runner once its parent is gone (the runner's
+        `RunnerStop.request`, which also interrupts a load); by default it sets `stop`."""
         super().__init__(name="heartbeat", daemon=True)
         self._queue = queue
         self._interval_s = interval_s
         # Not `_stop`: threading.Thread has a method of that name, used by join().
         self._stop_runner = stop
+        self._on_orphaned = on_orphaned or stop.set
         self.done = threading.Event()
         self._parent = os.getppid() if follow_parent else None
         self.held_ids: Callable[[], list[str]] = lambda: []
@@ -50,7 +54,7 @@ class Heartbeat(threading.Thread):
             orphaned = self._parent is not None and os.getppid() != self._parent
             if orphaned and not self._stop_runner.is_set():
                 log.warning("runner: parent %d is gone, draining", self._parent)
-                self._stop_runner.set()
+                self._on_orphaned()
             self.watchdog()  # before renewing the leases of requests a hung engine holds
             held = self.held_ids()
             steps, self._steps_seen = self._steps_seen, self.progress.steps

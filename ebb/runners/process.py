@@ -6,6 +6,9 @@ pre-warmed stem: it imports the engine libraries, joins the pool and waits for t
 controller to assign it a deployment). Every phase of the cold start is timed and folded
 into the deployment's cold-start statistics.
 
+Told to stop (`stopping`), it drains if it serves; if it imports or loads, it gives that
+up and exits EXITED at once (nothing was admitted to it yet).
+
 The heartbeat thread is `heartbeat`, loading the engine `loading`, the phase clock
 `cold_start_clock`.
 """
@@ -16,7 +19,6 @@ import contextlib
 import functools
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -33,11 +35,12 @@ from ebb.launching.handoff import LAUNCHED_AT_ENV
 from ebb.launching.tiers import Tier
 from ebb.process_memory import start_memory_reporter
 from ebb.queue.connection import UNAVAILABLE_ERRORS, sync_client
+from ebb.queue.gpu_records import GpuPlacement
 from ebb.queue.gpus import SLEEPER_EXIT
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import DeploymentSpec, RunnerState, WorkItem
 from ebb.queue.versions import public_name
-from ebb.runners import core_pinning, load_reserve, stall
+from ebb.runners import core_pinning, load_reserve, stall, stopping
 from ebb.runners.adapters import RunnerAdapters
 from ebb.runners.cold_start_clock import ColdStartClock
 from ebb.runners.devices import use_placement
@@ -46,6 +49,7 @@ from ebb.runners.heartbeat import Heartbeat
 from ebb.runners.lifecycle import Lifecycle
 from ebb.runners.loading import import_engine_libraries, load_engine
 from ebb.runners.serve import Outcome, ServingLoop, jobs_beside_sync
+from ebb.runners.stopping import RunnerStop, StopRequested
 from ebb.secrets import SecretBox, usable_env
 
 log = logging.getLogger(__name__)
@@ -67,13 +71,16 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
         prefix_step_wait_ms=settings.prefix_step_wait_ms,
         balance_wait_ms=settings.claim_balance_ms,
     )
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stopper = RunnerStop()
+    stopper.install()
     # Where it runs, for placement: a stem here serves best a model this node caches.
     queue.set_fields(pid=os.getpid(), node=settings.node_name or socket.gethostname())
     heartbeat = Heartbeat(
-        queue, settings.heartbeat_interval_s, stop, follow_parent=settings.runner_follows_parent
+        queue,
+        settings.heartbeat_interval_s,
+        stopper.event,
+        follow_parent=settings.runner_follows_parent,
+        on_orphaned=stopper.request,
     )
     heartbeat.start()
     start_memory_reporter(settings.platform_redis_url("a runner"), "runner", runner_id=runner_id)
@@ -90,7 +97,7 @@ def run_runner(settings: Settings, runner_id: str, deployment: str | None, tier:
     redis_gone = False
     try:
         meter.begin(_launched_for(queue, deployment) if deployment else None)
-        return _run(settings, lifecycle, queue, deployment, tier, clock, stop, heartbeat, meter)
+        return _run(settings, lifecycle, queue, deployment, tier, clock, stopper, heartbeat, meter)
     except UNAVAILABLE_ERRORS:
         # Redis stayed away past EBB_REDIS_OUTAGE_S: nothing more can be written through
         # it. Once it is back, the reaper ends what this runner held (or reruns it) and
@@ -115,12 +122,17 @@ def _run(
     deployment: str | None,
     tier: Tier,
     clock: ColdStartClock,
-    stop: threading.Event,
+    stopper: RunnerStop,
     heartbeat: Heartbeat,
     meter: RunnerMeter | NoMeter,
 ) -> int:
+    stop = stopper.event
     if deployment is None:
-        import_engine_libraries()
+        try:
+            with stopper.interruptible():
+                import_engine_libraries()
+        except StopRequested:
+            return _exit_stopped(lifecycle, "importing the engine")
         clock.lap("import")
         reserve = load_reserve.reserve_for_stem(
             settings.stem_load_reserve_gib, gpus=visible_gpu_count()
@@ -159,7 +171,10 @@ def _run(
         use_placement(placement)  # before the engine touches CUDA
     meter.assign(spec, gpus=held_gpus(placement))
     lifecycle.to(RunnerState.LOADING, deployment=deployment, tier=tier)
-    engine, tier = load_engine(settings, spec, clock, tier, placement)
+    loaded = _load_unless_stopped(settings, spec, clock, tier, placement, stopper)
+    if loaded is None:
+        return _exit_stopped(lifecycle, "loading")
+    engine, tier = loaded
     clock.lap("engine")
     loop = ServingLoop(queue, engine, spec, stop, lifecycle)
     loop.read_gpus = nvml.reader()
@@ -194,6 +209,44 @@ def _run(
         raise
     finally:
         engine.shutdown()
+    lifecycle.to(RunnerState.EXITED)
+    return 0
+
+
+def _load_unless_stopped(
+    settings: Settings,
+    spec: DeploymentSpec,
+    clock: ColdStartClock,
+    tier: Tier,
+    placement: GpuPlacement | None,
+    stopper: RunnerStop,
+) -> tuple[EngineAdapter, Tier] | None:
+    """The loaded engine and the tier it started from; None when the runner was told to
+    stop before or while it loaded (the load given up), or as it ended (shut down)."""
+    try:
+        with stopper.interruptible():
+            engine, tier = load_engine(settings, spec, clock, tier, placement)
+    except BaseException as e:
+        # Whatever a load told to stop raised, it was stopped, not failed.
+        if not (stopping.caused_by_stop(e) or stopper.event.is_set()):
+            raise
+        if not isinstance(e, StopRequested):
+            log.info("runner: the stopped load raised", exc_info=e)
+        return None
+    if stopper.event.is_set():
+        # Stopped as the load ended, or by a load that swallowed the stop: nothing was
+        # admitted yet, and nothing will be.
+        engine.shutdown()
+        return None
+    return engine, tier
+
+
+def _exit_stopped(lifecycle: Lifecycle, phase: str) -> int:
+    """End a runner stopped while `phase`, before it admitted anything: what the load
+    started ends with it, and it exits as one told to stop (EXITED: its claims released
+    and its GPU time closed as on any exit, no failure for the controller to count)."""
+    log.info("runner: stopped while %s", phase)
+    stopping.end_children()
     lifecycle.to(RunnerState.EXITED)
     return 0
 
@@ -279,7 +332,8 @@ def _wait_as_stem(lifecycle: Lifecycle, queue: RunnerQueue, stop: threading.Even
             return assigned
     if queue.withdraw_stem():
         return None
-    # The controller took this stem at the instant it was told to stop: serve that one.
+    # The controller took this stem at the instant it was told to stop: take that one (it
+    # exits before its load, LOADING -> EXITED, and the controller starts another).
     return queue.wait_for_assignment(timeout_s=5.0)
 
 

@@ -11,6 +11,8 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -147,21 +149,25 @@ class FakeEngine:
         self.sleeping = False
         self._added = 0  # requests seen, for error_pct
         self._hung_elsewhere = False  # hang_once: another engine took the hang
+        self._child: subprocess.Popen[bytes] | None = None  # load_child
 
     @classmethod
     def load(cls, options: EngineOptions) -> FakeEngine:
         """The engine for `options.source` (the registry's engine contract)."""
         model = FakeModel.parse(options.source)
+        child = _start_child() if model.load_child else None
         if model.load_s:
-            time.sleep(model.load_s)  # simulates weight loading
+            _wait_loading(model.load_s, shielded=model.load_shielded)  # weight loading
         if model.fail:
             raise RuntimeError(f"fake engine {model.name} failed to load (fail=1)")
-        return cls(
+        engine = cls(
             model,
             pooling=options.task == "embed",
             lora=options.lora,
             max_num_seqs=options.max_num_seqs,
         )
+        engine._child = child
+        return engine
 
     def add_request(
         self,
@@ -374,3 +380,24 @@ class FakeEngine:
     def shutdown(self) -> None:
         self._requests.clear()
         self._running.clear()
+        if self._child is not None:
+            self._child.kill()
+            self._child.wait()
+
+
+def _wait_loading(seconds: float, *, shielded: bool) -> None:
+    """Sleep `seconds`; `shielded`: to the end, whatever is raised meanwhile."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            time.sleep(left)
+        except BaseException:
+            if not shielded:
+                raise
+
+
+def _start_child() -> subprocess.Popen[bytes]:
+    """A process the engine starts as it loads, as vLLM's workers: idle until killed."""
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(3600)"], stdin=subprocess.DEVNULL
+    )

@@ -1,6 +1,6 @@
 """The fake test model's source, `fake://NAME?ctx=2048&step_ms=2&step_ms_per_seq=0&load_s=0&
 fail=0&sleep=0&prefill_ms=0&prefill_ms_per_1k_tokens=0&gpu_gib=0&error_pct=0&hang_after=N&
-hang_once=0`,
+hang_once=0&load_shielded=0&load_child=0`,
 and its registry entry.
 Light on purpose: the frontdoor process reads it (through the
 registry) to admit requests, so it imports nothing of `ebb.runners`; the engine itself is
@@ -24,6 +24,7 @@ FAKE_JSON_REPLY = '{"answer": "Paris"}'
 _FORM = (
     "fake://<name>?ctx=2048&step_ms=2&step_ms_per_seq=0&load_s=0&fail=0&sleep=0&prefill_ms=0"
     "&prefill_ms_per_1k_tokens=0&gpu_gib=0&error_pct=0&hang_after=N&hang_once=0"
+    "&load_shielded=0&load_child=0"
 )
 
 
@@ -49,6 +50,11 @@ class FakeModel:
     # ...only in the first engine on this host (EBB_HOME) to get there: the runner its
     # requests move to serves them.
     hang_once: bool = False
+    # The `load_s` wait runs to its end whatever interrupts it, as a load that swallows a
+    # stop (library code catching BaseException) would: it finishes after the stop.
+    load_shielded: bool = False
+    # The engine starts a child process as it loads (as vLLM's workers), ended by shutdown.
+    load_child: bool = False
 
     @classmethod
     def parse(cls, source: str) -> FakeModel:
@@ -71,6 +77,8 @@ class FakeModel:
             error_pct=int(query.get("error_pct", 0)),
             hang_after=int(query["hang_after"]) if "hang_after" in query else None,
             hang_once=query.get("hang_once", "0") == "1",
+            load_shielded=query.get("load_shielded", "0") == "1",
+            load_child=query.get("load_child", "0") == "1",
         )
 
 
