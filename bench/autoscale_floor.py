@@ -10,8 +10,11 @@ Two floors, each measured on the same simulator and runner model as the rows:
 - `reactive`: the trace replayed with runners started the instant the need exceeds them
   (no scale-up delay) and never given back. What is left are rises to a level of need
   never reached before, each waiting one start: a policy that acts only on need it has
-  seen (any keep-alive, the hybrid histogram included) waits at least this much. Only a
-  forecast (`trend`) can go below it, by starting a runner before the need arrives.
+  seen (any keep-alive, the hybrid histogram included) and starts a runner for each
+  such rise waits at least this much. Two ways below it: a forecast (`trend`) starts a
+  runner before the need arrives; and a policy that starts none for a short rise leaves
+  those requests waiting for a busy runner's slot, which is not a cold-start wait (the
+  queue rule's 2 s delay does this for a rise that passes within it).
 
 `by_minute` counts a result's cold waits per minute of arrival, to say which part of the
 trace they come from (a ramp from zero, a rise to a new level later).
