@@ -3,7 +3,7 @@ both Azure traces, against the curve the fixed windows trace.
 
     .venv/bin/python -m bench.autoscale_curve [--windows 5,10,20,30,45,60,75,90,120]
         [--policies hybrid,trend,hybrid+trend] [--traces code,conversation]
-        [--scale-up-after-s 2] [--claim-balance-ms 200]
+        [--scale-up-after-s 2] [--claim-balance-ms 200] [--slices 0,20,40 [--slice-min 20]]
 
 A fixed keep-alive window buys fewer cold-start waits with more runner-seconds; the
 windows from 5 s to 120 s trace that trade-off as a curve (runner-seconds against the
@@ -21,6 +21,15 @@ fallback while a level's history is short; for `trend` it is the keep-alive behi
 forecast's pre-warms. `--scale-up-after-s` changes the planner's scale-up delay for
 every row alike (the curve included), to see whether the curve itself moves;
 `--claim-balance-ms 0` replays runners claiming in turn (before least-loaded claiming).
+
+Each trace first gets its floor (`bench.autoscale_floor`): the requests no policy
+starting from zero can spare a cold start (they arrive before the first runner could be
+ready), and the waits left when runners start the instant the need exceeds them and are
+never given back (what any policy without a forecast pays: rises to a level never needed
+before). Every row's `waits` column is its count of requests that waited on a cold
+start; `>floor` is how many more than the reactive floor (negative: a forecast started
+runners before the need). `--slices 0,20,40` replays each trace's 20-minute slices from
+those minutes instead of the whole trace (each slice starts from zero).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bench.autoscale import REPO, TRACES
+from bench.autoscale_floor import by_minute, cold_waits, measure_floor
 from ebb.coldstart.policy import PolicyConfig
 from ebb.coldstart.simulation import (
     RunnerModel,
@@ -54,10 +64,18 @@ POLICIES = {
 class Point:
     runner_s: float
     cold_wait_pct: float
+    waits: int = 0
+    # Cold waits per minute of arrival (`autoscale_floor.by_minute`).
+    wait_minutes: dict[int, int] | None = None
 
 
 def point(result: SimulationResult) -> Point:
-    return Point(result.runner_seconds, 100 * result.cold_wait_fraction)
+    return Point(
+        result.runner_seconds,
+        100 * result.cold_wait_fraction,
+        cold_waits(result),
+        by_minute(result.cold_wait_arrivals_s),
+    )
 
 
 def curve_wait_at(curve: list[Point], runner_s: float) -> float | None:
@@ -96,14 +114,21 @@ def run_trace(
     policies: list[str],
     scale_up: PolicyConfig,
     claim_balance_ms: int,
+    trace_slice: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
+    """One trace (or its slice: (start, duration) in seconds) at every window and policy."""
     path, max_replicas = TRACES[name]
-    trace = load_azure_trace(path)
+    if trace_slice is None:
+        trace = load_azure_trace(path)
+    else:
+        trace = load_azure_trace(path, start_s=trace_slice[0], duration_s=trace_slice[1])
+        name = f"{name} from minute {trace_slice[0] / 60:g}"
     base = ScalingSettings(
         max_replicas=max_replicas, target_concurrency=8, claim_balance_ms=claim_balance_ms
     )
     model = RunnerModel()
     always_on = point(simulate(trace, replace(base, min_replicas=max_replicas), model, scale_up))
+    floor = measure_floor(trace, base, model, scale_up)
     fixed = {
         w: point(
             simulate(trace, replace(base, idle_timeout_s=w, scaling=QUEUE_ONLY), model, scale_up)
@@ -113,30 +138,51 @@ def run_trace(
     curve = sorted(fixed.values(), key=lambda p: p.runner_s)
     rows: dict[str, dict[str, Any]] = {}
     print(f"{name} trace ({len(trace)} requests), always on {always_on.runner_s:.0f} runner-s")
-    print(f"  {'row':<20}{'runner-s':>9} {'x on':>5} {'cold wait':>9}  verdict")
+    print(
+        f"  floor: {floor.unavoidable} requests arrive before the first runner could be ready"
+        f" (first arrival + {floor.fastest_start_s:g}s); reactive floor {floor.reactive} waits"
+        f" ({floor.reactive_runner_s:.0f} runner-s; instant scale-up, nothing given back),"
+        f" by minute {floor.reactive_by_minute}"
+    )
+    print(f"  {'row':<20}{'runner-s':>9} {'x on':>5} {'cold wait':>9} {'waits':>6} {'>floor':>6}")
     for w, p in fixed.items():
-        rows[f"fixed {w:g}s"] = row(p, always_on, "the curve")
+        rows[f"fixed {w:g}s"] = row(p, always_on, floor.reactive, "the curve")
     for policy in policies:
         spec = POLICIES[policy]
         for w in windows:
             settings = replace(base, idle_timeout_s=w, scaling=spec)
             p = point(simulate(trace, settings, model, scale_up))
             rows[f"{policy} {w:g}s"] = row(
-                p, always_on, verdict(p, curve, fixed.get(5.0), fixed.get(60.0))
+                p, always_on, floor.reactive, verdict(p, curve, fixed.get(5.0), fixed.get(60.0))
             )
     for label, r in rows.items():
         print(
             f"  {label:<20}{r['runner_seconds']:>9.0f} {r['x_on']:>5.2f}"
-            f" {r['cold_wait_pct']:>8.2f}%  {r['verdict']}"
+            f" {r['cold_wait_pct']:>8.2f}% {r['cold_waits']:>6} {r['above_floor']:>6}"
+            f"  {r['verdict']}"
         )
-    return {"always_on_runner_seconds": always_on.runner_s, "rows": rows}
+    return {
+        "requests": len(trace),
+        "always_on_runner_seconds": always_on.runner_s,
+        "floor": {
+            "unavoidable": floor.unavoidable,
+            "fastest_start_s": floor.fastest_start_s,
+            "reactive": floor.reactive,
+            "reactive_runner_seconds": round(floor.reactive_runner_s),
+            "reactive_by_minute": floor.reactive_by_minute,
+        },
+        "rows": rows,
+    }
 
 
-def row(p: Point, always_on: Point, said: str) -> dict[str, Any]:
+def row(p: Point, always_on: Point, reactive_floor: int, said: str) -> dict[str, Any]:
     return {
         "runner_seconds": round(p.runner_s),
         "x_on": round(p.runner_s / always_on.runner_s, 3),
         "cold_wait_pct": round(p.cold_wait_pct, 2),
+        "cold_waits": p.waits,
+        "above_floor": p.waits - reactive_floor,
+        "cold_waits_by_minute": p.wait_minutes,
         "verdict": said,
     }
 
@@ -148,6 +194,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--traces", default=",".join(TRACES))
     parser.add_argument("--scale-up-after-s", type=float, default=PolicyConfig().scale_up_after_s)
     parser.add_argument("--claim-balance-ms", type=int, default=ScalingSettings().claim_balance_ms)
+    parser.add_argument("--slices", default="", help="start minutes of slices to replay")
+    parser.add_argument("--slice-min", type=float, default=20.0)
     args = parser.parse_args(argv)
     windows = [float(w) for w in args.windows.split(",")]
     policies = args.policies.split(",")
@@ -155,9 +203,15 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown policies {unknown}; choose from {sorted(POLICIES)}")
     scale_up = PolicyConfig(scale_up_after_s=args.scale_up_after_s)
+    slices: list[tuple[float, float] | None] = [None]
+    if args.slices:
+        slices = [(60 * float(m), 60 * args.slice_min) for m in args.slices.split(",")]
     report = {
-        name: run_trace(name, windows, policies, scale_up, args.claim_balance_ms)
+        f"{name}@{cut[0] / 60:g}m" if cut else name: run_trace(
+            name, windows, policies, scale_up, args.claim_balance_ms, cut
+        )
         for name in args.traces.split(",")
+        for cut in slices
     }
     out = REPO / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)

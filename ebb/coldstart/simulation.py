@@ -171,6 +171,9 @@ class SimulationResult:
     # Of those, the ones whose Retry-After ended before any of the runners was ready: a
     # client that trusted it would come back too early.
     retry_after_early: int = 0
+    # The arrival of each request that waited on a cold start (admitted after a start, or
+    # refused while starting), in the order their waits ended: where the waits came from.
+    cold_wait_arrivals_s: list[float] = field(default_factory=list)
     starts: Counter[str] = field(default_factory=Counter)
     drains: int = 0
     # Starts within `FLAP_WINDOW_S` of a drain: capacity given back and taken again.
@@ -308,11 +311,12 @@ class _Replay:
         self.result.tpots_s.append(self.launcher.model.tpot_s(len(proc.busy_until_s)))
         if proc.ready_at_s is not None and proc.ready_at_s > queued.enqueued_s:
             self.result.admitted_after_start += 1
+            self.result.cold_wait_arrivals_s.append(queued.enqueued_s)
 
     def _refuse_expired(self, queue: deque[Queued], now: float) -> None:
         timeout_s = self.platform.settings.admission_timeout_s
         while queue and now - queue[0].enqueued_s >= timeout_s:
-            queue.popleft()
+            expired = queue.popleft()
             self.result.refused += 1
             records = list(self.state.records.values())
             retry_s = retry_after_for(
@@ -327,6 +331,7 @@ class _Replay:
             starting = [r for r in mine if r.is_starting]
             if starting and len(starting) == len(mine):  # waited on a cold start
                 self.result.refused_while_starting += 1
+                self.result.cold_wait_arrivals_s.append(expired.enqueued_s)
                 procs = [self.launcher.procs.get(r.runner_id) for r in starting]
                 ready_at = [p.ready_at_s for p in procs if p and p.ready_at_s is not None]
                 if ready_at and now + retry_s < min(ready_at):
