@@ -35,6 +35,7 @@ from ebb.coldstart.simulation import (
     simulate,
 )
 from ebb.launching.tiers import Tier
+from ebb.queue.scaling_spec import QUEUE_ONLY
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def measure_floor(
     reactive replay's idle timeout outlasts the trace, so no runner is given back."""
     start_s = fastest_start_s(base, model)
     span_s = trace[-1].arrival_s - trace[0].arrival_s if trace else 0.0
-    never = replace(base, idle_timeout_s=span_s + 3600.0)
+    never = replace(base, idle_timeout_s=span_s + 3600.0, scaling=QUEUE_ONLY)
     result = simulate(trace, never, model, replace(scale_up, scale_up_after_s=0.0))
     return Floor(
         unavoidable=unavoidable_waits(trace, start_s),
