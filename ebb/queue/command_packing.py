@@ -5,12 +5,13 @@ argument before handing the tuple to hiredis: about 1 us per argument, and the s
 admitted request runs (enqueue; a budget's reserve and settle) carry 10-20 each, so
 packing was several percent of the frontdoor's CPU per request. hiredis encodes str
 (UTF-8, strict), bytes, int and float itself, to the same bytes (floats by `repr`, as
-redis-py does) and refuses anything else with TypeError.
+redis-py does).
 
 `with_fast_packing` gives a pool's connection class that fast path for commands whose
-name is one word of letters (EVALSHA, HGETALL, XREAD...); a name of several words
-("CLIENT UNBLOCK", which redis-py splits) and any argument hiredis refuses (a bool, a
-bytearray) take redis-py's own packing, with its own result or error.
+name is one word of letters (EVALSHA, HGETALL, XREAD...) and whose arguments are all
+exactly str, bytes, int or float; a name of several words ("CLIENT UNBLOCK", which
+redis-py splits) and any other argument (a bool, None, a bytearray, a subclass) take
+redis-py's own packing, with its own result or error.
 """
 
 from __future__ import annotations
@@ -23,14 +24,16 @@ from redis.asyncio.connection import AbstractConnection, ConnectionPool
 _CLASSES: dict[type[AbstractConnection], type[AbstractConnection]] = {}
 
 
+# Exactly these: redis-py writes a subclass by its repr (numpy's float64 by
+# "np.float64(1.5)"), hiredis by its value; subclasses keep redis-py's way.
+_HIREDIS_TYPES = frozenset((str, bytes, int, float))
+
+
 class _FastPacking:
     def pack_command(self, *args: Any) -> list[bytes]:
         name = args[0] if args else None
-        if isinstance(name, str) and name.isalpha():
-            try:
-                return [hiredis.pack_command(args)]
-            except TypeError:  # not str/bytes/int/float: redis-py's path says what
-                pass
+        if isinstance(name, str) and name.isalpha() and _HIREDIS_TYPES.issuperset(map(type, args)):
+            return [hiredis.pack_command(args)]
         packed: list[bytes] = super().pack_command(*args)  # type: ignore[misc]  # the connection class it is mixed into
         return packed
 

@@ -51,3 +51,14 @@ async def test_both_asyncio_clients_pack_fast():
             assert type(connection).__name__.startswith("FastPacking")
         finally:
             await client.aclose()
+
+
+class _Float(float):
+    def __repr__(self) -> str:
+        return "Float(2.5)"
+
+
+def test_subclasses_are_packed_as_redis_py_packs_them():
+    plain, fast = _pair()
+    command = ("SET", "k", _Float(2.5))
+    assert b"".join(fast.pack_commands([command])) == b"".join(plain.pack_commands([command]))
