@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
@@ -44,11 +45,42 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+class _SecondStamp:
+    """`strftime(format, convert(t))` of a time's whole second, formatted once a second:
+    the frontdoor writes a line per request, hundreds within each second."""
+
+    def __init__(self, time_format: str, convert: Callable[[float], time.struct_time]):
+        self._format = time_format
+        self._convert = convert
+        self._last: tuple[int, str] = (-1, "")  # replaced whole: safe across threads
+
+    def __call__(self, created: float) -> str:
+        second, stamp = self._last
+        if int(created) != second:
+            stamp = time.strftime(self._format, self._convert(created))
+            self._last = (int(created), stamp)
+        return stamp
+
+
+class TextFormatter(logging.Formatter):
+    """`_TEXT_FORMAT`, its time as `logging.Formatter` writes it (local, with ms)."""
+
+    def __init__(self) -> None:
+        super().__init__(_TEXT_FORMAT)
+        self._stamp = _SecondStamp(self.default_time_format, self.converter)
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return f"{self._stamp(record.created)},{int(record.msecs):03d}"
+
+
 class JsonFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__()
+        self._stamp = _SecondStamp("%Y-%m-%dT%H:%M:%S", time.gmtime)
+
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, object] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": f"{self._stamp(record.created)}.{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -88,7 +120,7 @@ def _formatted(handler: logging.Handler, log_format: str) -> logging.Handler:
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter(_TEXT_FORMAT))
+        handler.setFormatter(TextFormatter())
     return handler
 
 

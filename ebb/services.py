@@ -52,6 +52,7 @@ def frontdoor() -> None:
                 host=settings.host,
                 port=settings.port,
                 log_level="warning",
+                access_log=False,  # ebb.access writes one line per request (observe.py)
                 timeout_graceful_shutdown=settings.frontdoor_drain_s,
                 http=HTTP_PROTOCOL,  # closes connections whose head is not read in time
             )
@@ -65,6 +66,7 @@ def frontdoor() -> None:
         host=settings.host,
         port=settings.port,
         log_level="warning",
+        access_log=False,  # ebb.access writes one line per request (observe.py)
         timeout_graceful_shutdown=settings.frontdoor_drain_s,
         http=HTTP_PROTOCOL,  # closes connections whose head is not read in time
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import redis.exceptions
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -71,6 +72,7 @@ class Metrics:
         self.weights_dir = weights_dir
         self.weights_budget_bytes = weights_budget_bytes
         self.registry = CollectorRegistry()
+        self._children: dict[tuple[object, ...], Any] = {}
         self.tenant_label = BoundedLabel(max_tenants)
         self.requests = Counter(
             "ebb_http_requests",
@@ -125,10 +127,10 @@ class Metrics:
         )
 
     def observe_admitted(self, deployment: str, queued_s: float) -> None:
-        self.queue_wait.labels(deployment).observe(queued_s)
+        self._child(self.queue_wait, deployment).observe(queued_s)
 
     def count(self, route: str, status: int) -> None:
-        self.requests.labels(route, str(status)).inc()
+        self._child(self.requests, route, status).inc()
 
     def observe_request(
         self,
@@ -141,12 +143,23 @@ class Metrics:
         tpot_s: float | None = None,
     ) -> None:
         """One inference request ended (answered, refused, failed or abandoned)."""
-        self.outcomes.labels(deployment, outcome, code).inc()
-        self.latency.labels(deployment).observe(duration_s)
+        self._child(self.outcomes, deployment, outcome, code).inc()
+        self._child(self.latency, deployment).observe(duration_s)
         if ttft_s is not None:
-            self.ttft.labels(deployment).observe(ttft_s)
+            self._child(self.ttft, deployment).observe(ttft_s)
         if tpot_s is not None:
-            self.tpot.labels(deployment).observe(tpot_s)
+            self._child(self.tpot, deployment).observe(tpot_s)
+
+    def _child(self, metric: Any, *labels: object) -> Any:
+        """`metric.labels(*labels)`, remembered: `labels` checks and converts its values
+        and takes the metric's lock on every call, several times per request. A child
+        stays valid while its metric lives (these are never `remove`d); the values are
+        the bounded label sets the module docstring lists."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*(str(v) for v in labels))
+        return child
 
     async def render(self, state: PlatformState) -> bytes:
         scraped = CollectorRegistry(auto_describe=False)

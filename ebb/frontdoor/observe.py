@@ -149,6 +149,12 @@ class RequestObservation:
     def _access_line(
         self, status: int, outcome: str, duration_s: float, ttft_s: float | None
     ) -> None:
+        # One line per request: built as one string and handed to the handlers without
+        # `Logger.info`'s caller lookup and %-formatting (the logger's level and filters
+        # still apply). The formats print neither the caller nor the process.
+        if not access_log.isEnabledFor(logging.INFO):
+            return
+        queue_ms, ttft_ms, duration_ms = _ms(self._queued_s), _ms(ttft_s), _ms(duration_s)
         fields = {
             "request_id": self.request_id,
             "tenant": self.tenant,
@@ -159,14 +165,21 @@ class RequestObservation:
             "outcome": outcome,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
-            "queue_ms": _ms(self._queued_s),
-            "ttft_ms": _ms(ttft_s),
-            "duration_ms": _ms(duration_s),
+            "queue_ms": queue_ms,
+            "ttft_ms": ttft_ms,
+            "duration_ms": duration_ms,
         }
-        access_log.info(
-            "access %s",
-            " ".join(f"{k}={v}" for k, v in fields.items() if k != "request_id"),
-            extra={"fields": fields, "request_id": self.request_id},
+        message = (
+            f"access tenant={self.tenant} deployment={self.deployment} version={self.version}"
+            f" endpoint={self.endpoint} status={status} outcome={outcome}"
+            f" prompt_tokens={self.prompt_tokens} completion_tokens={self.completion_tokens}"
+            f" queue_ms={queue_ms} ttft_ms={ttft_ms} duration_ms={duration_ms}"
+        )
+        extra = {"fields": fields, "request_id": self.request_id}
+        access_log.handle(
+            access_log.makeRecord(
+                access_log.name, logging.INFO, __file__, 0, message, (), None, "access", extra
+            )
         )
 
 

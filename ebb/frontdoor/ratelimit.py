@@ -57,6 +57,12 @@ class Reservation:
             self._final_tokens = event.prompt_tokens + event.completion_tokens
             self._final_counts = (event.prompt_tokens, event.completion_tokens)
 
+    @property
+    def settles_anything(self) -> bool:
+        """False when `settle()` has nothing to do (no limit or spend cap applied, or it
+        ran already): a caller may skip it, and the task shielding it."""
+        return not self._settled and (self.budget is not None or self._store is not None)
+
     async def settle(self) -> None:
         """Once, whatever happened; never raises."""
         if self._settled:

@@ -283,7 +283,7 @@ async def _serve_observed(
         # Nobody is listening; 499 is what proxies log for a client that closed first.
         return Response(status_code=499)
     finally:
-        if not streaming:  # a stream settles when it ends
+        if not streaming and reservation.settles_anything:  # a stream settles when it ends
             await asyncio.shield(reservation.settle())
 
 
@@ -350,7 +350,8 @@ async def _stream(
             with contextlib.suppress(Exception):
                 await asyncio.shield(services.executor.cancel(running.work))
         observed.end(200 if finished else 499)
-        await asyncio.shield(reservation.settle())
+        if reservation.settles_anything:
+            await asyncio.shield(reservation.settle())
 
 
 async def _stream_chunks(

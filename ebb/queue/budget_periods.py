@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import functools
 
 LIFETIME_LABEL = "life"
 
@@ -21,14 +22,23 @@ class Period(enum.StrEnum):
     LIFETIME = "lifetime"  # the API's null period: never resets
 
 
+# A UTC day in Unix time, which counts no leap seconds: every day is this long.
+_DAY_S = 86_400
+
+
 def period_start(period: Period, now_s: float) -> dt.datetime | None:
     """The UTC instant the period holding `now_s` began (None: a lifetime has no start)."""
-    now = dt.datetime.fromtimestamp(now_s, tz=dt.UTC)
-    if period is Period.DAY:
-        return now.replace(hour=0, minute=0, second=0, microsecond=0)
-    if period is Period.MONTH:
-        return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    return None
+    if period is Period.LIFETIME:
+        return None
+    return _start(period, int(now_s // _DAY_S))
+
+
+# Each budgeted request works out its periods several times (its spend keys, its
+# soft-limit event): remembered per UTC day, they are worked out once a day.
+@functools.lru_cache(maxsize=64)
+def _start(period: Period, day: int) -> dt.datetime:
+    day_start = dt.datetime.fromtimestamp(day * _DAY_S, tz=dt.UTC)
+    return day_start if period is Period.DAY else day_start.replace(day=1)
 
 
 def resets_at(period: Period, now_s: float) -> dt.datetime | None:
@@ -45,10 +55,14 @@ def resets_at(period: Period, now_s: float) -> dt.datetime | None:
 
 def period_label(period: Period, now_s: float) -> str:
     """The period's name in its spend key: "d20261206", "m202612" or "life"."""
-    start = period_start(period, now_s)
-    if start is None:
+    if period is Period.LIFETIME:
         return LIFETIME_LABEL
-    return start.strftime("d%Y%m%d" if period is Period.DAY else "m%Y%m")
+    return _label(period, int(now_s // _DAY_S))
+
+
+@functools.lru_cache(maxsize=64)
+def _label(period: Period, day: int) -> str:
+    return _start(period, day).strftime("d%Y%m%d" if period is Period.DAY else "m%Y%m")
 
 
 def iso(moment: dt.datetime | None) -> str | None:

@@ -11,6 +11,7 @@ from redis.backoff import ExponentialBackoff, ExponentialWithJitterBackoff
 from redis.retry import Retry
 
 from ebb import backoff
+from ebb.queue.command_packing import with_fast_packing
 
 # What a call raises when Redis cannot answer now (down, restarting, loading its
 # append-only file, out of memory) rather than because the call was wrong: callers answer
@@ -56,7 +57,9 @@ def _async_options() -> dict[str, Any]:
 def async_client(url: str) -> aioredis.Redis:
     # Blocking reads (XREAD BLOCK per in-flight request) each hold a pooled connection,
     # so the pool must not be the limit on concurrency.
-    return aioredis.Redis.from_url(url, max_connections=ASYNC_POOL_MAX, **_async_options())
+    client = aioredis.Redis.from_url(url, max_connections=ASYNC_POOL_MAX, **_async_options())
+    with_fast_packing(client.connection_pool)
+    return client
 
 
 def short_command_client(url: str) -> aioredis.Redis:
@@ -70,7 +73,7 @@ def short_command_client(url: str) -> aioredis.Redis:
         timeout=SOCKET_TIMEOUT_S,
         **_async_options(),
     )
-    return aioredis.Redis.from_pool(pool)  # closing the client closes its pool
+    return aioredis.Redis.from_pool(with_fast_packing(pool))  # closing it closes its pool
 
 
 # The runner's waits between attempts while Redis is unreachable: short at first (a
