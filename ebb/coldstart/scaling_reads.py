@@ -6,6 +6,7 @@ deployment's measured cold starts."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from ebb.coldstart.scaling_tracker import Latency, RunnerLoad
 from ebb.queue.observations import ObservationReader
@@ -13,12 +14,19 @@ from ebb.queue.platform import PlatformState
 
 # Usage records read per reconcile at most: a burst's backlog is read over a few passes.
 _BATCH = 10_000
+# A deployment's cold-start averages are re-read at most this often: they move only when
+# a start ends, and every deployment is measured every reconcile (the default hybrid
+# keep-alive needs it), so a read each time would be a round trip per deployment per
+# second for figures that seldom change.
+COLD_STARTS_READ_EVERY_S = 10.0
 
 
 class RedisScalingSource:
-    def __init__(self, state: PlatformState):
+    def __init__(self, state: PlatformState, clock: Callable[[], float] = time.monotonic):
         self._state = state
         self._stats = ObservationReader(state.redis)
+        self._clock = clock
+        self._cold_starts: dict[str, tuple[float, dict[str, dict[str, float]]]] = {}
 
     async def runner_load(self, runner_ids: list[str]) -> dict[str, RunnerLoad]:
         loads = {}
@@ -49,4 +57,18 @@ class RedisScalingSource:
         return after, latencies
 
     async def cold_start_ms(self, deployment: str) -> dict[str, dict[str, float]]:
-        return await self._state.cold_start_ms(deployment)
+        now = self._clock()
+        read = self._cold_starts.get(deployment)
+        if read is None or now - read[0] >= COLD_STARTS_READ_EVERY_S:
+            if read is None:
+                self._forget_unasked(now)
+            read = (now, await self._state.cold_start_ms(deployment))
+            self._cold_starts[deployment] = read
+        return read[1]
+
+    def _forget_unasked(self, now: float) -> None:
+        """Drop deployments not asked about for a while (deleted ones): asked about every
+        reconcile, a served deployment's entry is never that old."""
+        stale = now - 6 * COLD_STARTS_READ_EVERY_S
+        for name in [d for d, (at, _) in self._cold_starts.items() if at < stale]:
+            del self._cold_starts[name]

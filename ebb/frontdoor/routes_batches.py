@@ -45,6 +45,7 @@ from ebb.frontdoor.batches import (
 )
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.job_requests import JobCreate
+from ebb.frontdoor.list_page import list_page
 from ebb.frontdoor.redis_down import ride_out
 from ebb.frontdoor.routes_files import owned_file
 from ebb.frontdoor.routes_jobs import create_job
@@ -268,14 +269,7 @@ async def list_batches(
         record = await services.batches.get(batch_id)
         if record is not None:
             found.append(await _refreshed_view(services, record))
-    page = found[:limit]
-    return {
-        "object": "list",
-        "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-        "has_more": len(found) > limit,
-    }
+    return list_page(found, limit)
 
 
 @router.post("/{batch_id}/cancel")

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Query
 from ebb.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
+from ebb.frontdoor.list_page import list_page
 from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.queue.deployment_condition import waiting_for
@@ -66,14 +67,7 @@ async def list_jobs(
             current = current_status(record, state)
             if status is None or current == status:
                 found.append(job_view(record, status=current))
-    page = found[:limit]
-    return {
-        "object": "list",
-        "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-        "has_more": len(found) > limit,
-    }
+    return list_page(found, limit)
 
 
 @router.get("/{job_id}")

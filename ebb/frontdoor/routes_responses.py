@@ -27,6 +27,7 @@ from ebb.frontdoor.auth import CallerDep, calling
 from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.hot_routes import RequestOnlyRoute
+from ebb.frontdoor.list_page import list_page
 from ebb.frontdoor.routes_openai import serve
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.sse_ids import last_event_number
@@ -150,14 +151,7 @@ async def list_input_items(
     if after is not None:
         ids = [item.get("id") for item in items]
         items = items[ids.index(after) + 1 :] if after in ids else []
-    page = items[:limit]
-    return {
-        "object": "list",
-        "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-        "has_more": len(items) > limit,
-    }
+    return list_page(items, limit)
 
 
 class ResponsesAnswer:

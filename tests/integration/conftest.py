@@ -4,6 +4,9 @@ import pytest
 import redis
 from support import Platform, RedisServer, free_port, temp_home
 
+from ebb.queue.connection import async_client
+from ebb.queue.requests import RequestQueue
+
 
 @pytest.fixture(scope="session")
 def redis_server():
@@ -18,6 +21,14 @@ def redis_url(redis_server):
     client.flushall()
     yield redis_server.url
     client.close()
+
+
+@pytest.fixture
+async def queue(redis_url):
+    """The frontdoor's side of the request queue, on a flushed Redis (claim-path tests)."""
+    client = async_client(redis_url)
+    yield RequestQueue(client, request_ttl_s=60)
+    await client.aclose()
 
 
 # A whole platform (`ebb up`, fake engine, no pre-warmed pool) per test module, for modules

@@ -14,12 +14,12 @@ import httpx
 import pytest
 import redis
 from support import deploy, deployment, wait_until
+from support.claiming import enqueue
 
 from ebb.queue import keys
 from ebb.queue.claim_balance import leaves_for_peer
-from ebb.queue.connection import async_client, sync_client
+from ebb.queue.connection import sync_client
 from ebb.queue.prefix import PREFIX_TOKENS
-from ebb.queue.requests import RequestQueue
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import RunnerRecord, RunnerState, SamplingSpec, WorkItem
 
@@ -56,18 +56,6 @@ def runner(url: str, runner_id: str, wait_ms: int = 10_000, affinity_ms: int = 0
 
 def claimed_ids(rq: RunnerQueue, count: int = SLOTS) -> list[str]:
     return [w.request_id for w in rq.claim(DEP, count).claimed]
-
-
-@pytest.fixture
-async def queue(redis_url):
-    client = async_client(redis_url)
-    yield RequestQueue(client, request_ttl_s=60)
-    await client.aclose()
-
-
-async def enqueue(queue: RequestQueue, *items: WorkItem) -> None:
-    for item in items:
-        await queue.enqueue(item, admission_window_s=60, depth_limit=100)
 
 
 async def test_a_burst_is_split_between_two_runners_with_room(redis_url, queue):

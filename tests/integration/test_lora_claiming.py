@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import redis
 from support import wait_until
+from support.claiming import enqueue
 
-from ebb.queue.connection import async_client, sync_client
-from ebb.queue.requests import RequestQueue
+from ebb.queue.connection import sync_client
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import AdapterRef, RunnerRecord, RunnerState, SamplingSpec, WorkItem
 
@@ -52,18 +52,6 @@ def runner(url: str, runner_id: str, affinity_ms: int) -> RunnerQueue:
 
 def claimed(rq: RunnerQueue) -> list[str]:
     return [w.request_id for w in rq.claim(BASE, 4).claimed]
-
-
-@pytest.fixture
-async def queue(redis_url):
-    client = async_client(redis_url)
-    yield RequestQueue(client, request_ttl_s=60)
-    await client.aclose()
-
-
-async def enqueue(queue: RequestQueue, *items: WorkItem) -> None:
-    for item in items:
-        await queue.enqueue(item, admission_window_s=60, depth_limit=100)
 
 
 async def test_an_adapters_request_is_left_for_the_runner_holding_it(redis_url, queue):

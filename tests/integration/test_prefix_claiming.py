@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import redis
 from support import Platform, deploy, deployment, temp_home, wait_until
+from support.claiming import enqueue
 from support.metrics import scrape
 
 from ebb.queue import keys
-from ebb.queue.connection import async_client, sync_client
+from ebb.queue.connection import sync_client
 from ebb.queue.prefix import BLOCK_TOKENS, PREFIX_TOKENS, prefix_key
-from ebb.queue.requests import RequestQueue
 from ebb.queue.runner_side import RunnerQueue
 from ebb.queue.schema import RunnerRecord, RunnerState, SamplingSpec, WorkItem
 
@@ -69,18 +69,6 @@ def _waited_ms(url: str, request_id: str) -> tuple[int, str]:
 
 def claimed_ids(rq: RunnerQueue, count: int = 4) -> list[str]:
     return [w.request_id for w in rq.claim(DEP, count).claimed]
-
-
-@pytest.fixture
-async def queue(redis_url):
-    client = async_client(redis_url)
-    yield RequestQueue(client, request_ttl_s=60)
-    await client.aclose()
-
-
-async def enqueue(queue: RequestQueue, *items: WorkItem) -> None:
-    for item in items:
-        await queue.enqueue(item, admission_window_s=60, depth_limit=100)
 
 
 def test_the_key_covers_whole_blocks_of_the_first_tokens():
