@@ -18,9 +18,11 @@ from ebb.queue.connection import async_client
 from ebb.queue.gpus import GpuState
 from ebb.queue.platform import PlatformState
 from ebb.queue.runner_side import RunnerQueue
+from ebb.queue.scaling_spec import QUEUE_ONLY
 from ebb.queue.schema import DeploymentSpec, RunnerRecord, RunnerState
 
-SPEC = DeploymentSpec(name="m", source="fake://m", uid="dep_m")
+# The queue rule's own plans: on the queue-only block, which logs no `Scaled` decision.
+SPEC = DeploymentSpec(name="m", source="fake://m", uid="dep_m", scaling=QUEUE_ONLY)
 
 
 class NoLaunches:
