@@ -84,7 +84,11 @@ SETTINGS = (
     DeploymentOption(
         "idle_timeout",
         float | None,
-        typer.Option(None, "--idle-timeout", help="Seconds idle before a runner drains."),
+        typer.Option(
+            None,
+            "--idle-timeout",
+            help="Seconds idle before a runner is given back (the keep-alive window).",
+        ),
         "idle_timeout_s",
     ),
     DeploymentOption(
