@@ -125,6 +125,10 @@ class _Memory:
     hold_logged: tuple[object, ...] = ()
     hold_logged_s: float = -math.inf
     model: LatencyModel = field(default_factory=LatencyModel)
+    # Only a latency target reads finished requests (`read_latencies`): the default block
+    # (the hybrid keep-alive) needs none, and reading every finished request of every
+    # deployment would cost the controller CPU and memory for nothing.
+    keeps_latencies: bool = False
 
 
 class ScalingTracker:
@@ -141,13 +145,15 @@ class ScalingTracker:
         the deployments no longer among `units` (the serving units now)."""
         for gone in set(self._memory) - set(units):
             del self._memory[gone]
-        if self._source is None or not self._memory:
+        keeping = {u: m for u, m in self._memory.items() if m.keeps_latencies}
+        if self._source is None or not keeping:
+            self._cursor = b""  # read from then on once a target asks again
             return
         self._cursor, finished = await self._source.latencies_after(self._cursor)
         # Usage records name the deployment, not the version: a rollout's two units
         # share what either served.
         by_public: dict[str, list[_Memory]] = {}
-        for unit, memory in self._memory.items():
+        for unit, memory in keeping.items():
             by_public.setdefault(public_name(unit), []).append(memory)
         for done in finished:
             for memory in by_public.get(done.deployment, []):
@@ -161,6 +167,9 @@ class ScalingTracker:
         expected (slowest tier) cold start."""
         assert self._source is not None
         memory = self._memory.setdefault(spec.name, _Memory())
+        memory.keeps_latencies = spec.scaling.slo is not None
+        if not memory.keeps_latencies:
+            memory.latencies.clear()
         loads = await self._source.runner_load(list(ready))
         held = {r: load.held for r, load in loads.items()}
         self._track_idle(memory, held, ready, wall_s)

@@ -244,3 +244,33 @@ async def test_the_tracker_measures_p90s_of_a_versions_requests_and_forgets_the_
     await tracker.read_latencies([])
     fresh, _ = await tracker.measure(unit, ["a"], NOW + 11)
     assert fresh.ttft_p90_s is None, "a deployment gone and back starts measuring afresh"
+
+
+class CountedLatencies(RecordedLatencies):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    async def latencies_after(self, cursor: bytes) -> tuple[bytes, list[Latency]]:
+        self.reads += 1
+        return await super().latencies_after(cursor)
+
+
+async def test_only_a_latency_target_reads_finished_requests() -> None:
+    # Every deployment is measured (the default block is the hybrid keep-alive), but
+    # finished requests are read, and kept, only for one with a latency target.
+    source = CountedLatencies()
+    tracker = ScalingTracker(source)
+    plain = DeploymentSpec(name="m", source="s3://m", max_concurrency=4)
+    await tracker.measure(plain, ["a"], NOW)
+    source.finished = [Latency("m", NOW + i, ttft_s=0.1 * i) for i in range(1, 11)]
+    await tracker.read_latencies(["m"])
+    assert source.reads == 0
+    measured, _ = await tracker.measure(plain, ["a"], NOW + 10)
+    assert measured.ttft_p90_s is None
+    targeted = msgspec.structs.replace(plain, scaling=SLO)
+    await tracker.measure(targeted, ["a"], NOW + 10)
+    await tracker.read_latencies(["m"])
+    assert source.reads == 1
+    measured, _ = await tracker.measure(targeted, ["a"], NOW + 11)
+    assert measured.ttft_p90_s == pytest.approx(0.9)
