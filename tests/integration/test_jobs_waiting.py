@@ -64,7 +64,9 @@ def _while_redis_restarts(platform: Platform, outside_redis: RedisServer, send) 
             outside_redis.start()
             return sent.result(timeout=60)
     finally:
-        outside_redis.start()
+        if outside_redis.proc is None or outside_redis.proc.poll() is not None:
+            outside_redis.start()  # not restarted above (a failed wait): a second start
+            # would lose the running server, which the module's teardown then never stops
 
 
 def test_a_job_submitted_while_redis_restarts_is_accepted_and_runs(platform, outside_redis):
