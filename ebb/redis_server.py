@@ -3,7 +3,8 @@
 Contract: the server listens on 127.0.0.1 on one port for its whole life (the URL every
 child got stays right across restarts), requires a password generated once and kept in
 EBB_HOME/redis_password (mode 0600; the URL carries it, nothing prints it), keeps its data
-in an append-only file under EBB_HOME/redis, and is restarted with backoff when it dies.
+in an append-only file under EBB_HOME/redis, runs with a `maxmemory` (EBB_REDIS_MAXMEMORY_BYTES)
+and `noeviction`, and is restarted with backoff when it dies.
 
 The configuration, password included, reaches redis-server on its standard input
 (`redis-server -`), never on its command line, which any local user can read with `ps`.
@@ -44,6 +45,14 @@ def free_port(*, avoid: Collection[int] = ()) -> int:
             port = int(s.getsockname()[1])
         if port not in avoid:
             return port
+
+
+def maxmemory_bytes(setting: int | None) -> int:
+    """The embedded Redis's maxmemory: the setting, or (unset) a quarter of the host's RAM,
+    leaving room for the engines, the frontdoors and the copy an AOF rewrite's fork makes."""
+    if setting is not None:
+        return setting
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
 
 
 def redis_password(home: Path) -> str:
@@ -95,6 +104,11 @@ class EmbeddedRedis:
             # was acknowledged. Redis groups the fsyncs of one event-loop turn.
             "appendfsync": self.settings.redis_appendfsync,
             "save": '""',
+            # Past maxmemory a write fails rather than evicting anything: platform state
+            # (queues, leases, budgets) is never dropped. Tenant writes stop earlier
+            # (ebb.queue.memory_headroom's high-water mark).
+            "maxmemory": str(maxmemory_bytes(self.settings.redis_maxmemory_bytes)),
+            "maxmemory-policy": "noeviction",
             "daemonize": "no",
             "logfile": str(self.log_path.resolve()),
         }

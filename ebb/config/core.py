@@ -30,6 +30,21 @@ class PlatformSettings(BaseModel):
         description="The embedded Redis's fsync policy: `always` (nothing acknowledged is "
         "lost to a crash), `everysec` (up to a second of writes may be) or `no`.",
     )
+    redis_maxmemory_bytes: int | None = Field(
+        default=None,
+        description="The embedded Redis's `maxmemory` (policy `noeviction`: platform state "
+        "is never evicted), e.g. `8GiB`; `0`: no limit; unset: a quarter of the host's "
+        "RAM. An external Redis (`EBB_REDIS_URL`) keeps its own.",
+    )
+    redis_tenant_write_high_water: float = Field(
+        default=0.9,
+        gt=0.0,
+        le=1.0,
+        description="Past this share of Redis's `maxmemory` (as INFO reports it, the "
+        "embedded one's or an external one's), new tenant-fed writes (stored responses, "
+        "stream views) are refused with a `503` (`storage_full`) so that platform state "
+        "always has room; a Redis without `maxmemory` refuses none.",
+    )
     redis_outage_s: float = Field(
         default=30.0,
         description="How long a process rides out an unreachable Redis (retrying with "
@@ -48,6 +63,18 @@ class PlatformSettings(BaseModel):
         description="The node this process runs on, as placement names it (runner and "
         "prefetcher pods: `spec.nodeName` through the downward API); unset: the host name.",
     )
+
+    @field_validator("redis_maxmemory_bytes", mode="before")
+    @classmethod
+    def _parse_maxmemory(cls, value: object, info: ValidationInfo) -> object:
+        return bytes_or_none(value, info)
+
+    @field_validator("redis_maxmemory_bytes")
+    @classmethod
+    def _maxmemory_not_negative(cls, value: int | None) -> int | None:
+        if value is not None and value < 0:
+            raise ValueError("EBB_REDIS_MAXMEMORY_BYTES must not be negative (0: no limit)")
+        return value
 
     @field_validator("port")
     @classmethod

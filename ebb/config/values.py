@@ -24,8 +24,10 @@ _BYTE_UNITS = {
 _BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
-# Byte settings an empty value unsets (no limit); the others need a number.
-_OPTIONAL_BYTES = frozenset({"weights_cache_bytes", "sleep_host_ram_bytes"})
+# Byte settings an empty value unsets (their default); the others need a number.
+_OPTIONAL_BYTES = frozenset(
+    {"weights_cache_bytes", "sleep_host_ram_bytes", "redis_maxmemory_bytes"}
+)
 
 
 def parse_bytes(text: str, name: str) -> int:

@@ -6,7 +6,7 @@ import ipaddress
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
-from ebb.config.values import IPNetwork, env_name
+from ebb.config.values import IPNetwork, bytes_or_none, env_name
 
 
 class JobSettings(BaseModel):
@@ -37,8 +37,28 @@ class JobSettings(BaseModel):
         ge=60,
         description="How long a stored response of the Responses API (`store`, the "
         "default; background ones too) stays retrievable and continuable by "
-        "`previous_response_id`. Each is a Redis key holding its conversation so far, so "
-        "this bounds the memory responses take.",
+        "`previous_response_id`. Each is a Redis key holding its own turn (its input and "
+        "output; the earlier turns are read from their own responses), so a chain whose "
+        "earlier response expired or was deleted can no longer be continued.",
+    )
+    responses_max_per_tenant: int = Field(
+        default=10_000,
+        ge=1,
+        description="The most stored responses a tenant keeps at once; past it a stored "
+        "`POST /v1/responses` is refused (`403 quota_exceeded`) until some are deleted or "
+        "expire (`store: false` still answers).",
+    )
+    responses_max_bytes_per_tenant: int = Field(
+        default=128 * 1024 * 1024,
+        ge=1024,
+        description="The most bytes of stored responses a tenant keeps at once (their "
+        "records as stored); refused past it as for `EBB_RESPONSES_MAX_PER_TENANT`.",
+    )
+    responses_max_chain: int = Field(
+        default=256,
+        ge=1,
+        description="The most responses one `previous_response_id` chain may hold; a "
+        "longer conversation is started afresh, sending the turns it needs as input.",
     )
     batch_file_max_bytes: int = Field(
         default=64 * 1024 * 1024,
@@ -63,6 +83,11 @@ class JobSettings(BaseModel):
         description="The object store's endpoint; unset: boto3's (`AWS_ENDPOINT_URL_S3`, "
         "`AWS_ENDPOINT_URL`).",
     )
+
+    @field_validator("responses_max_bytes_per_tenant", mode="before")
+    @classmethod
+    def _parse_bytes(cls, value: object, info: ValidationInfo) -> object:
+        return bytes_or_none(value, info)
 
     @field_validator("job_max_attempts")
     @classmethod

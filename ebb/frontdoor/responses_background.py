@@ -20,6 +20,7 @@ from fastapi import Request
 from ebb.errors import Conflict, InvalidRequest, NotFound
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.job_requests import JobCreate
+from ebb.frontdoor.response_caps import hold_room
 from ebb.frontdoor.routes_jobs import submit_job
 from ebb.frontdoor.routes_jobs_read import cancel_job
 from ebb.frontdoor.services import Services
@@ -40,29 +41,31 @@ async def submit(
     caller: Caller,
     store: ResponseStore,
     req: ResponsesRequest,
-    turn: tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]],
+    chain: list[str],
+    items: list[dict[str, Any]],
+    chat: dict[str, Any],
 ) -> dict[str, Any]:
-    """Queue the response's job and store it as queued; the Response object."""
-    context, items, chat = turn
+    """Queue the response's job and store it as queued (room under the tenant's caps
+    taken first); the Response object."""
     body = {name: value for name, value in chat.items() if name != "model"}
     payload = JobCreate(
         model=req.model, endpoint=CHAT_ENDPOINT, body=body, metadata=req.metadata or {}
     )
-    try:
-        submitted = await submit_job(payload, request, caller, services, idempotency_key=None)
-    except InvalidRequest as e:
-        if e.param and e.param.startswith("body."):
-            e.param = e.param.removeprefix("body.")
-        raise in_responses_terms(e) from None
-    job_id = json.loads(bytes(submitted.body))["id"]
     frame = ResponseFrame(new_response_id(), req.model, int(time.time()), echoed_fields(req))
     record = StoredResponse(
-        tenant=caller.tenant,
-        response=frame.response("queued"),
-        input_items=items,
-        context_items=context,
-        job_id=job_id,
+        tenant=caller.tenant, response=frame.response("queued"), input_items=items, chain=chain
     )
+    await hold_room(services, store, record)
+    try:
+        submitted = await submit_job(payload, request, caller, services, idempotency_key=None)
+    except Exception as e:
+        await store.delete(caller.tenant, frame.id)  # gives the room back
+        if isinstance(e, InvalidRequest):
+            if e.param and e.param.startswith("body."):
+                e.param = e.param.removeprefix("body.")
+            raise in_responses_terms(e) from None
+        raise
+    record.job_id = json.loads(bytes(submitted.body))["id"]
     await store.put(record)
     return record.response
 

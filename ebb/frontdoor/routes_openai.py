@@ -35,6 +35,7 @@ from ebb.frontdoor.ratelimit import Reservation
 from ebb.frontdoor.redis_down import unavailable
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.sse_ids import EventIds
+from ebb.frontdoor.tenant_writes import require_tenant_write_room
 from ebb.frontdoor.version_routing import routed, version_headers, version_of
 from ebb.openai.response_builder import (
     SSE_DONE,
@@ -243,9 +244,6 @@ async def _serve_observed(
     created_s = int(time.time())
     builder = prepared.builder(request_id, created_s)
     executor = services.executor
-    if prepared.stream:  # resumable: any frontdoor can replay it from Redis
-        view = prepared.stream_view(caller.tenant, created_s, answer.resumable_as())
-        await services.stream_views.put(request_id, view)
     reservation = await services.limiter.reserve(caller, work)
     streaming = False
 
@@ -261,6 +259,11 @@ async def _serve_observed(
 
     try:
         if prepared.stream:
+            # Resumable (any frontdoor replays it from Redis), kept only once its limits
+            # and budget are reserved: a refused request writes nothing.
+            await require_tenant_write_room(services, "streamed requests")
+            view = prepared.stream_view(caller.tenant, created_s, answer.resumable_as())
+            await services.stream_views.put(request_id, view)
             running = await unless_disconnected(request, work, executor, admit())
             streaming = True
             return StreamingResponse(

@@ -6,8 +6,10 @@ it, through `routes_openai.serve` (the same admission, queue, runners, rate limi
 chat); `ResponsesAnswer` reads the Responses request in and writes the chat result or
 chunks out as a Response object or Responses events. `store` (the default) keeps it, per
 tenant, for EBB_RESPONSES_RETENTION_S: a tenant reads, continues (previous_response_id)
-and deletes only its own; any other id is 404. `background: true` runs it as a job
-(`responses_background`).
+and deletes only its own; any other id is 404. Each record holds its own turn; a
+continuation reads the chain's earlier records (`_conversation`). A stored response takes
+room under its tenant's caps before it runs (`response_caps`), given back when it is
+refused, deleted or expires. `background: true` runs it as a job (`responses_background`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ebb.frontdoor.body import decoded_json
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.hot_routes import RequestOnlyRoute
 from ebb.frontdoor.list_page import list_page
+from ebb.frontdoor.response_caps import hold_room
 from ebb.frontdoor.routes_openai import serve
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.sse_ids import last_event_number
@@ -58,11 +61,19 @@ router = APIRouter(prefix="/v1/responses")
 # POST /v1/responses, handed the request without FastAPI's dependency solver (as chat).
 inference = APIRouter(prefix="/v1", route_class=RequestOnlyRoute)
 
-Turn = tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]
+# (the chain's response ids, the conversation before this turn, its input items, the chat
+# body serving it)
+Turn = tuple[list[str], list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]
 
 
 def response_store(services: Services) -> ResponseStore:
-    return ResponseStore(services.redis, retention_s=services.settings.responses_retention_s)
+    settings = services.settings
+    return ResponseStore(
+        services.redis,
+        retention_s=settings.responses_retention_s,
+        max_count=settings.responses_max_per_tenant,
+        max_bytes=settings.responses_max_bytes_per_tenant,
+    )
 
 
 @inference.post("/responses")
@@ -72,11 +83,15 @@ async def create_response(request: Request) -> Response:
     if isinstance(body, dict) and body.get("background") is True:
         store = response_store(services)
         req = parse_responses_request(body)
-        turn = await _turn(services, store, caller, req)
-        _check_chat(turn[2])
-        created = await background.submit(request, services, caller, store, req, turn)
+        chain, _, items, chat = await _turn(services, store, caller, req)
+        _check_chat(chat)
+        created = await background.submit(request, services, caller, store, req, chain, items, chat)
         return JSONResponse(created, headers={"X-Request-Id": created["id"]})
-    return await serve(request, services, caller, ResponsesAnswer(services, caller))
+    answer = ResponsesAnswer(services, caller)
+    response = await serve(request, services, caller, answer)
+    if response.status_code >= 400:  # refused or failed: nothing will be stored
+        await answer.release_room()
+    return response
 
 
 @router.get("/{response_id}", response_model=None)
@@ -168,6 +183,7 @@ class ResponsesAnswer:
         self._frame: ResponseFrame | None = None
         self._record: StoredResponse | None = None  # None: not stored
         self._events: ResponseEvents | None = None
+        self._holds_room = False  # room held under the tenant's caps, not stored yet
 
     def new_request_id(self) -> str:
         self._id = new_response_id()
@@ -175,13 +191,26 @@ class ResponsesAnswer:
 
     async def parse(self, body: object) -> ChatCompletionRequest:
         req = parse_responses_request(body)
-        context, items, chat = await _turn(self._services, self._store, self._caller, req)
+        chain, _, items, chat = await _turn(self._services, self._store, self._caller, req)
         self._frame = ResponseFrame(self._id, req.model, int(time.time()), echoed_fields(req))
+        parsed = _check_chat(chat)
         if req.stored:
-            self._record = StoredResponse(
-                tenant=self._caller.tenant, response={}, input_items=items, context_items=context
+            record = StoredResponse(
+                tenant=self._caller.tenant,
+                response=self._frame.response("in_progress"),
+                input_items=items,
+                chain=chain,
             )
-        return _check_chat(chat)
+            await hold_room(self._services, self._store, record)
+            self._holds_room = True
+            self._record = record
+        return parsed
+
+    async def release_room(self) -> None:
+        """Give back the room held for a response that will not be stored."""
+        if self._holds_room:
+            self._holds_room = False
+            await self._store.delete(self._caller.tenant, self._id)
 
     def prepare(self, parsed: ChatCompletionRequest, *args: Any, **kwargs: Any) -> Prepared:
         try:
@@ -237,12 +266,15 @@ class ResponsesAnswer:
         if self._record is not None:
             self._record.response = response
             await self._store.put(self._record)
+            self._holds_room = False
 
 
 async def _turn(
     services: Services, store: ResponseStore, caller: Caller, req: ResponsesRequest
 ) -> Turn:
-    """(the conversation before this turn, its input items, the chat body serving it)."""
+    """(the chain's ids, the conversation before this turn, its input items, the chat
+    body serving it)."""
+    chain: list[str] = []
     context: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         found = await _found(store, caller, req.previous_response_id, "previous_response_id")
@@ -253,9 +285,35 @@ async def _turn(
                 "it once GET /v1/responses/{id} shows it completed.",
                 param="previous_response_id",
             )
-        context = previous.conversation()
+        chain = [*previous.chain, req.previous_response_id]
+        longest = services.settings.responses_max_chain
+        if len(chain) >= longest:
+            raise InvalidRequest(
+                f"The conversation of {req.previous_response_id!r} already holds {len(chain)} "
+                f"responses, the most a previous_response_id chain may (EBB_RESPONSES_MAX_CHAIN "
+                f"is {longest}); start a new conversation, sending the turns you need as input.",
+                param="previous_response_id",
+            )
+        context = await _conversation(store, caller, previous)
     items = await _resolved(store, caller, input_items(req))
-    return context, items, chat_body(req, context, items)
+    return chain, context, items, chat_body(req, context, items)
+
+
+async def _conversation(
+    store: ResponseStore, caller: Caller, previous: StoredResponse
+) -> list[dict[str, Any]]:
+    """Every item of `previous`'s chain, oldest first: the earlier responses' turns (one
+    read), then its own; a 400 naming the first one gone (expired or deleted)."""
+    earlier = await store.get_many(caller.tenant, previous.chain)
+    for response_id, record in zip(previous.chain, earlier, strict=True):
+        if record is None:
+            raise InvalidRequest(
+                f"The conversation before {previous.response['id']!r} is no longer stored: "
+                f"its earlier response {response_id!r} expired or was deleted. Start a new "
+                "conversation, sending the earlier turns you need as input items.",
+                param="previous_response_id",
+            )
+    return [item for record in [*earlier, previous] if record for item in record.conversation()]
 
 
 async def _resolved(

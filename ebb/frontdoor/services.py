@@ -35,6 +35,7 @@ from ebb.queue.delivery_store import DeliveryStore, delivery_record_ttl_s
 from ebb.queue.event_hub import EventHub
 from ebb.queue.job_store import JobStore
 from ebb.queue.ledger import LedgerStore
+from ebb.queue.memory_headroom import RedisHeadroom
 from ebb.queue.platform import PlatformState
 from ebb.queue.priority_store import PriorityStore
 from ebb.queue.quotas import QuotaStore
@@ -68,6 +69,8 @@ class Services:
     files: FileStore
     stream_views: StreamViews
     budgets: BudgetStore
+    # Whether Redis has room for tenant-fed writes (frontdoor.tenant_writes).
+    headroom: RedisHeadroom
     # This process's id while it heartbeats (keys.frontdoor_alive): it owns the budget
     # reservations it makes, which the controller settles if it dies (budget_holds).
     instance: str = ""
@@ -136,6 +139,7 @@ def build_services(settings: Settings) -> Services:
         files=file_store(settings),
         stream_views=StreamViews(client, ttl_s=max(settings.result_ttl_s, 3600), batch=turn),
         budgets=budgets,
+        headroom=RedisHeadroom(client, high_water=settings.redis_tenant_write_high_water),
         instance=instance,
         budget_presence=presence,
     )

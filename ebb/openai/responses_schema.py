@@ -13,6 +13,7 @@ refused with the reason unless sent with its neutral value, as SDKs do.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -39,6 +40,13 @@ from ebb.openai.schema import (
 from ebb.openai.tool_fields import FUNCTION_NAME_PATTERN, MAX_TOOLS
 
 MAX_METADATA_KEYS = 16
+# Bounds on what a stored response and a stream view keep but the model never reads as
+# tokens (ids, the text.format description and schema, `user`): a tenant cannot make a
+# record large without paying for its prompt.
+MAX_ID_CHARS = 256
+MAX_FORMAT_DESCRIPTION_CHARS = 8192
+MAX_FORMAT_SCHEMA_BYTES = 256 * 1024
+ItemId = Annotated[str, StringConstraints(max_length=MAX_ID_CHARS)]
 RESPONSE_ID_PATTERN = r"^resp_[0-9a-f]{32}$"
 
 _UNSUPPORTED: dict[str, tuple[str, tuple[Any, ...]]] = {
@@ -96,7 +104,7 @@ class MessageItem(_Strict):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
     content: str | list[TextPart]
-    id: str | None = None
+    id: ItemId | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
     phase: Literal["commentary", "final_answer"] | None = None
 
@@ -107,10 +115,10 @@ class FunctionCallItem(_Strict):
     """A call the model made, sent back so the next turn sees it."""
 
     type: Literal["function_call"]
-    call_id: str = Field(min_length=1)
-    name: str = Field(min_length=1)
+    call_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    name: str = Field(min_length=1, max_length=MAX_ID_CHARS)
     arguments: str
-    id: str | None = None
+    id: ItemId | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
@@ -118,9 +126,9 @@ class FunctionCallOutputItem(_Strict):
     """A function's result, answering the call `call_id`."""
 
     type: Literal["function_call_output"]
-    call_id: str = Field(min_length=1)
+    call_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
     output: str | list[TextPart]
-    id: str | None = None
+    id: ItemId | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
     _parts = field_validator("output", mode="before")(_text_parts)
@@ -131,7 +139,7 @@ class ItemReference(_Strict):
     earlier assistant text when responses are stored)."""
 
     type: Literal["item_reference"]
-    id: str = Field(min_length=1)
+    id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
 
 
 def _item_type(value: Any) -> str | None:
@@ -166,9 +174,20 @@ class FunctionChoice(_Strict):
 class TextFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = Field(default=None, min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
-    description: str | None = None
+    description: str | None = Field(default=None, max_length=MAX_FORMAT_DESCRIPTION_CHARS)
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _schema_bounded(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        size = len(json.dumps(value)) if value is not None else 0
+        if size > MAX_FORMAT_SCHEMA_BYTES:
+            raise _invalid(
+                f"the schema is {size} bytes as JSON; at most {MAX_FORMAT_SCHEMA_BYTES} are "
+                "accepted: shorten it (move long explanations out of it)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _schema_iff_json_schema(self) -> TextFormat:
@@ -196,6 +215,8 @@ MetadataValue = Annotated[str, StringConstraints(max_length=512)]
 
 class ResponsesRequest(_Strict, IgnoredHints):
     model: str = Field(min_length=1)
+    # Echoed by the Response object (stored, and in a stream's view), never tokenised.
+    user: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     input: str | list[InputItem]
     instructions: str | None = None
     tools: list[FunctionTool] | None = Field(default=None, max_length=MAX_TOOLS)

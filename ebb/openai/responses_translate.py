@@ -5,7 +5,8 @@ The Responses API runs as a chat completion: `chat_body` writes the chat request
 function tools, tool_choice, text.format and sampling fields under their chat names),
 which then takes the chat path unchanged (parse, tokenize, queue, bill). Items are the
 Responses API's dicts, as stored (`ResponseStore`) and as `GET .../input_items` shows
-them: a message becomes a message, `function_call` items become the `tool_calls` of an
+them (text parts keep only their type and text: what the model sees): a message becomes
+a message, `function_call` items become the `tool_calls` of an
 assistant message and `function_call_output` items become `role: tool` messages.
 `in_responses_terms` renames the chat fields a refusal names back to the ones the
 caller sent. Nothing here does I/O.
@@ -46,8 +47,17 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
         if item["type"] == "message" and isinstance(item["content"], str):
             kind = "output_text" if item["role"] == "assistant" else "input_text"
             item["content"] = [{"type": kind, "text": item["content"]}]
+        for field in ("content", "output"):
+            if isinstance(item.get(field), list):
+                item[field] = [_seen_part(part) for part in item[field]]
         item.setdefault("status", "completed")
     return items
+
+
+def _seen_part(part: dict[str, Any]) -> dict[str, Any]:
+    """A text part as kept: what the model sees (its type and text). An echoed
+    output_text's annotations and logprobs are never tokenised, so never stored."""
+    return {"type": part["type"], "text": part["text"]}
 
 
 def chat_body(

@@ -341,6 +341,18 @@ def stored_response(tenant: str, response_id: str) -> str:
     return f"{PREFIX}resp:{tenant}:{response_id}"
 
 
+def tenant_responses(tenant: str) -> str:
+    """Sorted set: a tenant's stored responses (and the room held for ones not stored
+    yet), scored by when each expires (s): what EBB_RESPONSES_MAX_PER_TENANT counts."""
+    return f"{PREFIX}respidx:{tenant}"
+
+
+def tenant_response_bytes(tenant: str) -> str:
+    """Hash: the size of each of a tenant's stored responses (bytes) and, under `_total`,
+    their sum: what EBB_RESPONSES_MAX_BYTES_PER_TENANT bounds."""
+    return f"{PREFIX}respbytes:{tenant}"
+
+
 # --- resumable streams --------------------------------------------------------------------
 
 

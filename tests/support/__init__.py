@@ -52,6 +52,8 @@ class RedisServer:
     port: int
     data_dir: Path
     proc: subprocess.Popen | None = None
+    # As `ebb up` runs its own (ebb.redis_server): bounded, and never evicting state.
+    maxmemory_bytes: int = 2 * 1024**3
 
     @property
     def url(self) -> str:
@@ -71,6 +73,10 @@ class RedisServer:
                 "yes",
                 "--save",
                 "",
+                "--maxmemory",
+                str(self.maxmemory_bytes),
+                "--maxmemory-policy",
+                "noeviction",
             ],
             stdout=subprocess.DEVNULL,
             start_new_session=True,

@@ -30,3 +30,15 @@ local function wake_controller(wake, deployment, max)
   redis.call('LTRIM', wake, -max, -1)
 end
 
+
+-- Forget a tenant's stored responses that expired (their index score, s, is past `now`):
+-- each one's bytes leave the tenant's total; at most `limit` at a time.
+local function stored_responses_prune(index, sizes, now, limit)
+  local expired = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, limit)
+  for _, id in ipairs(expired) do
+    local size = tonumber(redis.call('HGET', sizes, id) or '0')
+    redis.call('HINCRBY', sizes, '_total', -size)
+    redis.call('HDEL', sizes, id)
+    redis.call('ZREM', index, id)
+  end
+end
