@@ -18,18 +18,28 @@ import pytest
 from support import Platform, deploy, temp_home, wait_until
 from support.platform_processes import processes
 
+from ebb.queue import keys
+
 pytestmark = pytest.mark.integration
 
 METRICS_TOKEN = "metrics-" + "t" * 24
 LIMIT_BYTES = 256 * 1024
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 CHAT = {"model": "hostile", "messages": MESSAGES, "max_tokens": 4}
+RESPONSE = {
+    "model": "hostile",
+    "input": "Paris is",
+    "max_output_tokens": 4,
+    "user": "u-1",
+    "text": {"format": {"type": "text"}},
+}
 
 # (method, path, a valid body): every route that takes a body.
 BODY_ROUTES = [
     ("POST", "/v1/chat/completions", CHAT),
     ("POST", "/v1/completions", {"model": "hostile", "prompt": "Paris is", "max_tokens": 4}),
     ("POST", "/v1/jobs", {"model": "hostile", "endpoint": "chat.completions", "body": CHAT}),
+    ("POST", "/v1/responses", RESPONSE),
     ("POST", "/v1/deployments", {"name": "made-by-fuzz", "source": "fake://m"}),
     ("PATCH", "/v1/deployments/hostile", {"max_replicas": 1}),
     ("POST", "/v1/keys", {"tenant": "fuzz", "name": "k"}),
@@ -448,3 +458,41 @@ def test_hostile_uploads_get_a_4xx(admin, tenant):
         ):
             assert 400 <= response.status_code < 500, response.text
             _assert_openai_error(response, response.status_code)
+
+
+def test_stored_responses_keep_nothing_hostile(platform, admin, tenant):
+    """What a stored response keeps is what continues it: echoed annotations (never
+    tokenised) are dropped, untokenised fields are bounded, and previous_response_id in
+    any hostile form is a 4xx naming it."""
+    part = {"type": "input_text", "text": "Paris is", "annotations": ["a" * (LIMIT_BYTES // 2)]}
+    body = {**RESPONSE, "input": [{"role": "user", "content": [part]}]}
+    created = tenant.post("/v1/responses", json=body)
+    assert created.status_code == 200, created.text
+    client = platform.redis()
+    (key,) = client.scan_iter(match=keys.stored_response("acme", created.json()["id"]))
+    assert client.strlen(key) < 16 * 1024
+    for field, value in (
+        ("user", "u" * 1000),
+        (
+            "text",
+            {
+                "format": {
+                    "type": "json_schema",
+                    "name": "n",
+                    "schema": {},
+                    "description": "d" * 10_000,
+                }
+            },
+        ),
+        ("input", [{"role": "user", "content": "hi", "id": "i" * 1000}]),
+    ):
+        response = tenant.post("/v1/responses", json={**RESPONSE, field: value})
+        assert _assert_openai_error(response, 400)["param"].startswith(field)
+    mine = created.json()["id"]
+    other = admin.post("/v1/responses", json=RESPONSE).json()["id"]  # the admin's tenant
+    for previous in (other, "resp_" + "0" * 32, "resp_" + "x" * 5000, "../" + mine, mine + "\n"):
+        response = tenant.post("/v1/responses", json={**RESPONSE, "previous_response_id": previous})
+        assert 400 <= response.status_code < 500, response.text
+        assert _assert_openai_error(response, response.status_code)["param"] == (
+            "previous_response_id"
+        )

@@ -3,6 +3,7 @@ embedded server's password and configuration, and the 503 every route answers.""
 
 from __future__ import annotations
 
+import os
 import stat
 
 import pytest
@@ -14,7 +15,7 @@ from fastapi.testclient import TestClient
 from ebb.config import Settings
 from ebb.frontdoor import redis_down
 from ebb.queue.connection import retries_for
-from ebb.redis_server import PASSWORD_FILE, EmbeddedRedis, free_port
+from ebb.redis_server import PASSWORD_FILE, EmbeddedRedis, free_port, maxmemory_bytes
 
 
 @pytest.mark.parametrize("outage_s", [0.5, 5, 30])
@@ -35,6 +36,18 @@ def test_the_embedded_redis_password_is_generated_once_owner_only(tmp_path):
     assert f"requirepass {password}\n" in config and "appendfsync always\n" in config
     assert "bind 127.0.0.1\n" in config and "appendonly yes\n" in config
     assert first.url.endswith("@127.0.0.1:6390/0") and password in first.url
+
+
+def test_the_embedded_redis_is_bounded_and_never_evicts(tmp_path):
+    """maxmemory from the setting (a quarter of the host's RAM unset, 0: none), and
+    `noeviction`: past the limit writes fail rather than platform state being dropped."""
+    config = EmbeddedRedis(Settings(home=tmp_path, redis_maxmemory_bytes="64MiB")).config()
+    assert f"maxmemory {64 * 2**20}\n" in config and "maxmemory-policy noeviction\n" in config
+    assert (
+        "maxmemory 0\n" in EmbeddedRedis(Settings(home=tmp_path, redis_maxmemory_bytes=0)).config()
+    )
+    ram_bytes = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert maxmemory_bytes(None) == ram_bytes // 4 > 0
 
 
 def test_the_embedded_redis_never_takes_the_frontdoors_port(tmp_path, monkeypatch):
