@@ -21,9 +21,9 @@ async def require_tenant_write_room(services: Services, what: str) -> None:
     if await services.headroom.tenant_write_allowed():
         return
     raise CapacityError(
-        f"The platform's store is nearly full, so no new {what} are kept now. Retry later; "
-        "a response with store: false (and not streamed) still answers. Operators: see "
-        "docs/FAILURES.md (Redis memory).",
+        f"The platform's store is nearly full, so no new {what} are taken now. Retry "
+        "later; a request that stores nothing (not streamed, and store: false on "
+        "/v1/responses) still answers. Operators: see docs/FAILURES.md (Redis memory).",
         retry_after_s=RETRY_AFTER_S,
         code="storage_full",
     )

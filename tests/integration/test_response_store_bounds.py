@@ -30,6 +30,7 @@ def platform():
         "EBB_REDIS_MAXMEMORY_BYTES": str(MAXMEMORY_BYTES),
         "EBB_REDIS_TENANT_WRITE_HIGH_WATER": str(HIGH_WATER),
         "EBB_RESPONSES_MAX_PER_TENANT": str(CAP),
+        "EBB_RESPONSES_MAX_CHAIN": str(CAP),
     }
     p = Platform(home=temp_home("ebb-resp-bounds-"), redis_url=None, env_extra=env).start()
     with p.admin() as admin:
@@ -77,6 +78,11 @@ def test_chained_responses_with_huge_annotations_keep_redis_small(platform, admi
     assert grown_bytes < sent_bytes / 20, (grown_bytes, sent_bytes)
     (item,) = client.get(f"/v1/responses/{previous}/input_items").json()["data"]
     assert item["content"] == [{"type": "input_text", "text": f"turn {CAP - 1}"}]
+    # The chain is as long as it may be.
+    error = _error(client.post("/v1/responses", json=_body(previous_response_id=previous)), 400)
+    assert (
+        error["param"] == "previous_response_id" and "EBB_RESPONSES_MAX_CHAIN" in error["message"]
+    )
 
 
 def test_a_tenant_past_its_cap_is_refused_until_it_deletes(platform, admin):
