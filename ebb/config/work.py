@@ -48,7 +48,7 @@ class JobSettings(BaseModel):
         "`POST /v1/responses` is refused (`403 quota_exceeded`) until some are deleted or "
         "expire (`store: false` still answers).",
     )
-    responses_max_bytes_per_tenant: int = Field(
+    responses_max_tenant_bytes: int = Field(
         default=128 * 1024 * 1024,
         ge=1024,
         description="The most bytes of stored responses a tenant keeps at once (their "
@@ -84,7 +84,7 @@ class JobSettings(BaseModel):
         "`AWS_ENDPOINT_URL`).",
     )
 
-    @field_validator("responses_max_bytes_per_tenant", mode="before")
+    @field_validator("responses_max_tenant_bytes", mode="before")
     @classmethod
     def _parse_bytes(cls, value: object, info: ValidationInfo) -> object:
         return bytes_or_none(value, info)

@@ -2,7 +2,7 @@
 
 A stored response (`store`, the default) is refused before any work is done when Redis is
 nearly full (503 `storage_full`, `tenant_writes`) or when its tenant already keeps
-EBB_RESPONSES_MAX_PER_TENANT responses or EBB_RESPONSES_MAX_BYTES_PER_TENANT bytes of them
+EBB_RESPONSES_MAX_PER_TENANT responses or EBB_RESPONSES_MAX_TENANT_BYTES bytes of them
 (403 `quota_exceeded`: waiting does not help, deleting responses or `store: false` does).
 """
 

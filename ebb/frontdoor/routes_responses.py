@@ -72,7 +72,7 @@ def response_store(services: Services) -> ResponseStore:
         services.redis,
         retention_s=settings.responses_retention_s,
         max_count=settings.responses_max_per_tenant,
-        max_bytes=settings.responses_max_bytes_per_tenant,
+        max_bytes=settings.responses_max_tenant_bytes,
     )
 
 

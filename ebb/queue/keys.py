@@ -349,7 +349,7 @@ def tenant_responses(tenant: str) -> str:
 
 def tenant_response_bytes(tenant: str) -> str:
     """Hash: the size of each of a tenant's stored responses (bytes) and, under `_total`,
-    their sum: what EBB_RESPONSES_MAX_BYTES_PER_TENANT bounds."""
+    their sum: what EBB_RESPONSES_MAX_TENANT_BYTES bounds."""
     return f"{PREFIX}respbytes:{tenant}"
 
 
