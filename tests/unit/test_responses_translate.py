@@ -128,6 +128,35 @@ def test_streaming_asks_the_chat_stream_for_its_usage():
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
         ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input.0.arguments"),
         ({"seed": 1}, "seed"),
+        # Kept with a stored response but never tokenised: bounded.
+        ({"user": "u" * 257}, "user"),
+        ({"input": [{"role": "user", "content": "hi", "id": "i" * 257}]}, "input.0.id"),
+        ({"input": [{"type": "item_reference", "id": "i" * 257}]}, "input.0.id"),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "c" * 257, "output": ""}]},
+            "input.0.call_id",
+        ),
+        (
+            {
+                "text": {
+                    "format": {
+                        "type": "json_schema",
+                        "name": "x",
+                        "schema": {},
+                        "description": "d" * 8193,
+                    }
+                }
+            },
+            "text.format.description",
+        ),
+        (
+            {
+                "text": {
+                    "format": {"type": "json_schema", "name": "x", "schema": {"d": "d" * 262_144}}
+                }
+            },
+            "text.format.schema",
+        ),
     ],
 )
 def test_refusals_name_the_field(body, param):
@@ -200,3 +229,18 @@ def test_an_output_items_id_names_its_response():
     assert response_of_item(output_item_id("msg", response_id, 0)) == response_id
     assert response_of_item("msg_" + "0" * 32) is None  # an input item's (random) id
     assert response_of_item("rs_whatever") is None
+
+
+def test_input_items_keep_what_the_model_reads_of_a_text_part():
+    """An echoed output_text's annotations and logprobs are never tokenised: not stored."""
+    part = {"type": "output_text", "text": "Paris.", "annotations": ["x" * 1000], "logprobs": []}
+    req = _request(input=[{"role": "assistant", "content": [part]}])
+    (item,) = input_items(req)
+    assert item["content"] == [{"type": "output_text", "text": "Paris."}]
+    call = {
+        "type": "function_call_output",
+        "call_id": "c",
+        "output": [{**part, "type": "input_text"}],
+    }
+    (item,) = input_items(_request(input=[call]))
+    assert item["output"] == [{"type": "input_text", "text": "Paris."}]
