@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 from support import wait_until
-from support.billing import deploy, new_key, raw_usage, tenant_client
+from support.billing import deploy, new_key, raw_usage, tenant_client, usage_total
 from support.lora import write_adapter
 
 pytestmark = pytest.mark.integration
@@ -87,6 +87,22 @@ def test_a_tenants_adapter_pays_its_bases_prices_and_its_budget_holds(
     job = {"model": "beta-free", "endpoint": "chat.completions", "body": {"messages": MESSAGES}}
     refused = beta.post("/v1/jobs", json=job)
     assert refused.status_code == 429, refused.text
+
+    # The base's GPU time, shared among the adapters it served by tokens, in the usage.
+    def split() -> list[dict] | None:
+        rows = usage_total(admin)["adapter_gpu"]
+        mine = [r for r in rows if r["base"] == "pub" and r["adapter"] == "beta-free"]
+        return rows if mine and mine[0]["gpu_ms"] > 0 else None
+
+    rows = [r for r in wait_until(split, 60, "pub's GPU time split") if r["base"] == "pub"]
+    assert {(r["adapter"], r["adapter_owner"]) for r in rows} <= {
+        (None, None),
+        ("beta-free", "beta"),
+    }
+    pub = usage_total(admin, tenant="admin", group_by="deployment")["gpu_costs"]
+    metered = sum(r["gpu_ms"] for r in pub if r["deployment"] == "pub")
+    assert sum(r["gpu_ms"] for r in rows) <= metered  # read a moment later: it only grows
+    assert usage_total(beta)["adapter_gpu"] == []  # not beta's GPUs
 
     # The admin may price an adapter below its base: then its own prices apply.
     cheap = {"price_per_1m_input_tokens_micros": 5, "price_per_1m_output_tokens_micros": 5}
