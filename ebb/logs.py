@@ -5,20 +5,29 @@ every log line written while serving that request (its asyncio task and what it 
 carries it, whichever module logs. JSON lines (`EBB_LOG_FORMAT=json`) hold `ts`, `level`,
 `logger`, `message`, `request_id` when set, and the structured fields a line passes as
 `extra={"fields": {...}}` (the access log does).
+
+`redacting` names text that lines written inside it must not show (a tenant's adapter's
+name and source, in the log of a base runner that another tenant reads) and what stands
+in for it; every handler `configure` installs applies it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+# (private text, what is shown instead), longest first, for lines written in this context.
+_redactions: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
+    "redactions", default=()
+)
 
 # Libraries whose INFO lines are noise in an operator's log (every HTTP call, every poll).
 _CHATTY_LOGGERS = ("httpx", "httpcore", "urllib3", "botocore", "filelock")
@@ -42,6 +51,31 @@ class RequestIdFilter(logging.Filter):
         if not getattr(record, "request_id", ""):
             record.request_id = request_id.get()
         record.request_prefix = f"[{record.request_id}] " if record.request_id else ""
+        return True
+
+
+@contextlib.contextmanager
+def redacting(replacements: Mapping[str, str]) -> Iterator[None]:
+    """Within it (this thread or task and what it awaits), every log line shows each key
+    of `replacements` as its value."""
+    pairs = [*_redactions.get(), *((k, v) for k, v in replacements.items() if k)]
+    token = _redactions.set(tuple(sorted(pairs, key=lambda p: -len(p[0]))))
+    try:
+        yield
+    finally:
+        _redactions.reset(token)
+
+
+class RedactFilter(logging.Filter):
+    """Rewrites a record's message as `redacting` asks (formatted once, here)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        pairs = _redactions.get()
+        if pairs:
+            message = record.getMessage()
+            for private, shown in pairs:
+                message = message.replace(private, shown)
+            record.msg, record.args = message, None
         return True
 
 
@@ -117,6 +151,7 @@ def configure_up(log_path: Path, log_format: str = "text") -> None:
 
 def _formatted(handler: logging.Handler, log_format: str) -> logging.Handler:
     handler.addFilter(RequestIdFilter())
+    handler.addFilter(RedactFilter())
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:

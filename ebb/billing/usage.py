@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ebb.billing.adapter_gpu import AdapterOf, adapter_gpu_rows
 from ebb.billing.entries import METRICS, book, hour_iso, split_field
 from ebb.billing.gpu_costs import gpu_cost_rows
 from ebb.billing.pricing import divide_half_up
@@ -50,10 +52,14 @@ def with_unfolded(view: LedgerView) -> Aggregates:
 
 
 def report(
-    aggregates: Aggregates, query: UsageQuery, gpu_second_cost_micros: int
+    aggregates: Aggregates,
+    query: UsageQuery,
+    gpu_second_cost_micros: int,
+    adapters: Mapping[str, AdapterOf] | None = None,
 ) -> dict[str, Any]:
     """{"data": rows, "total": metrics, "unit_economics": per deployment, "gpu_costs": per
-    tenant and deployment} for the query."""
+    tenant and deployment, "adapter_gpu": each base's GPU time by adapter} for the query
+    (`adapters`: the adapter deployments by name)."""
     groups: dict[tuple[str, ...], dict[str, int]] = defaultdict(lambda: dict.fromkeys(METRICS, 0))
     per_deployment: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(METRICS, 0))
     total = dict.fromkeys(METRICS, 0)
@@ -88,6 +94,10 @@ def report(
         # Where the GPU-seconds went, per tenant and deployment (gpu_costs.py).
         "gpu_costs": gpu_cost_rows(
             aggregates, query.start_ms, query.end_ms, query.tenant, gpu_second_cost_micros
+        ),
+        # A base's GPU time shared among the adapters it served, by tokens (adapter_gpu.py).
+        "adapter_gpu": adapter_gpu_rows(
+            aggregates, query.start_ms, query.end_ms, adapters or {}, query.tenant
         ),
     }
 

@@ -7,7 +7,10 @@ read them: a local source) must fit the base (`ebb.weights_cache.adapters`); it 
 to the base's identity (`base_uid`). A request naming it goes into the queue of the
 base's serving unit, carrying an `AdapterRef`, so that any of the base's runners takes it,
 batched with the base's own requests and other adapters'; it is billed under the
-adapter's name and prices (the runner's usage record).
+adapter's name, at prices never below its base's unless the admin priced the adapter
+(`ebb.frontdoor.adapter_prices`). Every request, job, batch line and tokenize through an
+adapter needs its caller's right to call the base, then (`served_by_base`): access taken
+away since the adapter was deployed stops it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import msgspec
 
 from ebb.engine_options import LoraLimits, lora_limits
 from ebb.errors import InvalidRequest, NotFound
-from ebb.frontdoor import tenancy
+from ebb.frontdoor import adapter_prices, tenancy
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.version_routing import ROUTE_KEY_HEADER, Routed, routed
 from ebb.queue.job_schema import JobRecord
@@ -52,6 +55,7 @@ async def check_new_adapter(
             param="base",
         )
     _check_source(spec, base, _base_limits(spec, base), weights_dir)
+    spec = adapter_prices.inherit_prices(spec, base)
     return msgspec.structs.replace(spec, base_uid=base.uid, min_replicas=0)
 
 
@@ -106,11 +110,16 @@ def _adapter_source(source: str) -> Source:
 
 
 async def served_by_base(
-    state: PlatformState, route: Routed, headers: Mapping[str, str] | None = None
+    state: PlatformState,
+    caller: Caller,
+    route: Routed,
+    headers: Mapping[str, str] | None = None,
 ) -> tuple[Routed, AdapterRef | None]:
     """Where a request for `route`'s deployment is queued: itself (no adapter), or for an
     adapter, its base's serving unit (by the base's traffic split) and the adapter to run
-    with. A base deleted since (or another one under its name) is a 404."""
+    with. A base deleted since (or another one under its name), or one `caller` may no
+    longer call (unshared, made private), is a 404: the same answer, so that it tells
+    nothing of a base the caller cannot see."""
     adapter = route.spec
     if not adapter.base:
         return route, None
@@ -121,12 +130,18 @@ async def served_by_base(
     if read.spec is not None and version != 1:
         read = await reads.unit(adapter.base, version)
     base = read.spec
-    if base is None or (adapter.base_uid and base.uid != adapter.base_uid):
+    if (
+        base is None
+        or (adapter.base_uid and base.uid != adapter.base_uid)
+        or not tenancy.can_see(caller, base)
+    ):
         name = public_name(adapter.name)
         raise NotFound(
-            f"The base deployment {adapter.base!r} of the adapter {name!r} was deleted; "
-            f"deploy the adapter again on a base.",
+            f"The base deployment {adapter.base!r} of the adapter {name!r} was deleted or "
+            "is no longer one you may call; deploy the adapter again on a base that "
+            "`GET /v1/models` lists for you.",
             param="model",
+            code="model_not_found",
         )
     ref = AdapterRef(name=adapter.name, uid=adapter.uid, source=adapter.source)
     return Routed(spec=base, status=read.status, depth=read.depth), ref
@@ -136,7 +151,8 @@ async def served_by_base(
 class JobTarget:
     """Where a job (or a Batch API line) naming `named` runs: `spec` is the unit whose
     queue and tokenizer it uses (an adapter's base), `named` prices it and names it, and
-    `adapter` (None for a plain deployment) is what the base's runner runs it with."""
+    `adapter` (None for a plain deployment) is what the base's runner runs it with. An
+    adapter's `named` carries the prices its requests pay (`adapter_prices.as_served`)."""
 
     spec: DeploymentSpec
     named: DeploymentSpec
@@ -152,13 +168,15 @@ async def job_target(state: PlatformState, caller: Caller, model: str) -> JobTar
     """The unit a job for `model` (which `caller` may call) runs on, picked by the traffic
     split (its base's, for an adapter); the 404s of `routed` and `served_by_base`."""
     route = await routed(state, caller, model)
-    served, adapter = await served_by_base(state, route)
-    return JobTarget(spec=served.spec, named=route.spec, adapter=adapter)
+    served, adapter = await served_by_base(state, caller, route)
+    named = adapter_prices.as_served(route.spec, served.spec)
+    return JobTarget(spec=served.spec, named=named, adapter=adapter)
 
 
 def adapter_work(work: WorkItem, target: JobTarget) -> WorkItem:
     """`work`, made for `target.spec`, carrying `target`'s adapter and priced at the
-    adapter's prices (a synchronous request's work item exactly); unchanged otherwise."""
+    prices its requests pay (a synchronous request's work item exactly); unchanged
+    otherwise."""
     if target.adapter is None:
         return work
     return msgspec.structs.replace(

@@ -14,6 +14,7 @@ from ebb.engine_options import DTYPES, GpuCapacity, check_engine
 from ebb.engines import EngineRegistry
 from ebb.errors import Conflict, InvalidRequest, NotFound
 from ebb.frontdoor import adapters, tenancy
+from ebb.frontdoor.adapter_prices import priced_by_admin
 from ebb.frontdoor.auth import CallerDep
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.deploy_versions import (
@@ -305,6 +306,8 @@ async def create_deployment(
     )
     spec = tenancy.created_by(caller, spec)
     if spec.base:  # a LoRA adapter, served by its base's runners
+        # Its base's prices unless the admin gives its own (ebb.frontdoor.adapter_prices).
+        spec.prices_set_by_admin = priced_by_admin(caller, body.model_dump())
         if not caller.is_admin:  # before its files are read: only within its prefixes
             check_source(caller.tenant, await services.quotas.get(caller.tenant), spec.source)
         weights_dir = services.settings.weights_dir
@@ -353,7 +356,10 @@ async def _deploy_version(
             await check_version_quota(services, caller.tenant, quota, existing, spec)
 
     def changes(latest: DeploymentSpec) -> dict[str, Any]:
-        return body.changes(latest.engine, latest.serving)
+        fields = body.changes(latest.engine, latest.serving)
+        if existing.base and priced_by_admin(caller, body.model_dump()):
+            fields["prices_set_by_admin"] = True  # the admin priced this version
+        return fields
 
     limit = versions_limit(quota, admin=caller.is_admin)
     try:
@@ -425,6 +431,8 @@ async def patch_deployment(
     tenancy.check_fields(caller, body.model_dump())
     await refuse_version_fields(services.state, name, body.model_fields_set)
     spec = msgspec.structs.replace(spec, **body.changes(spec.engine, spec.serving))
+    if spec.base and priced_by_admin(caller, body.model_dump()):
+        spec.prices_set_by_admin = True  # `ebb price` on an adapter: the admin's prices
     _check_bounds(spec)
     await _check_engine(services.state, spec)
     if not await tenancy.store(services, caller, spec, create_only=False):

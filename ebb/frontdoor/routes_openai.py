@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ebb.errors import EbbError, InvalidRequest, JobError
 from ebb.frontdoor import tenancy
+from ebb.frontdoor.adapter_prices import as_served
 from ebb.frontdoor.adapters import served_by_base
 from ebb.frontdoor.auth import CallerDep, calling
 from ebb.frontdoor.body import decoded_json
@@ -209,8 +210,9 @@ async def _serve_observed(
     priced = route.spec
     observed.deployment = parsed.model
     observed.version = version_of(priced)
-    route, adapter = await served_by_base(services.state, route, request.headers)
+    route, adapter = await served_by_base(services.state, caller, route, request.headers)
     spec = route.spec
+    priced = as_served(priced, spec)  # an adapter's: never below its base's (adapter_prices)
     require_generative(spec)
     # A full queue refuses at once, and a saturated one a sheddable caller: no tokenizing,
     # no enqueue attempt (enqueue.lua checks again, atomically, for requests let through).

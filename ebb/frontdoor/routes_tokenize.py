@@ -122,7 +122,8 @@ async def _model(
     """The deployment a request for `model` would run on (404 as chat gives it) and its
     tokenizer and context length, once its weights are ready (an adapter's: its base's,
     whose tokenizer and chat template its requests are rendered with)."""
-    route, _ = await served_by_base(services.state, await routed(services.state, caller, model))
+    named = await routed(services.state, caller, model)
+    route, _ = await served_by_base(services.state, caller, named)
     spec = route.spec
     window_s = spec.admission_timeout_s or services.settings.admission_timeout_s
     info = await services.catalog.info(spec, wait_s=window_s)

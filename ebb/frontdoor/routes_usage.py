@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from ebb.billing.adapter_gpu import AdapterOf
 from ebb.billing.entries import hour_floor, hour_iso
 from ebb.billing.export import exporter_from
 from ebb.billing.reconcile import reconcile
@@ -48,7 +49,13 @@ async def usage(
     if query.end_ms <= query.start_ms:
         raise InvalidRequest("end must be after start.", param="end")
     view = await services.ledger.view(query.start_ms, query.end_ms, tail_limit=UNFOLDED_LIMIT)
-    body = report(with_unfolded(view), query, services.settings.gpu_second_cost_micros)
+    adapters = {
+        s.name: AdapterOf(base=s.base, owner=s.owner, uid=s.uid)
+        for s in await services.state.list_deployments()
+        if s.base
+    }
+    cost = services.settings.gpu_second_cost_micros
+    body = report(with_unfolded(view), query, cost, adapters)
     return {
         "object": "usage",
         "start": hour_iso(query.start_ms),

@@ -292,6 +292,9 @@ class DeploymentSpec(msgspec.Struct, kw_only=True):
     # runners, queue or weights preparation of its own. "": a model of its own.
     base: str = ""
     base_uid: str = ""
+    # An adapter whose token prices (or Batch API discount) the admin set: its requests
+    # pay exactly those. False: never less than its base's (`ebb.frontdoor.adapter_prices`).
+    prices_set_by_admin: bool = False
 
 
 class RunnerState(enum.StrEnum):

@@ -33,6 +33,7 @@ VERSION_FIELDS = (
     "price_per_1m_input_tokens_micros",
     "price_per_1m_output_tokens_micros",
     "price_per_gpu_second_micros",
+    "prices_set_by_admin",
     "engine",
     "serving",
 )

@@ -10,6 +10,10 @@ requests paid a cold load and which cached copies it may stop holding.
 
 A request whose adapter cannot be served fails with the reason (`EngineRequestError`),
 never the runner.
+
+The runner's log is its base's owner's to read (`GET /v1/logs`), and an adapter may be
+another tenant's: its log lines (and the weight cache's, while it loads one) name it by
+its identity (`adapter_version_key`), never by its name or source.
 """
 
 from __future__ import annotations
@@ -22,17 +26,19 @@ from pathlib import Path
 from typing import Any
 
 from ebb.engine_options import LoraLimits
-from ebb.errors import WeightsError
+from ebb.errors import EbbError, WeightsError
+from ebb.logs import redacting
 from ebb.queue.schema import AdapterRef, WorkItem
 from ebb.queue.versions import adapter_version_key, public_name
 from ebb.runners.engine import EngineRequestError, LoraAdapter
-from ebb.weights_cache import CacheOptions, LocalModel, release
+from ebb.weights_cache import CacheOptions, LocalModel, parse_source, release
 from ebb.weights_cache.adapters import (
     cached_base_config,
     check_against_base,
     ensure_adapter,
     read_adapter,
 )
+from ebb.weights_cache.store import entry_key
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +88,8 @@ class RunnerAdapters:
             self._kept.move_to_end(key)
             return kept[0]
         try:
-            return self._load(ref, self.limits)
+            with redacting(_private_text(ref)):
+                return self._load(ref, self.limits)
         except EngineRequestError as e:
             if self.on_failure is not None:
                 self.on_failure(public_name(ref.name), str(e))
@@ -109,13 +116,32 @@ class RunnerAdapters:
         if self.on_cold_load is not None:
             self.on_cold_load(name)
         while len(self._kept) > limits.max_cpu_loras:
-            _, (dropped, entry) = self._kept.popitem(last=False)
+            dropped_key, (_, entry) = self._kept.popitem(last=False)
             release(entry)  # the engine dropped it too (same LRU, same bound)
-            log.info("runner: adapter %s no longer kept (LRU)", dropped.name)
-        log.info("runner: adapter %s ready at %s", name, local.path)
+            log.info("runner: adapter %s no longer kept (LRU)", dropped_key)
+        log.info("runner: adapter %s ready", adapter_version_key(ref))
         return adapter
 
     def _config(self) -> dict[str, Any] | None:
         if self._base_config is None and self.base_source:
             self._base_config = cached_base_config(self.base_source, self.weights_dir)
         return self._base_config
+
+
+def _private_text(ref: AdapterRef) -> dict[str, str]:
+    """What of `ref` a log line must not show (its name, its source as given and as
+    parsed), each shown as the adapter's identity instead."""
+    shown = f"adapter {adapter_version_key(ref)}"
+    private = {ref.source: shown, ref.name: shown, public_name(ref.name): shown}
+    try:
+        parsed = parse_source(ref.source)
+    except EbbError:
+        return private
+    private[parsed.uri] = shown
+    path = getattr(parsed, "path", None)
+    if isinstance(path, str):
+        private[path] = shown
+    # The cache names its entry "<slug of the source's last part>-<digest>".
+    slug = entry_key(parsed.uri, "", parsed.name).rpartition("-")[0]
+    private[f"{slug}-"] = "adapter-"
+    return private

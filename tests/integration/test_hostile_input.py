@@ -16,6 +16,7 @@ import socket
 import httpx
 import pytest
 from support import Platform, deploy, temp_home, wait_until
+from support.lora import write_adapter
 from support.platform_processes import processes
 
 from ebb.queue import keys
@@ -336,6 +337,49 @@ def test_tenants_see_deployments_without_operator_details(admin, tenant):
     full = admin.get("/v1/deployments/hostile").json()
     assert full["source"].startswith("fake://") and full["runners"]
     assert all("pid" in r and "log_tail" in r for r in full["runners"])
+
+
+def test_a_tenant_gets_no_base_cheaper_or_unseen_through_an_adapter(platform, admin, tmp_path):
+    lora = {"engine": {"enable_lora": True}, "idle_timeout_s": 120}
+    prices = {"price_per_1m_input_tokens_micros": 10**9, "price_per_1m_output_tokens_micros": 1}
+    deploy(admin, "hostile-priced", "fake://m?step_ms=1", serving={"batch_discount_pct": 10},
+           **prices, **lora)  # fmt: skip
+    deploy(admin, "hostile-private", "fake://m?step_ms=1", visibility="private", **lora)
+    quota = {"max_deployments": 2, "allowed_sources": [str(tmp_path)]}
+    assert admin.put("/v1/tenants/lorat/quota", json=quota).status_code == 200
+    key = admin.post("/v1/keys", json={"tenant": "lorat", "name": "k"}).json()["key"]
+    source = str(write_adapter(tmp_path / "zero"))
+    with httpx.Client(
+        base_url=platform.base_url, timeout=60, headers={"Authorization": f"Bearer {key}"}
+    ) as client:
+        messages = {}
+        for fields, status, param in (
+            ({"base": "hostile-priced", "price_per_1m_output_tokens_micros": 0}, 403,
+             "price_per_1m_output_tokens_micros"),
+            ({"base": "hostile-priced", "serving": {"batch_discount_pct": 100}}, 403,
+             "serving.batch_discount_pct"),
+            ({"base": "hostile-private"}, 400, "base"),  # exists, but not for lorat
+            ({"base": "hostile-absent"}, 400, "base"),
+            ({"base": "hostile"}, 400, "base"),  # no LoRA
+        ):  # fmt: skip
+            body = {"name": "lorat-a", "source": source, **fields}
+            error = _assert_openai_error(client.post("/v1/deployments", json=body), status)
+            assert error["param"] == param, error
+            messages[fields["base"]] = error["message"]
+        # A base it may not see reads exactly as one that does not exist.
+        assert messages["hostile-private"].replace("hostile-private", "X") == messages[
+            "hostile-absent"
+        ].replace("hostile-absent", "X")
+        body = {"name": "lorat-a", "source": source, "base": "hostile-priced"}
+        created = client.post("/v1/deployments", json=body)
+        assert created.status_code == 201, created.text
+        view = created.json()
+        assert view["price_per_1m_input_tokens_micros"] == 10**9
+        assert view["serving"]["batch_discount_pct"] == 10
+        patched = client.patch(
+            "/v1/deployments/lorat-a", json={"price_per_1m_input_tokens_micros": 1}
+        )
+        assert _assert_openai_error(patched, 403)["param"] == "price_per_1m_input_tokens_micros"
 
 
 def test_metrics_need_the_metrics_token_or_the_admin_key(platform, admin, tenant):
