@@ -3,9 +3,11 @@
 Stored in the object store when one is configured (EBB_FILES_S3_BUCKET: `S3FileStore`),
 else on local disk under EBB_HOME (`LocalFileStore`); `file_store` picks. Either way a
 file is its content under `<id>` plus `<id>.json`, its metadata (owner tenant, name,
-purpose, size, creation time), the metadata written last so a file is seen whole or not
-at all, and never changed once written. Every method blocks (disk or boto3): callers on
-the event loop run them in a thread.
+purpose, size, creation and expiry time), the metadata written last so a file is seen
+whole or not at all, and never changed once written; deleting removes the metadata first
+(the file is gone for every reader at once), then the content. What each tenant holds
+against its caps, and when each file expires, is kept in Redis (ebb.queue.file_quota).
+Every method blocks (disk or boto3): callers on the event loop run them in a thread.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class FileInfo:
     purpose: str  # "batch" (an input) | "batch_output"
     bytes: int
     created_at_s: int
+    # When the retention sweep deletes it (epoch s; None: files stored before retention).
+    expires_at_s: int | None = None
 
     def view(self) -> dict[str, Any]:
         """OpenAI's file object."""
@@ -37,6 +41,7 @@ class FileInfo:
             "object": "file",
             "bytes": self.bytes,
             "created_at": self.created_at_s,
+            "expires_at": self.expires_at_s,
             "filename": self.filename,
             "purpose": self.purpose,
             "status": "processed",
@@ -50,9 +55,20 @@ def new_file_id() -> str:
 
 class FileStore(Protocol):
     def put(
-        self, content: bytes, *, tenant: str, filename: str, purpose: str, file_id: str = ""
+        self,
+        content: bytes,
+        *,
+        tenant: str,
+        filename: str,
+        purpose: str,
+        file_id: str = "",
+        expires_at_s: int | None = None,
     ) -> FileInfo:
         """Store `content`; with a given `file_id` (outputs), writing it again is a no-op."""
+        ...
+
+    def delete(self, file_id: str) -> None:
+        """Remove the file (metadata first); deleting a missing file is a no-op."""
         ...
 
     def info(self, file_id: str) -> FileInfo | None: ...
@@ -88,7 +104,14 @@ class LocalFileStore:
         self._root = root
 
     def put(
-        self, content: bytes, *, tenant: str, filename: str, purpose: str, file_id: str = ""
+        self,
+        content: bytes,
+        *,
+        tenant: str,
+        filename: str,
+        purpose: str,
+        file_id: str = "",
+        expires_at_s: int | None = None,
     ) -> FileInfo:
         """Store `content`; with a given `file_id` (outputs), writing it again is a no-op."""
         self._root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -99,6 +122,7 @@ class LocalFileStore:
             purpose=purpose,
             bytes=len(content),
             created_at_s=int(time.time()),
+            expires_at_s=expires_at_s,
         )
         if file_id and (existing := self.info(file_id)) is not None:
             return existing
@@ -117,6 +141,12 @@ class LocalFileStore:
 
     def content(self, file_id: str) -> bytes:
         return (self._root / file_id).read_bytes()
+
+    def delete(self, file_id: str) -> None:
+        if not _valid_id(file_id):
+            return
+        self._meta(file_id).unlink(missing_ok=True)
+        (self._root / file_id).unlink(missing_ok=True)
 
     def list(self, tenant: str | None) -> list[FileInfo]:
         """Every file of `tenant` (all with None), newest first."""
@@ -157,7 +187,14 @@ class S3FileStore:
         self._s3: Any = boto3.client("s3", endpoint_url=endpoint_url)
 
     def put(
-        self, content: bytes, *, tenant: str, filename: str, purpose: str, file_id: str = ""
+        self,
+        content: bytes,
+        *,
+        tenant: str,
+        filename: str,
+        purpose: str,
+        file_id: str = "",
+        expires_at_s: int | None = None,
     ) -> FileInfo:
         if file_id and (existing := self.info(file_id)) is not None:
             return existing
@@ -168,6 +205,7 @@ class S3FileStore:
             purpose=purpose,
             bytes=len(content),
             created_at_s=int(time.time()),
+            expires_at_s=expires_at_s,
         )
         self._s3.put_object(Bucket=self.bucket, Key=self._key(info.file_id), Body=content)
         # Metadata last: a file is listed only once its content is whole.
@@ -186,6 +224,13 @@ class S3FileStore:
         if raw is None:
             raise FileNotFoundError(f"s3://{self.bucket}/{self._key(file_id)}")
         return raw
+
+    def delete(self, file_id: str) -> None:
+        if not _valid_id(file_id):
+            return
+        # Deleting a missing key succeeds (S3's DeleteObject is idempotent).
+        self._s3.delete_object(Bucket=self.bucket, Key=self._key(f"{file_id}.json"))
+        self._s3.delete_object(Bucket=self.bucket, Key=self._key(file_id))
 
     def list(self, tenant: str | None) -> list[FileInfo]:
         found = []
