@@ -66,7 +66,7 @@ async def store_file(
             filename=filename,
             purpose=purpose,
             file_id=file_id,
-            expires_at_s=expires_at_s,
+            keep_s=keep_s,
         )
     except BaseException:
         await services.file_quota.release(tenant, file_id)

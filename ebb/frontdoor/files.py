@@ -62,9 +62,10 @@ class FileStore(Protocol):
         filename: str,
         purpose: str,
         file_id: str = "",
-        expires_at_s: int | None = None,
+        keep_s: int | None = None,
     ) -> FileInfo:
-        """Store `content`; with a given `file_id` (outputs), writing it again is a no-op."""
+        """Store `content` (to expire `keep_s` after its creation); with a given `file_id`
+        (outputs), writing it again is a no-op."""
         ...
 
     def delete(self, file_id: str) -> None:
@@ -111,7 +112,7 @@ class LocalFileStore:
         filename: str,
         purpose: str,
         file_id: str = "",
-        expires_at_s: int | None = None,
+        keep_s: int | None = None,
     ) -> FileInfo:
         """Store `content`; with a given `file_id` (outputs), writing it again is a no-op."""
         self._root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -121,8 +122,8 @@ class LocalFileStore:
             filename=filename,
             purpose=purpose,
             bytes=len(content),
-            created_at_s=int(time.time()),
-            expires_at_s=expires_at_s,
+            created_at_s=(now := int(time.time())),
+            expires_at_s=None if keep_s is None else now + keep_s,
         )
         if file_id and (existing := self.info(file_id)) is not None:
             return existing
@@ -194,7 +195,7 @@ class S3FileStore:
         filename: str,
         purpose: str,
         file_id: str = "",
-        expires_at_s: int | None = None,
+        keep_s: int | None = None,
     ) -> FileInfo:
         if file_id and (existing := self.info(file_id)) is not None:
             return existing
@@ -204,8 +205,8 @@ class S3FileStore:
             filename=filename,
             purpose=purpose,
             bytes=len(content),
-            created_at_s=int(time.time()),
-            expires_at_s=expires_at_s,
+            created_at_s=(now := int(time.time())),
+            expires_at_s=None if keep_s is None else now + keep_s,
         )
         self._s3.put_object(Bucket=self.bucket, Key=self._key(info.file_id), Body=content)
         # Metadata last: a file is listed only once its content is whole.
