@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -92,8 +93,13 @@ def file_store(settings: Settings) -> FileStore:
     return LocalFileStore(settings.files_dir)
 
 
+# What a file id may be (an allowlist: uploads' `file-<hex>` and outputs'
+# `file-<batch id>-output`); anything else names no file, and is never a path on disk.
+_FILE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+
+
 def _valid_id(file_id: str) -> bool:
-    return bool(file_id) and "/" not in file_id and not file_id.startswith(".")
+    return _FILE_ID.fullmatch(file_id) is not None
 
 
 def _newest_first(found: list[FileInfo]) -> list[FileInfo]:
