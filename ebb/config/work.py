@@ -64,6 +64,36 @@ class JobSettings(BaseModel):
         default=64 * 1024 * 1024,
         description="The largest Batch API input file `POST /v1/files` accepts.",
     )
+    batch_max_lines: int = Field(
+        default=50_000,
+        ge=1,
+        le=50_000,
+        description="The most requests (non-blank lines) one Batch API input file may hold; "
+        "`POST /v1/batches` refuses a longer one with a 400 naming its count (OpenAI's cap, "
+        "50,000, is the largest allowed). Each line is a job kept in Redis until the batch "
+        "settles.",
+    )
+    files_max_per_tenant: int = Field(
+        default=200,
+        ge=1,
+        description="The most files (inputs and batch outputs) a tenant may store; an upload "
+        "past it is a 403 `quota_exceeded` until the tenant deletes some "
+        "(`DELETE /v1/files/{id}`). Outputs the platform writes count but are never refused.",
+    )
+    files_max_bytes_per_tenant: int = Field(
+        default=1024 * 1024 * 1024,
+        ge=1,
+        description="The most bytes a tenant's stored files may hold together (the disk "
+        "under `EBB_HOME/files` is also Redis's and the weight cache's); an upload past it "
+        "is a 403 `quota_exceeded`, as for the count.",
+    )
+    files_retention_s: int = Field(
+        default=30 * 86400,
+        ge=1,
+        description="How long a file is kept after it is created (an upload's "
+        "`expires_after` may ask for less); the frontdoor's sweep then deletes it and "
+        "gives back its share of the tenant's caps.",
+    )
     batch_resume_after_s: float = Field(
         default=30.0,
         description="A batch still validating after this long was interrupted while its "

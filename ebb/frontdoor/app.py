@@ -17,6 +17,7 @@ from ebb.config import Settings
 from ebb.console import routes as console_routes
 from ebb.errors import EbbError
 from ebb.frontdoor import (
+    file_keeping,
     parked_jobs,
     redis_down,
     routes_admin,
@@ -81,9 +82,12 @@ def create_app(settings: Settings) -> FastAPI:
         parked = asyncio.create_task(
             parked_jobs.watch_parked_jobs(services, interval_s=settings.job_poll_s * 4)
         )
+        sweeper = asyncio.create_task(
+            file_keeping.sweep_expired_files(services, interval_s=settings.job_poll_s * 4)
+        )
         alive = asyncio.create_task(keep_alive(services.redis, services.instance))
         yield
-        for task in (watcher, parked, alive):
+        for task in (watcher, parked, sweeper, alive):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

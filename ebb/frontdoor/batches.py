@@ -24,7 +24,6 @@ ENDPOINTS = {
     "/v1/embeddings": "embeddings",
 }
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
-MAX_BATCH_LINES = 50_000
 MAX_CUSTOM_ID_CHARS = 512
 
 
@@ -47,16 +46,46 @@ class InvalidInput(InvalidRequest):
         return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
 
 
-def parse_input(content: bytes, endpoint: str) -> list[InputLine]:
+def count_lines(content: bytes) -> int:
+    """The requests a file holds: its non-blank lines."""
+    return sum(1 for raw in content.splitlines() if raw.strip())
+
+
+def check_line_count(content: bytes, max_lines: int) -> None:
+    """InvalidInput naming the count when the file holds no request or more than
+    `max_lines` (each becomes a job kept in Redis while its batch runs)."""
+    found = count_lines(content)
+    if found == 0:
+        raise InvalidInput("The input file holds no requests.")
+    if found > max_lines:
+        raise InvalidInput(
+            f"The input file holds {found} requests; a batch holds at most {max_lines} "
+            "(EBB_BATCH_MAX_LINES). Split it into several files and batches.",
+            code="too_many_lines",
+        )
+
+
+def parse_input(
+    content: bytes, endpoint: str, *, max_lines: int, max_line_bytes: int
+) -> list[InputLine]:
     """The file's requests; InvalidInput naming the first line that is not one.
 
     Each line is read by the strict decoder of request bodies (`ebb.frontdoor.body`):
     UTF-8 only, no lone surrogates (text that could not be stored or echoed back), at most
-    MAX_JSON_DEPTH deep.
+    MAX_JSON_DEPTH deep, and at most `max_line_bytes` long (a request body's cap: each line
+    is a job whose request is kept in Redis while its batch runs).
     """
+    check_line_count(content, max_lines)
     lines: list[InputLine] = []
     seen: set[str] = set()
     for number, raw in enumerate(content.splitlines(), start=1):
+        if len(raw) > max_line_bytes:
+            raise InvalidInput(
+                f"line {number} of the input file is {len(raw)} bytes; a request may be at "
+                f"most {max_line_bytes} (EBB_MAX_BODY_BYTES).",
+                line=number,
+                code="line_too_long",
+            )
         if raw.strip():
             line = _parse_line(raw, number, endpoint)
             if line.custom_id in seen:
@@ -69,8 +98,6 @@ def parse_input(content: bytes, endpoint: str) -> list[InputLine]:
             lines.append(line)
     if not lines:
         raise InvalidInput("The input file holds no requests.")
-    if len(lines) > MAX_BATCH_LINES:
-        raise InvalidInput(f"A batch holds at most {MAX_BATCH_LINES} requests; got {len(lines)}.")
     return lines
 
 

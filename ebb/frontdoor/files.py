@@ -3,15 +3,18 @@
 Stored in the object store when one is configured (EBB_FILES_S3_BUCKET: `S3FileStore`),
 else on local disk under EBB_HOME (`LocalFileStore`); `file_store` picks. Either way a
 file is its content under `<id>` plus `<id>.json`, its metadata (owner tenant, name,
-purpose, size, creation time), the metadata written last so a file is seen whole or not
-at all, and never changed once written. Every method blocks (disk or boto3): callers on
-the event loop run them in a thread.
+purpose, size, creation and expiry time), the metadata written last so a file is seen
+whole or not at all, and never changed once written; deleting removes the metadata first
+(the file is gone for every reader at once), then the content. What each tenant holds
+against its caps, and when each file expires, is kept in Redis (ebb.queue.file_quota).
+Every method blocks (disk or boto3): callers on the event loop run them in a thread.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -29,6 +32,8 @@ class FileInfo:
     purpose: str  # "batch" (an input) | "batch_output"
     bytes: int
     created_at_s: int
+    # When the retention sweep deletes it (epoch s; None: files stored before retention).
+    expires_at_s: int | None = None
 
     def view(self) -> dict[str, Any]:
         """OpenAI's file object."""
@@ -37,6 +42,7 @@ class FileInfo:
             "object": "file",
             "bytes": self.bytes,
             "created_at": self.created_at_s,
+            "expires_at": self.expires_at_s,
             "filename": self.filename,
             "purpose": self.purpose,
             "status": "processed",
@@ -50,9 +56,21 @@ def new_file_id() -> str:
 
 class FileStore(Protocol):
     def put(
-        self, content: bytes, *, tenant: str, filename: str, purpose: str, file_id: str = ""
+        self,
+        content: bytes,
+        *,
+        tenant: str,
+        filename: str,
+        purpose: str,
+        file_id: str = "",
+        keep_s: int | None = None,
     ) -> FileInfo:
-        """Store `content`; with a given `file_id` (outputs), writing it again is a no-op."""
+        """Store `content` (to expire `keep_s` after its creation); with a given `file_id`
+        (outputs), writing it again is a no-op."""
+        ...
+
+    def delete(self, file_id: str) -> None:
+        """Remove the file (metadata first); deleting a missing file is a no-op."""
         ...
 
     def info(self, file_id: str) -> FileInfo | None: ...
@@ -75,8 +93,13 @@ def file_store(settings: Settings) -> FileStore:
     return LocalFileStore(settings.files_dir)
 
 
+# What a file id may be (an allowlist: uploads' `file-<hex>` and outputs'
+# `file-<batch id>-output`); anything else names no file, and is never a path on disk.
+_FILE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+
+
 def _valid_id(file_id: str) -> bool:
-    return bool(file_id) and "/" not in file_id and not file_id.startswith(".")
+    return _FILE_ID.fullmatch(file_id) is not None
 
 
 def _newest_first(found: list[FileInfo]) -> list[FileInfo]:
@@ -88,7 +111,14 @@ class LocalFileStore:
         self._root = root
 
     def put(
-        self, content: bytes, *, tenant: str, filename: str, purpose: str, file_id: str = ""
+        self,
+        content: bytes,
+        *,
+        tenant: str,
+        filename: str,
+        purpose: str,
+        file_id: str = "",
+        keep_s: int | None = None,
     ) -> FileInfo:
         """Store `content`; with a given `file_id` (outputs), writing it again is a no-op."""
         self._root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -98,7 +128,8 @@ class LocalFileStore:
             filename=filename,
             purpose=purpose,
             bytes=len(content),
-            created_at_s=int(time.time()),
+            created_at_s=(now := int(time.time())),
+            expires_at_s=None if keep_s is None else now + keep_s,
         )
         if file_id and (existing := self.info(file_id)) is not None:
             return existing
@@ -117,6 +148,12 @@ class LocalFileStore:
 
     def content(self, file_id: str) -> bytes:
         return (self._root / file_id).read_bytes()
+
+    def delete(self, file_id: str) -> None:
+        if not _valid_id(file_id):
+            return
+        self._meta(file_id).unlink(missing_ok=True)
+        (self._root / file_id).unlink(missing_ok=True)
 
     def list(self, tenant: str | None) -> list[FileInfo]:
         """Every file of `tenant` (all with None), newest first."""
@@ -157,7 +194,14 @@ class S3FileStore:
         self._s3: Any = boto3.client("s3", endpoint_url=endpoint_url)
 
     def put(
-        self, content: bytes, *, tenant: str, filename: str, purpose: str, file_id: str = ""
+        self,
+        content: bytes,
+        *,
+        tenant: str,
+        filename: str,
+        purpose: str,
+        file_id: str = "",
+        keep_s: int | None = None,
     ) -> FileInfo:
         if file_id and (existing := self.info(file_id)) is not None:
             return existing
@@ -167,7 +211,8 @@ class S3FileStore:
             filename=filename,
             purpose=purpose,
             bytes=len(content),
-            created_at_s=int(time.time()),
+            created_at_s=(now := int(time.time())),
+            expires_at_s=None if keep_s is None else now + keep_s,
         )
         self._s3.put_object(Bucket=self.bucket, Key=self._key(info.file_id), Body=content)
         # Metadata last: a file is listed only once its content is whole.
@@ -186,6 +231,13 @@ class S3FileStore:
         if raw is None:
             raise FileNotFoundError(f"s3://{self.bucket}/{self._key(file_id)}")
         return raw
+
+    def delete(self, file_id: str) -> None:
+        if not _valid_id(file_id):
+            return
+        # Deleting a missing key succeeds (S3's DeleteObject is idempotent).
+        self._s3.delete_object(Bucket=self.bucket, Key=self._key(f"{file_id}.json"))
+        self._s3.delete_object(Bucket=self.bucket, Key=self._key(file_id))
 
     def list(self, tenant: str | None) -> list[FileInfo]:
         found = []

@@ -7,8 +7,12 @@ the key's and tenant's rate limits like jobs: a line over them stays pending, an
 watcher queues it (in file order) once the limits allow, within the completion window.
 A line that meets a passing state of its deployment (weights being prepared) or of
 Redis (restarting) waits the same way; only a permanent condition refuses it.
-An input file that cannot be read as a batch is a 400 when the batch is created; a batch
-that cannot be queued (or resumed) fails once, with the reason in `errors`. A batch's status is
+Creating a batch answers at once, `validating`: a file with no requests or more than
+EBB_BATCH_MAX_LINES is a 400 then; its lines are validated and queued in the background
+(ebb.frontdoor.batch_queueing), and a line that is not a request fails the batch, as
+does one that cannot be queued (or resumed), once, with the reason in `errors`. Once
+settled, a batch keeps its request counts and its jobs' records are let go within the
+hour (the output and error files hold their results). A batch's status is
 read through to its jobs whenever it is looked at; once all of them settled, the output
 and error files are written (under fixed ids, so writing twice is harmless) and the batch
 is completed, expired (some line waited past the completion window) or cancelled. The
@@ -24,34 +28,29 @@ import datetime as dt
 import logging
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import msgspec
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from ebb.errors import CapacityError, EbbError, InvalidRequest, NotFound, RateLimited
+from ebb.errors import InvalidRequest, NotFound
 from ebb.frontdoor.auth import CallerDep, RidingCallerDep
+from ebb.frontdoor.batch_queueing import is_queueing_here, queue_pending, start_queueing
 from ebb.frontdoor.batches import (
     COMPLETION_WINDOWS,
-    ENDPOINTS,
-    InputLine,
-    InvalidInput,
     batch_view,
+    check_line_count,
     counts,
     output_files,
-    parse_input,
 )
 from ebb.frontdoor.caller import Caller
-from ebb.frontdoor.job_requests import JobCreate
+from ebb.frontdoor.file_keeping import store_file
 from ebb.frontdoor.list_page import list_page
 from ebb.frontdoor.redis_down import ride_out
 from ebb.frontdoor.routes_files import owned_file
-from ebb.frontdoor.routes_jobs import create_job
 from ebb.frontdoor.services import Services, ServicesDep
-from ebb.queue.batch_store import BatchLine, BatchRecord, BatchStatus
-from ebb.queue.connection import UNAVAILABLE_ERRORS
+from ebb.queue.batch_store import BatchRecord, BatchStatus
 from ebb.queue.job_schema import JobRecord, JobStatus
 from ebb.webhooks.signing import new_secret
 from ebb.webhooks.ssrf import UnsafeUrl, resolve_target
@@ -60,6 +59,9 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/batches")
 
 _LIST_SCAN = 100
+# How long a settled batch's jobs stay retrievable by GET /v1/jobs/{id} (the batch, its
+# output and error files stay for their own retention).
+_SETTLED_JOB_KEEP_S = 3600
 
 
 class BatchWebhook(BaseModel):
@@ -85,11 +87,13 @@ class BatchCreate(BaseModel):
 async def create_batch(
     payload: BatchCreate, caller: RidingCallerDep, services: ServicesDep
 ) -> dict[str, Any]:
+    """Store the batch `validating` and answer: its lines are validated and queued in the
+    background (ebb.frontdoor.batch_queueing), however many there are."""
     info = await owned_file(services.files, payload.input_file_id, caller)
     if info.purpose != "batch":
         raise InvalidRequest("input_file_id must name a file uploaded with purpose batch.")
     content = await asyncio.to_thread(services.files.content, info.file_id)
-    inputs = parse_input(content, payload.endpoint)
+    await asyncio.to_thread(check_line_count, content, services.settings.batch_max_lines)
     if payload.webhook is not None:
         try:
             await resolve_target(payload.webhook.url, services.settings.webhook_allowed_networks)
@@ -111,143 +115,21 @@ async def create_batch(
         metadata=payload.metadata,
         webhook_url=payload.webhook.url if payload.webhook else "",
     )
-    # Stored before any line is queued: if this process dies while queueing, the batch
-    # watcher finds it validating and queues the rest (see _queue_lines).
-    # A Redis restart is waited out (creating the same record again changes nothing);
-    # the lines then wait out anything passing (_queue_line).
-    await ride_out(lambda: services.batches.create(record), services.settings.redis_outage_s)
-    try:
-        record = await _queue_lines(services, record, inputs, caller)
-    except Exception as e:
-        log.exception("batches: %s could not be queued", record.batch_id)
-        record = await _give_up(services, record, _not_queued(e))
-    return await _refreshed_view(services, record)
-
-
-async def _queue_lines(
-    services: Services, record: BatchRecord, inputs: list[InputLine], caller: Caller
-) -> BatchRecord:
-    """One job per line not queued yet, in file order until the caller's rate limits
-    refuse one (that one and the rest stay pending, tried again at `release_at_s`). Each
-    job has an idempotency key of (batch, custom_id), so queueing a batch again (after a
-    crash) returns the jobs already queued: none runs twice."""
-    window_s = COMPLETION_WINDOWS[record.completion_window]
-    settled = {line.custom_id: line for line in record.lines if not line.pending}
-    lines: list[BatchLine] = []
-    wait: _Wait | None = None
-    for item in inputs:
-        line = settled.get(item.custom_id)
-        if line is None and wait is None:
-            line, wait = await _queue_line(services, record, item, caller, window_s)
-        lines.append(line or BatchLine(item.custom_id))
-    current = await services.batches.get(record.batch_id) or record
-    current.lines = lines
-    current.release_at_s = time.time() + wait.wait_s if wait is not None else 0.0
-    current.waiting_for = wait.reason if wait is not None else ""
-    if current.status is BatchStatus.VALIDATING:
-        current.status, current.in_progress_at_s = BatchStatus.IN_PROGRESS, int(time.time())
-    await services.batches.put(current)
-    if current.status is BatchStatus.CANCELLING:  # cancelled while its lines were queued
-        for line in lines:
-            if line.job_id:
-                await services.jobs.cancel(line.job_id)
-    return current
-
-
-@dataclass(frozen=True)
-class _Wait:
-    """Why a line was not queued yet, and when to try it again."""
-
-    wait_s: float
-    reason: str  # "rate_limits" or the passing state's code ("weights_preparing", ...)
-
-
-# While Redis is unreachable (restarting), pending lines are tried again this often.
-_REDIS_RETRY_S = 1.0
-
-
-async def _queue_line(
-    services: Services, record: BatchRecord, item: InputLine, caller: Caller, window_s: int
-) -> tuple[BatchLine | None, _Wait | None]:
-    """(the line queued or refused, None) or (None, why and how long it must wait).
-
-    Only what the line itself gets wrong, or what will not pass (weights that failed, a
-    deleted deployment), refuses it; a passing state (its rate limits, weights being
-    prepared, Redis restarting) keeps it pending within the completion window."""
-    job = JobCreate(
-        model=str(item.body["model"]),
-        endpoint=ENDPOINTS[record.endpoint],  # type: ignore[arg-type]
-        body=item.body,
-        metadata={"batch_id": record.batch_id, "custom_id": item.custom_id[:512]},
-        ttl_s=window_s,
+    # TODO(w4-stores): the Redis high-water "tenant write allowed" check belongs here,
+    # before the batch (and, in the background, its jobs) are written.
+    # Stored, and its lease taken, before any line is queued: if this process dies while
+    # queueing, the lease lapses and a batch watcher queues the rest. A Redis restart is
+    # waited out (creating the same record again changes nothing); the lines then wait
+    # out anything passing (batch_queueing._queue_line).
+    outage_s = services.settings.redis_outage_s
+    await ride_out(lambda: services.batches.create(record), outage_s)
+    ttl_s = services.settings.batch_resume_after_s
+    await ride_out(
+        lambda: services.batches.hold_work(record.batch_id, services.instance, ttl_s=ttl_s),
+        outage_s,
     )
-    key = f"{record.batch_id}|{item.custom_id}"
-    try:
-        job_id = await create_job(
-            services, caller, job, batch=True, idempotency=key, weights_wait_s=0.0
-        )
-    except RateLimited as e:
-        return None, _Wait(e.retry_after_s, "rate_limits")
-    except CapacityError as e:
-        return None, _Wait(e.retry_after_s, e.code)
-    except UNAVAILABLE_ERRORS:
-        log.warning("batches: Redis unavailable queueing %s; trying again", record.batch_id)
-        return None, _Wait(_REDIS_RETRY_S, "redis_unavailable")
-    except EbbError as e:
-        # Refused before running, as OpenAI reports a request that failed validation.
-        return BatchLine(item.custom_id, error={"code": e.code, "message": e.message}), None
-    return BatchLine(item.custom_id, job_id), None
-
-
-async def _requeue(services: Services, record: BatchRecord, *, resuming: bool) -> None:
-    """Queue the lines not queued yet: of a batch whose creation was interrupted
-    (`resuming`: any failure fails it, once), or pending ones its limits now allow (an
-    input that no longer validates fails it; other errors are tried again next time)."""
-    try:
-        content = await asyncio.to_thread(services.files.content, record.input_file_id)
-        inputs = parse_input(content, record.endpoint)
-    except (InvalidInput, FileNotFoundError) as e:
-        await _give_up(services, record, _not_queued(e))
-        return
-    caller = Caller(tenant=record.tenant, key_id=record.key_id, is_admin=False)
-    if resuming:
-        log.info("batches: resuming %s, interrupted while its lines were queued", record.batch_id)
-    try:
-        await _queue_lines(services, record, inputs, caller)
-    except Exception as e:
-        if not resuming:
-            raise
-        log.exception("batches: %s could not be resumed", record.batch_id)
-        await _give_up(services, record, _not_queued(e))
-
-
-def _not_queued(e: Exception) -> dict[str, Any]:
-    """`e` as an entry of the batch's `errors`."""
-    if isinstance(e, InvalidInput):
-        return e.batch_error()
-    if isinstance(e, FileNotFoundError):
-        message = "The batch's input file is gone; upload it again and create a new batch."
-        return {"code": "input_file_missing", "message": message, "param": None, "line": None}
-    message = f"The batch's lines could not be queued ({type(e).__name__}); create it again."
-    return {"code": "batch_not_queued", "message": message, "param": None, "line": None}
-
-
-async def _give_up(services: Services, record: BatchRecord, error: dict[str, Any]) -> BatchRecord:
-    """Settle a batch that cannot be queued: failed (cancelled, if it was being
-    cancelled) with `error`, its queued jobs cancelled, and no longer watched."""
-    current = await services.batches.get(record.batch_id) or record
-    now = int(time.time())
-    if current.status is BatchStatus.CANCELLING:
-        current.status, current.cancelled_at_s = BatchStatus.CANCELLED, now
-    else:
-        current.status, current.failed_at_s = BatchStatus.FAILED, now
-    current.errors = [error]
-    for line in current.lines:
-        if line.job_id:
-            await services.jobs.cancel(line.job_id)
-    await services.batches.put(current)
-    await services.batches.forget_active(current.batch_id)
-    return current
+    start_queueing(services, record, caller, content)
+    return batch_view(record, counts(record, {}))
 
 
 @router.get("/{batch_id}")
@@ -294,6 +176,8 @@ async def _owned(services: Services, batch_id: str, caller: Caller) -> BatchReco
 
 
 async def _refreshed_view(services: Services, record: BatchRecord) -> dict[str, Any]:
+    if record.status.is_terminal and record.final_counts is not None:
+        return batch_view(record, record.final_counts)  # its jobs may be gone by now
     jobs = await _jobs(services, record)
     # In progress, it settles once every line is queued; cancelling, its pending lines
     # never will be.
@@ -326,17 +210,17 @@ async def _finalize(
         for line in record.lines
     ]
     outputs, errors = output_files(record, jobs)
-    files = services.files
     for kind, lines in (("output", outputs), ("errors", errors)):
         if not lines:
             continue
-        info = await asyncio.to_thread(
-            files.put,
+        info = await store_file(
+            services,
             ("\n".join(lines) + "\n").encode(),
             tenant=record.tenant,
             filename=f"{record.batch_id}_{kind}.jsonl",
             purpose="batch_output",
             file_id=f"file-{record.batch_id}-{kind}",
+            platform_written=True,
         )
         if kind == "output":
             record.output_file_id = info.file_id
@@ -354,14 +238,20 @@ async def _finalize(
     else:
         record.status, record.completed_at_s = BatchStatus.COMPLETED, now
     record.finalizing_at_s = record.finalizing_at_s or now
+    record.final_counts = counts(record, jobs)
     body = {
         "type": "batch.completed",
         "timestamp": dt.datetime.fromtimestamp(now, tz=dt.UTC).isoformat().replace("+00:00", "Z"),
-        "data": batch_view(record, counts(record, jobs)),
+        "data": batch_view(record, record.final_counts),
     }
     webhook_id = f"msg_{uuid.uuid4().hex}"
     if await services.batches.settle(record, webhook_id=webhook_id, body=_json(body)):
         log.info("batches: %s %s, batch.completed announced", record.batch_id, record.status)
+    # What each line keeps in Redis ends with its batch (bar an hour for GET /v1/jobs).
+    job_ids = [line.job_id for line in record.lines if line.job_id]
+    for start in range(0, len(job_ids), _LIST_SCAN):
+        chunk = job_ids[start : start + _LIST_SCAN]
+        await services.jobs.shorten_retention(chunk, keep_s=_SETTLED_JOB_KEEP_S)
 
 
 def _json(body: dict[str, Any]) -> str:
@@ -389,15 +279,25 @@ async def _look_at(services: Services, batch_id: str, resume_after_s: float) -> 
     if record is None or record.status.is_terminal:
         await services.batches.forget_active(batch_id)
     elif record.status is BatchStatus.VALIDATING or not record.lines:
-        if now - record.created_at_s > resume_after_s:
-            await _requeue(services, record, resuming=True)
+        await _resume_if_abandoned(services, record, now - record.created_at_s > resume_after_s)
     elif record.status is BatchStatus.IN_PROGRESS and any(x.pending for x in record.lines):
         if now > record.expires_at_s:
             await _expire_pending(services, record)
         elif now >= record.release_at_s:
-            await _requeue(services, record, resuming=False)
+            await queue_pending(services, record)
     else:
         await _refreshed_view(services, record)
+
+
+async def _resume_if_abandoned(services: Services, record: BatchRecord, old: bool) -> None:
+    """Queue the lines of a batch whose queueing frontdoor died (its lease lapsed)."""
+    if not old or is_queueing_here(record.batch_id):
+        return
+    ttl_s = services.settings.batch_resume_after_s
+    if await services.batches.hold_work(record.batch_id, services.instance, ttl_s=ttl_s):
+        log.info("batches: resuming %s, interrupted while its lines were queued", record.batch_id)
+        caller = Caller(tenant=record.tenant, key_id=record.key_id, is_admin=False)
+        start_queueing(services, record, caller)
 
 
 # The code of a pending line whose completion window passed before it could be queued.

@@ -33,6 +33,7 @@ from ebb.queue.budgets import BudgetStore
 from ebb.queue.connection import async_client, short_command_client
 from ebb.queue.delivery_store import DeliveryStore, delivery_record_ttl_s
 from ebb.queue.event_hub import EventHub
+from ebb.queue.file_quota import FileQuotaStore
 from ebb.queue.job_store import JobStore
 from ebb.queue.ledger import LedgerStore
 from ebb.queue.memory_headroom import RedisHeadroom
@@ -67,6 +68,7 @@ class Services:
     webhook_secrets: WebhookSecrets
     batches: BatchStore
     files: FileStore
+    file_quota: FileQuotaStore
     stream_views: StreamViews
     budgets: BudgetStore
     # Whether Redis has room for tenant-fed writes (frontdoor.tenant_writes).
@@ -137,6 +139,7 @@ def build_services(settings: Settings) -> Services:
             ),
         ),
         files=file_store(settings),
+        file_quota=FileQuotaStore(client),
         stream_views=StreamViews(client, ttl_s=max(settings.result_ttl_s, 3600), batch=turn),
         budgets=budgets,
         headroom=RedisHeadroom(client, high_water=settings.redis_tenant_write_high_water),

@@ -78,6 +78,9 @@ class BatchRecord(msgspec.Struct, kw_only=True):
     # What its pending lines wait for: "rate_limits", or a passing state of the
     # deployment ("weights_preparing", "redis_unavailable"); named if the window ends.
     waiting_for: str = ""
+    # Its request counts once settled ({total, completed, failed}): its jobs' records are
+    # then let go (the output and error files hold what they made), so these stay.
+    final_counts: dict[str, int] | None = None
 
 
 class BatchStore:
@@ -87,6 +90,7 @@ class BatchStore:
         self._delivery_ttl_s = delivery_ttl_s
         self._create = register_async(client, "batch_create")
         self._settle = register_async(client, "batch_settle")
+        self._work_hold = register_async(client, "batch_work_hold")
 
     async def create(self, record: BatchRecord) -> bool:
         reply = await self._create(
@@ -122,6 +126,13 @@ class BatchStore:
                 self._delivery_ttl_s,
                 keys.SIGNAL_LIST_MAX,
             ],
+        )
+        return bool(int(reply))
+
+    async def hold_work(self, batch_id: str, holder: str, *, ttl_s: float) -> bool:
+        """Take or renew the lease on queueing `batch_id`'s lines; True if `holder` has it."""
+        reply = await self._work_hold(
+            keys=[keys.batch_worker(batch_id)], args=[holder, max(1, int(ttl_s * 1000))]
         )
         return bool(int(reply))
 

@@ -196,6 +196,14 @@ class JobStore:
             record, events=events, delivery_ttl_s=delivery_ttl_s, retention_s=self._retention_s
         )
 
+    async def shorten_retention(self, job_ids: list[str], *, keep_s: int) -> None:
+        """Keep these settled jobs' records at most `keep_s` more (a settled batch's: its
+        output and error files hold what they made)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.expire(keys.job(job_id), keep_s, lt=True)
+        await pipe.execute()
+
     async def release_attempt(self, request_id: str) -> None:
         """A collected attempt's record and stream are no longer needed beyond a while."""
         pipe = self.redis.pipeline(transaction=False)

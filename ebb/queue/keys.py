@@ -314,6 +314,27 @@ def tenant_batches(tenant: str) -> str:
     return f"{PREFIX}batches:tenant:{tenant}"
 
 
+# --- the Files API ----------------------------------------------------------------------
+
+# zset: "<file id> <tenant>" scored by the second the file expires (the retention sweep's)
+FILES_EXPIRY = PREFIX + "files:expiry"
+
+
+def tenant_files(tenant: str) -> str:
+    """Hash of a tenant's stored files: file id -> its size in bytes (the count cap's)."""
+    return f"{PREFIX}files:tenant:{tenant}"
+
+
+def tenant_file_bytes(tenant: str) -> str:
+    """String: the bytes a tenant's stored files hold together (the bytes cap's)."""
+    return f"{PREFIX}files:bytes:{tenant}"
+
+
+def batch_worker(batch_id: str) -> str:
+    """String, expiring: the frontdoor queueing a validating batch's lines now (its lease)."""
+    return f"{PREFIX}batchwork:{batch_id}"
+
+
 def process_memory(process_id: str) -> str:
     """string: one platform process's last ProcessMemory report (json), expiring."""
     return f"{PREFIX}procmem:{process_id}"

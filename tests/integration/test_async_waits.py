@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ebb.errors import CapacityError, WeightsError
-from ebb.frontdoor import routes_batches
+from ebb.frontdoor import batch_queueing, routes_batches
 from ebb.frontdoor.batches import InputLine, counts
 from ebb.frontdoor.caller import Caller
 from ebb.queue.batch_store import BatchRecord, BatchStatus, BatchStore
@@ -76,15 +76,15 @@ async def test_lines_wait_out_a_passing_state_then_are_queued(
     services, monkeypatch, refusal, reason
 ):
     deployment = _Deployment(refusal)
-    monkeypatch.setattr(routes_batches, "create_job", deployment.create_job)
-    record = await routes_batches._queue_lines(services, await _new_batch(services), INPUTS, CALLER)
+    monkeypatch.setattr(batch_queueing, "create_job", deployment.create_job)
+    record = await batch_queueing.queue_lines(services, await _new_batch(services), INPUTS, CALLER)
     assert record.status is BatchStatus.IN_PROGRESS
     assert [line.pending for line in record.lines] == [True] * 3  # none failed
     assert record.waiting_for == reason
     assert counts(record, {})["failed"] == 0
 
     deployment.refusal = None  # the weights are ready / Redis is back
-    record = await routes_batches._queue_lines(services, record, INPUTS, CALLER)
+    record = await batch_queueing.queue_lines(services, record, INPUTS, CALLER)
     assert [line.job_id for line in record.lines] == ["job_1", "job_2", "job_3"]
     assert record.waiting_for == ""
 
@@ -92,8 +92,8 @@ async def test_lines_wait_out_a_passing_state_then_are_queued(
 async def test_lines_still_waiting_at_the_window_end_name_what_they_waited_for(
     services, monkeypatch
 ):
-    monkeypatch.setattr(routes_batches, "create_job", _Deployment(PREPARING).create_job)
-    record = await routes_batches._queue_lines(services, await _new_batch(services), INPUTS, CALLER)
+    monkeypatch.setattr(batch_queueing, "create_job", _Deployment(PREPARING).create_job)
+    record = await batch_queueing.queue_lines(services, await _new_batch(services), INPUTS, CALLER)
 
     async def settle(services, record):  # writing the files is not what is tested
         return {}
@@ -108,9 +108,9 @@ async def test_lines_still_waiting_at_the_window_end_name_what_they_waited_for(
 
 async def test_failed_weights_refuse_the_lines_at_once(services, monkeypatch):
     failed = WeightsError("the checkpoint has no config.json", code="weights_invalid")
-    monkeypatch.setattr(routes_batches, "create_job", _Deployment(failed).create_job)
+    monkeypatch.setattr(batch_queueing, "create_job", _Deployment(failed).create_job)
     batch = await _new_batch(services)
-    record = await routes_batches._queue_lines(services, batch, INPUTS[:1], CALLER)
+    record = await batch_queueing.queue_lines(services, batch, INPUTS[:1], CALLER)
     assert record.lines[0].error == {
         "code": "weights_invalid",
         "message": "the checkpoint has no config.json",

@@ -140,7 +140,13 @@ def test_a_batch_past_its_completion_window_expires(platform, admin, platform_re
     batch = client.batches.create(
         input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
-    record = msgspec.json.decode(platform_redis.get(keys.batch(batch.id)), type=BatchRecord)
+
+    # Its lines are queued in the background (issue 46): once they are, both have jobs.
+    def queued() -> BatchRecord | None:
+        record = msgspec.json.decode(platform_redis.get(keys.batch(batch.id)), type=BatchRecord)
+        return record if record.status != "validating" else None
+
+    record = wait_until(queued, 30, "the batch's lines to be queued")
     job_ids = [line.job_id for line in record.lines]
     assert len(job_ids) == 2 and all(job_ids)
     # As if the 24 hours had passed: the lines' TTL deadlines are now.

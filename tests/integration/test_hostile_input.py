@@ -462,6 +462,14 @@ def _upload(client: httpx.Client, content: bytes, **form) -> httpx.Response:
     )
 
 
+def _validated(client: httpx.Client, batch_id: str, name: str) -> dict:
+    def look() -> dict | None:
+        batch = client.get(f"/v1/batches/{batch_id}").json()
+        return batch if batch["status"] != "validating" else None
+
+    return wait_until(look, 60, f"the batch of {name} to be validated")
+
+
 @pytest.mark.parametrize("name", list(HOSTILE_BATCH_FILES))
 def test_hostile_batch_files_never_get_a_5xx(admin, tenant, name):
     for client in (admin, tenant):
@@ -481,9 +489,37 @@ def test_hostile_batch_files_never_get_a_5xx(admin, tenant, name):
         assert created.status_code < 500, (name, created.text)
         if created.status_code >= 400:
             assert _assert_openai_error(created, created.status_code)["param"] == "input_file_id"
-        else:  # every line was read; those the platform refuses land in the error file
-            batch = created.json()
-            assert batch["status"] != "failed" or batch["errors"]["data"][0]["message"]
+        else:  # read in the background: failed naming the line, or queued (refusals in the
+            # error file)
+            batch = _validated(client, created.json()["id"], name)
+            if batch["status"] == "failed":
+                [error] = batch["errors"]["data"]
+                assert error["message"] and error["param"] == "input_file_id"
+                assert isinstance(error["line"], int)
+
+
+def test_hostile_expires_after_and_deletes_get_a_4xx(admin, tenant):
+    for anchor, seconds in (
+        ("created_at", "-1"),
+        ("created_at", "3600.5"),
+        ("created_at", "\u0663\u0666\u0660\u0660"),  # Arabic-Indic digits
+        ("created_at", "9" * 5000),
+        ("created_at", ""),
+        ("last_active_at", "3600"),
+        ("", "3600"),
+    ):
+        form = {"expires_after[anchor]": anchor, "expires_after[seconds]": seconds}
+        refused = _upload(tenant, _jsonl(_batch_line()), **form)
+        assert refused.status_code == 400, (anchor, seconds, refused.text)
+        assert _assert_openai_error(refused, 400)["param"].startswith("expires_after")
+    # Another tenant's file, or a path, is not there to delete; its owner's stays.
+    owned = _upload(admin, _jsonl(_batch_line())).json()["id"]
+    for file_id in (owned, "..", ".%2e", "file-x%2f..%2f..", "x" * 5000, "\u00b2"):
+        gone = tenant.delete(f"/v1/files/{file_id}")
+        assert gone.status_code in (404, 405), (file_id, gone.text)
+        _assert_openai_error(gone, gone.status_code)
+    assert admin.get(f"/v1/files/{owned}").status_code == 200
+    assert admin.delete(f"/v1/files/{owned}").json()["deleted"] is True
 
 
 def test_hostile_uploads_get_a_4xx(admin, tenant):

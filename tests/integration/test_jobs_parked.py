@@ -17,7 +17,13 @@ import pytest
 from support.weights import write_servable_dir
 
 from ebb.config import Settings
-from ebb.frontdoor import job_requests, parked_jobs, routes_batches, routes_jobs, routes_jobs_read
+from ebb.frontdoor import (
+    batch_queueing,
+    job_requests,
+    parked_jobs,
+    routes_jobs,
+    routes_jobs_read,
+)
 from ebb.frontdoor.batches import InputLine
 from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.services import build_services
@@ -131,7 +137,7 @@ async def test_a_batch_created_while_weights_are_prepared_queues_every_line_once
     )
     await services.batches.create(record)
     lines = [InputLine(f"line-{i}", {"model": "m", **BODY}) for i in range(3)]
-    record = await routes_batches._queue_lines(services, record, lines, CALLER)
+    record = await batch_queueing.queue_lines(services, record, lines, CALLER)
     assert [line.pending for line in record.lines] == [True] * 3  # none failed
     assert record.waiting_for == "weights_preparing"
 
@@ -139,7 +145,7 @@ async def test_a_batch_created_while_weights_are_prepared_queues_every_line_once
     await _weights(
         services, WeightsStatus(WeightsState.READY, path=str(checkpoint), max_model_len=256)
     )
-    record = await routes_batches._queue_lines(services, record, lines, CALLER)
+    record = await batch_queueing.queue_lines(services, record, lines, CALLER)
     jobs = await services.jobs.get_many([line.job_id for line in record.lines])
     assert [job.status for job in jobs] == [JobStatus.QUEUED] * 3
     assert await services.redis.zcard(keys.job_queue("m")) == 3

@@ -462,9 +462,11 @@ def test_batch_through_the_sdk_with_a_refused_line(client, admin):
         completion_window="24h",
         metadata={"run": "7"},
     )
-    assert batch.status in ("in_progress", "completed") and batch.request_counts.total == 3
+    # Answered at once; its lines are validated and queued in the background (issue 46).
+    assert batch.status == "validating" and batch.request_counts.total == 0
     done = _settled_batch(client, batch.id)
     assert done.status == "completed" and done.metadata == {"run": "7"}
+    assert done.request_counts.total == 3
     assert (done.request_counts.completed, done.request_counts.failed) == (2, 1)
     output = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
     by_id = {o["custom_id"]: o for o in output}
@@ -510,14 +512,17 @@ def test_batch_cancel_runs_nothing_more(client, admin):
         ([{**_chat_line("a"), "url": "/v1/completions"}], "batch's endpoint"),
     ],
 )
-def test_bad_batch_files_are_refused(client, lines, message):
+def test_bad_batch_files_fail_the_batch(client, lines, message):
+    # Validated in the background (issue 46): the batch fails with OpenAI's `errors`.
     uploaded = client.files.create(file=("x.jsonl", _batch_file(lines)), purpose="batch")
-    with pytest.raises(openai.BadRequestError) as info:
-        client.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-    assert message in info.value.body["message"]
-    assert info.value.body["param"] == "input_file_id"
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    done = _settled_batch(client, batch.id)
+    assert done.status == "failed" and done.errors is not None
+    [error] = done.errors.data
+    assert message in error.message
+    assert error.param == "input_file_id" and error.line is not None
 
 
 def test_files_are_the_uploaders(platform, client, admin):

@@ -118,6 +118,15 @@ def _batch_jobs(client: httpx.Client, batch_id: str) -> int:
     return sum(1 for job in listed if (job.get("metadata") or {}).get("batch_id") == batch_id)
 
 
+def _queued(client: httpx.Client, batch_id: str) -> dict:
+    """The batch once its lines were validated and queued (in the background)."""
+    return wait_until(
+        lambda: (b := client.get(f"/v1/batches/{batch_id}").json())["status"] != "validating" and b,
+        60,
+        "the batch's lines to be queued",
+    )
+
+
 def test_batch_lines_wait_for_the_keys_requests_per_minute(platform, admin):
     rpm, total = 20, 24
     client = _tenant(platform, admin, "batch-rpm", requests_per_minute=rpm)
@@ -125,9 +134,10 @@ def test_batch_lines_wait_for_the_keys_requests_per_minute(platform, admin):
     created = _create_batch(client, file_id)
     assert created.status_code == 200, created.text
     batch_id = created.json()["id"]
+    queued = _queued(client, batch_id)
     # Only what the limit allows was queued; the rest waits, and is not failed.
     assert _batch_jobs(client, batch_id) <= rpm
-    assert created.json()["request_counts"]["failed"] == 0
+    assert queued["request_counts"]["failed"] == 0
     assert client.post("/v1/chat/completions", json={
         "model": "inputs-m", "messages": MESSAGES, "max_tokens": 3}).status_code == 429  # fmt: skip
     done = wait_until(
@@ -146,8 +156,9 @@ def test_batch_lines_count_against_tokens_per_minute(platform, admin):
     file_id = _upload(client, _jsonl([_line(f"t{i}", max_tokens=400) for i in range(6)]))
     created = _create_batch(client, file_id)
     assert created.status_code == 200, created.text
+    queued = _queued(client, created.json()["id"])
     assert _batch_jobs(client, created.json()["id"]) <= 2
-    assert created.json()["status"] == "in_progress"
+    assert queued["status"] == "in_progress"
 
 
 @pytest.mark.parametrize(
@@ -171,16 +182,25 @@ def test_batch_lines_count_against_tokens_per_minute(platform, admin):
     ],
     ids=["surrogate-custom-id", "surrogate-in-body", "nested-100000"],
 )
-def test_a_line_that_is_not_strict_json_is_a_400_naming_it(platform, admin, line, says):
+def test_a_line_that_is_not_strict_json_fails_the_batch_naming_it(platform, admin, line, says):
+    # Lines are validated in the background (issue 46): the batch fails, as OpenAI's do.
     client = _tenant(platform, admin, "batch-bad")
     file_id = _upload(client, _jsonl([_line("first")]) + line + b"\n")
-    refused = _create_batch(client, file_id)
-    assert refused.status_code == 400, refused.text
-    error = refused.json()["error"]
+    created = _create_batch(client, file_id)
+    assert created.status_code == 200, created.text
+    failed = _queued(client, created.json()["id"])
+    assert failed["status"] == "failed", failed
+    [error] = failed["errors"]["data"]
     assert error["param"] == "input_file_id" and "line 2" in error["message"]
-    assert says in error["message"]
-    # Nothing was stored that a watcher would take up again.
-    assert client.get("/v1/batches").json()["data"] == []
+    assert error["line"] == 2 and says in error["message"]
+    # No line ran, and the failed batch is no longer watched (never taken up again).
+    assert _batch_jobs(client, created.json()["id"]) == 0
+    redis = platform.redis()
+    wait_until(
+        lambda: created.json()["id"].encode() not in redis.smembers(keys.BATCHES_ACTIVE),
+        30,
+        "the failed batch to leave the watched set",
+    )
 
 
 def _store_validating(platform: Platform, tenant: str, file_id: str, batch_id: str) -> None:
