@@ -85,8 +85,14 @@ def test_a_tenants_adapter_pays_its_bases_prices_and_its_budget_holds(
         assert refused.status_code == 429, (model, refused.text)
         assert refused.json()["error"]["code"] == "insufficient_quota"
     job = {"model": "beta-free", "endpoint": "chat.completions", "body": {"messages": MESSAGES}}
-    refused = beta.post("/v1/jobs", json=job)
-    assert refused.status_code == 429, refused.text
+    response = {"model": "beta-free", "input": "Hi", "max_output_tokens": 4}
+    for refused in (beta.post("/v1/jobs", json=job), beta.post("/v1/responses", json=response)):
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["code"] == "insufficient_quota"
+    batch = _batch(beta, "beta-free")
+    assert batch["request_counts"]["failed"] == 1, batch
+    errors = beta.get(f"/v1/files/{batch['error_file_id']}/content").text
+    assert "insufficient_quota" in errors, errors
 
     # The base's GPU time, shared among the adapters it served by tokens, in the usage.
     def split() -> list[dict] | None:
