@@ -279,6 +279,8 @@ def _check_str_method(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     ):
         return args
     name = method.__name__
+    # jinja's own bookkeeping, which Context.call takes out again before the call.
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("_loop_vars", "_block_vars")}
     if name not in _STR_METHODS:
         raise SecurityError(f"a chat template may not call str.{name}()")
     if name in ("center", "ljust", "rjust", "zfill") and args:
