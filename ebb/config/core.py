@@ -122,6 +122,14 @@ class SecuritySettings(BaseModel):
         "values one render builds together at most 16 times it. A prompt a model's context "
         "holds is far shorter (about 4 characters a token: 4M for a 1M-token context).",
     )
+    chat_template_processes: int = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description="Worker processes (per frontdoor process) that render chat templates "
+        "off the event loop: in a process a render does not hold the frontdoor's GIL, "
+        "so a slow template slows no other request. `0`: in a thread of the frontdoor.",
+    )
     header_timeout_s: float = Field(
         default=10.0,
         gt=0,

@@ -48,6 +48,7 @@ def template_limits(settings: Settings) -> TemplateLimits:
         max_steps=settings.chat_template_max_steps,
         timeout_s=settings.chat_template_timeout_s,
         max_output_chars=settings.chat_template_max_output_chars,
+        processes=settings.chat_template_processes,
     )
 
 

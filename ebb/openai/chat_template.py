@@ -19,6 +19,7 @@ from ebb.openai.template_budget import (
     TemplateBudgetExceeded,
     TemplateLimits,
     rendering,
+    rendering_inline,
 )
 
 # The special tokens transformers passes to every template (its SPECIAL_TOKENS_ATTRIBUTES).
@@ -125,9 +126,21 @@ class ChatTemplate:
         environment.globals["raise_exception"] = _raise_exception
         environment.globals["strftime_now"] = _strftime_now
         self._template = environment.from_string(source)
+        self._source = source
         self._special_tokens = special_tokens
 
     def render(
+        self, messages: list[dict[str, Any]], limits: TemplateLimits, **variables: Any
+    ) -> str:
+        """`render_here`, in a worker process (`template_pool`) when `limits` has
+        processes and the render is not inline (on the event loop, under its step cap)."""
+        if limits.processes and not rendering_inline():
+            from ebb.openai.template_pool import render_in_pool
+
+            return render_in_pool(self._source, self._special_tokens, messages, limits, variables)
+        return self.render_here(messages, limits, **variables)
+
+    def render_here(
         self, messages: list[dict[str, Any]], limits: TemplateLimits, **variables: Any
     ) -> str:
         """The conversation with the prompt for the assistant's next turn. `variables`

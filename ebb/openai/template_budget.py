@@ -42,6 +42,8 @@ class TemplateLimits:
     max_steps: int = 1_000_000
     timeout_s: float = 2.0
     max_output_chars: int = 4 * 2**20
+    # Worker processes renders run in (`template_pool`); 0: in the calling thread.
+    processes: int = 0
 
 
 class TemplateBudgetExceeded(Exception):
@@ -126,6 +128,11 @@ def inline_renders() -> Iterator[None]:
         yield
     finally:
         _INLINE.reset(token)
+
+
+def rendering_inline() -> bool:
+    """Whether a render now would run inline (inside `inline_renders`)."""
+    return _INLINE.get()
 
 
 def counted(iterable: Iterable[object]) -> Iterator[object]:

@@ -216,3 +216,18 @@ def test_the_fake_engines_tokenizer_renders_a_deployments_template():
     with pytest.raises(InvalidRequest) as refused:
         tokenizer.render_chat(MESSAGES, None, "{{ 'x' * 200000000 }}")
     assert refused.value.code == "chat_template_budget"
+
+
+def test_a_render_in_the_worker_pool_is_the_same_render_and_budget():
+    pooled = TemplateLimits(max_steps=200_000, timeout_s=60.0, max_output_chars=1_000_000,
+                            processes=1)  # fmt: skip
+    template = compile_template(REAL, SPECIAL)
+    conversation = [{"role": "user", "content": "Hi  there"}]
+    here = template.render_here(conversation, LIMITS, tools=TOOLS)
+    assert template.render(conversation, pooled, tools=TOOLS) == here
+    with pytest.raises(InvalidRequest) as refused:
+        compile_template("{{ 'x' * 200000000 }}").render(MESSAGES, pooled)
+    assert refused.value.code == "chat_template_budget" and refused.value.param == "messages"
+    with pytest.raises(InvalidRequest) as raised:
+        compile_template("{{ raise_exception('no') }}").render(MESSAGES, pooled)
+    assert "refused the messages: no" in raised.value.message
