@@ -25,7 +25,7 @@ from typing import Any
 from jinja2 import nodes
 from jinja2.exceptions import SecurityError
 from jinja2.ext import loopcontrols
-from jinja2.filters import FILTERS
+from jinja2.filters import FILTERS, make_attrgetter
 from jinja2.runtime import Context, LoopContext, Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import _PassArg
@@ -196,6 +196,19 @@ def _check_indent(indent: object) -> None:
         raise TemplateBudgetExceeded(f"tojson indent of {indent} (at most 16)")
 
 
+def _join_separator(args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
+    return kwargs.get("d", args[2] if len(args) > 2 else "")
+
+
+def _joined_values(args: tuple[Any, ...], kwargs: dict[str, Any], items: list[Any]) -> list[Any]:
+    """What `join` (eval_ctx, value, d, attribute) joins: the items, or their attribute."""
+    attribute = kwargs.get("attribute", args[3] if len(args) > 3 else None)
+    if attribute is None:
+        return items
+    getter = make_attrgetter(args[0].environment, attribute)
+    return [getter(item) for item in items]
+
+
 def _budgeted_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     takes = 1 if _PassArg.from_obj(func) is not None else 0
     check = _FILTER_CHECKS.get(name)
@@ -206,8 +219,8 @@ def _budgeted_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         budget.step()
         if name in ("join", "sum") and len(args) > takes:  # materialised once, checked
             items = list(args[takes])
-            if name == "join" and "attribute" not in kwargs and len(args) <= takes + 2:
-                _check_join(items, args[takes + 1] if len(args) > takes + 1 else "")
+            if name == "join":
+                _check_join(_joined_values(args, kwargs, items), _join_separator(args, kwargs))
             if name == "sum":
                 start = kwargs.get("start", args[takes + 2] if len(args) > takes + 2 else 0)
                 given = args[takes + 1] if len(args) > takes + 1 else None

@@ -148,6 +148,8 @@ def test_a_real_template_renders_exactly_as_the_unbudgeted_sandbox():
         ("{{ 'xx' | replace('x', 'x' * 1000) | replace('x', 'x' * 1000) }}", "characters"),
         ("{{ ('x' * 900000).join(['a'] * 100) }}", "characters"),
         ("{{ (['x' * 900000] * 100) | join }}", "characters"),
+        ("{{ (['a'] * 100) | join(d='x' * 900000) }}", "characters"),
+        ("{{ ([{'a': 'x' * 900000}] * 100) | join(attribute='a') }}", "characters"),
         ("{{ 2 ** 100000000 }}", "bits"),
         ("{{ ([[1]] * 1000) | sum(start=[]) }}", "not numbers"),
     ],
