@@ -55,7 +55,8 @@ class EngineEntry:
       `options.source` is the deployment's source, `options.model_path` the prepared
       weights (None when the entry prepares none).
     - `preload() -> None`: imports the engine's libraries; idempotent.
-    - `tokenizer() -> PromptTokenizer` and `context_len(source) -> int`: set exactly when
+    - `tokenizer(limits: TemplateLimits | None) -> PromptTokenizer` (the chat templates' render
+      budget, `ebb.openai.template_budget`) and `context_len(source) -> int`: set exactly when
       `prepares_weights` is False.
     - `memory_need(source) -> int`: the GPU bytes a runner needs, for an entry without
       prepared weights to estimate it from (None: estimated from the weights).
@@ -93,10 +94,10 @@ class EngineEntry:
         """The engine for `options` (an `EngineAdapter`), built in this process."""
         return load_object(self.engine)(options)
 
-    def make_tokenizer(self) -> Any:
+    def make_tokenizer(self, limits: Any = None) -> Any:
         if self.tokenizer is None:
             raise ValueError(f"{self.name}: the tokenizer comes with the prepared weights")
-        return load_object(self.tokenizer)()
+        return load_object(self.tokenizer)(limits)
 
     def memory_need_of(self, source: str) -> int | None:
         """The GPU bytes the entry says a runner of `source` needs; None: not its to say."""

@@ -123,6 +123,40 @@ class SecuritySettings(BaseModel):
         description="Request bodies larger than this are refused with `413` while they "
         "are read (any route); at least 64KiB, e.g. `8MiB`.",
     )
+    chat_template_max_steps: int = Field(
+        default=1_000_000,
+        ge=10_000,
+        description="A chat template (a model's own, or a deployment's "
+        "`serving.chat_template`) may take this many steps to render one request (each "
+        "loop iteration, call, filter and string or list operation is one); past them the "
+        "request is a `400` (`chat_template_budget`). A real template takes a few dozen "
+        "per message.",
+    )
+    chat_template_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        description="A chat template render stops (`400`) after this long, checked inside "
+        "the render at every step (a thread cannot be killed, so the budget is what stops "
+        "the work). Renders run off the event loop, except short bodies' first "
+        "few thousand steps.",
+    )
+    chat_template_max_output_chars: int = Field(
+        default=4 * 2**20,
+        ge=65536,
+        description="A chat template's rendered prompt, and any one string or list it "
+        "builds (a list's items count 8 characters each), is at most this long; all the "
+        "values one render builds together at most 16 times it. A prompt a model's context "
+        "holds is far shorter (about 4 characters a token: 4M for a 1M-token context).",
+    )
+    chat_template_processes: int = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description="Worker processes (per frontdoor process) that render chat templates "
+        "off the event loop: in a process a render does not hold the frontdoor's GIL, "
+        "so a slow template slows no other request. `0`: in a thread of the frontdoor.",
+    )
     header_timeout_s: float = Field(
         default=10.0,
         gt=0,

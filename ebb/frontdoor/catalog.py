@@ -17,8 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.errors import CapacityError, WeightsError
+from ebb.openai.template_budget import TemplateLimits
 from ebb.openai.tokenizer import HfPromptTokenizer, PromptTokenizer
 from ebb.queue.platform import PlatformState
 from ebb.queue.schema import DeploymentSpec
@@ -40,9 +42,26 @@ class ModelInfo:
     max_model_len: int
 
 
+def template_limits(settings: Settings) -> TemplateLimits:
+    """The chat templates' render budget the settings give."""
+    return TemplateLimits(
+        max_steps=settings.chat_template_max_steps,
+        timeout_s=settings.chat_template_timeout_s,
+        max_output_chars=settings.chat_template_max_output_chars,
+        processes=settings.chat_template_processes,
+    )
+
+
 class ModelCatalog:
-    def __init__(self, state: PlatformState, engines: EngineRegistry | None = None):
+    def __init__(
+        self,
+        state: PlatformState,
+        engines: EngineRegistry | None = None,
+        template_limits: TemplateLimits | None = None,
+    ):
         self._state = state
+        # Every chat template's render budget (settings EBB_CHAT_TEMPLATE_*).
+        self._limits = template_limits or TemplateLimits()
         # Sources without weights to prepare (test engines) bring their own tokenizer.
         self._engines = engines or EngineRegistry()
         # Tokenizers by model directory (or by source, for sources without weights);
@@ -58,7 +77,8 @@ class ModelCatalog:
         `WeightsError` when their preparation failed."""
         entry = self._engines.entry_for(spec.source)
         if not entry.prepares_weights:
-            tokenizer = await self._tokenizer(spec.source, entry.make_tokenizer)
+            limits = self._limits
+            tokenizer = await self._tokenizer(spec.source, lambda: entry.make_tokenizer(limits))
             return ModelInfo(tokenizer, spec.max_model_len or entry.context_len_of(spec.source))
         known = self._ready.get((spec.name, spec.created_at_s))
         if known is not None:
@@ -97,7 +117,8 @@ class ModelCatalog:
 
     async def _ready_tokenizer(self, spec: DeploymentSpec, path: str) -> PromptTokenizer | None:
         if path in self._tokenizers or Path(path).is_dir():
-            return await self._tokenizer(path, lambda: HfPromptTokenizer.from_dir(path))
+            limits = self._limits
+            return await self._tokenizer(path, lambda: HfPromptTokenizer.from_dir(path, limits))
         # The cache evicted the files since: ask the controller to prepare them again.
         log.warning("frontdoor: weights of %s gone from %s; asking for them", spec.name, path)
         await self._state.set_deployment_status(

@@ -3,6 +3,7 @@ see `ebb.frontdoor.tenancy`)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Annotated, Any, Literal
 
@@ -29,6 +30,7 @@ from ebb.frontdoor.routes_limits import TENANT_PATTERN
 from ebb.frontdoor.routes_scaling import ScalingBody
 from ebb.frontdoor.services import Services, ServicesDep
 from ebb.frontdoor.version_quotas import check_version_quota, versions_limit, versions_refusal
+from ebb.openai.chat_template import MAX_TEMPLATE_CHARS, compile_template
 from ebb.queue.gpus import GpuState
 from ebb.queue.platform import PlatformState
 from ebb.queue.priority import Priority
@@ -67,7 +69,9 @@ class ServingBody(BaseModel):
         None, description="How replies become tool calls; empty: from the chat template."
     )
     chat_template: str | None = Field(
-        None, max_length=65536, description="A Jinja chat template instead of the model's."
+        None,
+        max_length=MAX_TEMPLATE_CHARS,
+        description="A Jinja chat template instead of the model's (compiled when deployed).",
     )
     task: Literal["generate", "embed"] | None = Field(
         None, description="embed: run the weights as an embedding (pooling) model."
@@ -192,6 +196,14 @@ def _check_bounds(spec: DeploymentSpec) -> None:
         )
 
 
+async def _check_template(body: DeploymentPatch) -> None:
+    """A deployment's own chat template compiles (off the loop: a long one takes a while),
+    or the deploy is a 400 naming serving.chat_template and the line at fault."""
+    source = body.serving.chat_template if body.serving is not None else None
+    if source:
+        await asyncio.to_thread(compile_template, source)
+
+
 def _checked_source(engines: EngineRegistry, caller: Caller, source: str) -> str:
     """The source to store, once valid (else InvalidRequest naming the accepted forms): a
     tenant's normalized, so that what its allowed prefixes are checked against is what is
@@ -289,6 +301,7 @@ async def create_deployment(
 ) -> dict[str, Any]:
     tenancy.check_fields(caller, body.model_dump())
     body.source = _checked_source(services.engines, caller, body.source)
+    await _check_template(body)
     create_only = if_none_match == "*"  # the client wants a new deployment or a 409
     existing = await services.state.get_deployment(body.name)
     if (
@@ -430,6 +443,7 @@ async def patch_deployment(
     spec = await tenancy.managed_deployment(services.state, caller, name)
     tenancy.check_fields(caller, body.model_dump())
     await refuse_version_fields(services.state, name, body.model_fields_set)
+    await _check_template(body)
     spec = msgspec.structs.replace(spec, **body.changes(spec.engine, spec.serving))
     if spec.base and priced_by_admin(caller, body.model_dump()):
         spec.prices_set_by_admin = True  # `ebb price` on an adapter: the admin's prices

@@ -51,6 +51,7 @@ from ebb.openai.schema import (
     parse_chat_request,
     parse_completion_request,
 )
+from ebb.openai.template_budget import RenderNeedsThread, inline_renders
 from ebb.openai.translate import (
     Prepared,
     prepare_chat,
@@ -408,9 +409,15 @@ async def _off_loop_if_long(
     body_bytes: int, prepare: Callable[..., T], *args: Any, **kwargs: Any
 ) -> T:
     """`prepare(*args, **kwargs)`; in a worker thread when the body is long (rendering and
-    tokenizing a long prompt is CPU work that must not stall the event loop)."""
+    tokenizing a long prompt is CPU work that must not stall the event loop), or when its
+    chat template takes more than a short render's steps (a template is a tenant's code:
+    `ebb.openai.template_budget`)."""
     if body_bytes <= _INLINE_PREPARE_MAX_BYTES:
-        return prepare(*args, **kwargs)
+        try:
+            with inline_renders():
+                return prepare(*args, **kwargs)
+        except RenderNeedsThread:
+            pass
     return await asyncio.to_thread(prepare, *args, **kwargs)
 
 

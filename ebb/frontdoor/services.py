@@ -20,7 +20,7 @@ from ebb.config import Settings
 from ebb.engines import EngineRegistry
 from ebb.frontdoor.budget_presence import BudgetPresence
 from ebb.frontdoor.budgets import BudgetGate
-from ebb.frontdoor.catalog import ModelCatalog
+from ebb.frontdoor.catalog import ModelCatalog, template_limits
 from ebb.frontdoor.draining import Drain
 from ebb.frontdoor.execution import Executor
 from ebb.frontdoor.files import FileStore, file_store
@@ -109,7 +109,7 @@ def build_services(settings: Settings) -> Services:
         queue=queue,
         executor=Executor(settings, queue, state, PriorityStore(client), EventHub(client)),
         priorities=PriorityStore(client),
-        catalog=ModelCatalog(state, engines),
+        catalog=ModelCatalog(state, engines, template_limits(settings)),
         engines=engines,
         metrics=Metrics(
             settings.weights_dir,

@@ -7,13 +7,24 @@ the real prompt length. The model's context length is the caller's business, not
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Protocol
 
 from ebb.errors import InvalidRequest
-from ebb.openai.chat_template import ChatTemplate, special_tokens_of, template_source
+from ebb.openai.chat_template import (
+    ChatTemplate,
+    compile_template,
+    special_tokens_of,
+    template_source,
+)
+from ebb.openai.template_budget import TemplateLimits
+
+# Deployment templates kept compiled per tokenizer (the least recently used go first).
+_MAX_COMPILED_OVERRIDES = 64
 
 
 class PromptTokenizer(Protocol):
@@ -25,9 +36,10 @@ class PromptTokenizer(Protocol):
     (or `chat_template`, a deployment's own) with `tools` and the generation prompt for
     the assistant's next turn, and returns the ids
     exactly as the engine must see them (special tokens included). It raises InvalidRequest
-    when the model cannot render the conversation. `encode` tokenizes a plain completions
-    prompt the way the model expects one (adding a BOS token if the model uses one). Both
-    are safe to call from several threads at once.
+    when the model cannot render the conversation, or its template passes its render
+    budget (`TemplateLimits`, given when the tokenizer is made). `encode` tokenizes a plain
+    completions prompt the way the model expects one (adding a BOS token if the model uses
+    one). Both are safe to call from several threads at once.
     """
 
     def render_chat(
@@ -68,18 +80,20 @@ class HfPromptTokenizer:
         template: ChatTemplate | None,
         source: str = "",
         special_tokens: dict[str, str] | None = None,
+        limits: TemplateLimits | None = None,
     ):
         self._tokenizer = tokenizer
+        self._limits = limits or TemplateLimits()
         self._template = template
         self._source = source
         self._special_tokens = special_tokens or {}
         # Deployment-supplied templates (serving.chat_template), compiled once each.
-        self._overrides: dict[str, ChatTemplate] = {}
+        self._overrides: OrderedDict[str, ChatTemplate] = OrderedDict()
         # One Rust object behind every call; serialised as transformers' own use needs.
         self._lock = threading.Lock()
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> HfPromptTokenizer:
+    def from_dir(cls, path: str | Path, limits: TemplateLimits | None = None) -> HfPromptTokenizer:
         from tokenizers import Tokenizer
 
         root = Path(path)
@@ -94,7 +108,7 @@ class HfPromptTokenizer:
         source = template_source(root, config)
         special = special_tokens_of(config)
         template = ChatTemplate(source, special) if source else None
-        return cls(tokenizer, template, source or "", special)
+        return cls(tokenizer, template, source or "", special, limits)
 
     @property
     def vocab_size(self) -> int:
@@ -122,16 +136,23 @@ class HfPromptTokenizer:
                 param="messages",
             )
         # The template holds the special tokens itself: encode without adding more.
-        text = template.render(messages, tools=tools)
+        text = template.render(messages, self._limits, tools=tools)
         with self._lock:
             return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     def _override(self, source: str) -> ChatTemplate:
         with self._lock:
             template = self._overrides.get(source)
-            if template is None:
-                template = self._overrides[source] = ChatTemplate(source, self._special_tokens)
-            return template
+            if template is not None:
+                self._overrides.move_to_end(source)
+                return template
+        # Compiled outside the lock (it takes milliseconds); a race compiles it twice.
+        template = compile_template(source, self._special_tokens)
+        with self._lock:
+            self._overrides[source] = template
+            while len(self._overrides) > _MAX_COMPILED_OVERRIDES:
+                self._overrides.popitem(last=False)
+        return template
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         with self._lock:
@@ -149,12 +170,21 @@ def _read_json(path: Path) -> dict[str, Any]:
     return loaded if isinstance(loaded, dict) else {}
 
 
+@functools.lru_cache(maxsize=16)
+def _compiled(source: str) -> ChatTemplate:
+    return compile_template(source)
+
+
 class ByteTokenizer:
     """UTF-8 bytes as token ids (0..255), for the fake engine in tests.
 
     Chat rendering is "<|role|>content\\n" per message followed by "<|assistant|>"; tools,
-    when given, come first as "<|tools|>" and their JSON.
+    when given, come first as "<|tools|>" and their JSON. A deployment's own template
+    (`chat_template`) renders as on a real model's tokenizer, in the same budgeted sandbox.
     """
+
+    def __init__(self, limits: TemplateLimits | None = None):
+        self._limits = limits or TemplateLimits()
 
     def chat_template_text(self, override: str = "") -> str:
         return override
@@ -165,6 +195,9 @@ class ByteTokenizer:
         tools: list[dict[str, Any]] | None = None,
         chat_template: str = "",
     ) -> list[int]:
+        if chat_template:
+            template = _compiled(chat_template)
+            return self.encode(template.render(messages, self._limits, tools=tools))
         rendered = f"<|tools|>{json.dumps(tools)}\n" if tools else ""
         rendered += "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages)
         return self.encode(rendered + "<|assistant|>")

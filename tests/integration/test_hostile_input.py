@@ -576,3 +576,50 @@ def test_stored_responses_keep_nothing_hostile(platform, admin, tenant):
         assert _assert_openai_error(response, response.status_code)["param"] == (
             "previous_response_id"
         )
+
+
+# A deployment's own chat template is a tenant's code: each of these compiles, and each is
+# stopped by its render budget (issue 46) with a 400 for the request, on chat and /tokenize.
+HOSTILE_TEMPLATES = {
+    "nested loops": "{% for i in range(15000) %}{% for j in range(15000) %}{% endfor %}"
+    "{% endfor %}",
+    "string multiplication": "{{ 'x' * 200000000 }}",
+    "doubling in a loop": "{% set ns = namespace(s='ab') %}{% for i in range(60) %}"
+    "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+    "list growth": "{% set ns = namespace(l=[0]) %}{% for i in range(60) %}"
+    "{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}",
+    "macro recursion": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+    "format width": "{{ '{:>900000000}'.format('x') }}",
+}
+
+
+@pytest.fixture(scope="module")
+def templated(admin):
+    deploy(admin, "tpl-hostile", "fake://m?step_ms=1", idle_timeout_s=120)
+    yield "tpl-hostile"
+    admin.delete("/v1/deployments/tpl-hostile")
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_TEMPLATES))
+def test_hostile_chat_templates_are_a_400_for_their_request(admin, templated, name):
+    serving = {"serving": {"chat_template": HOSTILE_TEMPLATES[name]}}
+    assert admin.patch(f"/v1/deployments/{templated}", json=serving).status_code == 200
+    chat = admin.post("/v1/chat/completions", json={**CHAT, "model": templated})
+    tokenized = admin.post("/tokenize", json={"model": templated, "messages": MESSAGES})
+    for response in (chat, tokenized):
+        error = _assert_openai_error(response, 400)
+        assert error["code"] == "chat_template_budget" and error["param"] == "messages", error
+    # The platform answers on: the next request with a plain template renders it.
+    plain = {"serving": {"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}}
+    assert admin.patch(f"/v1/deployments/{templated}", json=plain).status_code == 200
+    tokens = admin.post("/tokenize", json={"model": templated, "messages": MESSAGES}).json()
+    assert tokens["count"] == len(MESSAGES[0]["content"])
+
+
+def test_a_chat_template_is_compiled_and_bounded_when_deployed(admin, templated):
+    for template, says in (("{% if %}", "line 1"), ("x" * 65537, "65536")):
+        response = admin.patch(
+            f"/v1/deployments/{templated}", json={"serving": {"chat_template": template}}
+        )
+        error = _assert_openai_error(response, 400)
+        assert error["param"] == "serving.chat_template" and says in error["message"], error
