@@ -12,6 +12,7 @@ adapter's name and prices (the runner's usage record).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +52,8 @@ async def check_new_adapter(
             "`GET /v1/models` lists for you.",
             param="base",
         )
-    _check_source(spec, base, _base_limits(spec, base), weights_dir)
+    # Off the event loop: reading a tenant's files can be slow (a network disk).
+    await asyncio.to_thread(_check_source, spec, base, _base_limits(spec, base), weights_dir)
     return msgspec.structs.replace(spec, base_uid=base.uid, min_replicas=0)
 
 
@@ -210,4 +212,4 @@ async def check_adapter_version(
             "adapter again under a new name on a base.",
             param="base",
         )
-    _check_source(spec, base, _base_limits(spec, base), weights_dir)
+    await asyncio.to_thread(_check_source, spec, base, _base_limits(spec, base), weights_dir)
