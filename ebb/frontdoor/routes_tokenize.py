@@ -145,8 +145,8 @@ async def detokenize(request: Request, caller: CallerDep, services: ServicesDep)
             f"{vocab_size - 1}); send ids from POST /tokenize.",
             param="tokens",
         )
-    charge = await services.limiter.reserve_count(caller, len(req.tokens), param="tokens")
-    await charge.settle(len(req.tokens))  # counted as reserved: nothing to adjust
+    # Its count is known before any work: reserved exactly, nothing to settle.
+    await services.limiter.reserve_count(caller, len(req.tokens), param="tokens")
     return {"prompt": await asyncio.to_thread(tokenizer.decode, req.tokens)}
 
 
