@@ -10,7 +10,7 @@ import datetime as dt
 from collections.abc import Sequence
 from zoneinfo import ZoneInfo
 
-from ebb.queue.scaling_spec import WEEKDAYS, ScheduleEntry, parse_hhmm
+from ebb.queue.scaling_spec import WEEKDAYS, ScheduleEntry, stored_minutes
 
 
 def active(entry: ScheduleEntry, wall_s: float) -> bool:
@@ -18,7 +18,7 @@ def active(entry: ScheduleEntry, wall_s: float) -> bool:
     starts on)."""
     local = dt.datetime.fromtimestamp(wall_s, ZoneInfo(entry.tz))
     minute = local.hour * 60 + local.minute + local.second / 60
-    start, end = parse_hhmm(entry.start), parse_hhmm(entry.end)
+    start, end = stored_minutes(entry.start), stored_minutes(entry.end)
     today = WEEKDAYS[local.weekday()]
     yesterday = WEEKDAYS[(local.weekday() - 1) % 7]
     if start < end:

@@ -15,6 +15,7 @@ away since the adapter was deployed stops it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +55,8 @@ async def check_new_adapter(
             "`GET /v1/models` lists for you.",
             param="base",
         )
-    _check_source(spec, base, _base_limits(spec, base), weights_dir)
+    # Off the event loop: reading a tenant's files can be slow (a network disk).
+    await asyncio.to_thread(_check_source, spec, base, _base_limits(spec, base), weights_dir)
     spec = adapter_prices.inherit_prices(spec, base)
     return msgspec.structs.replace(spec, base_uid=base.uid, min_replicas=0)
 
@@ -228,4 +230,4 @@ async def check_adapter_version(
             "adapter again under a new name on a base.",
             param="base",
         )
-    _check_source(spec, base, _base_limits(spec, base), weights_dir)
+    await asyncio.to_thread(_check_source, spec, base, _base_limits(spec, base), weights_dir)

@@ -4,8 +4,11 @@ A request reserves one request and its worst case in tokens (prompt + max_tokens
 before it is queued, and settles once it ends: a request that never ran (503, the client
 left while it was queued) gets everything back; one that ran keeps what it really used,
 the engine's counts when it finished, else the prompt and the tokens streamed so far.
-The admin key is never limited. A request's spend cap (`budgets.py`) is reserved and
-settled with its rate limits, through the same `Reservation`.
+The admin key is never limited. A request that runs no model (POST /tokenize and
+/detokenize) takes one request and an estimate of its tokens (`reserve_count`), settled
+to the tokens it counted; it has no price, so no spend cap. A request's spend cap
+(`budgets.py`) is reserved and settled with its rate limits, through the same
+`Reservation`.
 """
 
 from __future__ import annotations
@@ -94,6 +97,30 @@ class Reservation:
         return cost_micros(self._work, prompt, completion)
 
 
+class CountReservation:
+    """What a request that runs no model took: one request and `reserved_tokens`."""
+
+    def __init__(self, store: RateLimitStore | None, caller: Caller, reserved_tokens: int):
+        self._store = store  # None: no limit applies, nothing to settle
+        self._caller = caller
+        self._reserved_tokens = reserved_tokens
+
+    async def settle(self, counted_tokens: int | None) -> None:
+        """Keep the request and `counted_tokens` (None: it failed, the tokens go back);
+        never raises. A count above the reservation takes the rest."""
+        if self._store is None:
+            return
+        store, self._store = self._store, None  # once
+        back = self._reserved_tokens - (counted_tokens or 0)
+        if not back:
+            return
+        c = self._caller
+        try:
+            await store.adjust(c.key_id, c.tenant, requests=0, tokens=back)
+        except Exception:  # the bucket refills within a minute
+            log.exception("frontdoor: could not settle the token count of %s", c.key_id)
+
+
 class RateLimiter:
     def __init__(self, store: RateLimitStore, budgets: BudgetGate | None = None):
         self._store = store
@@ -113,6 +140,27 @@ class RateLimiter:
                 await reservation.settle()  # refused: the rate limits get it all back
                 raise
         return reservation
+
+    async def reserve_count(self, caller: Caller, tokens: int, *, param: str) -> CountReservation:
+        """One request and `tokens` for a request that runs no model; raises RateLimited
+        (429) or InvalidRequest (400, more than a tokens-per-minute limit, naming `param`)."""
+        if caller.is_admin or not await self._presence.limited(caller.key_id, caller.tenant):
+            return CountReservation(None, caller, tokens)
+        outcome = await self._store.reserve(caller.key_id, caller.tenant, tokens)
+        if outcome.status == "limited":
+            raise RateLimited(
+                _limited_message(outcome, tokens),
+                retry_after_s=max(1, math.ceil(outcome.wait_ms / 1000)),
+                code="rate_limit_exceeded",
+            )
+        if outcome.status == "too_large":
+            raise InvalidRequest(
+                f"This request counts at least {tokens} tokens, more than the "
+                f"{outcome.limit} tokens per minute allowed for {_who(outcome.subject)}. "
+                f"Send a shorter {param}.",
+                param=param,
+            )
+        return CountReservation(self._store if outcome.status == "ok" else None, caller, tokens)
 
     async def _reserve_rate(self, caller: Caller, work: WorkItem) -> Reservation:
         tokens = worst_case_tokens(work)

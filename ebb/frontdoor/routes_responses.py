@@ -33,7 +33,7 @@ from ebb.frontdoor.list_page import list_page
 from ebb.frontdoor.response_caps import hold_room
 from ebb.frontdoor.routes_openai import serve
 from ebb.frontdoor.services import Services, ServicesDep
-from ebb.frontdoor.sse_ids import last_event_number
+from ebb.frontdoor.sse_ids import event_number, last_event_number
 from ebb.openai.response_builder import EndpointKind
 from ebb.openai.responses_objects import (
     ResponseFrame,
@@ -101,15 +101,13 @@ async def retrieve_response(
     caller: CallerDep,
     services: ServicesDep,
     stream: bool = False,
-    starting_after: Annotated[int | None, Query(ge=0)] = None,
+    # Text, read once the caller is known to own the response (sse_ids.event_number).
+    starting_after: str | None = None,
 ) -> dict[str, Any] | Response:
     """The stored response; with `stream=true`, the events of a streamed response after
     `starting_after` (its sequence number; or the `Last-Event-ID` header), then the rest
     as they come (routes_resume)."""
     if stream:
-        after = starting_after
-        if after is None:
-            after = last_event_number(response_id, request.headers.get("last-event-id"))
         view = await resume.found_view(
             services,
             caller,
@@ -118,6 +116,9 @@ async def retrieve_response(
             param="response_id",
             responses=True,
         )
+        after = event_number(starting_after, param="starting_after")
+        if after is None:
+            after = last_event_number(response_id, request.headers.get("last-event-id"))
         assert view.response is not None  # found_view's `responses`
         answer = ResponsesAnswer.replaying(services, caller, view.response)
         return resume.replay(services, response_id, view, answer, after)

@@ -58,8 +58,8 @@ async def resume_completion(request: Request) -> Response:
 async def _resume(request: Request, kind: EndpointKind) -> Response:
     services, caller = await calling(request)
     request_id: str = request.path_params["request_id"]
-    after = last_event_number(request_id, request.headers.get("last-event-id"))
     view = await found_view(services, caller, request_id, kind=kind, param="request_id")
+    after = last_event_number(request_id, request.headers.get("last-event-id"))
     return replay(services, request_id, view, answer_of(kind), after)
 
 

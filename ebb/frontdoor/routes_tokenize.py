@@ -10,11 +10,22 @@ with the frontdoor's tokenizer, without a runner (a LoRA adapter: its base's).
 `add_special_tokens` is honoured for a prompt; what ebb's tokenizer cannot do
 (`continue_final_message`, no generation prompt, token strings, special tokens around a
 rendered chat) is refused unless sent with vLLM's default.
+
+Both are metered as chat is (`RateLimiter.reserve_count`): one request per call against
+the caller's requests per minute, and its tokens against its tokens per minute — before
+tokenizing, an estimate from the input's characters (one token per
+`MAX_CHARS_PER_TOKEN`), settled to the count once tokenized; a call that fails keeps its
+request and gives its tokens back. Inputs are bounded by the model's context before any
+work: a prompt (or the text in messages and tools) of more than `MAX_CHARS_PER_TOKEN` ×
+max_model_len characters, or more than max_model_len ids to detokenize, is a 400 (no
+request with it could run). Tokenizing and detokenizing run in a worker thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -33,6 +44,10 @@ from ebb.openai.tool_prompt import plan_tools, template_messages
 from ebb.queue.schema import DeploymentSpec
 
 router = APIRouter()
+
+# Characters per token of the longest text a model's context can hold, as a bound: few
+# tokens of any tokenizer's vocabulary are longer, and text averages about 4.
+MAX_CHARS_PER_TOKEN = 16
 
 
 def _invalid(message: str, *, at: str) -> PydanticCustomError:
@@ -93,18 +108,35 @@ class DetokenizeRequest(_Strict):
 async def tokenize(request: Request, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     req = parse_body(TokenizeRequest, decoded_json(request))
     spec, tokenizer, max_model_len = await _model(services, caller, req.model)
+    param = "prompt" if req.prompt is not None else "messages"
+    chars = len(req.prompt) if req.prompt is not None else _text_chars([req.messages, req.tools])
+    if chars > MAX_CHARS_PER_TOKEN * max_model_len:
+        raise InvalidRequest(
+            f"{param} holds {chars} characters, more than this model's context of "
+            f"{max_model_len} tokens can hold (at most {MAX_CHARS_PER_TOKEN * max_model_len} "
+            f"characters are tokenized here); shorten it.",
+            param=param,
+        )
     if req.prompt is not None:
         special = req.add_special_tokens is not False
-        ids = await asyncio.to_thread(tokenizer.encode, req.prompt, add_special_tokens=special)
+        ids = await _counted(
+            services, caller, chars, param, tokenizer.encode, req.prompt, add_special_tokens=special
+        )
     else:
-        ids = await asyncio.to_thread(_render_chat, req, tokenizer, spec)
+        ids = await _counted(services, caller, chars, param, _render_chat, req, tokenizer, spec)
     return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids, "token_strs": None}
 
 
 @router.post("/detokenize")
 async def detokenize(request: Request, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     req = parse_body(DetokenizeRequest, decoded_json(request))
-    _, tokenizer, _ = await _model(services, caller, req.model)
+    _, tokenizer, max_model_len = await _model(services, caller, req.model)
+    if len(req.tokens) > max_model_len:
+        raise InvalidRequest(
+            f"tokens holds {len(req.tokens)} ids, more than this model's context of "
+            f"{max_model_len} tokens; send at most {max_model_len}.",
+            param="tokens",
+        )
     vocab_size = tokenizer.vocab_size
     outside = [i for i in req.tokens if not 0 <= i < vocab_size]
     if outside:
@@ -113,7 +145,41 @@ async def detokenize(request: Request, caller: CallerDep, services: ServicesDep)
             f"{vocab_size - 1}); send ids from POST /tokenize.",
             param="tokens",
         )
+    # Its count is known before any work: reserved exactly, nothing to settle.
+    await services.limiter.reserve_count(caller, len(req.tokens), param="tokens")
     return {"prompt": await asyncio.to_thread(tokenizer.decode, req.tokens)}
+
+
+async def _counted(
+    services: Services,
+    caller: Any,
+    chars: int,
+    param: str,
+    count: Callable[..., list[int]],
+    *args: Any,
+    **kwargs: Any,
+) -> list[int]:
+    """`count(*args, **kwargs)` in a worker thread, metered: one request and the
+    characters' estimate reserved first (429 before any work), settled to the ids'."""
+    estimate = max(1, math.ceil(chars / MAX_CHARS_PER_TOKEN))
+    charge = await services.limiter.reserve_count(caller, estimate, param=param)
+    ids: list[int] | None = None
+    try:
+        ids = await asyncio.to_thread(count, *args, **kwargs)
+        return ids
+    finally:
+        await asyncio.shield(charge.settle(len(ids) if ids is not None else None))
+
+
+def _text_chars(value: object) -> int:
+    """The characters in the strings (keys too) of decoded JSON (bounded in depth)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(k) + _text_chars(v) for k, v in value.items())
+    if isinstance(value, list):
+        return sum(_text_chars(v) for v in value)
+    return 0
 
 
 async def _model(

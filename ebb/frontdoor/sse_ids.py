@@ -8,7 +8,15 @@ same: a client that lost its connection reconnects with the last id it saw
 
 from __future__ import annotations
 
+import re
+
 from ebb.errors import InvalidRequest
+
+# An event number as a client sends it back: ASCII digits (str.isdigit also takes "²"
+# and other scripts' digits, which int() then refuses), bounded (no answer has a
+# billion events; a 5,000-digit number is no event's).
+MAX_EVENT_NUMBER = 10**9
+_NUMBER = re.compile(r"[0-9]{1,10}")
 
 
 class EventIds:
@@ -36,11 +44,12 @@ class EventIds:
 
 def last_event_number(request_id: str, header: str | None) -> int:
     """The `n` of a `Last-Event-ID` header sent to resume `request_id` (-1 without one:
-    the whole answer again); InvalidRequest for an id that is not one of its events."""
+    the whole answer again); InvalidRequest for an id that is not one of its events.
+    Read after the caller is known to own `request_id`: a refusal names it."""
     if header is None or not header.strip():
         return -1
     named, _, number = header.strip().rpartition(":")
-    if named != request_id or not number.isdigit():
+    if named != request_id or not _NUMBER.fullmatch(number) or int(number) > MAX_EVENT_NUMBER:
         raise InvalidRequest(
             f"Last-Event-ID {header.strip()!r} is not an event of {request_id!r}; send the "
             f'`id:` of the last event you received ("{request_id}:N"), or no header to '
@@ -48,3 +57,16 @@ def last_event_number(request_id: str, header: str | None) -> int:
             param="Last-Event-ID",
         )
     return int(number)
+
+
+def event_number(text: str | None, *, param: str) -> int | None:
+    """A query parameter's event number (`starting_after`), None when absent;
+    InvalidRequest naming `param` for anything but ASCII digits up to MAX_EVENT_NUMBER."""
+    if text is None:
+        return None
+    if not _NUMBER.fullmatch(text) or int(text) > MAX_EVENT_NUMBER:
+        raise InvalidRequest(
+            f"{param} is an event's sequence number: ASCII digits, 0 to {MAX_EVENT_NUMBER}.",
+            param=param,
+        )
+    return int(text)

@@ -10,6 +10,7 @@ it (`routes_scaling.ScalingBody`).
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 import msgspec
@@ -17,15 +18,26 @@ import msgspec
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
+# A time of day as the API takes it: two ASCII digits each (str.isdigit also takes "²"
+# and other scripts' digits), 00:00 to 23:59; a window to midnight ends at "00:00".
+_HHMM = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])")
+
+
 def parse_hhmm(text: str) -> int:
-    """Minutes after midnight of "HH:MM" (ValueError when it is not one)."""
-    hours, sep, minutes = text.partition(":")
-    if not sep or not (hours.isdigit() and minutes.isdigit()) or len(minutes) != 2:
-        raise ValueError(f"{text!r} is not HH:MM")
-    h, m = int(hours), int(minutes)
-    if not (0 <= h <= 24 and 0 <= m < 60) or (h == 24 and m):
-        raise ValueError(f"{text!r} is not a time of day (00:00 to 24:00)")
-    return h * 60 + m
+    """Minutes after midnight of "HH:MM" (ValueError, saying what it must be, otherwise)."""
+    match = _HHMM.fullmatch(text)
+    if match is None:
+        raise ValueError(
+            f"{text[:16]!r} is not a time of day: HH:MM in ASCII digits, 00:00 to 23:59 "
+            '(a window that ends at midnight ends at "00:00")'
+        )
+    return int(match[1]) * 60 + int(match[2])
+
+
+def stored_minutes(text: str) -> int:
+    """`parse_hhmm` of a stored schedule's time, and "24:00", which the API once took
+    (a window ending at midnight), as 1440."""
+    return 24 * 60 if text == "24:00" else parse_hhmm(text)
 
 
 class SloTarget(msgspec.Struct, kw_only=True, frozen=True):

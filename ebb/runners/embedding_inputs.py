@@ -61,26 +61,28 @@ class EmbeddingInputs:
         continued: int = 0,
         priority: int = 1,
         lora: LoraAdapter | None = None,
+        cache_salt: str = "",
     ) -> None:
         lengths = sampling.embed_input_lengths
         if not (sampling.embed and lengths):
-            if lora is not None:
-                self._engine.add_request(
-                    request_id, prompt_token_ids, sampling, continued, priority=priority, lora=lora
-                )
-            elif continued:
-                self._engine.add_request(
-                    request_id, prompt_token_ids, sampling, continued, priority=priority
-                )
-            else:
-                self._engine.add_request(request_id, prompt_token_ids, sampling, priority=priority)
+            self._engine.add_request(
+                request_id,
+                prompt_token_ids,
+                sampling,
+                continued,
+                priority=priority,
+                lora=lora,
+                cache_salt=cache_salt,
+            )
             return
         inputs = split_inputs(prompt_token_ids, lengths)
         one = msgspec.structs.replace(sampling, embed_input_lengths=[])
         added: list[str] = []
         try:
             for i, ids in enumerate(inputs):
-                self._engine.add_request(f"{request_id}/{i}", ids, one, priority=priority)
+                self._engine.add_request(
+                    f"{request_id}/{i}", ids, one, priority=priority, cache_salt=cache_salt
+                )
                 added.append(f"{request_id}/{i}")
         except EngineRequestError:
             self._engine.abort(added)  # all or none of its inputs run

@@ -83,6 +83,13 @@ class EngineOptions:
     lora: LoraLimits | None = None
 
 
+def tenant_cache_salt(tenant: str) -> str:
+    """The prefix-cache salt of `tenant`'s requests: one namespace per tenant, so a cached
+    prefix is found only by the tenant whose prompt put it there (its first token's
+    timing would otherwise tell another tenant what was asked)."""
+    return f"tenant:{tenant}"
+
+
 class EngineAdapter(Protocol):
     """A continuous-batching engine driven by one thread.
 
@@ -100,6 +107,7 @@ class EngineAdapter(Protocol):
         continued: int = 0,
         priority: int = 1,
         lora: LoraAdapter | None = None,
+        cache_salt: str = "",
     ) -> None:
         """`continued`: the last tokens of the prompt are this many of the request's own
         output so far (a continuation, see ebb.queue.continuation); its output goes on
@@ -107,7 +115,9 @@ class EngineAdapter(Protocol):
         class's rank (ebb.queue.priority.rank, 0 most urgent), for an engine whose
         scheduler orders by it; others may ignore it. `lora`: run it with that adapter
         (loaded on first use, kept LRU by the engine); an engine built without LoRA
-        refuses it (EngineRequestError)."""
+        refuses it (EngineRequestError). `cache_salt`: its prefix-cache namespace (its
+        tenant's, `tenant_cache_salt`): a prompt finds cached blocks only of prompts
+        with the same salt, so no tenant can time another's prompts ("": unsalted)."""
         ...
 
     def abort(self, request_ids: Iterable[str]) -> None: ...

@@ -333,6 +333,7 @@ class VllmEngine:
         continued: int = 0,
         priority: int = 1,
         lora: LoraAdapter | None = None,
+        cache_salt: str = "",
     ) -> None:
         # A continuation's replayed output is prompt to vLLM: its detokenizer starts from
         # those tokens, so the first new token's text joins them as it would have.
@@ -349,9 +350,10 @@ class VllmEngine:
             params = _pooling_params(sampling) if sampling.embed else _sampling_params(sampling)
             # The renderer turns token ids into the engine input (and checks their length);
             # handing add_request a raw prompt is deprecated in vLLM.
-            (engine_input,) = self._engine.renderer.render_cmpl(
-                [TokensPrompt(prompt_token_ids=list(prompt_token_ids))]
-            )
+            prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
+            if cache_salt:  # vLLM folds it into the first block's hash: a per-tenant cache
+                prompt["cache_salt"] = cache_salt
+            (engine_input,) = self._engine.renderer.render_cmpl([prompt])
             # vLLM's priority scheduler: lower first, ties by arrival (FCFS within a class).
             self._engine.add_request(
                 request_id,

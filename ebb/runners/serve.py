@@ -55,7 +55,12 @@ from ebb.queue.schema import (
 )
 from ebb.runners.adapters import RunnerAdapters
 from ebb.runners.core_pinning import Pin
-from ebb.runners.engine import EngineAdapter, EngineRequestError, StepOutput
+from ebb.runners.engine import (
+    EngineAdapter,
+    EngineRequestError,
+    StepOutput,
+    tenant_cache_salt,
+)
 from ebb.runners.gpu_shares import GpuShares
 from ebb.runners.idle import IdleAction, idle_action
 from ebb.runners.lifecycle import Lifecycle
@@ -412,14 +417,15 @@ class ServingLoop:
         lora = self.adapters.for_work(work)
         priority = rank(work.priority)
         with self.engine_progress.calling():
-            if lora is not None:
-                self._engine.add_request(
-                    work.request_id, prompt, sampling, continued, priority=priority, lora=lora
-                )
-            else:
-                self._engine.add_request(
-                    work.request_id, prompt, sampling, continued, priority=priority
-                )
+            self._engine.add_request(
+                work.request_id,
+                prompt,
+                sampling,
+                continued,
+                priority=priority,
+                lora=lora,
+                cache_salt=tenant_cache_salt(work.tenant),
+            )
 
     def _progress(self, held: Held, choices: list[ChoiceDelta]) -> Progress:
         held.published += 1

@@ -142,7 +142,7 @@ class FakeEngine:
         self._embeddings: dict[str, tuple[int, list[float]]] = {}
         self._requests: dict[str, _Request] = {}
         # Prefix-cache figures as vLLM would count them, against the last few prompts.
-        self._recent_prompts: list[list[int]] = []
+        self._recent_prompts: list[tuple[str, list[int]]] = []  # (cache salt, prompt)
         self._prefix_queried_tokens = 0
         self._prefix_hit_tokens = 0
         self.aborted: list[str] = []
@@ -177,6 +177,7 @@ class FakeEngine:
         continued: int = 0,
         priority: int = 1,
         lora: LoraAdapter | None = None,
+        cache_salt: str = "",
     ) -> None:
         """A continuation (`continued` > 0) answers as the uninterrupted request would
         have: the reply is chosen by the prompt without the replayed tokens, and goes on
@@ -199,7 +200,7 @@ class FakeEngine:
         reply = _reply(original, sampling)
         if lora is not None:
             reply = self._with_adapter(lora, reply)
-        cached = self._count_prefix_hits(list(prompt_token_ids))
+        cached = self._count_prefix_hits(list(prompt_token_ids), cache_salt)
         request = _Request(
             prompt_tokens=len(prompt_token_ids),
             sampling=sampling,
@@ -228,13 +229,18 @@ class FakeEngine:
             return reply  # guided decoding's JSON, tool calls: the schema decides
         return f"[{lora.name}] ".encode() + reply
 
-    def _count_prefix_hits(self, prompt: list[int]) -> int:
-        """The tokens of `prompt` found in the prefix cache (counted as vLLM's figures
-        count them); the prompt is then the cache's most recent entry."""
-        longest = max((common_prefix_len(seen, prompt) for seen in self._recent_prompts), default=0)
+    def _count_prefix_hits(self, prompt: list[int], salt: str) -> int:
+        """The tokens of `prompt` found in the prefix cache among prompts of the same
+        `salt` (counted as vLLM's figures count them); the prompt is then the cache's most
+        recent entry."""
+        longest = max(
+            (common_prefix_len(seen, prompt) for s, seen in self._recent_prompts if s == salt),
+            default=0,
+        )
         self._prefix_queried_tokens += len(prompt)
         self._prefix_hit_tokens += longest
-        self._recent_prompts = [*self._recent_prompts[-(_FAKE_PREFIXES_KEPT - 1) :], prompt]
+        kept = self._recent_prompts[-(_FAKE_PREFIXES_KEPT - 1) :]
+        self._recent_prompts = [*kept, (salt, prompt)]
         return longest
 
     def stats(self) -> EngineStats:

@@ -45,6 +45,14 @@ def test_a_scaling_block_is_stored_and_patched(platform, admin):
             "scaling.schedule.0.from",
         ),
         (
+            {"schedule": [{"from": "09:00", "to": "24:00", "min_replicas": 1}]},
+            "scaling.schedule.0.to",
+        ),
+        (
+            {"schedule": [{"from": "٠٩:٠٠", "to": "18:00", "min_replicas": 1}]},
+            "scaling.schedule.0.from",
+        ),
+        (
             {
                 "schedule": [
                     {"from": "09:00", "to": "18:00", "tz": "Mars/Olympus", "min_replicas": 1}

@@ -95,6 +95,34 @@ def test_resuming_after_the_last_event_gets_nothing_and_a_bad_id_is_a_400(platfo
     assert wrong_endpoint.status_code == 404
 
 
+def test_hostile_event_numbers_are_a_400_to_the_owner_and_a_404_to_anyone_else(platform):
+    owner, other = platform.keys["t-owner"], platform.keys["t-other"]
+    request_id, _ = whole_stream(platform.base_url, owner)
+    chat_url = f"/v1/chat/completions/{request_id}/stream"
+    with client(platform.base_url, owner) as c:
+        response_id = c.post(
+            "/v1/responses",
+            json={"model": "roll", "input": "Hi", "stream": True, "max_output_tokens": 4},
+        ).headers["x-request-id"]
+    response_url = f"/v1/responses/{response_id}"
+    # "²" and "٣" pass str.isdigit (sent as UTF-8 bytes, which the server reads as latin-1).
+    numbers = ["²", "٣", "9" * 5000, "1" * 11]
+    for key, status in ((owner, 400), (other, 404)):
+        with client(platform.base_url, key) as c:
+            for number in numbers:
+                for url, request_id_ in ((chat_url, request_id), (response_url, response_id)):
+                    header = f"{request_id_}:{number}".encode()
+                    params = {"stream": "true"} if url == response_url else {}
+                    got = c.get(url, params=params, headers={"Last-Event-ID": header})
+                    assert got.status_code == status, (number, url, got.text)
+                    if status == 400:
+                        assert got.json()["error"]["param"] == "Last-Event-ID"
+                got = c.get(response_url, params={"stream": "true", "starting_after": number})
+                assert got.status_code == status, (number, got.text)
+                if status == 400:
+                    assert got.json()["error"]["param"] == "starting_after"
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_sigtermed_frontdoor_refuses_new_work_and_finishes_its_streams(platform, workers):
     key = platform.keys["t-owner"]

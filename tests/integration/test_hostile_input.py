@@ -48,6 +48,9 @@ BODY_ROUTES = [
     ("PUT", "/v1/tenants/fuzz/quota", {"max_deployments": 1, "allowed_sources": ["fake://"]}),
     ("PUT", "/v1/keys/key_000000000000/limits", {"requests_per_minute": 1000}),
     ("POST", "/v1/webhooks/secret/rotate", {"overlap_s": 10}),
+    ("POST", "/tokenize", {"model": "hostile", "prompt": "Paris is"}),
+    ("POST", "/tokenize", {"model": "hostile", "messages": MESSAGES}),
+    ("POST", "/detokenize", {"model": "hostile", "tokens": [80, 97]}),
 ]
 _ROUTE_IDS = [f"{m} {p}" for m, p, _ in BODY_ROUTES]
 
@@ -324,6 +327,58 @@ def test_a_job_that_never_ran_gives_back_its_request(platform, admin):
         # Refilling one request takes 60 s; the expired job gave its request back.
         wait_until(lambda: client.post("/v1/jobs", json=body).status_code == 202, 10, "give-back")
     admin.delete("/v1/deployments/slow-load")
+
+
+def _limited_client(platform: Platform, admin, tenant: str, **limits) -> httpx.Client:
+    created = admin.post("/v1/keys", json={"tenant": tenant, **limits})
+    assert created.status_code == 201, created.text
+    headers = {"Authorization": f"Bearer {created.json()['key']}"}
+    return httpx.Client(base_url=platform.base_url, timeout=60, headers=headers)
+
+
+def test_tokenize_and_detokenize_count_against_requests_per_minute(platform, admin):
+    tokenize = {"model": "hostile", "prompt": "Paris is"}
+    with _limited_client(platform, admin, "rpm-tokenize", requests_per_minute=2) as client:
+        assert client.post("/tokenize", json=tokenize).status_code == 200
+        assert (
+            client.post("/detokenize", json={"model": "hostile", "tokens": [80]}).status_code == 200
+        )
+        for path, body in (
+            ("/tokenize", tokenize),
+            ("/detokenize", {"model": "hostile", "tokens": [80]}),
+        ):
+            refused = client.post(path, json=body)
+            assert _assert_openai_error(refused, 429)["code"] == "rate_limit_exceeded"
+            assert int(refused.headers["retry-after"]) >= 1
+        # The same bucket as chat's.
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 429
+
+
+def test_tokenize_counts_the_prompts_tokens_against_tokens_per_minute(platform, admin):
+    with _limited_client(platform, admin, "tpm-tokenize", tokens_per_minute=1000) as client:
+        # The fake model's tokenizer: one token a byte, so 900 tokens.
+        counted = client.post("/tokenize", json={"model": "hostile", "prompt": "p" * 900})
+        assert counted.status_code == 200, counted.text
+        assert counted.json()["count"] >= 900
+        # Chat reserves prompt + 200: more than the ~100 tokens left.
+        chat = client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 200})
+        assert _assert_openai_error(chat, 429)["code"] == "rate_limit_exceeded"
+
+
+def test_tokenize_refuses_input_longer_than_the_context_can_hold(admin, tenant):
+    # "hostile" has the fake model's context, 2048 tokens: 16 characters a token at most.
+    long = "p" * (16 * 2048 + 1)
+    for body, param in (
+        ({"prompt": long}, "prompt"),
+        ({"messages": [{"role": "user", "content": long}]}, "messages"),
+    ):
+        error = _assert_openai_error(
+            tenant.post("/tokenize", json={"model": "hostile", **body}), 400
+        )
+        assert error["param"] == param and "2048 tokens" in error["message"]
+    ids = {"model": "hostile", "tokens": [80] * 2049}
+    error = _assert_openai_error(tenant.post("/detokenize", json=ids), 400)
+    assert error["param"] == "tokens" and "2048" in error["message"]
 
 
 def test_tenants_see_deployments_without_operator_details(admin, tenant):

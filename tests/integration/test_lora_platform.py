@@ -5,6 +5,7 @@ own lines; bad adapters are refused at deploy saying what to change."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from support import wait_until
@@ -16,7 +17,7 @@ from support.billing import (
     tenant_client,
     usage_total,
 )
-from support.lora import write_adapter
+from support.lora import write_adapter, write_raw_safetensors
 from support.metrics import scrape
 
 pytestmark = pytest.mark.integration
@@ -93,7 +94,11 @@ def test_adapters_are_billed_on_their_own_lines_at_their_own_prices(
         ({"base": "no-such-base"}, "base", "no deployment 'no-such-base'"),
         ({"base": "lora-off"}, "base", "engine.enable_lora=true"),
         ({"base": BASE, "adapter": {"rank": 64}}, "source", "max_lora_rank 16"),
-        ({"base": BASE, "adapter": {"targets": ("lm_head",)}}, "source", "targets lm_head"),
+        (
+            {"base": BASE, "adapter": {"targets": ("lm_head",)}},
+            "source",
+            "module(s) the engine cannot serve",
+        ),
         ({"base": BASE, "adapter": None}, "source", "no adapter_config.json"),
         ({"base": BASE, "source": "gguf:x/y.gguf"}, "source", "directory peft"),
     ],
@@ -255,3 +260,40 @@ def test_a_tenants_adapter_path_is_checked_against_its_prefixes_before_it_is_rea
     assert response.status_code == 403, response.text
     error = response.json()["error"]
     assert error["param"] == "source" and "may not deploy from any source" in error["message"]
+
+
+def test_a_tenants_adapter_files_must_be_regular_files_reached_without_links(
+    platform, admin, adapters, tmp_path
+):
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    quota = {"max_deployments": 2, "max_replicas": 2, "max_gpus": 2,
+             "allowed_sources": [f"{allowed}/"]}  # fmt: skip
+    assert admin.put("/v1/tenants/lora-f/quota", json=quota).status_code == 200
+    # A FIFO held the frontdoor's event loop until written to: the deploy must answer
+    # (the client's timeout fails the test otherwise) and /healthz with it.
+    tenant = tenant_client(platform, new_key(admin, "lora-f"))
+    outside = write_adapter(tmp_path / "outside")
+    (allowed / "link").symlink_to(outside)  # under the prefix, naming a directory outside
+    fifo = write_adapter(allowed / "fifo")
+    (fifo / "adapter_config.json").unlink()
+    os.mkfifo(fifo / "adapter_config.json")
+    zero = write_adapter(allowed / "zero")
+    (zero / "adapter_model.safetensors").unlink()
+    (zero / "adapter_model.safetensors").symlink_to("/dev/zero")
+    shape = write_adapter(allowed / "shape")
+    weight = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    header = json.dumps({weight: {"dtype": "F32", "shape": ["x", 8], "data_offsets": [0, 4]}})
+    write_raw_safetensors(shape / "adapter_model.safetensors", header.encode())
+    for source, says in (
+        (allowed / "link", "without symbolic links"),
+        (fifo, "adapter_config.json is not a regular file"),
+        (zero, "adapter_model.safetensors is not a regular file"),
+        (shape, "shape is not a matrix"),
+    ):
+        body = {"name": "lora-f-probe", "base": BASE, "source": str(source)}
+        response = tenant.post("/v1/deployments", json=body, timeout=30)
+        assert response.status_code == 400, (source, response.text)
+        error = response.json()["error"]
+        assert error["param"] == "source" and says in error["message"], error
+    assert admin.get("/healthz", timeout=5).status_code == 200

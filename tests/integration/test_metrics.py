@@ -179,3 +179,35 @@ def test_jobs_and_webhook_deliveries_count_by_outcome(admin, served, receiver):
     after = wait_until(counted, 30, "the delivered webhook on /metrics")
     labels = {"deployment": served, "outcome": "succeeded"}
     assert after.value("ebb_jobs_total", **labels) == before.value("ebb_jobs_total", **labels) + 1
+
+
+def test_a_tenant_finds_no_prefix_another_tenant_cached(platform, admin):
+    deploy(admin, "salted", "fake://s?step_ms=1", idle_timeout_s=600)
+    long = [{"role": "user", "content": "the same long system prompt " * 30}]
+    body = {"model": "salted", "messages": long, "max_tokens": 1}
+    tenants = {t: tenant_client(platform, new_key(admin, t)) for t in ("salt-a", "salt-b")}
+    # A ready runner first (the admin's prompts are salted apart from both tenants').
+    wait_until(lambda: chat(admin, "salted", 1).status_code == 200, 60, "a ready runner")
+
+    def queried_above(tokens: float):
+        def check():
+            s = scrape(admin)
+            seen = s.value("ebb_prefix_cache_queried_tokens_total", deployment="salted")
+            return seen > tokens and s
+
+        return check
+
+    warmed = wait_until(queried_above(0), 10, "the warm-up's prefix-cache figures")
+    seen = warmed.value("ebb_prefix_cache_queried_tokens_total", deployment="salted")
+    hits = []
+    for tenant in ("salt-a", "salt-b", "salt-a"):
+        answered = tenants[tenant].post("/v1/chat/completions", json=body)
+        assert answered.status_code == 200, answered.text
+        s = wait_until(queried_above(seen), 10, "the runner's prefix-cache figures")
+        seen = s.value("ebb_prefix_cache_queried_tokens_total", deployment="salted")
+        hits.append(s.value("ebb_prefix_cache_hit_tokens_total", deployment="salted"))
+    for client in tenants.values():
+        client.close()
+    # salt-b's identical prompt found nothing of salt-a's; salt-a's second found its own.
+    assert hits[0] == hits[1], hits
+    assert hits[2] > hits[1], hits

@@ -84,6 +84,14 @@ def _write_safetensors(path: Path, shapes: dict[str, list[int]]) -> None:
         f.write(bytes(offset))
 
 
+def write_raw_safetensors(path: Path, header_json: bytes, data_bytes: int = 64) -> None:
+    """A safetensors file with the header `header_json` as given (a hostile one's)."""
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(header_json)))
+        f.write(header_json)
+        f.write(bytes(data_bytes))
+
+
 # Greedy tokens compared with transformers + peft: the first few, where two float32
 # implementations agree (summation order may part them on a near tie later).
 FIRST_TOKENS = 4

@@ -92,9 +92,9 @@ class ObservedEngine(FakeEngine):
         self.breaks_at_step: int | None = None
 
     def add_request(
-        self, request_id: str, prompt_token_ids, sampling, continued=0, priority=1
+        self, request_id: str, prompt_token_ids, sampling, continued=0, priority=1, **options
     ) -> None:
-        super().add_request(request_id, prompt_token_ids, sampling, continued, priority)
+        super().add_request(request_id, prompt_token_ids, sampling, continued, priority, **options)
         self.running.add(request_id)
 
     def abort(self, request_ids: Iterable[str]) -> None:

@@ -35,3 +35,17 @@ def test_a_cached_prefix_is_not_prefilled_again(monkeypatch: pytest.MonkeyPatch)
     stats = engine.stats()
     assert stats.prefix_cache_hit_tokens == 1000
     assert stats.prefix_cache_queried_tokens == 1001 + 1002 + 1001
+
+
+def test_a_prefix_is_found_only_under_the_salt_that_cached_it():
+    engine = FakeEngine(FakeModel.parse("fake://m?step_ms=0"))
+    system = list(range(500))
+    sampling = SamplingSpec(max_tokens=1)
+    engine.add_request("a", [*system, 1], sampling, cache_salt="tenant:a")
+    engine.step()
+    engine.add_request("b", [*system, 2], sampling, cache_salt="tenant:b")  # another tenant
+    engine.step()
+    assert engine.stats().prefix_cache_hit_tokens == 0
+    engine.add_request("a2", [*system, 3], sampling, cache_salt="tenant:a")
+    engine.step()
+    assert engine.stats().prefix_cache_hit_tokens == 500

@@ -5,9 +5,11 @@ claim affinity key."""
 from __future__ import annotations
 
 import json
+import os
+import threading
 
 import pytest
-from support.lora import TINY_CONFIG, write_adapter
+from support.lora import TINY_CONFIG, write_adapter, write_raw_safetensors
 
 from ebb.engine_options import GpuCapacity, LoraLimits, check_engine, lora_limits
 from ebb.errors import InvalidRequest
@@ -51,7 +53,7 @@ def test_an_adapter_its_base_cannot_serve_is_refused_saying_why(tmp_path, kwargs
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
-        ({"targets": ("q_proj", "embed_tokens")}, "targets embed_tokens, which the engine"),
+        ({"targets": ("q_proj", "embed_tokens")}, "targets 1 module\\(s\\) the engine cannot"),
         ({"modules_to_save": ["lm_head"]}, "train the adapter without modules_to_save"),
         ({"use_dora": True}, "without use_dora"),
         ({"peft_type": "IA3"}, "only LoRA adapters"),
@@ -70,6 +72,120 @@ def test_missing_files_are_named(tmp_path):
     (root / "adapter_config.json").unlink()
     with pytest.raises(AdapterError, match="no adapter_config.json"):
         read_adapter(root)
+
+
+WEIGHT = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        b'["8", 64]',
+        b"[8.5, 64]",
+        b"[true, 64]",
+        b"[8, 1e400]",
+        b"[8, " + b"9" * 5000 + b"]",
+        b"[8, 100000000000000000000]",
+        b"[0, 64]",
+        b"[8, -64]",
+        b"[8]",
+        b"{}",
+    ],
+)
+def test_a_malformed_lora_shape_is_an_adapter_error(tmp_path, shape):
+    root = write_adapter(tmp_path / "a")
+    header = b'{"%s": {"dtype": "F32", "shape": %s, "data_offsets": [0, 4]}}' % (
+        WEIGHT.encode(),
+        shape,
+    )
+    write_raw_safetensors(root / "adapter_model.safetensors", header)
+    with pytest.raises(AdapterError, match="safetensors"):
+        read_adapter(root)
+
+
+def test_a_safetensors_header_longer_than_its_file_is_refused(tmp_path):
+    root = write_adapter(tmp_path / "a")
+    with (root / "adapter_model.safetensors").open("r+b") as f:
+        f.write((2**20).to_bytes(8, "little"))
+    with pytest.raises(AdapterError, match="implausible header"):
+        read_adapter(root)
+
+
+def test_messages_quote_nothing_from_the_files(tmp_path):
+    secret = "SECRET-from-the-file"
+    for fields in (
+        {"peft_type": secret},
+        {"r": secret},
+        {"use_dora": secret},
+        {"modules_to_save": [secret]},
+        {"target_modules": secret},
+        {"target_modules": [secret]},
+    ):
+        root = write_adapter(tmp_path / "a")
+        config = json.loads((root / "adapter_config.json").read_text())
+        (root / "adapter_config.json").write_text(json.dumps({**config, **fields}))
+        with pytest.raises(AdapterError) as refused:
+            read_adapter(root)
+        assert secret not in refused.value.message, fields
+    (root / "adapter_config.json").write_text("{" + json.dumps(secret) + ": }")
+    with pytest.raises(AdapterError, match="not valid JSON") as refused:
+        read_adapter(root)
+    assert secret not in refused.value.message
+
+
+def test_an_oversized_or_deep_config_is_refused_before_it_is_parsed(tmp_path):
+    root = write_adapter(tmp_path / "a")
+    (root / "adapter_config.json").write_text(" " * (1024 * 1024 + 1) + "{}")
+    with pytest.raises(AdapterError, match="larger than 1048576 bytes"):
+        read_adapter(root)
+    (root / "adapter_config.json").write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(AdapterError, match="not valid JSON"):
+        read_adapter(root)
+
+
+def test_symbolic_links_are_refused_wherever_they_are(tmp_path):
+    real = write_adapter(tmp_path / "outside" / "a")
+    (tmp_path / "allowed").mkdir()
+    (tmp_path / "allowed" / "link").symlink_to(real)  # a directory link under a prefix
+    with pytest.raises(AdapterError, match="without symbolic links"):
+        read_adapter(tmp_path / "allowed" / "link")
+    (tmp_path / "allowed" / "up").symlink_to(tmp_path / "outside")  # a link higher up
+    with pytest.raises(AdapterError, match="without symbolic links"):
+        read_adapter(tmp_path / "allowed" / "up" / "a")
+    for name, target in (
+        ("adapter_config.json", real / "adapter_config.json"),
+        ("adapter_model.safetensors", "/dev/zero"),
+    ):
+        root = write_adapter(tmp_path / f"files-{len(name)}")
+        (root / name).unlink()
+        (root / name).symlink_to(target)
+        with pytest.raises(AdapterError, match=f"{name} is not a regular file"):
+            read_adapter(root)
+
+
+@pytest.mark.parametrize("name", ["adapter_config.json", "adapter_model.safetensors"])
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path, name):
+    root = write_adapter(tmp_path / "a")
+    (root / name).unlink()
+    os.mkfifo(root / name)
+    outcome: list[BaseException | None] = []
+
+    def read() -> None:
+        try:
+            read_adapter(root)
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
+            outcome.append(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    if reader.is_alive():  # blocked opening the FIFO: a writer releases it
+        os.close(os.open(root / name, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(timeout=10)
+        pytest.fail(f"reading an adapter whose {name} is a FIFO blocked")
+    assert isinstance(outcome[0], AdapterError), outcome
+    assert f"{name} is not a regular file" in outcome[0].message
 
 
 def test_an_adapter_is_cached_and_verified_like_weights(tmp_path):

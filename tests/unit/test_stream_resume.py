@@ -10,7 +10,7 @@ import pytest
 
 from ebb.errors import InvalidRequest
 from ebb.frontdoor import routes_resume
-from ebb.frontdoor.sse_ids import EventIds, last_event_number
+from ebb.frontdoor.sse_ids import MAX_EVENT_NUMBER, EventIds, event_number, last_event_number
 from ebb.queue.schema import ChoiceDelta, Claimed, Failed, Finished, Progress, RequestEvent
 
 
@@ -33,10 +33,20 @@ def test_each_event_is_numbered_and_those_the_client_has_are_dropped():
 def test_last_event_id_names_an_event_of_the_request_being_resumed():
     assert last_event_number("chatcmpl-1", None) == -1
     assert last_event_number("chatcmpl-1", " chatcmpl-1:17 ") == 17
-    for bad in ("chatcmpl-2:3", "chatcmpl-1:-1", "chatcmpl-1:x", "17"):
+    hostile = ("chatcmpl-1:²", "chatcmpl-1:٣", "chatcmpl-1:" + "9" * 5000, "chatcmpl-1:+3")
+    for bad in ("chatcmpl-2:3", "chatcmpl-1:-1", "chatcmpl-1:x", "17", *hostile):
         with pytest.raises(InvalidRequest) as refused:
             last_event_number("chatcmpl-1", bad)
         assert refused.value.param == "Last-Event-ID"
+
+
+def test_starting_after_is_ascii_digits_within_a_bound():
+    assert event_number(None, param="starting_after") is None
+    assert event_number("3", param="starting_after") == 3
+    for bad in ("²", "٣", "9" * 5000, str(MAX_EVENT_NUMBER + 1), "-1", " 3", "3_0", ""):
+        with pytest.raises(InvalidRequest) as refused:
+            event_number(bad, param="starting_after")
+        assert refused.value.param == "starting_after"
 
 
 class Reader:
