@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=10_000)
     parser.add_argument("--no-run", action="store_true", help="Stop once every line is a job.")
     args = parser.parse_args()
-    env = {"EBB_FILES_MAX_BYTES_PER_TENANT": str(1 << 30)}
+    env = {"EBB_TEST_ENGINES": "1", "EBB_FILES_MAX_BYTES_PER_TENANT": str(1 << 30)}
     platform = Platform(home=temp_home("ebb-bench-batch-create-"), redis_url=None, env_extra=env)
     platform.start()
     try:
