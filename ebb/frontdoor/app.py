@@ -17,6 +17,7 @@ from ebb.config import Settings
 from ebb.console import routes as console_routes
 from ebb.errors import EbbError
 from ebb.frontdoor import (
+    batch_queueing,
     file_keeping,
     parked_jobs,
     redis_down,
@@ -91,6 +92,7 @@ def create_app(settings: Settings) -> FastAPI:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await batch_queueing.stop_queueing()
         await services.state.short_redis.aclose()
         await services.redis.aclose()
 

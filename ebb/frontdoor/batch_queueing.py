@@ -52,6 +52,15 @@ def start_queueing(
     task.add_done_callback(lambda _: _RUNNING.pop(record.batch_id, None))
 
 
+async def stop_queueing() -> None:
+    """Cancel this process's queueing tasks (it is stopping): their leases lapse and a
+    watcher of a frontdoor still running (or this one, restarted) takes them over."""
+    tasks = list(_RUNNING.values())
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class _LeaseLost(Exception):
     """Another frontdoor took the batch over (this one stalled past its lease)."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -17,6 +18,7 @@ from support import Platform, deploy, temp_home, wait_until
 from support.billing import new_key, tenant_client
 
 from ebb.queue import keys
+from ebb.queue.batch_store import BatchRecord, BatchStatus, BatchStore
 from ebb.queue.file_quota import FileQuotaStore
 
 pytestmark = pytest.mark.integration
@@ -255,3 +257,40 @@ def test_a_large_batch_answers_validating_and_then_completes(platform, admin):
     job_id = json.loads(outputs[0])["response"]["request_id"]
     assert 0 < redis.ttl(keys.job(job_id)) <= 3600
     assert client.get(f"/v1/batches/{batch['id']}").json()["request_counts"]["completed"] == total
+
+
+def test_a_batch_whose_queueing_frontdoor_died_is_taken_over_once_its_lease_lapses(platform, admin):
+    client = _client(platform, admin, "caps-takeover")
+    file_id = _upload(client, _jsonl([_line(f"t{i}") for i in range(3)])).json()["id"]
+    now = int(time.time()) - 60
+    record = BatchRecord(
+        batch_id="batch_caps_takeover",
+        tenant="caps-takeover",
+        endpoint="/v1/chat/completions",
+        input_file_id=file_id,
+        completion_window="24h",
+        created_at_s=now,
+        expires_at_s=now + 86400,
+        status=BatchStatus.VALIDATING,
+    )
+    run_info = json.loads((platform.home / "run.json").read_text())
+
+    async def store_as_a_dead_frontdoor_left_it() -> None:
+        redis = aioredis.Redis.from_url(run_info["redis_url"])
+        store = BatchStore(redis, retention_s=3600, delivery_ttl_s=3600)
+        await store.create(record)
+        assert await store.hold_work(record.batch_id, "dead-frontdoor", ttl_s=3)
+        await redis.aclose()
+
+    asyncio.run(store_as_a_dead_frontdoor_left_it())
+    # While the dead frontdoor's lease holds, nobody else queues its lines.
+    assert client.get(f"/v1/batches/{record.batch_id}").json()["status"] == "validating"
+    done = wait_until(
+        lambda: (
+            (b := client.get(f"/v1/batches/{record.batch_id}").json())["status"] == "completed"
+            and b
+        ),
+        60,
+        "a watcher to take the batch over and the batch to complete",
+    )
+    assert done["request_counts"] == {"total": 3, "completed": 3, "failed": 0}

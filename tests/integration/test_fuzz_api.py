@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
-from support import Platform, deploy, temp_home
+from support import Platform, deploy, temp_home, wait_until
 
 from ebb.config import Settings
 from ebb.frontdoor.app import create_app
@@ -160,8 +160,22 @@ def test_batch_input_files_never_get_a_5xx(platform, keys, who):
                     "completion_window": "24h"}  # fmt: skip
             created = client.post("/v1/batches", json=body)
             _assert_no_5xx(created)
-            if created.status_code == 200 and created.json()["status"] == "failed":
-                assert created.json()["errors"]["data"][0]["message"]
+            if created.status_code != 200:
+                return
+            # Validated in the background: it leaves `validating`, failed with the reason
+            # or queued, never stuck.
+            assert created.json()["status"] == "validating"
+            batch = wait_until(
+                lambda: (
+                    (b := client.get(f"/v1/batches/{created.json()['id']}").json())["status"]
+                    != "validating"
+                    and b
+                ),
+                60,
+                "the fuzzed batch to be validated",
+            )
+            if batch["status"] == "failed":
+                assert batch["errors"]["data"][0]["message"]
 
     fuzz()
 
