@@ -42,7 +42,7 @@ class PlatformSettings(BaseModel):
         le=1.0,
         description="Past this share of Redis's `maxmemory` (as INFO reports it, the "
         "embedded one's or an external one's), new tenant-fed writes (stored responses, "
-        "stream views) are refused with a `503` (`storage_full`) so that platform state "
+        "stream views, file uploads, batches, jobs) are refused with a `503` (`storage_full`) so that platform state "
         "always has room; a Redis without `maxmemory` refuses none.",
     )
     redis_outage_s: float = Field(

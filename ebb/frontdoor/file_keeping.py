@@ -18,6 +18,7 @@ import time
 from ebb.errors import QuotaExceeded
 from ebb.frontdoor.files import FileInfo, new_file_id
 from ebb.frontdoor.services import Services
+from ebb.frontdoor.tenant_writes import require_tenant_write_room
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,8 @@ async def store_file(
     `platform_written` (a batch's output and error files) counts against the caps but is
     never refused: the tenant's work must be able to finish. Raises QuotaExceeded, naming
     the cap and what to delete, when an upload would pass one."""
-    # TODO(w4-stores): the Redis high-water "tenant write allowed" check belongs here,
-    # before the reservation writes to Redis.
+    if not platform_written:  # a batch's own output must land, as the caps let it
+        await require_tenant_write_room(services, "files")
     settings = services.settings
     keep_s = settings.files_retention_s if keep_s is None else keep_s
     file_id = file_id or new_file_id()

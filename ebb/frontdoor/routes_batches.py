@@ -50,6 +50,7 @@ from ebb.frontdoor.list_page import list_page
 from ebb.frontdoor.redis_down import ride_out
 from ebb.frontdoor.routes_files import owned_file
 from ebb.frontdoor.services import Services, ServicesDep
+from ebb.frontdoor.tenant_writes import require_tenant_write_room
 from ebb.queue.batch_store import BatchRecord, BatchStatus
 from ebb.queue.job_schema import JobRecord, JobStatus
 from ebb.webhooks.signing import new_secret
@@ -115,8 +116,9 @@ async def create_batch(
         metadata=payload.metadata,
         webhook_url=payload.webhook.url if payload.webhook else "",
     )
-    # TODO(w4-stores): the Redis high-water "tenant write allowed" check belongs here,
-    # before the batch (and, in the background, its jobs) are written.
+    # Before the batch (and, in the background, its jobs) are written: a nearly full
+    # Redis keeps its room for platform state.
+    await require_tenant_write_room(services, "batches")
     # Stored, and its lease taken, before any line is queued: if this process dies while
     # queueing, the lease lapses and a batch watcher queues the rest. A Redis restart is
     # waited out (creating the same record again changes nothing); the lines then wait

@@ -44,6 +44,7 @@ from ebb.frontdoor.ratelimit import Reservation
 from ebb.frontdoor.redis_down import ride_out
 from ebb.frontdoor.routes_jobs_read import read_job_view
 from ebb.frontdoor.services import Services, ServicesDep
+from ebb.frontdoor.tenant_writes import require_tenant_write_room
 from ebb.queue.job_store import IdempotencyConflict
 from ebb.webhooks.signing import new_secret
 from ebb.webhooks.ssrf import UnsafeUrl, resolve_target
@@ -59,6 +60,8 @@ async def submit_job(
     services: ServicesDep,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> JSONResponse:
+    # A job's record is kept for days: a nearly full Redis keeps its room for platform state.
+    await require_tenant_write_room(services, "jobs")
     if not tracing.active():
         return await _submit_riding_out(payload, caller, services, idempotency_key, None, 0)
     # The job's span continues the client's trace; the work item carries it to the runner

@@ -1,9 +1,9 @@
 """The refusal of a new tenant-fed write while Redis is nearly full.
 
-Every store a tenant fills (stored responses, stream views; files metadata, batches and
-jobs may call it too) calls `require_tenant_write_room` before it writes: past the
-high-water mark of Redis's `maxmemory` (EBB_REDIS_TENANT_WRITE_HIGH_WATER) the write is
-refused with a 503 `storage_full`, before Redis's own limit refuses the platform's writes.
+Every store a tenant fills (stored responses, stream views, files, batches, jobs) calls
+`require_tenant_write_room` before it writes: past the high-water mark of Redis's
+`maxmemory` (EBB_REDIS_TENANT_WRITE_HIGH_WATER) the write is refused with a 503
+`storage_full`, before Redis's own limit refuses the platform's writes.
 """
 
 from __future__ import annotations
