@@ -153,9 +153,10 @@ def test_untokenised_fields_are_bounded(platform, admin):
 
 
 def test_past_the_high_water_mark_tenant_writes_are_refused(platform, admin):
-    """Filled from outside to just past 90 % of maxmemory: stored and streamed responses
-    are refused (503 storage_full), a response not stored still answers (platform state
-    has its room), and once memory is back writes are taken again."""
+    """Filled from outside to just past 90 % of maxmemory: stored and streamed responses,
+    jobs and file uploads are refused (503 storage_full), a response not stored still
+    answers (platform state has its room), and once memory is back writes are taken
+    again."""
     redis_client = platform.redis()
     assert redis_client.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
     assert int(redis_client.config_get("maxmemory")["maxmemory"]) == MAXMEMORY_BYTES
@@ -176,6 +177,14 @@ def test_past_the_high_water_mark_tenant_writes_are_refused(platform, admin):
             assert error["code"] == "storage_full" and "store: false" in error["message"]
             assert refused.headers["retry-after"]
         assert client.post("/v1/responses", json=_body(store=False)).status_code == 200
+        # Every other store a tenant fills is refused the same way, before it writes.
+        job = {"model": "bounded", "endpoint": "completions", "body": {"prompt": "Hi"}}
+        upload = {"file": ("in.jsonl", b"{}\n")}
+        for refused in (
+            client.post("/v1/jobs", json=job),
+            client.post("/v1/files", files=upload, data={"purpose": "batch"}),
+        ):
+            assert _error(refused, 503)["code"] == "storage_full"
     finally:
         redis_client.delete(*(f"test:filler:{i}" for i in range(fillers)))
     wait_until(
