@@ -42,8 +42,9 @@ class PlatformSettings(BaseModel):
         le=1.0,
         description="Past this share of Redis's `maxmemory` (as INFO reports it, the "
         "embedded one's or an external one's), new tenant-fed writes (stored responses, "
-        "stream views, file uploads, batches, jobs) are refused with a `503` (`storage_full`) so that platform state "
-        "always has room; a Redis without `maxmemory` refuses none.",
+        "stream views, file uploads, batches, jobs) are refused with a `503` "
+        "(`storage_full`) so that platform state always has room; a Redis without "
+        "`maxmemory` refuses none.",
     )
     redis_outage_s: float = Field(
         default=30.0,
