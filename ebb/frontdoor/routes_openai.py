@@ -34,7 +34,7 @@ from ebb.frontdoor.observe import RequestObservation
 from ebb.frontdoor.ratelimit import Reservation
 from ebb.frontdoor.redis_down import unavailable
 from ebb.frontdoor.services import Services, ServicesDep
-from ebb.frontdoor.sse_ids import EventIds
+from ebb.frontdoor.sse_ids import EventIds, ids_wanted
 from ebb.frontdoor.version_routing import routed, version_headers, version_of
 from ebb.openai.response_builder import (
     SSE_DONE,
@@ -201,6 +201,7 @@ async def _serve_observed(
     observed: RequestObservation,
 ) -> Response:
     request_id = observed.request_id
+    ids = EventIds(request_id, stamped=ids_wanted(request.headers))
     body = _json_body(request)
     parsed = await answer.parse(body)
     route = await routed(services.state, caller, parsed.model, request.headers)
@@ -264,7 +265,7 @@ async def _serve_observed(
             running = await unless_disconnected(request, work, executor, admit())
             streaming = True
             return StreamingResponse(
-                _stream(services, running, builder, reservation, observed, answer),
+                _stream(services, running, builder, reservation, observed, answer, ids),
                 media_type="text/event-stream",
                 headers={
                     "Cache-Control": "no-cache",
@@ -317,13 +318,14 @@ async def _stream(
     reservation: Reservation,
     observed: RequestObservation,
     answer: Answer,
+    ids: EventIds,
 ) -> AsyncIterator[bytes]:
-    """SSE body; if the client leaves mid-stream, the request is aborted in the engine.
+    """SSE body (with event ids if the client asked, sse_ids); if the client leaves
+    mid-stream, the request is aborted in the engine.
 
     A stream that cannot go on (runner lost after output, Redis gone for longer than
     EBB_REDIS_OUTAGE_S) ends with the answer's error event and end, never silently."""
     finished = False
-    ids = EventIds(running.work.request_id)
     try:
         error: EbbError | None = None
         chunks = _stream_chunks(services, running, builder, reservation, observed)

@@ -30,7 +30,7 @@ from ebb.frontdoor.hot_routes import RequestOnlyRoute
 from ebb.frontdoor.list_page import list_page
 from ebb.frontdoor.routes_openai import serve
 from ebb.frontdoor.services import Services, ServicesDep
-from ebb.frontdoor.sse_ids import last_event_number
+from ebb.frontdoor.sse_ids import ids_wanted, last_event_number
 from ebb.openai.response_builder import EndpointKind
 from ebb.openai.responses_objects import (
     ResponseFrame,
@@ -105,7 +105,8 @@ async def retrieve_response(
         )
         assert view.response is not None  # found_view's `responses`
         answer = ResponsesAnswer.replaying(services, caller, view.response)
-        return resume.replay(services, response_id, view, answer, after)
+        stamped = ids_wanted(request.headers)
+        return resume.replay(services, response_id, view, answer, after, stamped=stamped)
     store = response_store(services)
     record = await background.refreshed(services, store, await _found(store, caller, response_id))
     return record.response

@@ -229,6 +229,10 @@ class EngineSpec(msgspec.Struct, kw_only=True, frozen=True):
     max_cpu_loras: int | None = None  # adapters kept loaded in host memory (LRU)
 
 
+# serving.default_max_tokens unless a deployment sets its own.
+DEFAULT_MAX_TOKENS = 2048
+
+
 class ServingOptions(msgspec.Struct, kw_only=True, frozen=True):
     """How a deployment's model meets the OpenAI API (beyond the engine's own options)."""
 
@@ -242,6 +246,12 @@ class ServingOptions(msgspec.Struct, kw_only=True, frozen=True):
     task: Literal["generate", "embed"] = "generate"
     # The Batch API's price: token prices less this percentage (0 to 100).
     batch_discount_pct: int = 0
+    # Output tokens of a chat (or Responses) request that names no max_tokens: a runaway
+    # generation ends here, not when the context is full (completions keep OpenAI's 16).
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+    # The most output tokens one request may ask for (a 400 above it); 0: only the
+    # context left limits it.
+    max_tokens_limit: int = 0
 
 
 def new_deployment_uid() -> str:
