@@ -52,6 +52,9 @@ T = TypeVar("T")
 # While a claimed request is running, how long to wait for an event before re-checking
 # its recorded state (a safety net under the lease reaper, which normally reports loss).
 _EVENT_SILENCE_S = 15.0
+# How long a cancelled request's access line waits for its runner's abort (the next engine
+# step), for the token counts the ledger bills.
+_ABORT_WAIT_S = 10.0
 # Times one request runs again after losing its runner before the loss is its answer.
 MAX_RERUNS = 2
 _OUTAGE_BACKOFF_FIRST_S = 0.1
@@ -273,6 +276,11 @@ class Executor:
     async def cancel(self, work: WorkItem) -> None:
         outcome = await self._queue.cancel(work)
         log.info("frontdoor: %s cancelled by client (%s)", work.request_id, outcome)
+
+    async def billed_counts(self, request_id: str) -> tuple[int, int] | None:
+        """(prompt, completion) tokens a cancelled request was billed, once its runner
+        has aborted it (None if it did not end within _ABORT_WAIT_S)."""
+        return await self._queue.ended_counts(request_id, _ABORT_WAIT_S)
 
     async def _refuse_if_failing(
         self, spec: DeploymentSpec, status: dict[str, str] | None = None

@@ -282,6 +282,7 @@ async def _serve_observed(
         )
     except ClientGone:
         # Nobody is listening; 499 is what proxies log for a client that closed first.
+        observed.billed(await services.executor.billed_counts(request_id))
         return Response(status_code=499)
     finally:
         if not streaming and reservation.settles_anything:  # a stream settles when it ends
@@ -348,12 +349,36 @@ async def _stream(
     finally:
         # A stream cut by a drain's end keeps its request: its client resumes elsewhere.
         if not finished and not services.drain.draining:
-            # Shielded: this runs while the response task is being cancelled.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(services.executor.cancel(running.work))
-        observed.end(200 if finished else 499)
+            # This runs while the response task is being cancelled, where an await need not
+            # return: the abort, its billed counts and the settling go on in their own task.
+            task = asyncio.get_running_loop().create_task(
+                _client_left(services, running.work, observed, reservation)
+            )
+            _LEFT_TASKS.add(task)
+            task.add_done_callback(_LEFT_TASKS.discard)
+        else:
+            observed.end(200 if finished else 499)
+            if reservation.settles_anything:
+                await asyncio.shield(reservation.settle())
+
+
+# The tasks of streams whose clients left, held until they end (the loop holds only weakly).
+_LEFT_TASKS: set[asyncio.Task[None]] = set()
+
+
+async def _client_left(
+    services: Services, work: WorkItem, observed: RequestObservation, reservation: Reservation
+) -> None:
+    """A stream whose client left: aborted in the engine, its access line written with
+    the tokens its end recorded (what the ledger bills), its limits settled."""
+    try:
+        with contextlib.suppress(Exception):
+            await services.executor.cancel(work)
+            observed.billed(await services.executor.billed_counts(work.request_id))
+    finally:
+        observed.end(499)
         if reservation.settles_anything:
-            await asyncio.shield(reservation.settle())
+            await reservation.settle()
 
 
 async def _stream_chunks(
