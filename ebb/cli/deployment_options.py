@@ -250,6 +250,18 @@ SETTINGS = (
         "serving",
     ),
     DeploymentOption(
+        "max_request",
+        float | None,
+        typer.Option(
+            None,
+            "--max-request-s",
+            min=0,
+            help="Seconds a request may run before it is stopped (600; 0: no limit).",
+        ),
+        "max_request_s",
+        "serving",
+    ),
+    DeploymentOption(
         "chat_template",
         str | None,
         typer.Option(None, help="A Jinja chat template instead of the model's."),

@@ -80,6 +80,9 @@ class ServingBody(BaseModel):
     max_tokens_limit: int | None = Field(
         None, ge=0, le=10_000_000, description="Most output tokens a request may ask; 0: no cap."
     )
+    max_request_s: float | None = Field(
+        None, ge=0, le=86_400, description="Seconds a request may run before it is stopped."
+    )
 
 
 class EngineBody(BaseModel):

@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ebb.errors import EbbError, InvalidRequest, JobError
+from ebb.errors import EbbError, InvalidRequest, JobError, RequestTimeout
 from ebb.frontdoor import tenancy
 from ebb.frontdoor.adapters import served_by_base
 from ebb.frontdoor.auth import CallerDep, calling
@@ -308,7 +308,7 @@ async def _collect(
         elif isinstance(event, Failed):
             if await services.executor.rerun(running, event):
                 return await _collect(services, running, new_builder, reservation, observed)
-            raise _failure(event)
+            raise await _failed(services, running, event, observed)
     raise JobError("the request ended without a result")
 
 
@@ -408,7 +408,16 @@ async def _stream_chunks(
                 ):
                     yield chunk
                 return
-            raise _failure(event)
+            raise await _failed(services, running, event, observed)
+
+
+async def _failed(
+    services: Services, running: Running, event: Failed, observed: RequestObservation
+) -> EbbError:
+    """`_failure`; a request stopped at its time limit is logged with what it was billed."""
+    if event.code == "request_timeout":
+        observed.billed(await services.executor.billed_counts(running.work.request_id))
+    return _failure(event)
 
 
 def _failure(event: Failed) -> EbbError:
@@ -417,6 +426,8 @@ def _failure(event: Failed) -> EbbError:
     message = f"The request failed while running: {event.message}"
     if event.code == "invalid_adapter":
         return InvalidRequest(message, param="model", code=event.code)
+    if event.code == "request_timeout":
+        return RequestTimeout(event.message)
     return JobError(message, code=event.code)
 
 

@@ -231,6 +231,8 @@ class EngineSpec(msgspec.Struct, kw_only=True, frozen=True):
 
 # serving.default_max_tokens unless a deployment sets its own.
 DEFAULT_MAX_TOKENS = 2048
+# serving.max_request_s unless a deployment sets its own.
+DEFAULT_MAX_REQUEST_S = 600.0
 
 
 class ServingOptions(msgspec.Struct, kw_only=True, frozen=True):
@@ -252,6 +254,9 @@ class ServingOptions(msgspec.Struct, kw_only=True, frozen=True):
     # The most output tokens one request may ask for (a 400 above it); 0: only the
     # context left limits it.
     max_tokens_limit: int = 0
+    # Seconds a request may run from its arrival before it is stopped in the engine (its
+    # answer a 504, its stream's end an error event); 0: no limit but max_tokens.
+    max_request_s: float = DEFAULT_MAX_REQUEST_S
 
 
 def new_deployment_uid() -> str:

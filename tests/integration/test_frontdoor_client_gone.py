@@ -122,3 +122,24 @@ def test_a_cancelled_answers_access_line_counts_what_the_ledger_bills(platform):
     billed = wait_until(lambda: _billed(platform, request_id), 30, "its usage record")
     logged = wait_until(lambda: _access_counts(platform, request_id), 30, "its access line")
     assert billed[1] > 0 and logged == billed
+
+
+def test_a_request_past_its_deployments_time_limit_is_stopped_and_billed_what_it_made(platform):
+    with platform.admin() as admin:
+        # 50 ms a token: 400 tokens would run for 20 s, past the 1 s limit.
+        deploy(admin, "bounded", "fake://m?step_ms=50", serving={"max_request_s": 1})
+        body = {"model": "bounded", "messages": [{"role": "user", "content": "hi"}]}
+        body["max_tokens"] = 400
+        whole = admin.post("/v1/chat/completions", json=body)
+        with admin.stream("POST", "/v1/chat/completions", json=body | {"stream": True}) as r:
+            request_id = r.headers["x-request-id"]
+            events = [line for line in r.iter_lines() if line]
+    assert whole.status_code == 504, whole.text
+    assert whole.json()["error"]["code"] == "request_timeout"
+    assert "serving.max_request_s" in whole.json()["error"]["message"]
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["code"] == "request_timeout", error
+    billed = wait_until(lambda: _billed(platform, request_id), 30, "its usage record")
+    logged = wait_until(lambda: _access_counts(platform, request_id), 30, "its access line")
+    assert 0 < billed[1] < 400 and logged == billed

@@ -91,6 +91,12 @@ const SERVING = [
     hint: "The most output tokens a request may ask for (a 400 above); 0 or empty: the context.",
   },
   {
+    param: "serving.max_request_s",
+    label: "Max request time (s)",
+    kind: "number",
+    hint: "Seconds a request may run before it is stopped; empty: 600, 0: no limit.",
+  },
+  {
     param: "serving.chat_template",
     label: "Chat template",
     kind: "text",
