@@ -121,7 +121,8 @@ def test_vllm_bench_serves_request_functions_succeed_on_a_default_stream(
             backend, platform.base_url + path, platform.admin_key, **{"X-Ebb-Resumable": "1"}
         )
     )
-    assert not opted_in.success and "JSONDecodeError" in opted_in.error
+    # (how it fails depends on how the bytes arrive: a JSONDecodeError, or no chunk read)
+    assert not opted_in.success, opted_in
 
 
 def test_vllm_bench_serve_runs_from_the_venv_and_completes_every_request(
