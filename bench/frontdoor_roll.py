@@ -71,7 +71,8 @@ class Balancer:
 
 def one_stream(balancer: Balancer, key: str, tokens: int, tally: Tally) -> None:
     body = {"model": "roll", "messages": MESSAGES, "max_tokens": tokens, "stream": True}
-    headers = {"Authorization": f"Bearer {key}"}
+    # Resumable: ask for event ids, to resume from the last one seen.
+    headers = {"Authorization": f"Bearer {key}", "X-Ebb-Resumable": "1"}
     events: list = []
     request_id = ""
     while True:

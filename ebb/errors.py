@@ -123,6 +123,14 @@ class JobError(EbbError):
     code = "job_failed"
 
 
+class RequestTimeout(EbbError):
+    """504: the request ran past its deployment's wall-clock limit and was stopped."""
+
+    status_code = 504
+    error_type = "server_error"
+    code = "request_timeout"
+
+
 # --- weights -------------------------------------------------------------------------
 
 

@@ -232,6 +232,36 @@ SETTINGS = (
         "serving",
     ),
     DeploymentOption(
+        "default_max_tokens",
+        int | None,
+        typer.Option(
+            None, min=1, help="Output tokens of a request that names no max_tokens (2048)."
+        ),
+        "default_max_tokens",
+        "serving",
+    ),
+    DeploymentOption(
+        "max_tokens_limit",
+        int | None,
+        typer.Option(
+            None, min=0, help="Most output tokens a request may ask for (0: the context)."
+        ),
+        "max_tokens_limit",
+        "serving",
+    ),
+    DeploymentOption(
+        "max_request",
+        float | None,
+        typer.Option(
+            None,
+            "--max-request-s",
+            min=0,
+            help="Seconds a request may run before it is stopped (600; 0: no limit).",
+        ),
+        "max_request_s",
+        "serving",
+    ),
+    DeploymentOption(
         "chat_template",
         str | None,
         typer.Option(None, help="A Jinja chat template instead of the model's."),

@@ -150,12 +150,19 @@ def remove_deployment(name: str) -> None:
     console.print(f"removed {name}")
 
 
+def _no_gpus(note: str | None) -> str:
+    # A host without NVIDIA's driver is not an error: its runners serve on the CPU.
+    if not note or note.startswith("NVML") or "nvidia-ml-py" in note:
+        return "no NVIDIA GPU (runners serve on the CPU)"
+    return f"no GPUs ({note})"
+
+
 def print_gpus(hosts: list[JsonObject]) -> None:
     """Each host's GPUs: memory free and reserved by runners, load, temperature."""
     gib = 1024**3
     for host in hosts:
         if not host["devices"]:
-            console.print(f"{host['host']}: no GPUs ({host['note'] or 'none reported'})")
+            console.print(f"{host['host']}: {_no_gpus(host['note'])}")
             continue
         table = Table(
             "gpu",

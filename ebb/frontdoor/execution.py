@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -52,6 +53,11 @@ T = TypeVar("T")
 # While a claimed request is running, how long to wait for an event before re-checking
 # its recorded state (a safety net under the lease reaper, which normally reports loss).
 _EVENT_SILENCE_S = 15.0
+# The shortest wait for an event as a request's wall-clock limit nears.
+_MIN_WAIT_S = 0.01
+# How long a cancelled request's access line waits for its runner's abort (the next engine
+# step), for the token counts the ledger bills.
+_ABORT_WAIT_S = 10.0
 # Times one request runs again after losing its runner before the loss is its answer.
 MAX_RERUNS = 2
 _OUTAGE_BACKOFF_FIRST_S = 0.1
@@ -235,9 +241,17 @@ class Executor:
 
         A continuation (the reaper queued the request again after losing its runner, see
         reap.lua) is followed through: its Progress goes on from the next token, so the
-        caller sees one uninterrupted output."""
+        caller sees one uninterrupted output. One still running at its deployment's
+        serving.max_request_s (from its arrival) is stopped in the engine and ends with a
+        Failed event of code "request_timeout"."""
+        limit_s = running.spec.serving.max_request_s
+        deadline_s = running.work.enqueued_at_s + limit_s if limit_s > 0 else math.inf
         while True:
-            event = await self._ride_out(running.reader.next, _EVENT_SILENCE_S)
+            wait_s = min(_EVENT_SILENCE_S, max(_MIN_WAIT_S, deadline_s - time.time()))
+            event = await self._ride_out(running.reader.next, wait_s)
+            if event is None and time.time() >= deadline_s:
+                yield await self._timed_out(running.work, limit_s)
+                return
             if event is None:
                 event = await self._after_silence(running)
                 if event is None:
@@ -247,6 +261,20 @@ class Executor:
             yield event
             if isinstance(event, Finished | Failed):
                 return
+
+    async def _timed_out(self, work: WorkItem, limit_s: float) -> Failed:
+        """Stop a request past its wall-clock limit (its runner aborts it at its next step,
+        billing what it generated, as for a client that left)."""
+        outcome = await self._queue.cancel(work)
+        log.warning(
+            "frontdoor: %s stopped at its %.0f s limit (%s)", work.request_id, limit_s, outcome
+        )
+        return Failed(
+            message=f"The request ran for its deployment's limit of {limit_s:g} s "
+            "(serving.max_request_s) and was stopped. Ask for fewer tokens (max_tokens), "
+            "or stream to receive the output as it is generated.",
+            code="request_timeout",
+        )
 
     async def _after_silence(self, running: Running) -> Failed | None:
         """No event for a while: None while the request runs (a long prefill, say; the
@@ -273,6 +301,11 @@ class Executor:
     async def cancel(self, work: WorkItem) -> None:
         outcome = await self._queue.cancel(work)
         log.info("frontdoor: %s cancelled by client (%s)", work.request_id, outcome)
+
+    async def billed_counts(self, request_id: str) -> tuple[int, int] | None:
+        """(prompt, completion) tokens a cancelled request was billed, once its runner
+        has aborted it (None if it did not end within _ABORT_WAIT_S)."""
+        return await self._queue.ended_counts(request_id, _ABORT_WAIT_S)
 
     async def _refuse_if_failing(
         self, spec: DeploymentSpec, status: dict[str, str] | None = None

@@ -112,6 +112,12 @@ class RequestObservation:
         elif isinstance(event, Failed):
             self._failure_code = event.code
 
+    def billed(self, counts: tuple[int, int] | None) -> None:
+        """The (prompt, completion) tokens the request's end recorded, which the ledger
+        bills (a cancelled request has no Finished event to count them from)."""
+        if counts is not None:
+            self.prompt_tokens, self.completion_tokens = counts
+
     def end_with_error(self, error: EbbError) -> None:
         self.end(error.status_code, error.code)
 

@@ -79,6 +79,15 @@ class ServingBody(BaseModel):
     batch_discount_pct: int | None = Field(
         None, ge=0, le=100, description="Batch API token prices: this much percent off."
     )
+    default_max_tokens: int | None = Field(
+        None, ge=1, le=10_000_000, description="Output tokens of a request naming no max_tokens."
+    )
+    max_tokens_limit: int | None = Field(
+        None, ge=0, le=10_000_000, description="Most output tokens a request may ask; 0: no cap."
+    )
+    max_request_s: float | None = Field(
+        None, ge=0, le=86_400, description="Seconds a request may run before it is stopped."
+    )
 
 
 class EngineBody(BaseModel):

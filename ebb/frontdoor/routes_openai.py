@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ebb.errors import EbbError, InvalidRequest, JobError
+from ebb.errors import EbbError, InvalidRequest, JobError, RequestTimeout
 from ebb.frontdoor import tenancy
 from ebb.frontdoor.adapter_prices import as_served
 from ebb.frontdoor.adapters import served_by_base
@@ -35,7 +35,7 @@ from ebb.frontdoor.observe import RequestObservation
 from ebb.frontdoor.ratelimit import Reservation
 from ebb.frontdoor.redis_down import unavailable
 from ebb.frontdoor.services import Services, ServicesDep
-from ebb.frontdoor.sse_ids import EventIds
+from ebb.frontdoor.sse_ids import EventIds, ids_wanted
 from ebb.frontdoor.tenant_writes import require_tenant_write_room
 from ebb.frontdoor.version_routing import routed, version_headers, version_of
 from ebb.openai.response_builder import (
@@ -204,6 +204,7 @@ async def _serve_observed(
     observed: RequestObservation,
 ) -> Response:
     request_id = observed.request_id
+    ids = EventIds(request_id, stamped=ids_wanted(request.headers))
     body = _json_body(request)
     parsed = await answer.parse(body)
     route = await routed(services.state, caller, parsed.model, request.headers)
@@ -270,7 +271,7 @@ async def _serve_observed(
             running = await unless_disconnected(request, work, executor, admit())
             streaming = True
             return StreamingResponse(
-                _stream(services, running, builder, reservation, observed, answer),
+                _stream(services, running, builder, reservation, observed, answer, ids),
                 media_type="text/event-stream",
                 headers={
                     "Cache-Control": "no-cache",
@@ -287,6 +288,7 @@ async def _serve_observed(
         )
     except ClientGone:
         # Nobody is listening; 499 is what proxies log for a client that closed first.
+        observed.billed(await services.executor.billed_counts(request_id))
         return Response(status_code=499)
     finally:
         if not streaming and reservation.settles_anything:  # a stream settles when it ends
@@ -312,7 +314,7 @@ async def _collect(
         elif isinstance(event, Failed):
             if await services.executor.rerun(running, event):
                 return await _collect(services, running, new_builder, reservation, observed)
-            raise _failure(event)
+            raise await _failed(services, running, event, observed)
     raise JobError("the request ended without a result")
 
 
@@ -323,13 +325,14 @@ async def _stream(
     reservation: Reservation,
     observed: RequestObservation,
     answer: Answer,
+    ids: EventIds,
 ) -> AsyncIterator[bytes]:
-    """SSE body; if the client leaves mid-stream, the request is aborted in the engine.
+    """SSE body (with event ids if the client asked, sse_ids); if the client leaves
+    mid-stream, the request is aborted in the engine.
 
     A stream that cannot go on (runner lost after output, Redis gone for longer than
     EBB_REDIS_OUTAGE_S) ends with the answer's error event and end, never silently."""
     finished = False
-    ids = EventIds(running.work.request_id)
     try:
         error: EbbError | None = None
         chunks = _stream_chunks(services, running, builder, reservation, observed)
@@ -352,12 +355,36 @@ async def _stream(
     finally:
         # A stream cut by a drain's end keeps its request: its client resumes elsewhere.
         if not finished and not services.drain.draining:
-            # Shielded: this runs while the response task is being cancelled.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(services.executor.cancel(running.work))
-        observed.end(200 if finished else 499)
+            # This runs while the response task is being cancelled, where an await need not
+            # return: the abort, its billed counts and the settling go on in their own task.
+            task = asyncio.get_running_loop().create_task(
+                _client_left(services, running.work, observed, reservation)
+            )
+            _LEFT_TASKS.add(task)
+            task.add_done_callback(_LEFT_TASKS.discard)
+        else:
+            observed.end(200 if finished else 499)
+            if reservation.settles_anything:
+                await asyncio.shield(reservation.settle())
+
+
+# The tasks of streams whose clients left, held until they end (the loop holds only weakly).
+_LEFT_TASKS: set[asyncio.Task[None]] = set()
+
+
+async def _client_left(
+    services: Services, work: WorkItem, observed: RequestObservation, reservation: Reservation
+) -> None:
+    """A stream whose client left: aborted in the engine, its access line written with
+    the tokens its end recorded (what the ledger bills), its limits settled."""
+    try:
+        with contextlib.suppress(Exception):
+            await services.executor.cancel(work)
+            observed.billed(await services.executor.billed_counts(work.request_id))
+    finally:
+        observed.end(499)
         if reservation.settles_anything:
-            await asyncio.shield(reservation.settle())
+            await reservation.settle()
 
 
 async def _stream_chunks(
@@ -387,7 +414,16 @@ async def _stream_chunks(
                 ):
                     yield chunk
                 return
-            raise _failure(event)
+            raise await _failed(services, running, event, observed)
+
+
+async def _failed(
+    services: Services, running: Running, event: Failed, observed: RequestObservation
+) -> EbbError:
+    """`_failure`; a request stopped at its time limit is logged with what it was billed."""
+    if event.code == "request_timeout":
+        observed.billed(await services.executor.billed_counts(running.work.request_id))
+    return _failure(event)
 
 
 def _failure(event: Failed) -> EbbError:
@@ -396,6 +432,8 @@ def _failure(event: Failed) -> EbbError:
     message = f"The request failed while running: {event.message}"
     if event.code == "invalid_adapter":
         return InvalidRequest(message, param="model", code=event.code)
+    if event.code == "request_timeout":
+        return RequestTimeout(event.message)
     return JobError(message, code=event.code)
 
 

@@ -33,7 +33,7 @@ from ebb.frontdoor.list_page import list_page
 from ebb.frontdoor.response_caps import hold_room
 from ebb.frontdoor.routes_openai import serve
 from ebb.frontdoor.services import Services, ServicesDep
-from ebb.frontdoor.sse_ids import event_number, last_event_number
+from ebb.frontdoor.sse_ids import event_number, ids_wanted, last_event_number
 from ebb.openai.response_builder import EndpointKind
 from ebb.openai.responses_objects import (
     ResponseFrame,
@@ -121,7 +121,8 @@ async def retrieve_response(
             after = last_event_number(response_id, request.headers.get("last-event-id"))
         assert view.response is not None  # found_view's `responses`
         answer = ResponsesAnswer.replaying(services, caller, view.response)
-        return resume.replay(services, response_id, view, answer, after)
+        stamped = ids_wanted(request.headers)
+        return resume.replay(services, response_id, view, answer, after, stamped=stamped)
     store = response_store(services)
     record = await background.refreshed(services, store, await _found(store, caller, response_id))
     return record.response

@@ -5,12 +5,13 @@ GET /v1/completions/{id}/stream, with the `Last-Event-ID` the client last receiv
 Any frontdoor answers it: the request's events are in Redis (its event stream, kept for
 EBB_RESULT_TTL_S after it ended), and so is how its first frontdoor rendered them
 (ebb.queue.stream_views). The events are replayed from the start through the same
-`ResponseBuilder` and numbered by the same `EventIds`, the ones the client has are
-dropped, and the rest follow live until the request ends. Only the request's tenant may
-resume it (its view is kept under the tenant); any other caller, an id never streamed or
-one whose events have expired gets 404. Nothing is billed or rate-limited again: the
-request ran once. A resumed client that leaves does not cancel the request (it may
-reconnect again); the request runs to its end.
+`ResponseBuilder` and numbered by the same `EventIds` (their `id:` lines written for a
+client that asks, as live: `X-Ebb-Resumable: 1` or a `Last-Event-ID`), the ones the
+client has are dropped, and the rest follow live until the request ends. Only the
+request's tenant may resume it (its view is kept under the tenant); any other caller, an
+id never streamed or one whose events have expired gets 404. Nothing is billed or
+rate-limited again: the request ran once. A resumed client that leaves does not cancel
+the request (it may reconnect again); the request runs to its end.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ebb.frontdoor.caller import Caller
 from ebb.frontdoor.hot_routes import RequestOnlyRoute
 from ebb.frontdoor.routes_openai import Answer, answer_of
 from ebb.frontdoor.services import Services
-from ebb.frontdoor.sse_ids import EventIds, last_event_number
+from ebb.frontdoor.sse_ids import EventIds, ids_wanted, last_event_number
 from ebb.openai.response_builder import EndpointKind, ResponseBuilder
 from ebb.queue.requests import EventReader
 from ebb.queue.schema import Claimed, Continued, Failed, Finished, Progress
@@ -60,7 +61,8 @@ async def _resume(request: Request, kind: EndpointKind) -> Response:
     request_id: str = request.path_params["request_id"]
     view = await found_view(services, caller, request_id, kind=kind, param="request_id")
     after = last_event_number(request_id, request.headers.get("last-event-id"))
-    return replay(services, request_id, view, answer_of(kind), after)
+    stamped = ids_wanted(request.headers)
+    return replay(services, request_id, view, answer_of(kind), after, stamped=stamped)
 
 
 async def found_view(
@@ -91,12 +93,20 @@ async def found_view(
 
 
 def replay(
-    services: Services, request_id: str, view: StreamView, answer: Answer, after: int
+    services: Services,
+    request_id: str,
+    view: StreamView,
+    answer: Answer,
+    after: int,
+    *,
+    stamped: bool,
 ) -> StreamingResponse:
-    """The stream's events after event `after`, rendered by `answer` as they were live."""
+    """The stream's events after event `after`, rendered by `answer` as they were live
+    (with their ids when `stamped`: the client asked, sse_ids)."""
     log.info("frontdoor: %s resumed after event %d", request_id, after)
+    ids = EventIds(request_id, after, stamped=stamped)
     return StreamingResponse(
-        _replayed(services, request_id, view, answer, EventIds(request_id, after)),
+        _replayed(services, request_id, view, answer, ids),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
     )

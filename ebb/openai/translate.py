@@ -107,6 +107,7 @@ def prepare_chat(
         max_model_len=max_model_len,
         vocab_size=tokenizer.vocab_size,
         plan=plan,
+        serving=serving,
     )
 
 
@@ -120,6 +121,7 @@ def prepare_completion(
 ) -> Prepared:
     """Tokenize the prompt as-is and size the completion."""
     _check_n(req.n, max_n, req.temperature)
+    serving = serving or ServingOptions()
     prompt_ids = tokenizer.encode(req.prompt)
     if not prompt_ids:
         raise InvalidRequest("prompt is empty; send at least one character.", param="prompt")
@@ -132,6 +134,7 @@ def prepare_completion(
         req.logprobs,
         max_model_len=max_model_len,
         vocab_size=tokenizer.vocab_size,
+        serving=serving,
     )
 
 
@@ -169,9 +172,10 @@ def _prepare(
     *,
     max_model_len: int,
     vocab_size: int,
+    serving: ServingOptions,
     plan: ToolPlan | None = None,
 ) -> Prepared:
-    max_tokens = _max_tokens(kind, req, len(prompt_ids), prompt_param, max_model_len)
+    max_tokens = _max_tokens(kind, req, len(prompt_ids), prompt_param, max_model_len, serving)
     _check_extras(req, max_tokens, vocab_size)
     fmt = req.response_format
     plan = plan or ToolPlan(None)
@@ -213,7 +217,10 @@ def _max_tokens(
     prompt_len: int,
     prompt_param: str,
     max_model_len: int,
+    serving: ServingOptions,
 ) -> int:
+    """The request's output cap: what it asks for (within the context left and the
+    deployment's serving.max_tokens_limit), else the deployment's default."""
     room = max_model_len - prompt_len
     if room < 1:
         raise InvalidRequest(
@@ -223,8 +230,19 @@ def _max_tokens(
             param=prompt_param,
         )
     requested, param = req.max_tokens_param
+    limit = serving.max_tokens_limit or room
     if requested is None:
-        return room if kind is EndpointKind.CHAT else min(room, COMPLETION_DEFAULT_MAX_TOKENS)
+        default = serving.default_max_tokens
+        if kind is EndpointKind.COMPLETION:
+            default = COMPLETION_DEFAULT_MAX_TOKENS
+        return min(room, limit, default)
+    if requested > serving.max_tokens_limit > 0:
+        raise InvalidRequest(
+            f"{param} asks for {requested} tokens; this deployment serves at most "
+            f"{serving.max_tokens_limit} output tokens per request "
+            f"(serving.max_tokens_limit). Set {param} to at most {serving.max_tokens_limit}.",
+            param=param,
+        )
     if requested > room:
         raise InvalidRequest(
             f"This model's maximum context length is {max_model_len} tokens; your prompt has "

@@ -124,6 +124,31 @@ class RequestQueue:
         raw = reply_hash(await self._redis.hgetall(keys.request(request_id)))
         return {k.decode(): v.decode() for k, v in raw.items() if k != b"work"}
 
+    async def ended_counts(self, request_id: str, wait_s: float) -> tuple[int, int] | None:
+        """(prompt, completion) tokens the request's end recorded — the counts its usage
+        record (the ledger) carries, written in the same step (finish.lua); (0, 0) for
+        one withdrawn before it ran. None if it has not ended within `wait_s` (a
+        cancelled one ends at its runner's next engine step)."""
+        stream = keys.events(request_id)
+        deadline = time.monotonic() + wait_s
+        # Read from the stream's last entry: an end written after the state below is
+        # read then shows up as a new entry, none is missed.
+        last = reply_entries(await self._redis.xrevrange(stream, count=1))
+        after = last[0][0] if last else "0-0"
+        while True:
+            state = await self.request_state(request_id)
+            if state.get("state") not in ("queued", "claimed"):
+                prompt, completion = state.get("prompt_tokens"), state.get("completion_tokens")
+                return int(prompt or 0), int(completion or 0)
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                return None
+            block_ms = max(1, int(min(remaining_s, MAX_BLOCK_S) * 1000))
+            reply = await self._redis.xread({stream: after}, count=_READ_BATCH, block=block_ms)
+            if reply:
+                _stream, entries = reply_list(reply_list(reply)[0])
+                after = reply_entries(entries)[-1][0]
+
     async def depth(self, deployment: str) -> int:
         return await self._redis.zcard(keys.queue(deployment))
 

@@ -229,6 +229,12 @@ class EngineSpec(msgspec.Struct, kw_only=True, frozen=True):
     max_cpu_loras: int | None = None  # adapters kept loaded in host memory (LRU)
 
 
+# serving.default_max_tokens unless a deployment sets its own.
+DEFAULT_MAX_TOKENS = 2048
+# serving.max_request_s unless a deployment sets its own.
+DEFAULT_MAX_REQUEST_S = 600.0
+
+
 class ServingOptions(msgspec.Struct, kw_only=True, frozen=True):
     """How a deployment's model meets the OpenAI API (beyond the engine's own options)."""
 
@@ -242,6 +248,15 @@ class ServingOptions(msgspec.Struct, kw_only=True, frozen=True):
     task: Literal["generate", "embed"] = "generate"
     # The Batch API's price: token prices less this percentage (0 to 100).
     batch_discount_pct: int = 0
+    # Output tokens of a chat (or Responses) request that names no max_tokens: a runaway
+    # generation ends here, not when the context is full (completions keep OpenAI's 16).
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+    # The most output tokens one request may ask for (a 400 above it); 0: only the
+    # context left limits it.
+    max_tokens_limit: int = 0
+    # Seconds a request may run from its arrival before it is stopped in the engine (its
+    # answer a 504, its stream's end an error event); 0: no limit but max_tokens.
+    max_request_s: float = DEFAULT_MAX_REQUEST_S
 
 
 def new_deployment_uid() -> str:

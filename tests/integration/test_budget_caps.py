@@ -301,7 +301,10 @@ def test_a_sigkilled_frontdoors_reservation_is_settled_to_what_was_billed(platfo
             c.stream("POST", "/v1/chat/completions", json=body) as response,
         ):
             assert response.status_code == 200
-            next(line for line in response.iter_lines() if line.startswith("data: {"))
+            # Held until the kill: a line iterator dropped here would close the connection,
+            # and a client that leaves has its request aborted and settled at once.
+            lines = response.iter_lines()
+            next(line for line in lines if line.startswith("data: {"))
             client = tenant_client(platform, key)
             held = _budget(client)
             assert held["reserved_micros"] > 0 and held["spent_micros"] == 0

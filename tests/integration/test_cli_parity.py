@@ -69,6 +69,12 @@ def test_deploy_takes_every_field_and_show_prints_them_all(platform: Platform, t
             "generate",
             "--batch-discount",
             "25",
+            "--default-max-tokens",
+            "100",
+            "--max-tokens-limit",
+            "200",
+            "--max-request-s",
+            "30",
             "--owner",
             "acme",
             "--input-price",
@@ -113,6 +119,9 @@ def test_deploy_takes_every_field_and_show_prints_them_all(platform: Platform, t
         "chat_template": TEMPLATE,
         "task": "generate",
         "batch_discount_pct": 25,
+        "default_max_tokens": 100,
+        "max_tokens_limit": 200,
+        "max_request_s": 30.0,
     }
     assert created["owner"] == "acme"
     assert (created["visibility"], created["shared_with"]) == ("private", ["beta", "gamma"])

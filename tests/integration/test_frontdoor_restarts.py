@@ -1,4 +1,5 @@
-"""Streams outlive their frontdoor: every SSE event carries an id; a client whose
+"""Streams outlive their frontdoor: every SSE event carries an id for a client that asks
+(`X-Ebb-Resumable: 1`, as these do); a client whose
 frontdoor was SIGKILLed mid-stream resumes on another with `Last-Event-ID` and gets the
 rest once; a SIGTERMed frontdoor refuses new connections and finishes its streams."""
 
@@ -33,7 +34,9 @@ def platform(redis_server):
 
 
 def client(url: str, key: str) -> httpx.Client:
-    return httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {key}"})
+    """A resumable client: it asks for event ids (without, none are sent; sse_ids)."""
+    headers = {"Authorization": f"Bearer {key}", "X-Ebb-Resumable": "1"}
+    return httpx.Client(base_url=url, timeout=120, headers=headers)
 
 
 def body(tokens: int = TOKENS) -> dict:

@@ -117,10 +117,14 @@ def test_stream_true_ends_with_completed_and_sse_event_lines(platform, client):
     body = {"model": "fake", "input": QUESTION, "stream": True, "max_output_tokens": 3}
     headers = {"Authorization": f"Bearer {platform.admin_key}"}
     raw = httpx.post(platform.base_url + "/v1/responses", json=body, headers=headers, timeout=60)
+    assert raw.text.startswith("event: response.created\ndata: {")
+    assert "[DONE]" not in raw.text and "\nid: " not in raw.text
+    # A client that asks (X-Ebb-Resumable) gets an id on every event (<response id>:<n>),
+    # as chat's do.
+    headers["X-Ebb-Resumable"] = "1"
+    raw = httpx.post(platform.base_url + "/v1/responses", json=body, headers=headers, timeout=60)
     response_id = raw.headers["x-request-id"]
-    # Every event carries an id (<response id>:<n>), as chat's do.
     assert raw.text.startswith(f"id: {response_id}:0\nevent: response.created\ndata: {{")
-    assert "[DONE]" not in raw.text
 
 
 def test_a_streamed_response_is_continued_as_soon_as_it_ended(client):

@@ -10,7 +10,13 @@ import pytest
 
 from ebb.errors import InvalidRequest
 from ebb.frontdoor import routes_resume
-from ebb.frontdoor.sse_ids import MAX_EVENT_NUMBER, EventIds, event_number, last_event_number
+from ebb.frontdoor.sse_ids import (
+    MAX_EVENT_NUMBER,
+    EventIds,
+    event_number,
+    ids_wanted,
+    last_event_number,
+)
 from ebb.queue.schema import ChoiceDelta, Claimed, Failed, Finished, Progress, RequestEvent
 
 
@@ -28,6 +34,23 @@ def test_each_event_is_numbered_and_those_the_client_has_are_dropped():
         b"id: chatcmpl-1:2\nevent: y\ndata: c\n\n",
         b"id: chatcmpl-1:3\ndata: [DONE]\n\n",
     ]
+
+
+def test_unstamped_events_pass_bare_and_those_the_client_has_are_still_dropped():
+    blocks = [b"data: a\n\n", b"event: x\ndata: b\n\nevent: y\ndata: c\n\n", b"data: [DONE]\n\n"]
+    live, resumed = EventIds("r", stamped=False), EventIds("r", after=1, stamped=False)
+    assert [live.stamp(b) for b in blocks] == blocks
+    assert [resumed.stamp(b) for b in blocks] == [b"", b"event: y\ndata: c\n\n", blocks[2]]
+
+
+def test_ids_go_only_to_a_client_that_asks_for_them():
+    assert not ids_wanted({})
+    assert not ids_wanted({"x-ebb-resumable": "0"})
+    assert ids_wanted({"x-ebb-resumable": " TRUE "})
+    assert ids_wanted({"last-event-id": "r:3"})
+    with pytest.raises(InvalidRequest) as refused:
+        ids_wanted({"x-ebb-resumable": "maybe"})
+    assert refused.value.param == "X-Ebb-Resumable"
 
 
 def test_last_event_id_names_an_event_of_the_request_being_resumed():

@@ -21,7 +21,15 @@ from ebb.openai.response_builder import (
 from ebb.openai.schema import parse_chat_request, parse_completion_request
 from ebb.openai.tokenizer import ByteTokenizer, HfPromptTokenizer
 from ebb.openai.translate import COMPLETION_DEFAULT_MAX_TOKENS, prepare_chat, prepare_completion
-from ebb.queue.schema import ChoiceDelta, Finished, Progress, TokenLogprob, TopLogprob
+from ebb.queue.schema import (
+    DEFAULT_MAX_TOKENS,
+    ChoiceDelta,
+    Finished,
+    Progress,
+    ServingOptions,
+    TokenLogprob,
+    TopLogprob,
+)
 
 TOK = ByteTokenizer()
 LIMITS = {"max_model_len": 64, "max_n": 4}
@@ -139,6 +147,26 @@ def test_chat_prompt_longer_than_context():
     req = chat_req(messages=[{"role": "user", "content": "y" * 100}])
     error = refused(prepare_chat, req, TOK, **LIMITS)
     assert error.param == "messages" and "maximum context length is 64 tokens" in error.message
+
+
+def test_a_chat_without_max_tokens_stops_at_the_deployments_default_not_the_context():
+    big = {"max_model_len": 8192, "max_n": 4}
+    assert prepare_chat(chat_req(), TOK, **big).sampling.max_tokens == DEFAULT_MAX_TOKENS
+    own = ServingOptions(default_max_tokens=100)
+    assert prepare_chat(chat_req(), TOK, **big, serving=own).sampling.max_tokens == 100
+    capped = ServingOptions(default_max_tokens=100, max_tokens_limit=50)
+    assert prepare_chat(chat_req(), TOK, **big, serving=capped).sampling.max_tokens == 50
+
+
+def test_asking_past_the_deployments_max_tokens_limit_is_a_400_naming_the_limit():
+    capped = ServingOptions(max_tokens_limit=50)
+    big = {"max_model_len": 8192, "max_n": 4, "serving": capped}
+    assert prepare_chat(chat_req(max_tokens=50), TOK, **big).sampling.max_tokens == 50
+    error = refused(prepare_chat, chat_req(max_completion_tokens=51), TOK, **big)
+    assert error.param == "max_completion_tokens"
+    assert "at most 50 output tokens per request (serving.max_tokens_limit)" in error.message
+    error = refused(prepare_completion, completion_req(max_tokens=51), TOK, **big)
+    assert error.param == "max_tokens"
 
 
 def test_max_tokens_beyond_what_is_left():

@@ -79,6 +79,24 @@ const SERVING = [
     hint: "Batch API token prices: this much percent off.",
   },
   {
+    param: "serving.default_max_tokens",
+    label: "Default max tokens",
+    kind: "int",
+    hint: "Output tokens of a request that names no max_tokens; empty: 2048.",
+  },
+  {
+    param: "serving.max_tokens_limit",
+    label: "Max tokens limit",
+    kind: "int",
+    hint: "The most output tokens a request may ask for (a 400 above); 0 or empty: the context.",
+  },
+  {
+    param: "serving.max_request_s",
+    label: "Max request time (s)",
+    kind: "number",
+    hint: "Seconds a request may run before it is stopped; empty: 600, 0: no limit.",
+  },
+  {
     param: "serving.chat_template",
     label: "Chat template",
     kind: "text",

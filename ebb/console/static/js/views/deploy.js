@@ -93,6 +93,9 @@ const FLAGS = {
   "serving.tool_parser": "--tool-parser",
   "serving.task": "--task",
   "serving.batch_discount_pct": "--batch-discount",
+  "serving.default_max_tokens": "--default-max-tokens",
+  "serving.max_tokens_limit": "--max-tokens-limit",
+  "serving.max_request_s": "--max-request-s",
 };
 const SWITCH_FLAGS = {
   "engine.enable_prefix_caching": ["--prefix-caching", "--no-prefix-caching"],
