@@ -147,12 +147,7 @@ class RateLimiter:
         if caller.is_admin or not await self._presence.limited(caller.key_id, caller.tenant):
             return CountReservation(None, caller, tokens)
         outcome = await self._store.reserve(caller.key_id, caller.tenant, tokens)
-        if outcome.status == "limited":
-            raise RateLimited(
-                _limited_message(outcome, tokens),
-                retry_after_s=max(1, math.ceil(outcome.wait_ms / 1000)),
-                code="rate_limit_exceeded",
-            )
+        _raise_if_limited(outcome, tokens)
         if outcome.status == "too_large":
             raise InvalidRequest(
                 f"This request counts at least {tokens} tokens, more than the "
@@ -167,12 +162,7 @@ class RateLimiter:
         if not await self._presence.limited(caller.key_id, caller.tenant):
             return Reservation(None, work, tokens)  # what the script answers: "none"
         outcome = await self._store.reserve(caller.key_id, caller.tenant, tokens)
-        if outcome.status == "limited":
-            raise RateLimited(
-                _limited_message(outcome, tokens),
-                retry_after_s=max(1, math.ceil(outcome.wait_ms / 1000)),
-                code="rate_limit_exceeded",
-            )
+        _raise_if_limited(outcome, tokens)
         if outcome.status == "too_large":
             raise InvalidRequest(_too_large_message(outcome, work, tokens), param="max_tokens")
         return Reservation(self._store if outcome.status == "ok" else None, work, tokens)
@@ -185,6 +175,16 @@ def worst_case_tokens(work: WorkItem) -> int:
 def _who(subject: str) -> str:
     kind, _, name = subject.partition(":")
     return f"API key {name}" if kind == "key" else f"tenant {name!r}"
+
+
+def _raise_if_limited(outcome: LimitOutcome, tokens: int) -> None:
+    """RateLimited (429, with when to retry) for an outcome over a limit."""
+    if outcome.status == "limited":
+        raise RateLimited(
+            _limited_message(outcome, tokens),
+            retry_after_s=max(1, math.ceil(outcome.wait_ms / 1000)),
+            code="rate_limit_exceeded",
+        )
 
 
 def _limited_message(outcome: LimitOutcome, tokens: int) -> str:
