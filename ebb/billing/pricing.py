@@ -54,3 +54,11 @@ def parse_money(text: str, what: str) -> int:
 def format_micros(micros: int) -> str:
     """12_345_600 -> "12.345600": exact, for tables."""
     return str((Decimal(micros) / MICROS_PER_UNIT).quantize(Decimal("0.000001"), ROUND_HALF_UP))
+
+
+def format_money(micros: int) -> str:
+    """150_000 -> "$0.15", 278 -> "$0.000278": exact, with the cents always shown and no
+    trailing zeros past them, as the console shows money (the JSON keeps the micros)."""
+    exact = format_micros(abs(micros)).rstrip("0")
+    whole, _, cents = exact.partition(".")
+    return f"{'-' if micros < 0 else ''}${whole}.{cents.ljust(2, '0')}"

@@ -9,6 +9,8 @@ Errors always go to stderr, so stdout (with --json) stays parseable.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
@@ -20,8 +22,20 @@ from rich.console import Console
 from ebb.config import Settings
 from ebb.home import ADMIN_KEY_FILE
 
-console = Console()
-err_console = Console(stderr=True)
+# Piped or redirected output has no terminal width; Rich would then cut tables at 80
+# columns, so a wide one is used there (COLUMNS, when set, still wins).
+PIPED_WIDTH = 1000
+
+
+def _width(stream: object) -> int | None:
+    isatty = getattr(stream, "isatty", None)
+    if os.environ.get("COLUMNS") or (isatty is not None and isatty()):
+        return None
+    return PIPED_WIDTH
+
+
+console = Console(width=_width(sys.stdout))
+err_console = Console(stderr=True, width=_width(sys.stderr))
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2

@@ -8,7 +8,7 @@ import time
 import typer
 from rich.table import Table
 
-from ebb.billing.pricing import format_micros
+from ebb.billing.pricing import format_money
 from ebb.cli.api import Api, JsonObject, JsonOpt, console, print_json
 
 REPLICA_STATES = ("prewarmed", "loading", "ready", "draining")
@@ -95,7 +95,7 @@ def _config_value(key: str, value: object) -> str:
     if key == "created_at_s" and isinstance(value, int | float):
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
     if key.startswith("price_") and isinstance(value, int):
-        return format_micros(value)
+        return format_money(value)
     if isinstance(value, dict):
         parts = []
         for k, v in value.items():

@@ -56,6 +56,11 @@ def tenants(ctx: typer.Context, as_json: bool = JsonOpt) -> None:
     console.print(table)
 
 
+def _bound(n: int) -> str:
+    # A quota of 0 is none at all (a tenant without a quota deploys nothing), not unlimited.
+    return "0 (none)" if n == 0 else str(n)
+
+
 @tenants_app.command("quota")
 def quota(
     tenant: str = typer.Argument(..., help="The tenant."),
@@ -93,9 +98,9 @@ def quota(
         return
     use = body["use"]
     table = Table("", "quota", "in use", title=f"quota of {tenant}")
-    table.add_row("deployments", str(body["max_deployments"]), str(use["deployments"]))
-    table.add_row("replicas", str(body["max_replicas"]), str(use["replicas"]))
-    table.add_row("GPUs", str(body["max_gpus"]), str(use["gpus"]))
+    table.add_row("deployments", _bound(body["max_deployments"]), str(use["deployments"]))
+    table.add_row("replicas", _bound(body["max_replicas"]), str(use["replicas"]))
+    table.add_row("GPUs", _bound(body["max_gpus"]), str(use["gpus"]))
     table.add_row("versions per deployment", str(body["max_versions"]), "")
     console.print(table)
     console.print("sources: " + (", ".join(body["allowed_sources"]) or "none allowed"))

@@ -53,7 +53,8 @@ def usage(
             f"{row['gpu_seconds']:.1f}",
             format_micros(row["cost_micros"]),
         )
-    console.print(f"usage {body['start']} .. {body['end']}")
+    # Without --start the API counts from the epoch; say so rather than print 1970.
+    console.print(f"usage {body['start'] + ' ..' if start else 'all time until'} {body['end']}")
     console.print(table)
     if body["unit_economics"]:
         console.print(_unit_economics_table(body["unit_economics"]))

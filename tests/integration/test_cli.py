@@ -82,6 +82,24 @@ def test_deploy_show_scale_chat_delete(platform):
     assert gone.returncode == 1 and "No deployment named 'cli-a'" in gone.stderr
 
 
+def test_piped_output_is_not_cut_at_80_columns_and_usage_says_all_time(platform):
+    source = "fake://a-model-with-a-long-name?step_ms=5&note=" + "x" * 60
+    ok_json(ebb(platform, "deploy", "cli-wide", "--source", source, "--json"))
+    try:
+        # COLUMNS="" removes the variable: a script piping the output, with no terminal.
+        table = ebb(platform, "deployments", COLUMNS="")
+        assert table.returncode == 0, table.stderr
+        [row] = [line for line in table.stdout.splitlines() if "cli-wide" in line]
+        assert source in row, row
+        usage = ebb(platform, "usage", COLUMNS="")
+        assert usage.returncode == 0, usage.stderr
+        first = usage.stdout.splitlines()[0]
+        # No --start: the whole ledger, not a range starting in 1970.
+        assert first.startswith("usage all time until ") and "1970" not in first, first
+    finally:
+        ebb(platform, "deployments", "delete", "cli-wide", "--yes")
+
+
 def test_keys_and_a_tenant_key(platform):
     created = ok_json(ebb(platform, "keys", "create", "--tenant", "acme", "--name", "ci", "--json"))
     secret, key_id = created["key"], created["id"]

@@ -145,8 +145,10 @@ def test_deploy_takes_every_field_and_show_prints_them_all(platform: Platform, t
         ("owner", "acme"),
         ("visibility", "private"),
         ("shared_with", "beta, gamma"),
-        ("price_per_1m_input_tokens_micros", "0.150000"),
-        ("price_per_gpu_second_micros", "0.000278"),
+        # Money as currency, cents always shown, exact (the --json keeps the micros).
+        ("price_per_1m_input_tokens_micros", "$0.15 "),
+        ("price_per_1m_output_tokens_micros", "$0.60 "),
+        ("price_per_gpu_second_micros", "$0.000278 "),
     ]:
         assert value in row(setting), (setting, row(setting))
     assert "dtype float32" in row("engine") and "max_num_seqs 8" in row("engine")
@@ -234,6 +236,11 @@ def test_a_tenant_deploys_its_own_within_the_quota_the_cli_set(platform: Platfor
 
     table = platform.cli("tenants", "quota", "self-t", EBB_API_KEY=key)
     assert table.returncode == 0 and "fake://self/" in table.stdout
+    # A 0 in a quota says it is none at all, not unlimited.
+    bare = platform.cli("tenants", "quota", "bare-t", "--max-deployments", "1")
+    assert bare.returncode == 0, bare.stderr
+    [gpus] = [line for line in bare.stdout.splitlines() if "GPUs" in line]
+    assert "0 (none)" in gpus, gpus
     listed = platform.cli("tenants")
     assert listed.returncode == 0 and "self-t" in listed.stdout
     limits = ok_json(platform.cli("tenants", "limits", "self-t", "--rpm", "30", "--json"))

@@ -7,6 +7,7 @@ import pytest
 from ebb.billing.pricing import (
     divide_half_up,
     format_micros,
+    format_money,
     gpu_cost_micros,
     parse_money,
     token_cost_micros,
@@ -57,3 +58,11 @@ def test_format_micros():
     assert format_micros(12_345_600) == "12.345600"
     assert format_micros(1) == "0.000001"
     assert format_micros(0) == "0.000000"
+
+
+def test_format_money_shows_cents_and_no_more_zeros_than_needed():
+    assert format_money(150_000) == "$0.15"
+    assert format_money(278) == "$0.000278"
+    assert format_money(12_345_600) == "$12.3456"
+    assert format_money(0) == "$0.00"
+    assert format_money(-5_000_000) == "-$5.00"
