@@ -246,6 +246,11 @@ def test_a_tenant_deploys_its_own_model_within_the_quota_the_admin_set(
     page.get_by_label("Allowed sources").fill("fake://")
     page.get_by_role("button", name="Set quota").click()
     expect(page.get_by_text("Quota of solo: 1 deployments, 1 replicas, 1 GPUs")).to_be_visible()
+    # The tenants table shows the quota just set (it had no quota column).
+    solo = page.locator('.table-wrap[aria-label="Tenants"] tr[data-key="solo"]')
+    expect(solo.locator('td[data-label="Quota"]')).to_have_text(
+        "1 deployments · 1 replicas · 1 GPUs"
+    )
     quota = admin.get("/v1/tenants/solo/quota").json()
     assert (quota["max_deployments"], quota["allowed_sources"]) == (1, ["fake://"])
 
@@ -351,6 +356,10 @@ def test_rotate_the_webhook_secret(page, admin):
 def test_the_playground_sends_tools_and_shows_the_tool_call(page):
     open_view(page, f"playground/{CHAT}")
     expect(page.locator('.playground[data-mode="chat"]')).to_be_visible()
+    # An empty box with an example as its placeholder, not JSON that reads as content.
+    box = page.get_by_label("Tools (JSON, optional)")
+    expect(box).to_have_value("")
+    assert (box.get_attribute("placeholder") or "").startswith("e.g. ")
     page.get_by_label("Tools (JSON, optional)").fill("[not json")
     page.get_by_role("textbox", name="Message").fill("What is the weather in Paris?")
     page.get_by_role("button", name="Send").click()
@@ -400,6 +409,45 @@ def test_the_playground_embeds_with_a_pooling_deployment(page):
     assert firsts[0] == firsts[1] != firsts[2] and norms[0] == norms[1]
     expect(page.locator('[data-stat="prompt"]')).to_have_text(str(len("ParisParisRome")))
     shot(page, "09-playground-embeddings")
+
+
+def test_the_deployments_table_fits_a_1366_px_screen(page, admin):
+    # A long name and a load error in the status column: the widest rows it shows.
+    broken = "a-deployment-whose-model-failed-to-load"
+    deploy(admin, broken, source="fake://m?fail=1", min_replicas=1)
+    wait_until(
+        lambda: admin.get(f"/v1/deployments/{broken}").json()["error"],
+        120,
+        f"{broken} to report its load error",
+    )
+    page.set_viewport_size({"width": 1366, "height": 768})
+    try:
+        open_view(page, "deployments")
+        wrap = page.locator('.table-wrap[aria-label="Deployments"]')
+        expect(wrap.locator(f'tr[data-key="{broken}"] .sub.error')).to_be_visible()
+        shot(page, "10-deployments-1366")
+        # Neither the table nor the page scrolls sideways: the last column is on screen.
+        widths = wrap.evaluate(
+            "w => [w.scrollWidth, w.clientWidth, document.documentElement.scrollWidth]"
+        )
+        assert widths[0] <= widths[1] and widths[2] <= 1366, widths
+        box = wrap.locator("thead th").last.bounding_box()
+        assert box is not None and box["x"] + box["width"] <= 1366, box
+    finally:
+        page.set_viewport_size(WIDE)
+        admin.delete(f"/v1/deployments/{broken}")
+
+
+def test_cost_per_day_at_a_price_of_zero_is_not_no_usage(page, admin):
+    total = admin.get("/v1/usage").json()["total"]
+    assert total["requests"] > 0 and total["cost_micros"] == 0, total
+    open_view(page, "usage")
+    chart = page.locator(".chart-card", has=page.locator("figcaption", has_text="Cost per day"))
+    expect(chart.locator(".chart-empty")).to_have_text("All $0.00 in this period")
+    # The token charts have tokens, so no text over them.
+    tokens = page.locator(".chart-card", has=page.locator("figcaption", has_text="Tokens per day"))
+    expect(tokens.locator(".chart-empty")).to_have_count(0)
+    shot(page, "11-usage-at-zero-cost")
 
 
 def test_no_unlabelled_controls_and_no_script_errors(page, script_errors):

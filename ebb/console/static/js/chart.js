@@ -72,13 +72,16 @@ function bars(categories, series, top) {
 }
 
 /**
- * barChart({title, categories, series: [{name, values, format}], format}) -> <figure>.
- * Series stack on each category.
+ * barChart({title, categories, series: [{name, values, format}], format, used}) -> <figure>.
+ * Series stack on each category. `used`: whether the period had any usage at all, for a
+ * chart whose values may all be zero while there was (cost at a price of $0); by default
+ * a chart of zeros had none.
  */
-export function barChart({ title, categories, series, format }) {
+export function barChart({ title, categories, series, format, used }) {
   const totals = categories.map((_, i) =>
     series.reduce((sum, serie) => sum + (serie.values[i] || 0), 0),
   );
+  const anyUsage = used ?? totals.some((t) => t > 0);
   const top = niceMax(Math.max(0, ...totals));
   const captionId = uid("chart");
   const svg = s(
@@ -102,7 +105,7 @@ export function barChart({ title, categories, series, format }) {
             class: "chart-empty",
             "text-anchor": "middle",
           },
-          "No usage in this period",
+          anyUsage ? `All ${format(0)} in this period` : "No usage in this period",
         ),
   );
   const legend = h(

@@ -34,8 +34,20 @@ export function tenantsTable(tenants) {
       { label: "Tokens", num: true, cell: (t) => limitText(t.limits.tokens_per_minute) },
       { label: "Priority", cell: (t) => t.priority ?? "standard" },
       { label: "Budget", cell: (t) => budgetText(t.budget) },
+      { label: "Quota", cell: (t) => quotaText(t.quota) },
     ],
   });
+}
+
+/** What a tenant may deploy itself; 0 is none at all, as no quota is. */
+export function quotaText(quota) {
+  if (!quota) return "none: deploys nothing";
+  const bound = (n, what) => `${n === 0 ? "no" : fmtInt(n)} ${what}`;
+  return [
+    bound(quota.max_deployments, "deployments"),
+    bound(quota.max_replicas, "replicas"),
+    bound(quota.max_gpus, "GPUs"),
+  ].join(" · ");
 }
 
 /** "$1.20 of $50.00 per day", or "none": a spend cap and this period's spend. */

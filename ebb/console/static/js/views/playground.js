@@ -145,24 +145,10 @@ function prettyArguments(text) {
   }
 }
 
-const TOOLS_EXAMPLE = JSON.stringify(
-  [
-    {
-      type: "function",
-      function: {
-        name: "get_weather",
-        description: "The weather in a city.",
-        parameters: {
-          type: "object",
-          properties: { city: { type: "string" } },
-          required: ["city"],
-        },
-      },
-    },
-  ],
-  null,
-  2,
-);
+// One line that reads as an example, not as content already in the box (a full,
+// indented tool object as the placeholder looked like text waiting to be sent).
+const TOOLS_PLACEHOLDER =
+  'e.g. [{"type": "function", "function": {"name": "get_weather", "parameters": {…}}}]';
 
 /** The tools textarea as a list, or an error message naming what to fix. */
 function parseTools(text) {
@@ -268,7 +254,7 @@ function chatPlayground(ctx, model) {
     textarea: true,
     rows: "4",
     spellcheck: "false",
-    placeholder: TOOLS_EXAMPLE,
+    placeholder: TOOLS_PLACEHOLDER,
     hint: "OpenAI tool objects; the model may answer with tool calls.",
   });
   const choiceField = field({

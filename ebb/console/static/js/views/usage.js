@@ -143,7 +143,14 @@ function charts(days, daily, perDeployment, total) {
       { name: "Cost", values: daily.map((r) => r.cost_micros || 0), format: fmtMicros },
     ];
     out.push(
-      barChart({ title: "Cost per day", categories: labels, series: cost, format: fmtMicros }),
+      barChart({
+        title: "Cost per day",
+        categories: labels,
+        series: cost,
+        format: fmtMicros,
+        // Requests priced at $0 are usage too: the chart says $0.00, not "no usage".
+        used: daily.some((r) => (r.requests || 0) > 0 || (r.gpu_seconds || 0) > 0),
+      }),
     );
   }
   return h("div", { class: "charts" }, out);
