@@ -245,7 +245,9 @@ class Executor:
         serving.max_request_s (from its arrival) is stopped in the engine and ends with a
         Failed event of code "request_timeout"."""
         limit_s = running.spec.serving.max_request_s
-        deadline_s = running.work.enqueued_at_s + limit_s if limit_s > 0 else math.inf
+        # A work item made without its arrival time (0) counts from now.
+        arrived_s = running.work.enqueued_at_s or time.time()
+        deadline_s = arrived_s + limit_s if limit_s > 0 else math.inf
         while True:
             wait_s = min(_EVENT_SILENCE_S, max(_MIN_WAIT_S, deadline_s - time.time()))
             event = await self._ride_out(running.reader.next, wait_s)

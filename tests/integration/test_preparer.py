@@ -173,9 +173,9 @@ async def test_a_warm_up_reads_the_tokenizer_once_the_weights_are_ready(
     reads: list[str] = []
     read = HfPromptTokenizer.from_dir
 
-    def counted(path):
+    def counted(path, *args, **kwargs):
         reads.append(str(path))
-        return read(path)
+        return read(path, *args, **kwargs)
 
     monkeypatch.setattr(HfPromptTokenizer, "from_dir", counted)
     state = PlatformState(async_client(settings.redis_url))
