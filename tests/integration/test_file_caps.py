@@ -200,19 +200,21 @@ def test_expired_files_are_swept_from_disk(platform, admin):
     assert redis.hlen(keys.tenant_files("caps-expiry")) == 1  # its share given back
 
 
+def _create_batch(client: httpx.Client, file_id: str) -> httpx.Response:
+    body = {
+        "input_file_id": file_id,
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+    }
+    return client.post("/v1/batches", json=body)
+
+
 def test_a_batch_over_the_line_cap_is_a_400_naming_the_count(platform, admin):
     client = _client(platform, admin, "caps-lines")
     many = b"".join(b'{"x": %d}\n' % i for i in range(MAX_LINES + 1))
     uploaded = _upload(client, many)
     assert uploaded.status_code == 200, uploaded.text
-    refused = client.post(
-        "/v1/batches",
-        json={
-            "input_file_id": uploaded.json()["id"],
-            "endpoint": "/v1/chat/completions",
-            "completion_window": "24h",
-        },
-    )
+    refused = _create_batch(client, uploaded.json()["id"])
     assert refused.status_code == 400, refused.text
     error = refused.json()["error"]
     assert error["param"] == "input_file_id" and error["code"] == "too_many_lines"
@@ -225,14 +227,7 @@ def test_a_large_batch_answers_validating_and_then_completes(platform, admin):
     total = MAX_LINES
     uploaded = _upload(client, _jsonl([_line(f"l{i}") for i in range(total)]))
     assert uploaded.status_code == 200, uploaded.text
-    created = client.post(
-        "/v1/batches",
-        json={
-            "input_file_id": uploaded.json()["id"],
-            "endpoint": "/v1/chat/completions",
-            "completion_window": "24h",
-        },
-    )
+    created = _create_batch(client, uploaded.json()["id"])
     assert created.status_code == 200, created.text
     batch = created.json()
     # Answered before its lines became jobs: validating, nothing counted yet.
